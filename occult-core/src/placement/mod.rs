@@ -1,0 +1,241 @@
+//! Expert placements: which device holds each expert, per layer; their validation, their JSON
+//! file (format `occult.placement.v1`) and the placement methods.
+//!
+//! A valid map is *balanced*: every device holds `floor(E/D)` or `ceil(E/D)` experts, so there
+//! are never more devices than experts.
+
+mod greedy;
+mod search;
+
+pub use greedy::greedy;
+pub use search::{search, SearchConfig, SearchOutcome};
+
+use crate::atomic::write_json_atomic;
+use crate::{bail, Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The value of the `format` key of a placement file.
+pub const PLACEMENT_FORMAT: &str = "occult.placement.v1";
+
+/// The placement methods `occult place` offers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    /// Expert e on device e / (E / D): what frameworks do without profiling.
+    Contiguous,
+    /// The paper's Algorithm 1 on the co-activation matrix.
+    Greedy,
+    /// Ours: exact-objective swap search over several starts, greedy's result among them.
+    Occult,
+}
+
+impl Method {
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Contiguous => "contiguous",
+            Method::Greedy => "greedy",
+            Method::Occult => "occult",
+        }
+    }
+}
+
+/// How many experts each device holds: the first `E % D` devices hold one more.
+pub fn capacities(num_experts: usize, num_devices: usize) -> Vec<usize> {
+    (0..num_devices)
+        .map(|d| num_experts / num_devices + usize::from(d < num_experts % num_devices))
+        .collect()
+}
+
+/// Checks the sizes that every placement must satisfy.
+pub fn check_sizes(num_experts: usize, num_devices: usize) -> Result<()> {
+    if num_devices == 0 {
+        bail!("the number of devices must be at least 1");
+    }
+    if num_experts == 0 {
+        bail!("the number of experts must be at least 1");
+    }
+    if num_devices > num_experts {
+        bail!(
+            "{num_devices} devices for {num_experts} experts: every device must hold at least one expert"
+        );
+    }
+    Ok(())
+}
+
+/// Contiguous placement: experts split in order into balanced blocks.
+pub fn contiguous(num_experts: usize, num_devices: usize) -> Vec<u32> {
+    let mut map = Vec::with_capacity(num_experts);
+    for (d, c) in capacities(num_experts, num_devices).into_iter().enumerate() {
+        map.extend(std::iter::repeat_n(d as u32, c));
+    }
+    map
+}
+
+/// Checks that `map` is a valid balanced expert -> device map.
+pub fn validate_map(map: &[u32], num_experts: usize, num_devices: usize) -> Result<()> {
+    check_sizes(num_experts, num_devices)?;
+    if map.len() != num_experts {
+        bail!(
+            "device_of_expert has {} entries, expected one per expert ({num_experts})",
+            map.len()
+        );
+    }
+    let mut sizes = vec![0usize; num_devices];
+    for (e, &d) in map.iter().enumerate() {
+        if d as usize >= num_devices {
+            bail!("expert {e} is on device {d}, but there are only {num_devices} devices");
+        }
+        sizes[d as usize] += 1;
+    }
+    let (lo, hi) = (num_experts / num_devices, num_experts.div_ceil(num_devices));
+    if let Some((d, &s)) = sizes.iter().enumerate().find(|(_, &s)| s < lo || s > hi) {
+        bail!(
+            "unbalanced placement: device {d} holds {s} experts, but each device must hold \
+             {lo}{} (sizes {sizes:?})",
+            if lo == hi {
+                String::new()
+            } else {
+                format!(" or {hi}")
+            }
+        );
+    }
+    Ok(())
+}
+
+/// The experts each device holds, ascending: `experts_of_device[d][slot] = expert`.
+pub fn experts_by_device(map: &[u32], num_devices: usize) -> Vec<Vec<u32>> {
+    let mut out = vec![Vec::new(); num_devices];
+    for (e, &d) in map.iter().enumerate() {
+        out[d as usize].push(e as u32);
+    }
+    out
+}
+
+/// Quality figures of one layer's placement, stored beside it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlacementMetrics {
+    pub ect: f64,
+    #[serde(default)]
+    pub intra_ratio: Option<f64>,
+    pub max_load_ratio: f64,
+}
+
+/// One layer's expert -> device map.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerPlacement {
+    pub layer: usize,
+    pub device_of_expert: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<PlacementMetrics>,
+}
+
+/// A placement file: per-layer maps, how they were made, and what they reached.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Placement {
+    pub format: String,
+    pub num_experts: usize,
+    pub num_devices: usize,
+    pub method: String,
+    /// Where it came from (trace path, seed, options): free-form.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub source: serde_json::Map<String, serde_json::Value>,
+    pub layers: Vec<LayerPlacement>,
+}
+
+impl Placement {
+    /// A placement with the same map for each listed layer.
+    pub fn uniform(layers: &[usize], map: Vec<u32>, num_devices: usize, method: &str) -> Self {
+        Placement {
+            format: PLACEMENT_FORMAT.into(),
+            num_experts: map.len(),
+            num_devices,
+            method: method.into(),
+            source: Default::default(),
+            layers: layers
+                .iter()
+                .map(|&layer| LayerPlacement {
+                    layer,
+                    device_of_expert: map.clone(),
+                    metrics: None,
+                })
+                .collect(),
+        }
+    }
+
+    /// The map of the model's layer `layer`.
+    pub fn layer(&self, layer: usize) -> Result<&[u32]> {
+        self.layers
+            .iter()
+            .find(|l| l.layer == layer)
+            .map(|l| l.device_of_expert.as_slice())
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "the placement has no entry for layer {layer} (it covers layers {:?})",
+                    self.layers.iter().map(|l| l.layer).collect::<Vec<_>>()
+                ))
+            })
+    }
+
+    /// Checks the format tag, the sizes and every layer's map.
+    pub fn validate(&self) -> Result<()> {
+        if self.format != PLACEMENT_FORMAT {
+            bail!("format is {:?}, expected {PLACEMENT_FORMAT:?}", self.format);
+        }
+        check_sizes(self.num_experts, self.num_devices)?;
+        if self.layers.is_empty() {
+            bail!("the placement lists no layers");
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for l in &self.layers {
+            if !seen.insert(l.layer) {
+                bail!("layer {} is listed twice", l.layer);
+            }
+            validate_map(&l.device_of_expert, self.num_experts, self.num_devices)
+                .map_err(|e| Error::invalid(format!("layer {}: {e}", l.layer)))?;
+        }
+        Ok(())
+    }
+
+    /// Reads and validates a placement file.
+    pub fn read(path: &Path) -> Result<Placement> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let p: Placement = serde_json::from_str(&text)
+            .map_err(|e| Error::bad_file(path, format!("not a valid placement file: {e}")))?;
+        p.validate()
+            .map_err(|e| Error::bad_file(path, e.to_string()))?;
+        Ok(p)
+    }
+
+    /// Writes the placement as JSON, atomically.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        self.validate()?;
+        write_json_atomic(path, self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguous_is_balanced_and_in_order() {
+        assert_eq!(contiguous(8, 4), vec![0, 0, 1, 1, 2, 2, 3, 3]);
+        assert_eq!(contiguous(7, 3), vec![0, 0, 0, 1, 1, 2, 2]);
+        for e in 1..30 {
+            for d in 1..=e {
+                validate_map(&contiguous(e, d), e, d).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn invalid_maps_are_rejected_with_reasons() {
+        let err = |m: &[u32], e, d| validate_map(m, e, d).unwrap_err().to_string();
+        assert!(err(&[0, 0, 1], 4, 2).contains("3 entries"));
+        assert!(err(&[0, 0, 0, 1], 4, 2).contains("unbalanced"));
+        assert!(err(&[0, 0, 2, 1], 4, 2).contains("only 2 devices"));
+        assert!(err(&[0, 1], 2, 3).contains("3 devices for 2 experts"));
+        assert!(err(&[], 0, 1).contains("at least 1"));
+    }
+}

@@ -1,0 +1,487 @@
+//! Our placement method: local search on the exact objective, sum of C_T over the trace.
+//!
+//! Moves are swaps of two experts on different devices, so device sizes never change. The gain
+//! of every swap is read in O(1) from three tables kept up to date incrementally:
+//!
+//! - `lose[a]`: tokens of expert a for which a is alone on its device;
+//! - `present[a][q]`: tokens of expert a that have at least one expert on device q;
+//! - `corr[a][b]`: over tokens holding both a and b, `[a alone on its device] + [b alone]`.
+//!
+//! Swapping a (on p) with b (on q) changes sum C_T by
+//! `(|T_a| - present[a][q] - lose[a]) + (|T_b| - present[b][p] - lose[b]) + corr[a][b]`:
+//! a token holding a but not b gains device q if it had none there and loses p if a was alone
+//! on it; a token holding both keeps its device set, which the `corr` term restores.
+//! After a swap only the tokens of a and b are re-counted. Best-improvement swaps run to a local
+//! optimum from several starts (greedy's map, the contiguous map and random balanced maps); the
+//! best end state wins, ties to the earlier start. Greedy's map is a start and a descent never
+//! climbs, so the result is never worse than greedy's on the trace it was given.
+//!
+//! With a load limit (max device load at most `factor` x mean, load = (token, expert) pairs),
+//! each start is first repaired by swaps that cut the excess load, then only swaps that keep
+//! every device within the limit are taken.
+
+use super::{capacities, greedy};
+use crate::collab::CoActivation;
+use crate::{bail, Result};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+
+/// Options of the search.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SearchConfig {
+    /// Random balanced starts, on top of the greedy and contiguous starts.
+    pub restarts: usize,
+    pub seed: u64,
+    /// Keep every device's (token, expert) load within this factor of the mean.
+    pub max_load_factor: Option<f64>,
+}
+
+impl Default for SearchConfig {
+    fn default() -> Self {
+        SearchConfig {
+            restarts: 2,
+            seed: 0,
+            max_load_factor: None,
+        }
+    }
+}
+
+/// What the search found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SearchOutcome {
+    pub map: Vec<u32>,
+    /// Sum of C_T over the trace's tokens under `map`.
+    pub total_devices: u64,
+    /// Sum of C_T under greedy's map (the paper's method), for comparison.
+    pub greedy_total_devices: u64,
+    /// Which start won: `greedy`, `contiguous` or `random N`.
+    pub start: String,
+    /// Swaps taken from the winning start.
+    pub swaps: usize,
+    /// Starts that met the load limit.
+    pub feasible_starts: usize,
+}
+
+/// Runs the search on one layer's routing (`ids` is `[tokens, k]`).
+pub fn search(
+    ids: &[u32],
+    k: usize,
+    co: &CoActivation,
+    num_devices: usize,
+    cfg: &SearchConfig,
+) -> Result<SearchOutcome> {
+    let e = co.num_experts;
+    super::check_sizes(e, num_devices)?;
+    if k > u8::MAX as usize {
+        bail!("top_k = {k} is above the supported maximum of 255");
+    }
+    if let Some(f) = cfg.max_load_factor {
+        if !(f.is_finite() && f >= 1.0) {
+            bail!("the load limit must be a factor >= 1 of the mean load, got {f}");
+        }
+    }
+    let tokens = ids.len() / k;
+    let mut tok_of: Vec<Vec<u32>> = vec![Vec::new(); e];
+    for (t, row) in ids.chunks_exact(k).enumerate() {
+        for &x in row {
+            tok_of[x as usize].push(t as u32);
+        }
+    }
+    let greedy_map = greedy(co, num_devices);
+    let mut starts: Vec<(String, Vec<u32>)> = vec![
+        ("greedy".into(), greedy_map.clone()),
+        ("contiguous".into(), super::contiguous(e, num_devices)),
+    ];
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    for r in 0..cfg.restarts {
+        let mut perm: Vec<u32> = (0..e as u32).collect();
+        perm.shuffle(&mut rng);
+        let mut map = vec![0u32; e];
+        let mut it = perm.into_iter();
+        for (d, c) in capacities(e, num_devices).into_iter().enumerate() {
+            for x in it.by_ref().take(c) {
+                map[x as usize] = d as u32;
+            }
+        }
+        starts.push((format!("random {}", r + 1), map));
+    }
+    let ctx = Ctx {
+        ids,
+        k,
+        e,
+        d: num_devices,
+        tokens,
+        tok_of: &tok_of,
+        loads: &co.loads,
+        cap: cfg.max_load_factor.map(|f| {
+            let total: u64 = co.loads.iter().sum();
+            f * total as f64 / num_devices as f64
+        }),
+    };
+    let greedy_total_devices = State::new(&ctx, greedy_map).total as u64;
+    let ends: Vec<Option<(State, usize)>> = starts
+        .par_iter()
+        .map(|(_, map)| descend(&ctx, map.clone()))
+        .collect();
+    let feasible_starts = ends.iter().filter(|x| x.is_some()).count();
+    let best = ends
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, x)| x.map(|(s, n)| (i, s, n)))
+        .min_by_key(|(i, s, _)| (s.total, *i));
+    let Some((i, state, swaps)) = best else {
+        bail!(
+            "no balanced placement within load factor {:.3} was found from {} starts; \
+             loosen --max-load-factor",
+            cfg.max_load_factor.unwrap_or(f64::NAN),
+            starts.len()
+        );
+    };
+    Ok(SearchOutcome {
+        total_devices: state.total as u64,
+        map: state.dev,
+        greedy_total_devices,
+        start: starts[i].0.clone(),
+        swaps,
+        feasible_starts,
+    })
+}
+
+/// Read-only inputs shared by every start.
+struct Ctx<'a> {
+    ids: &'a [u32],
+    k: usize,
+    e: usize,
+    d: usize,
+    tokens: usize,
+    tok_of: &'a [Vec<u32>],
+    loads: &'a [u64],
+    /// Maximum device load allowed, if any.
+    cap: Option<f64>,
+}
+
+/// A placement under search and its gain tables.
+struct State<'a> {
+    ctx: &'a Ctx<'a>,
+    dev: Vec<u32>,
+    cnt: Vec<u8>,
+    lose: Vec<i64>,
+    present: Vec<i64>,
+    corr: Vec<i64>,
+    total: i64,
+    dev_load: Vec<u64>,
+    scratch: Vec<(u32, bool, bool)>,
+}
+
+impl<'a> State<'a> {
+    fn new(ctx: &'a Ctx<'a>, dev: Vec<u32>) -> Self {
+        let (e, d) = (ctx.e, ctx.d);
+        let mut cnt = vec![0u8; ctx.tokens * d];
+        let mut total = 0i64;
+        for (t, row) in ctx.ids.chunks_exact(ctx.k).enumerate() {
+            let c = &mut cnt[t * d..(t + 1) * d];
+            for &x in row {
+                let p = dev[x as usize] as usize;
+                total += i64::from(c[p] == 0);
+                c[p] += 1;
+            }
+        }
+        let mut dev_load = vec![0u64; d];
+        for (x, &p) in dev.iter().enumerate() {
+            dev_load[p as usize] += ctx.loads[x];
+        }
+        let mut s = State {
+            ctx,
+            dev,
+            cnt,
+            lose: vec![0; e],
+            present: vec![0; e * d],
+            corr: vec![0; e * e],
+            total,
+            dev_load,
+            scratch: Vec::new(),
+        };
+        for t in 0..ctx.tokens {
+            s.contrib(t, 1);
+        }
+        s
+    }
+
+    /// Adds (sign = 1) or removes (sign = -1) token t's share of the gain tables.
+    fn contrib(&mut self, t: usize, sign: i64) {
+        let ctx = self.ctx;
+        let (k, d, e) = (ctx.k, ctx.d, ctx.e);
+        let row = &ctx.ids[t * k..(t + 1) * k];
+        let c = &self.cnt[t * d..(t + 1) * d];
+        for (i, &a) in row.iter().enumerate() {
+            let a = a as usize;
+            let alone_a = i64::from(c[self.dev[a] as usize] == 1);
+            self.lose[a] += sign * alone_a;
+            let pres = &mut self.present[a * d..(a + 1) * d];
+            for (q, &n) in c.iter().enumerate() {
+                if n > 0 {
+                    pres[q] += sign;
+                }
+            }
+            for &b in &row[i + 1..] {
+                let b = b as usize;
+                let v = sign * (alone_a + i64::from(c[self.dev[b] as usize] == 1));
+                self.corr[a * e + b] += v;
+                self.corr[b * e + a] += v;
+            }
+        }
+    }
+
+    /// Change of sum C_T if a and b (on different devices) swapped devices.
+    fn delta(&self, a: usize, b: usize) -> i64 {
+        let d = self.ctx.d;
+        let (p, q) = (self.dev[a] as usize, self.dev[b] as usize);
+        let ta = self.ctx.tok_of[a].len() as i64;
+        let tb = self.ctx.tok_of[b].len() as i64;
+        (ta - self.present[a * d + q] - self.lose[a])
+            + (tb - self.present[b * d + p] - self.lose[b])
+            + self.corr[a * self.ctx.e + b]
+    }
+
+    /// Device loads of p and q after swapping a (on p) and b (on q).
+    fn loads_after(&self, a: usize, b: usize) -> (u64, u64) {
+        let (p, q) = (self.dev[a] as usize, self.dev[b] as usize);
+        let (la, lb) = (self.ctx.loads[a], self.ctx.loads[b]);
+        (self.dev_load[p] - la + lb, self.dev_load[q] - lb + la)
+    }
+
+    fn excess(&self, cap: f64) -> f64 {
+        self.dev_load
+            .iter()
+            .map(|&l| (l as f64 - cap).max(0.0))
+            .sum()
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        let delta = self.delta(a, b);
+        let (p, q) = (self.dev[a] as usize, self.dev[b] as usize);
+        // The union of both experts' token lists (each sorted ascending).
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        let (ta, tb) = (&self.ctx.tok_of[a], &self.ctx.tok_of[b]);
+        let (mut i, mut j) = (0, 0);
+        while i < ta.len() || j < tb.len() {
+            let x = ta.get(i).copied().unwrap_or(u32::MAX);
+            let y = tb.get(j).copied().unwrap_or(u32::MAX);
+            let t = x.min(y);
+            scratch.push((t, x == t, y == t));
+            i += usize::from(x == t);
+            j += usize::from(y == t);
+        }
+        for &(t, _, _) in &scratch {
+            self.contrib(t as usize, -1);
+        }
+        let d = self.ctx.d;
+        for &(t, has_a, has_b) in &scratch {
+            let c = &mut self.cnt[t as usize * d..(t as usize + 1) * d];
+            if has_a && !has_b {
+                c[p] -= 1;
+                c[q] += 1;
+            } else if has_b && !has_a {
+                c[q] -= 1;
+                c[p] += 1;
+            }
+        }
+        let (lp, lq) = self.loads_after(a, b);
+        self.dev_load[p] = lp;
+        self.dev_load[q] = lq;
+        self.dev.swap(a, b);
+        for &(t, _, _) in &scratch {
+            self.contrib(t as usize, 1);
+        }
+        self.scratch = scratch;
+        self.total += delta;
+    }
+}
+
+/// Runs repair (under a load limit) then best-improvement descent; `None` if the start cannot
+/// be brought within the load limit.
+fn descend<'a>(ctx: &'a Ctx<'a>, start: Vec<u32>) -> Option<(State<'a>, usize)> {
+    let mut s = State::new(ctx, start);
+    let e = ctx.e;
+    let mut swaps = 0;
+    if let Some(cap) = ctx.cap {
+        loop {
+            let now = s.excess(cap);
+            if now <= 0.0 {
+                break;
+            }
+            let mut best: Option<(f64, i64, usize, usize)> = None;
+            for a in 0..e {
+                for b in a + 1..e {
+                    if s.dev[a] == s.dev[b] {
+                        continue;
+                    }
+                    let (p, q) = (s.dev[a] as usize, s.dev[b] as usize);
+                    let (lp, lq) = s.loads_after(a, b);
+                    let before = (s.dev_load[p] as f64 - cap).max(0.0)
+                        + (s.dev_load[q] as f64 - cap).max(0.0);
+                    let after = (lp as f64 - cap).max(0.0) + (lq as f64 - cap).max(0.0);
+                    let key = (after - before, s.delta(a, b), a, b);
+                    if key.0 < 0.0 && best.is_none_or(|bk| (key.0, key.1) < (bk.0, bk.1)) {
+                        best = Some(key);
+                    }
+                }
+            }
+            let (_, _, a, b) = best?;
+            s.swap(a, b);
+            swaps += 1;
+        }
+    }
+    loop {
+        let mut best: Option<(i64, usize, usize)> = None;
+        for a in 0..e {
+            for b in a + 1..e {
+                if s.dev[a] == s.dev[b] {
+                    continue;
+                }
+                let delta = s.delta(a, b);
+                if delta >= 0 || best.is_some_and(|bk| delta >= bk.0) {
+                    continue;
+                }
+                if let Some(cap) = ctx.cap {
+                    let (lp, lq) = s.loads_after(a, b);
+                    if lp as f64 > cap || lq as f64 > cap {
+                        continue;
+                    }
+                }
+                best = Some((delta, a, b));
+            }
+        }
+        let Some((_, a, b)) = best else { break };
+        s.swap(a, b);
+        swaps += 1;
+    }
+    Some((s, swaps))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collab::total_devices;
+    use crate::placement::validate_map;
+    use rand::Rng;
+
+    fn random_ids(tokens: usize, k: usize, e: usize, seed: u64) -> Vec<u32> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut ids = Vec::new();
+        let mut all: Vec<u32> = (0..e as u32).collect();
+        for _ in 0..tokens {
+            // Mild structure: half the tokens draw from the first half of the experts.
+            let pool = if rng.random_bool(0.5) { e / 2 } else { e };
+            all[..pool].shuffle(&mut rng);
+            ids.extend_from_slice(&all[..k]);
+            all.sort_unstable();
+        }
+        ids
+    }
+
+    #[test]
+    fn delta_matches_recount_and_tables_stay_exact_after_swaps() {
+        let (e, k, d, tokens) = (12, 3, 3, 200);
+        let ids = random_ids(tokens, k, e, 3);
+        let co = CoActivation::from_ids(&ids, k, e);
+        let tok_of = {
+            let mut v = vec![Vec::new(); e];
+            for (t, row) in ids.chunks_exact(k).enumerate() {
+                for &x in row {
+                    v[x as usize].push(t as u32);
+                }
+            }
+            v
+        };
+        let ctx = Ctx {
+            ids: &ids,
+            k,
+            e,
+            d,
+            tokens,
+            tok_of: &tok_of,
+            loads: &co.loads,
+            cap: None,
+        };
+        let mut s = State::new(&ctx, super::super::contiguous(e, d));
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        for _ in 0..30 {
+            let (a, b) = (rng.random_range(0..e), rng.random_range(0..e));
+            if s.dev[a] == s.dev[b] {
+                continue;
+            }
+            let mut swapped = s.dev.clone();
+            swapped.swap(a, b);
+            let expect = total_devices(&ids, k, &swapped, d) as i64 - s.total;
+            assert_eq!(s.delta(a, b), expect);
+            s.swap(a, b);
+            assert_eq!(s.total, total_devices(&ids, k, &s.dev, d) as i64);
+            // Tables equal a fresh build.
+            let fresh = State::new(&ctx, s.dev.clone());
+            assert_eq!(s.lose, fresh.lose);
+            assert_eq!(s.present, fresh.present);
+            assert_eq!(s.corr, fresh.corr);
+            assert_eq!(s.cnt, fresh.cnt);
+        }
+    }
+
+    #[test]
+    fn never_worse_than_greedy_and_balanced() {
+        for seed in 0..5 {
+            let (e, k, d) = (16, 4, 4);
+            let ids = random_ids(300, k, e, seed);
+            let co = CoActivation::from_ids(&ids, k, e);
+            let out = search(&ids, k, &co, d, &SearchConfig::default()).unwrap();
+            validate_map(&out.map, e, d).unwrap();
+            assert_eq!(out.total_devices, total_devices(&ids, k, &out.map, d));
+            assert_eq!(
+                out.greedy_total_devices,
+                total_devices(&ids, k, &greedy(&co, d), d)
+            );
+            assert!(out.total_devices <= out.greedy_total_devices);
+        }
+    }
+
+    #[test]
+    fn load_limit_is_met_or_reported() {
+        let (e, k, d) = (16, 2, 4);
+        // Heavily skewed: experts 0..4 are in every token pair, so packing them together
+        // (best for C_T) overloads one device.
+        let mut ids = Vec::new();
+        for t in 0..400u32 {
+            ids.extend_from_slice(&[t % 4, 4 + t % 12]);
+        }
+        let co = CoActivation::from_ids(&ids, k, e);
+        let cfg = SearchConfig {
+            max_load_factor: Some(1.1),
+            ..Default::default()
+        };
+        let out = search(&ids, k, &co, d, &cfg).unwrap();
+        let mut load = vec![0u64; d];
+        for (x, &p) in out.map.iter().enumerate() {
+            load[p as usize] += co.loads[x];
+        }
+        let mean = load.iter().sum::<u64>() as f64 / d as f64;
+        assert!(
+            load.iter().all(|&l| l as f64 <= 1.1 * mean + 1e-9),
+            "{load:?}"
+        );
+        // An impossible limit is an error, not a silent violation.
+        // Loads 100, 100, 100, 0 on 2 devices: the best split has 200 vs 100 (1.33 x mean).
+        let mut ids = Vec::new();
+        for _ in 0..50 {
+            ids.extend_from_slice(&[0u32, 1, 1, 2, 0, 2]);
+        }
+        let co = CoActivation::from_ids(&ids, 2, 4);
+        let cfg = SearchConfig {
+            max_load_factor: Some(1.2),
+            ..Default::default()
+        };
+        let err = search(&ids, 2, &co, 2, &cfg).unwrap_err().to_string();
+        assert!(err.contains("load factor"), "{err}");
+    }
+}

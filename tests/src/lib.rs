@@ -1,0 +1,1 @@
+//! Cross-crate and end-to-end tests live in `tests/tests/`.
