@@ -6,6 +6,7 @@
 //! - [`placement`]: expert -> device maps and the placement methods;
 //! - [`pruning`] and [`similarity`]: collaboration pruning to at most N devices per token.
 
+pub mod analysis;
 pub mod atomic;
 pub mod collab;
 mod error;

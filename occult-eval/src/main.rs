@@ -1,1 +1,56 @@
-fn main() {}
+//! The `occult` command line: parses arguments and hands them to `occult_eval::commands`.
+
+use clap::{Parser, Subcommand};
+use occult_eval::commands::{bench, collab, place, prune, reproduce, trace};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "occult",
+    version,
+    about = "Cut the all-to-all traffic of expert-parallel MoE models: profile expert \
+             collaboration, place experts, prune collaboration, measure.",
+    after_help = "Start with `occult reproduce`, or:\n  \
+        occult trace synth -o t.safetensors\n  \
+        occult collab --trace t.safetensors --devices 4\n  \
+        occult place --trace t.safetensors --devices 4 --method occult -o p.json\n  \
+        occult collab --trace t.safetensors --placement p.json\n  \
+        occult prune --trace t.safetensors --placement p.json --max-devices 2 --rule similarity"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Routing traces: generate synthetic ones, inspect any.
+    #[command(subcommand)]
+    Trace(trace::TraceCmd),
+    /// Collaboration statistics of a trace under a placement (E[C_T], rows, loads).
+    Collab(collab::CollabArgs),
+    /// Place experts on devices from a trace.
+    Place(place::PlaceArgs),
+    /// Apply collaboration pruning to a trace.
+    Prune(prune::PruneArgs),
+    /// Benchmarks, each comparing methods in one run.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
+    /// Run the end-to-end recipe and write a report.
+    Reproduce(reproduce::ReproduceArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Trace(c) => trace::run(c),
+        Cmd::Collab(a) => collab::run(a),
+        Cmd::Place(a) => place::run(a),
+        Cmd::Prune(a) => prune::run(a),
+        Cmd::Bench(c) => bench::run(c),
+        Cmd::Reproduce(a) => reproduce::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,374 @@
+//! Whole-trace drivers behind the `occult collab`, `place` and `prune` commands: they apply the
+//! per-layer functions of [`crate::collab`], [`crate::placement`] and [`crate::pruning`] to every
+//! layer of a trace (layers in parallel) and gather the results.
+
+use crate::collab::{layer_stats, total_devices, CoActivation, LayerStats};
+use crate::placement::{self, LayerPlacement, Method, Placement, PlacementMetrics, SearchConfig};
+use crate::pruning::{changed_choices, PruneRule, Pruner};
+use crate::ranks::RankSplit;
+use crate::routing::RouterRule;
+use crate::similarity::{SimilarityAccumulator, SimilarityTable};
+use crate::trace::{LayerTrace, Trace};
+use crate::{bail, Error, Result};
+use rayon::prelude::*;
+use serde::Serialize;
+
+/// The source-rank split of a layer's tokens over `num_devices` devices. A trace that records
+/// `num_ranks` must agree with the device count, unless `resplit` asks to split it anew.
+pub fn source_split(
+    trace: &Trace,
+    tokens: usize,
+    num_devices: usize,
+    resplit: bool,
+) -> Result<RankSplit> {
+    match trace.meta.num_ranks {
+        Some(r) if r != num_devices && !resplit => bail!(
+            "the trace was recorded on {r} source rank(s), but the placement has {num_devices} \
+             devices; pass --resplit to split its tokens evenly over {num_devices} ranks instead"
+        ),
+        _ => Ok(RankSplit::new(tokens, num_devices)),
+    }
+}
+
+/// Checks that a placement covers a trace: same expert count, every traced layer present.
+pub fn check_placement_fits(trace: &Trace, p: &Placement) -> Result<()> {
+    if p.num_experts != trace.meta.num_experts {
+        bail!(
+            "the placement is for {} experts, the trace has {}",
+            p.num_experts,
+            trace.meta.num_experts
+        );
+    }
+    for l in &trace.layers {
+        p.layer(l.layer)?;
+    }
+    Ok(())
+}
+
+/// Statistics of every layer of a trace under a placement.
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceStats {
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub num_devices: usize,
+    pub row_bytes: u64,
+    /// Mean over layers of E[C_T].
+    pub mean_ect: f64,
+    /// E[C_T] that uniform-random routing would give (no locality), for reference.
+    pub uniform_ect: f64,
+    pub layers: Vec<LayerStats>,
+}
+
+/// Computes [`TraceStats`].
+pub fn trace_stats(
+    trace: &Trace,
+    placement: &Placement,
+    row_bytes: u64,
+    resplit: bool,
+) -> Result<TraceStats> {
+    check_placement_fits(trace, placement)?;
+    let d = placement.num_devices;
+    let k = trace.meta.top_k;
+    let layers = trace
+        .layers
+        .par_iter()
+        .map(|l| {
+            let split = source_split(trace, l.tokens, d, resplit)?;
+            Ok(layer_stats(
+                l.layer,
+                &l.topk_ids,
+                k,
+                placement.layer(l.layer)?,
+                d,
+                split,
+                row_bytes,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(TraceStats {
+        num_experts: trace.meta.num_experts,
+        top_k: k,
+        num_devices: d,
+        row_bytes,
+        mean_ect: layers.iter().map(|s| s.ect).sum::<f64>() / layers.len() as f64,
+        uniform_ect: crate::collab::uniform_ect(trace.meta.num_experts, k, d),
+        layers,
+    })
+}
+
+/// What placing one layer found, beyond the map.
+#[derive(Clone, Debug, Serialize)]
+pub struct PlaceInfo {
+    pub layer: usize,
+    pub ect: f64,
+    /// E[C_T] of the paper's greedy map on the same layer (occult method only).
+    pub greedy_ect: Option<f64>,
+    /// Which start won (occult method only).
+    pub start: Option<String>,
+    pub swaps: Option<usize>,
+}
+
+/// Places every layer of a trace with one method.
+pub fn place_trace(
+    trace: &Trace,
+    num_devices: usize,
+    method: Method,
+    cfg: &SearchConfig,
+    on_layer: &(dyn Fn() + Sync),
+) -> Result<(Placement, Vec<PlaceInfo>)> {
+    let (e, k) = (trace.meta.num_experts, trace.meta.top_k);
+    placement::check_sizes(e, num_devices)?;
+    if cfg.max_load_factor.is_some() && method != Method::Occult {
+        bail!(
+            "--max-load-factor is honoured by the occult method only, not {}",
+            method.name()
+        );
+    }
+    let placed = trace
+        .layers
+        .par_iter()
+        .map(|l| {
+            let r = place_layer(l, k, e, num_devices, method, cfg);
+            on_layer();
+            r
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (layers, infos): (Vec<_>, Vec<_>) = placed.into_iter().unzip();
+    let mut p = Placement {
+        format: placement::PLACEMENT_FORMAT.into(),
+        num_experts: e,
+        num_devices,
+        method: method.name().into(),
+        source: Default::default(),
+        layers,
+    };
+    let stats = trace_stats(trace, &p, 0, true)?;
+    for (lp, s) in p.layers.iter_mut().zip(&stats.layers) {
+        lp.metrics = Some(PlacementMetrics {
+            ect: s.ect,
+            intra_ratio: s.intra_ratio,
+            max_load_ratio: s.max_load_ratio,
+        });
+    }
+    Ok((p, infos))
+}
+
+fn place_layer(
+    l: &LayerTrace,
+    k: usize,
+    e: usize,
+    d: usize,
+    method: Method,
+    cfg: &SearchConfig,
+) -> Result<(LayerPlacement, PlaceInfo)> {
+    let per_token = |total: u64| {
+        if l.tokens == 0 {
+            0.0
+        } else {
+            total as f64 / l.tokens as f64
+        }
+    };
+    let co = || CoActivation::from_ids(&l.topk_ids, k, e);
+    let (map, greedy_ect, start, swaps) = match method {
+        Method::Contiguous => (placement::contiguous(e, d), None, None, None),
+        Method::Greedy => (placement::greedy(&co(), d), None, None, None),
+        Method::Occult => {
+            let out = placement::search(&l.topk_ids, k, &co(), d, cfg)
+                .map_err(|err| Error::invalid(format!("layer {}: {err}", l.layer)))?;
+            (
+                out.map,
+                Some(per_token(out.greedy_total_devices)),
+                Some(out.start),
+                Some(out.swaps),
+            )
+        }
+    };
+    let ect = per_token(total_devices(&l.topk_ids, k, &map, d));
+    Ok((
+        LayerPlacement {
+            layer: l.layer,
+            device_of_expert: map,
+            metrics: None,
+        },
+        PlaceInfo {
+            layer: l.layer,
+            ect,
+            greedy_ect,
+            start,
+            swaps,
+        },
+    ))
+}
+
+/// Per-layer outcome of pruning.
+#[derive(Clone, Debug, Serialize)]
+pub struct PruneLayer {
+    pub layer: usize,
+    pub ect_before: f64,
+    pub ect_after: f64,
+    /// Share of (token, expert) choices that changed.
+    pub changed_fraction: f64,
+}
+
+/// Outcome of pruning a whole trace.
+#[derive(Clone, Debug, Serialize)]
+pub struct PruneReport {
+    pub rule: PruneRule,
+    pub max_devices: usize,
+    pub num_devices: usize,
+    pub ect_before: f64,
+    pub ect_after: f64,
+    pub changed_fraction: f64,
+    pub layers: Vec<PruneLayer>,
+}
+
+/// Similarity table of one layer from the router logits of a (calibration) trace.
+pub fn layer_similarity(trace: &Trace, layer: usize) -> Result<SimilarityTable> {
+    let l = trace
+        .layer(layer)
+        .ok_or_else(|| Error::invalid(format!("the calibration trace has no layer {layer}")))?;
+    let logits = l.router_logits.as_ref().ok_or_else(|| {
+        Error::invalid(format!(
+            "layer {layer} of the calibration trace has no router logits"
+        ))
+    })?;
+    let mut acc = SimilarityAccumulator::new(trace.meta.num_experts);
+    acc.add(logits)?;
+    Ok(acc.finish())
+}
+
+/// Checks that `router` reproduces the gate weights a trace recorded, on its first tokens.
+pub fn check_router_matches(trace: &Trace, router: &RouterRule) -> Result<()> {
+    for l in &trace.layers {
+        let (Some(logits), Some(w)) = (&l.router_logits, &l.topk_weights) else {
+            continue;
+        };
+        let (e, k) = (trace.meta.num_experts, trace.meta.top_k);
+        for t in 0..l.tokens.min(16) {
+            let ids = l.ids(t, k);
+            let ours = router.gate_weights(&router.scores(&logits[t * e..(t + 1) * e]), ids);
+            let theirs = &w[t * k..(t + 1) * k];
+            for (a, b) in ours.iter().zip(theirs) {
+                if (a - b).abs() > 1e-4 * b.abs().max(1e-3) {
+                    bail!(
+                        "the router rule ({}) does not reproduce the trace's gate weights at \
+                         layer {} token {t} (trace {b}, rule {a}); check --renormalize, \
+                         --scoring and --scaling-factor",
+                        describe_rule(router),
+                        l.layer
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn describe_rule(r: &RouterRule) -> String {
+    format!(
+        "scoring {:?}, renormalize {}, scaling factor {}",
+        r.scoring, r.renormalize, r.scaling_factor
+    )
+}
+
+/// Prunes every layer of a trace; returns the rewritten trace and the report. The similarity
+/// rule takes its tables from `calibration` (or from the trace itself).
+pub fn prune_trace(
+    trace: &Trace,
+    placement: &Placement,
+    router: &RouterRule,
+    rule: PruneRule,
+    max_devices: usize,
+    calibration: Option<&Trace>,
+    on_layer: &(dyn Fn() + Sync),
+) -> Result<(Trace, PruneReport)> {
+    check_placement_fits(trace, placement)?;
+    let (e, k) = (trace.meta.num_experts, trace.meta.top_k);
+    if router.num_experts != e || router.top_k != k {
+        bail!(
+            "the router rule is for {} experts top-{}, the trace has {e} experts top-{k}",
+            router.num_experts,
+            router.top_k
+        );
+    }
+    let calibration = calibration.unwrap_or(trace);
+    if calibration.meta.num_experts != e {
+        bail!(
+            "the calibration trace has {} experts, the trace {e}",
+            calibration.meta.num_experts
+        );
+    }
+    let d = placement.num_devices;
+    let results = trace
+        .layers
+        .par_iter()
+        .map(|l| {
+            let logits = l.router_logits.as_ref().ok_or_else(|| {
+                Error::invalid(format!(
+                    "layer {} has no router logits; pruning needs the full router scores \
+                     (record them with `occult profile`, or `occult trace synth` without \
+                     --no-logits)",
+                    l.layer
+                ))
+            })?;
+            let map = placement.layer(l.layer)?;
+            let sim = match rule {
+                PruneRule::Similarity => Some(layer_similarity(calibration, l.layer)?),
+                PruneRule::Router => None,
+            };
+            let pruner = Pruner::new(rule, router, map, d, max_devices, sim.as_ref())?;
+            let mut ids = Vec::with_capacity(l.topk_ids.len());
+            let mut weights = Vec::with_capacity(l.topk_ids.len());
+            let mut changed = 0usize;
+            for t in 0..l.tokens {
+                let before = l.ids(t, k);
+                let s = pruner.prune_logits(&logits[t * e..(t + 1) * e], before);
+                changed += changed_choices(before, &s.ids);
+                ids.extend_from_slice(&s.ids);
+                weights.extend_from_slice(&s.weights);
+            }
+            let per_token = |x: u64| x as f64 / l.tokens.max(1) as f64;
+            let report = PruneLayer {
+                layer: l.layer,
+                ect_before: per_token(total_devices(&l.topk_ids, k, map, d)),
+                ect_after: per_token(total_devices(&ids, k, map, d)),
+                changed_fraction: changed as f64 / (l.tokens * k).max(1) as f64,
+            };
+            on_layer();
+            Ok((
+                LayerTrace {
+                    layer: l.layer,
+                    tokens: l.tokens,
+                    topk_ids: ids,
+                    topk_weights: Some(weights),
+                    router_logits: l.router_logits.clone(),
+                },
+                report,
+                changed,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let total_choices: usize = trace.layers.iter().map(|l| l.tokens * k).sum();
+    let total_changed: usize = results.iter().map(|r| r.2).sum();
+    let n = results.len() as f64;
+    let layers: Vec<PruneLayer> = results.iter().map(|r| r.1.clone()).collect();
+    let report = PruneReport {
+        rule,
+        max_devices,
+        num_devices: d,
+        ect_before: layers.iter().map(|l| l.ect_before).sum::<f64>() / n,
+        ect_after: layers.iter().map(|l| l.ect_after).sum::<f64>() / n,
+        changed_fraction: total_changed as f64 / total_choices.max(1) as f64,
+        layers,
+    };
+    let mut meta = trace.meta.clone();
+    meta.extra.insert(
+        "pruned".into(),
+        format!("rule={} max_devices={max_devices}", rule.name()),
+    );
+    let pruned = Trace {
+        meta,
+        layers: results.into_iter().map(|r| r.0).collect(),
+    };
+    Ok((pruned, report))
+}

@@ -1,0 +1,27 @@
+//! Records the git commit the binary was built from, for the provenance of results.
+fn main() {
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let dirty = std::process::Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .is_some_and(|o| !o.stdout.is_empty());
+    let value = if commit.is_empty() {
+        String::new()
+    } else if dirty {
+        format!("{commit}-dirty")
+    } else {
+        commit
+    };
+    println!("cargo:rustc-env=OCCULT_GIT_COMMIT={value}");
+    for p in ["../.git/HEAD", "../.git/index", "../.git/refs"] {
+        println!("cargo:rerun-if-changed={p}");
+    }
+}

@@ -1,0 +1,108 @@
+//! `occult collab`: collaboration statistics of a trace under a placement.
+
+use super::{resolve_placement, with_provenance, write_json, RowDtype};
+use crate::table::{count, fmt_opt, Table};
+use anyhow::Result;
+use clap::Args;
+use occult_core::analysis::{trace_stats, TraceStats};
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    occult collab --trace olmoe-like.safetensors --devices 4\n  \
+    occult collab --trace olmoe-like.safetensors --placement placed.json --json collab.json\n\n\
+Tokens start on source ranks split evenly and in order over the devices (the first T % D\n\
+ranks hold one token more). A trace that records num_ranks must match the device count\n\
+unless --resplit is given.")]
+pub struct CollabArgs {
+    /// Routing trace (safetensors, format occult.trace.v1).
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Analyse the contiguous placement on D devices.
+    #[arg(long)]
+    pub devices: Option<usize>,
+    /// Analyse this placement file.
+    #[arg(long)]
+    pub placement: Option<PathBuf>,
+    /// Hidden size of a row, for byte counts.
+    #[arg(long, default_value_t = 2048)]
+    pub hidden_size: u64,
+    /// Element type of a row, for byte counts.
+    #[arg(long, value_enum, default_value_t = RowDtype::Bf16)]
+    pub dtype: RowDtype,
+    /// Split tokens evenly over the devices even if the trace records another rank count.
+    #[arg(long)]
+    pub resplit: bool,
+    /// Write the statistics as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(a: CollabArgs) -> Result<()> {
+    let trace = super::load_trace(&a.trace)?;
+    let placement = resolve_placement(&trace, a.devices, a.placement.as_deref())?;
+    let stats = trace_stats(
+        &trace,
+        &placement,
+        a.hidden_size * a.dtype.bytes(),
+        a.resplit,
+    )?;
+    print!("{}", render(&stats));
+    if let Some(out) = &a.json {
+        let mut v = serde_json::to_value(&stats)?;
+        v["trace"] = a.trace.display().to_string().into();
+        v["placement"] = match &a.placement {
+            Some(p) => p.display().to_string().into(),
+            None => "contiguous".into(),
+        };
+        v["placement_method"] = placement.method.clone().into();
+        write_json(out, &with_provenance(v))?;
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+/// The per-layer table and the summary line.
+pub fn render(s: &TraceStats) -> String {
+    let mut t = Table::new(&[
+        "layer",
+        "E[C_T]",
+        "intra",
+        "rows std",
+        "rows occult",
+        "remote std",
+        "remote occult",
+        "max/mean load",
+    ]);
+    for l in &s.layers {
+        t.row(vec![
+            l.layer.to_string(),
+            format!("{:.3}", l.ect),
+            fmt_opt(l.intra_ratio, 3),
+            count(l.rows_standard),
+            count(l.rows_occult),
+            count(l.remote_rows_standard),
+            count(l.remote_rows_occult),
+            format!("{:.3}", l.max_load_ratio),
+        ]);
+    }
+    let remote_std: u64 = s.layers.iter().map(|l| l.remote_rows_standard).sum();
+    let remote_occ: u64 = s.layers.iter().map(|l| l.remote_rows_occult).sum();
+    format!(
+        "{}\nmean E[C_T] {:.3} over {} layers ({} experts, top-{}, {} devices; uniform routing \
+         would give {:.3})\nremote rows: standard {} vs occult {} ({:.3}x), {} vs {} bytes each \
+         direction\n",
+        t.render(),
+        s.mean_ect,
+        s.layers.len(),
+        s.num_experts,
+        s.top_k,
+        s.num_devices,
+        s.uniform_ect,
+        count(remote_std),
+        count(remote_occ),
+        remote_occ as f64 / remote_std.max(1) as f64,
+        count(remote_std * s.row_bytes),
+        count(remote_occ * s.row_bytes),
+    )
+}

@@ -1,0 +1,82 @@
+//! One module per `occult` command, plus the helpers they share.
+
+pub mod bench;
+pub mod collab;
+pub mod place;
+pub mod prune;
+pub mod reproduce;
+pub mod trace;
+
+use anyhow::{bail, Context, Result};
+use occult_core::placement::{self, Placement};
+use occult_core::trace::Trace;
+use std::path::Path;
+
+/// Reads and validates a trace.
+pub fn load_trace(path: &Path) -> Result<Trace> {
+    Ok(Trace::read(path)?)
+}
+
+/// The placement to analyse: a file, or the contiguous map on `devices` devices.
+pub fn resolve_placement(
+    trace: &Trace,
+    devices: Option<usize>,
+    file: Option<&Path>,
+) -> Result<Placement> {
+    match (devices, file) {
+        (Some(_), Some(_)) => bail!("give either --devices or --placement, not both"),
+        (None, None) => bail!("give --devices D (contiguous placement) or --placement FILE"),
+        (Some(d), None) => {
+            placement::check_sizes(trace.meta.num_experts, d)?;
+            Ok(Placement::uniform(
+                &trace.layer_ids(),
+                placement::contiguous(trace.meta.num_experts, d),
+                d,
+                "contiguous",
+            ))
+        }
+        (None, Some(p)) => {
+            let pl = Placement::read(p)?;
+            occult_core::analysis::check_placement_fits(trace, &pl)
+                .with_context(|| format!("{} does not fit the trace", p.display()))?;
+            Ok(pl)
+        }
+    }
+}
+
+/// Element sizes of the dtypes a hidden-state row may travel in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RowDtype {
+    F32,
+    Bf16,
+    F16,
+    Fp8,
+}
+
+impl RowDtype {
+    pub fn bytes(self) -> u64 {
+        match self {
+            RowDtype::F32 => 4,
+            RowDtype::Bf16 | RowDtype::F16 => 2,
+            RowDtype::Fp8 => 1,
+        }
+    }
+}
+
+/// Writes JSON atomically, creating nothing on failure.
+pub fn write_json<T: serde::Serialize>(path: &Path, value: &T) -> Result<()> {
+    occult_core::atomic::write_json_atomic(path, value)?;
+    Ok(())
+}
+
+/// Adds the provenance block to a JSON object.
+pub fn with_provenance(mut v: serde_json::Value) -> serde_json::Value {
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert(
+            "provenance".into(),
+            serde_json::to_value(crate::version::provenance()).expect("serialisable"),
+        );
+    }
+    v
+}

@@ -1,0 +1,136 @@
+//! `occult prune`: apply a collaboration-pruning rule to a trace and report E[C_T] before and
+//! after and the share of (token, expert) choices that changed.
+
+use super::{load_trace, resolve_placement, with_provenance, write_json};
+use crate::progress::bar;
+use crate::table::Table;
+use anyhow::Result;
+use clap::Args;
+use occult_core::analysis::{check_router_matches, prune_trace, PruneReport};
+use occult_core::pruning::PruneRule;
+use occult_core::routing::{RouterRule, Scoring};
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+#[command(after_help = "Rules:\n  \
+    router      walk the token's experts best first, keep the first N devices seen, re-pick\n              \
+                the top-k among their experts by router score\n  \
+    similarity  keep the chosen experts on those devices, replace each other one by the most\n              \
+                similar unselected expert on them (cosine of router-logit columns)\n\n\
+The trace must hold router logits. Gate weights follow the model's rule given by --scoring,\n\
+--renormalize and --scaling-factor; if the trace holds gate weights, the rule is checked\n\
+against them.\n\n\
+Examples:\n  \
+    occult prune --trace olmoe-like.safetensors --placement placed.json --max-devices 2 --rule similarity\n  \
+    occult prune --trace t.safetensors --devices 4 --max-devices 1 --rule router --json prune.json -o pruned.safetensors")]
+pub struct PruneArgs {
+    /// Routing trace with router logits.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Placement file.
+    #[arg(long)]
+    pub placement: Option<PathBuf>,
+    /// Use the contiguous placement on D devices instead of a placement file.
+    #[arg(long)]
+    pub devices: Option<usize>,
+    /// At most this many devices per token (N).
+    #[arg(long)]
+    pub max_devices: usize,
+    #[arg(long, value_enum)]
+    pub rule: RuleArg,
+    /// Build similarity tables from this trace's router logits instead of --trace's.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+    /// How router logits become scores.
+    #[arg(long, value_enum, default_value_t = ScoringArg::Softmax)]
+    pub scoring: ScoringArg,
+    /// The model renormalises its top-k weights (Mixtral, Qwen3-MoE).
+    #[arg(long)]
+    pub renormalize: bool,
+    /// Multiplies the gate weights (DeepSeek's routed_scaling_factor).
+    #[arg(long, default_value_t = 1.0)]
+    pub scaling_factor: f32,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the pruned trace here.
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RuleArg {
+    Router,
+    Similarity,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ScoringArg {
+    Softmax,
+    Sigmoid,
+}
+
+pub fn run(a: PruneArgs) -> Result<()> {
+    let trace = load_trace(&a.trace)?;
+    let placement = resolve_placement(&trace, a.devices, a.placement.as_deref())?;
+    let calibration = a.calibration.as_deref().map(load_trace).transpose()?;
+    let mut router =
+        RouterRule::softmax_topk(trace.meta.num_experts, trace.meta.top_k, a.renormalize);
+    router.scoring = match a.scoring {
+        ScoringArg::Softmax => Scoring::Softmax,
+        ScoringArg::Sigmoid => Scoring::Sigmoid,
+    };
+    router.scaling_factor = a.scaling_factor;
+    router.validate()?;
+    check_router_matches(&trace, &router)?;
+    let rule = match a.rule {
+        RuleArg::Router => PruneRule::Router,
+        RuleArg::Similarity => PruneRule::Similarity,
+    };
+    let pb = bar(trace.layers.len() as u64, "layers");
+    let (pruned, report) = prune_trace(
+        &trace,
+        &placement,
+        &router,
+        rule,
+        a.max_devices,
+        calibration.as_ref(),
+        &|| pb.inc(1),
+    )?;
+    pb.finish_and_clear();
+    print!("{}", render(&report));
+    if let Some(out) = &a.output {
+        pruned.write(out)?;
+        eprintln!("wrote {}", out.display());
+    }
+    if let Some(out) = &a.json {
+        let mut v = serde_json::to_value(&report)?;
+        v["trace"] = a.trace.display().to_string().into();
+        v["placement_method"] = placement.method.clone().into();
+        write_json(out, &with_provenance(v))?;
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+pub fn render(r: &PruneReport) -> String {
+    let mut t = Table::new(&["layer", "E[C_T] before", "E[C_T] after", "changed"]);
+    for l in &r.layers {
+        t.row(vec![
+            l.layer.to_string(),
+            format!("{:.3}", l.ect_before),
+            format!("{:.3}", l.ect_after),
+            format!("{:.1}%", 100.0 * l.changed_fraction),
+        ]);
+    }
+    format!(
+        "{}\n{} rule, at most {} of {} devices: E[C_T] {:.3} -> {:.3}, {:.1}% of choices changed\n",
+        t.render(),
+        r.rule.name(),
+        r.max_devices,
+        r.num_devices,
+        r.ect_before,
+        r.ect_after,
+        100.0 * r.changed_fraction
+    )
+}
