@@ -6,12 +6,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Reading or writing a file failed at the operating-system level.
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// (The cause is part of the message, not a separate source, so it prints once.)
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
     /// A file exists but its contents are not what the format requires.
     #[error("{path}: {msg}")]
     BadFile { path: PathBuf, msg: String },
@@ -24,7 +21,7 @@ impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            err: source,
         }
     }
     pub fn bad_file(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {

@@ -1,0 +1,106 @@
+//! Helpers shared by the end-to-end tests: finding and running the `occult` binary, writing
+//! raw (possibly broken) trace files.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The `occult` binary built beside this test (cargo builds it for occult-eval's tests).
+pub fn occult_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let bin = dir.join(format!("occult{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with `cargo test --workspace` so that it is built",
+        bin.display()
+    );
+    bin
+}
+
+/// Runs `occult` with arguments in `dir`.
+pub fn occult(dir: &Path, args: &[&str]) -> Output {
+    Command::new(occult_bin())
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("running occult")
+}
+
+/// Runs `occult` and insists that it succeeds; returns stdout.
+pub fn occult_ok(dir: &Path, args: &[&str]) -> String {
+    let out = occult(dir, args);
+    assert!(
+        out.status.success(),
+        "occult {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs `occult`, insists that it fails cleanly (exit 1, not a panic) and returns stderr.
+pub fn occult_err(dir: &Path, args: &[&str]) -> String {
+    let out = occult(dir, args);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "occult {args:?} should fail with exit code 1, got {:?}:\n{stderr}",
+        out.status.code()
+    );
+    assert!(!stderr.contains("panicked"), "a panic:\n{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    stderr
+}
+
+/// A raw tensor for [`write_raw`].
+pub enum Raw {
+    I32(Vec<usize>, Vec<i32>),
+    F32(Vec<usize>, Vec<f32>),
+}
+
+/// Writes a safetensors file with arbitrary tensors and metadata (no validation).
+pub fn write_raw(path: &Path, tensors: Vec<(&str, Raw)>, metadata: &[(&str, &str)]) {
+    let bufs: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = tensors
+        .into_iter()
+        .map(|(n, r)| match r {
+            Raw::I32(s, v) => (
+                n.to_string(),
+                safetensors::Dtype::I32,
+                s,
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ),
+            Raw::F32(s, v) => (
+                n.to_string(),
+                safetensors::Dtype::F32,
+                s,
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ),
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = bufs
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    let md: HashMap<String, String> = metadata
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let bytes = safetensors::serialize(views, Some(md)).unwrap();
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Standard metadata of a trace with E experts, top-k.
+pub fn meta(e: &'static str, k: &'static str) -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("format", "occult.trace.v1"),
+        ("num_experts", e),
+        ("top_k", k),
+    ]
+}
