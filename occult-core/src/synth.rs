@@ -125,11 +125,16 @@ pub fn latent_clusters(num_experts: usize, clusters: usize, rng: &mut impl Rng) 
     cluster_of
 }
 
+/// The random stream of one layer: independent per layer, so that layers can be generated in
+/// parallel reproducibly. Its first use is [`latent_clusters`], so tests can recover the
+/// planted partition of a layer.
+pub fn layer_rng(seed: u64, layer: usize) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed ^ (layer as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
 fn synth_layer(cfg: &SynthConfig, layer: usize) -> LayerTrace {
     let e = cfg.num_experts;
-    // One independent stream per layer, so layers can be generated in parallel reproducibly.
-    let mut rng =
-        ChaCha8Rng::seed_from_u64(cfg.seed ^ (layer as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut rng = layer_rng(cfg.seed, layer);
     let cluster_of = latent_clusters(e, cfg.clusters, &mut rng);
     let bias: Vec<f32> = if cfg.skew > 0.0 {
         let d = Normal::new(0.0f32, cfg.skew).expect("skew validated");

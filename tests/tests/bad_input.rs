@@ -12,20 +12,50 @@ fn contains_all(msg: &str, parts: &[&str]) {
 }
 
 fn good_trace(d: &Path) {
-    occult_ok(d, &[
-        "trace", "synth", "--experts", "8", "--top-k", "2", "--layers", "2", "--tokens", "50",
-        "-o", "good.safetensors",
-    ]);
+    occult_ok(
+        d,
+        &[
+            "trace",
+            "synth",
+            "--experts",
+            "8",
+            "--top-k",
+            "2",
+            "--layers",
+            "2",
+            "--tokens",
+            "50",
+            "-o",
+            "good.safetensors",
+        ],
+    );
 }
 
 #[test]
 fn expert_id_out_of_range() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    write_raw(&d.join("b.safetensors"), vec![("layers.0.topk_ids", Raw::I32(vec![2, 2], vec![0, 1, 2, 9]))], &meta("8", "2"));
+    write_raw(
+        &d.join("b.safetensors"),
+        vec![("layers.0.topk_ids", Raw::I32(vec![2, 2], vec![0, 1, 2, 9]))],
+        &meta("8", "2"),
+    );
     let e = occult_err(d, &["collab", "--trace", "b.safetensors", "--devices", "2"]);
-    contains_all(&e, &["b.safetensors", "layers.0.topk_ids", "row 1", "9", "out of range"]);
-    write_raw(&d.join("n.safetensors"), vec![("layers.0.topk_ids", Raw::I32(vec![1, 2], vec![-1, 1]))], &meta("8", "2"));
+    contains_all(
+        &e,
+        &[
+            "b.safetensors",
+            "layers.0.topk_ids",
+            "row 1",
+            "9",
+            "out of range",
+        ],
+    );
+    write_raw(
+        &d.join("n.safetensors"),
+        vec![("layers.0.topk_ids", Raw::I32(vec![1, 2], vec![-1, 1]))],
+        &meta("8", "2"),
+    );
     let e = occult_err(d, &["collab", "--trace", "n.safetensors", "--devices", "2"]);
     contains_all(&e, &["n.safetensors", "-1", "out of range"]);
 }
@@ -34,18 +64,40 @@ fn expert_id_out_of_range() {
 fn duplicate_expert_in_one_token() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    write_raw(&d.join("b.safetensors"), vec![("layers.4.topk_ids", Raw::I32(vec![2, 2], vec![0, 1, 3, 3]))], &meta("8", "2"));
+    write_raw(
+        &d.join("b.safetensors"),
+        vec![("layers.4.topk_ids", Raw::I32(vec![2, 2], vec![0, 1, 3, 3]))],
+        &meta("8", "2"),
+    );
     let e = occult_err(d, &["collab", "--trace", "b.safetensors", "--devices", "2"]);
-    contains_all(&e, &["b.safetensors", "layers.4.topk_ids", "row 1", "expert 3 appears twice"]);
+    contains_all(
+        &e,
+        &[
+            "b.safetensors",
+            "layers.4.topk_ids",
+            "row 1",
+            "expert 3 appears twice",
+        ],
+    );
 }
 
 #[test]
 fn k_mismatched_with_metadata_and_bad_metadata() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    write_raw(&d.join("k.safetensors"), vec![("layers.0.topk_ids", Raw::I32(vec![2, 3], vec![0, 1, 2, 3, 4, 5]))], &meta("8", "2"));
+    write_raw(
+        &d.join("k.safetensors"),
+        vec![(
+            "layers.0.topk_ids",
+            Raw::I32(vec![2, 3], vec![0, 1, 2, 3, 4, 5]),
+        )],
+        &meta("8", "2"),
+    );
     let e = occult_err(d, &["collab", "--trace", "k.safetensors", "--devices", "2"]);
-    contains_all(&e, &["k.safetensors", "shape [2, 3]", "expected [tokens, 2]"]);
+    contains_all(
+        &e,
+        &["k.safetensors", "shape [2, 3]", "expected [tokens, 2]"],
+    );
     // Logits of the wrong width.
     write_raw(
         &d.join("l.safetensors"),
@@ -62,39 +114,95 @@ fn k_mismatched_with_metadata_and_bad_metadata() {
     v[3] = f32::NAN;
     write_raw(
         &d.join("nan.safetensors"),
-        vec![("layers.0.topk_ids", Raw::I32(vec![1, 2], vec![0, 1])), ("layers.0.router_logits", Raw::F32(vec![1, 8], v))],
+        vec![
+            ("layers.0.topk_ids", Raw::I32(vec![1, 2], vec![0, 1])),
+            ("layers.0.router_logits", Raw::F32(vec![1, 8], v)),
+        ],
         &meta("8", "2"),
     );
-    let e = occult_err(d, &["collab", "--trace", "nan.safetensors", "--devices", "2"]);
+    let e = occult_err(
+        d,
+        &["collab", "--trace", "nan.safetensors", "--devices", "2"],
+    );
     contains_all(&e, &["router_logits", "not finite"]);
     // Missing or wrong format tag, missing or non-numeric counts.
     let ids = || vec![("layers.0.topk_ids", Raw::I32(vec![1, 2], vec![0, 1]))];
-    write_raw(&d.join("f.safetensors"), ids(), &[("num_experts", "8"), ("top_k", "2")]);
-    contains_all(&occult_err(d, &["collab", "--trace", "f.safetensors", "--devices", "2"]), &["no `format` metadata"]);
-    write_raw(&d.join("g.safetensors"), ids(), &[("format", "occult.trace.v1"), ("num_experts", "eight"), ("top_k", "2")]);
-    contains_all(&occult_err(d, &["collab", "--trace", "g.safetensors", "--devices", "2"]), &["num_experts", "\"eight\""]);
-    write_raw(&d.join("h.safetensors"), ids(), &[("format", "occult.trace.v1"), ("top_k", "2")]);
-    contains_all(&occult_err(d, &["collab", "--trace", "h.safetensors", "--devices", "2"]), &["no num_experts"]);
-    write_raw(&d.join("x.safetensors"), vec![("model.embed", Raw::I32(vec![1], vec![0]))], &meta("8", "2"));
-    contains_all(&occult_err(d, &["collab", "--trace", "x.safetensors", "--devices", "2"]), &["unexpected tensor \"model.embed\""]);
+    write_raw(
+        &d.join("f.safetensors"),
+        ids(),
+        &[("num_experts", "8"), ("top_k", "2")],
+    );
+    contains_all(
+        &occult_err(d, &["collab", "--trace", "f.safetensors", "--devices", "2"]),
+        &["no `format` metadata"],
+    );
+    write_raw(
+        &d.join("g.safetensors"),
+        ids(),
+        &[
+            ("format", "occult.trace.v1"),
+            ("num_experts", "eight"),
+            ("top_k", "2"),
+        ],
+    );
+    contains_all(
+        &occult_err(d, &["collab", "--trace", "g.safetensors", "--devices", "2"]),
+        &["num_experts", "\"eight\""],
+    );
+    write_raw(
+        &d.join("h.safetensors"),
+        ids(),
+        &[("format", "occult.trace.v1"), ("top_k", "2")],
+    );
+    contains_all(
+        &occult_err(d, &["collab", "--trace", "h.safetensors", "--devices", "2"]),
+        &["no num_experts"],
+    );
+    write_raw(
+        &d.join("x.safetensors"),
+        vec![("model.embed", Raw::I32(vec![1], vec![0]))],
+        &meta("8", "2"),
+    );
+    contains_all(
+        &occult_err(d, &["collab", "--trace", "x.safetensors", "--devices", "2"]),
+        &["unexpected tensor \"model.embed\""],
+    );
 }
 
 #[test]
 fn unreadable_and_truncated_files() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let e = occult_err(d, &["collab", "--trace", "missing.safetensors", "--devices", "2"]);
+    let e = occult_err(
+        d,
+        &["collab", "--trace", "missing.safetensors", "--devices", "2"],
+    );
     contains_all(&e, &["missing.safetensors", "No such file"]);
     std::fs::write(d.join("junk.safetensors"), b"this is not safetensors").unwrap();
-    let e = occult_err(d, &["collab", "--trace", "junk.safetensors", "--devices", "2"]);
+    let e = occult_err(
+        d,
+        &["collab", "--trace", "junk.safetensors", "--devices", "2"],
+    );
     contains_all(&e, &["junk.safetensors", "not a readable safetensors file"]);
     good_trace(d);
     let bytes = std::fs::read(d.join("good.safetensors")).unwrap();
     std::fs::write(d.join("cut.safetensors"), &bytes[..bytes.len() - 100]).unwrap();
-    let e = occult_err(d, &["collab", "--trace", "cut.safetensors", "--devices", "2"]);
+    let e = occult_err(
+        d,
+        &["collab", "--trace", "cut.safetensors", "--devices", "2"],
+    );
     contains_all(&e, &["cut.safetensors", "not a readable safetensors file"]);
     std::fs::write(d.join("p.json"), b"{\"format\": \"occult.placement.v1\", ").unwrap();
-    let e = occult_err(d, &["collab", "--trace", "good.safetensors", "--placement", "p.json"]);
+    let e = occult_err(
+        d,
+        &[
+            "collab",
+            "--trace",
+            "good.safetensors",
+            "--placement",
+            "p.json",
+        ],
+    );
     contains_all(&e, &["p.json", "not a valid placement file"]);
 }
 
@@ -113,21 +221,34 @@ fn bad_placements() {
     good_trace(d);
     let run = |name: &str, text: String| {
         std::fs::write(d.join(name), text).unwrap();
-        occult_err(d, &["collab", "--trace", "good.safetensors", "--placement", name])
+        occult_err(
+            d,
+            &["collab", "--trace", "good.safetensors", "--placement", name],
+        )
     };
     let e = run("len.json", placement_json(8, 2, &[0, 0, 0, 1, 1, 1, 1]));
     contains_all(&e, &["len.json", "layer 0", "7 entries", "8"]);
-    let e = run("unbal.json", placement_json(8, 2, &[0, 0, 0, 0, 0, 1, 1, 1]));
+    let e = run(
+        "unbal.json",
+        placement_json(8, 2, &[0, 0, 0, 0, 0, 1, 1, 1]),
+    );
     contains_all(&e, &["unbal.json", "unbalanced", "device 0 holds 5"]);
-    let e = run("range.json", placement_json(8, 2, &[0, 0, 0, 0, 1, 1, 1, 2]));
+    let e = run(
+        "range.json",
+        placement_json(8, 2, &[0, 0, 0, 0, 1, 1, 1, 2]),
+    );
     contains_all(&e, &["range.json", "expert 7 is on device 2"]);
     let e = run("exp.json", placement_json(6, 2, &[0, 0, 0, 1, 1, 1]));
     contains_all(&e, &["exp.json", "6 experts, the trace has 8"]);
-    let mut v: serde_json::Value = serde_json::from_str(&placement_json(8, 2, &[0, 0, 0, 0, 1, 1, 1, 1])).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&placement_json(8, 2, &[0, 0, 0, 0, 1, 1, 1, 1])).unwrap();
     v["layers"].as_array_mut().unwrap().pop();
     let e = run("layer.json", v.to_string());
     contains_all(&e, &["layer.json", "no entry for layer 1"]);
-    let e = run("fmt.json", placement_json(8, 2, &[0; 8]).replace("occult.placement.v1", "v0"));
+    let e = run(
+        "fmt.json",
+        placement_json(8, 2, &[0; 8]).replace("occult.placement.v1", "v0"),
+    );
     contains_all(&e, &["fmt.json", "format is \"v0\""]);
     let e = run("many.json", placement_json(8, 9, &[0, 1, 2, 3, 4, 5, 6, 7]));
     contains_all(&e, &["many.json", "9 devices for 8 experts"]);
@@ -138,36 +259,217 @@ fn bad_arguments() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     good_trace(d);
-    let e = occult_err(d, &["collab", "--trace", "good.safetensors", "--devices", "9"]);
+    let e = occult_err(
+        d,
+        &["collab", "--trace", "good.safetensors", "--devices", "9"],
+    );
     contains_all(&e, &["9 devices for 8 experts"]);
-    let e = occult_err(d, &["place", "--trace", "good.safetensors", "--devices", "0", "-o", "p.json"]);
+    let e = occult_err(
+        d,
+        &[
+            "place",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "0",
+            "-o",
+            "p.json",
+        ],
+    );
     contains_all(&e, &["at least 1"]);
-    let e = occult_err(d, &["prune", "--trace", "good.safetensors", "--devices", "2", "--max-devices", "0", "--rule", "router"]);
+    let e = occult_err(
+        d,
+        &[
+            "prune",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "2",
+            "--max-devices",
+            "0",
+            "--rule",
+            "router",
+        ],
+    );
     contains_all(&e, &["--max-devices must be at least 1"]);
-    let e = occult_err(d, &["place", "--trace", "good.safetensors", "--devices", "2", "--method", "greedy", "--max-load-factor", "1.1", "-o", "p.json"]);
+    let e = occult_err(
+        d,
+        &[
+            "place",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "2",
+            "--method",
+            "greedy",
+            "--max-load-factor",
+            "1.1",
+            "-o",
+            "p.json",
+        ],
+    );
     contains_all(&e, &["occult method only"]);
-    let e = occult_err(d, &["place", "--trace", "good.safetensors", "--devices", "2", "--max-load-factor", "0.5", "-o", "p.json"]);
+    let e = occult_err(
+        d,
+        &[
+            "place",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "2",
+            "--max-load-factor",
+            "0.5",
+            "-o",
+            "p.json",
+        ],
+    );
     contains_all(&e, &["factor >= 1"]);
     // A model rule that does not reproduce the recorded gate weights.
-    let e = occult_err(d, &["prune", "--trace", "good.safetensors", "--devices", "2", "--max-devices", "1", "--rule", "router", "--renormalize"]);
-    contains_all(&e, &["does not reproduce the trace's gate weights", "--renormalize"]);
+    let e = occult_err(
+        d,
+        &[
+            "prune",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "2",
+            "--max-devices",
+            "1",
+            "--rule",
+            "router",
+            "--renormalize",
+        ],
+    );
+    contains_all(
+        &e,
+        &[
+            "does not reproduce the trace's gate weights",
+            "--renormalize",
+        ],
+    );
     // A trace recorded on 3 ranks analysed on 2 devices.
-    occult_ok(d, &["trace", "synth", "--experts", "8", "--top-k", "2", "--layers", "1", "--tokens", "30", "--num-ranks", "3", "-o", "r3.safetensors"]);
-    let e = occult_err(d, &["collab", "--trace", "r3.safetensors", "--devices", "2"]);
+    occult_ok(
+        d,
+        &[
+            "trace",
+            "synth",
+            "--experts",
+            "8",
+            "--top-k",
+            "2",
+            "--layers",
+            "1",
+            "--tokens",
+            "30",
+            "--num-ranks",
+            "3",
+            "-o",
+            "r3.safetensors",
+        ],
+    );
+    let e = occult_err(
+        d,
+        &["collab", "--trace", "r3.safetensors", "--devices", "2"],
+    );
     contains_all(&e, &["3 source rank(s)", "--resplit"]);
-    occult_ok(d, &["collab", "--trace", "r3.safetensors", "--devices", "2", "--resplit"]);
+    occult_ok(
+        d,
+        &[
+            "collab",
+            "--trace",
+            "r3.safetensors",
+            "--devices",
+            "2",
+            "--resplit",
+        ],
+    );
     // Pruning needs router logits.
-    occult_ok(d, &["trace", "synth", "--experts", "8", "--top-k", "2", "--layers", "1", "--tokens", "30", "--no-logits", "-o", "nl.safetensors"]);
-    let e = occult_err(d, &["prune", "--trace", "nl.safetensors", "--devices", "2", "--max-devices", "1", "--rule", "router"]);
+    occult_ok(
+        d,
+        &[
+            "trace",
+            "synth",
+            "--experts",
+            "8",
+            "--top-k",
+            "2",
+            "--layers",
+            "1",
+            "--tokens",
+            "30",
+            "--no-logits",
+            "-o",
+            "nl.safetensors",
+        ],
+    );
+    let e = occult_err(
+        d,
+        &[
+            "prune",
+            "--trace",
+            "nl.safetensors",
+            "--devices",
+            "2",
+            "--max-devices",
+            "1",
+            "--rule",
+            "router",
+        ],
+    );
     contains_all(&e, &["no router logits"]);
     // Pruning to N devices that cannot hold k experts.
-    occult_ok(d, &["trace", "synth", "--experts", "8", "--top-k", "4", "--layers", "1", "--tokens", "30", "-o", "k4.safetensors"]);
-    let e = occult_err(d, &["prune", "--trace", "k4.safetensors", "--devices", "4", "--max-devices", "1", "--rule", "similarity"]);
+    occult_ok(
+        d,
+        &[
+            "trace",
+            "synth",
+            "--experts",
+            "8",
+            "--top-k",
+            "4",
+            "--layers",
+            "1",
+            "--tokens",
+            "30",
+            "-o",
+            "k4.safetensors",
+        ],
+    );
+    let e = occult_err(
+        d,
+        &[
+            "prune",
+            "--trace",
+            "k4.safetensors",
+            "--devices",
+            "4",
+            "--max-devices",
+            "1",
+            "--rule",
+            "similarity",
+        ],
+    );
     contains_all(&e, &["cannot keep top_k = 4"]);
     // Synthetic generation with impossible sizes, and a broken recipe.
-    let e = occult_err(d, &["trace", "synth", "--experts", "4", "--top-k", "5", "-o", "x.safetensors"]);
+    let e = occult_err(
+        d,
+        &[
+            "trace",
+            "synth",
+            "--experts",
+            "4",
+            "--top-k",
+            "5",
+            "-o",
+            "x.safetensors",
+        ],
+    );
     contains_all(&e, &["top_k = 5"]);
-    std::fs::write(d.join("r.toml"), "name = \"x\"\n[trace]\nexprts = 3\n[analysis]\ndevices = 2\n").unwrap();
+    std::fs::write(
+        d.join("r.toml"),
+        "name = \"x\"\n[trace]\nexprts = 3\n[analysis]\ndevices = 2\n",
+    )
+    .unwrap();
     let e = occult_err(d, &["reproduce", "r.toml", "--out", "rep"]);
     contains_all(&e, &["r.toml", "exprts"]);
 }
@@ -178,16 +480,55 @@ fn failed_commands_leave_outputs_untouched() {
     let d = dir.path();
     good_trace(d);
     std::fs::write(d.join("keep.json"), "precious").unwrap();
-    occult_err(d, &["place", "--trace", "good.safetensors", "--devices", "9", "-o", "keep.json"]);
-    assert_eq!(std::fs::read_to_string(d.join("keep.json")).unwrap(), "precious");
-    occult_err(d, &["place", "--trace", "good.safetensors", "--devices", "9", "-o", "new.json"]);
+    occult_err(
+        d,
+        &[
+            "place",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "9",
+            "-o",
+            "keep.json",
+        ],
+    );
+    assert_eq!(
+        std::fs::read_to_string(d.join("keep.json")).unwrap(),
+        "precious"
+    );
+    occult_err(
+        d,
+        &[
+            "place",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "9",
+            "-o",
+            "new.json",
+        ],
+    );
     assert!(!d.join("new.json").exists());
-    let e = occult_err(d, &["place", "--trace", "good.safetensors", "--devices", "2", "-o", "no/such/dir/p.json"]);
+    let e = occult_err(
+        d,
+        &[
+            "place",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "2",
+            "-o",
+            "no/such/dir/p.json",
+        ],
+    );
     contains_all(&e, &["no/such/dir/p.json", "does not exist"]);
     // No temporary files remain.
     let names: Vec<String> = std::fs::read_dir(d)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert!(names.iter().all(|n| !n.starts_with(".occult-tmp")), "{names:?}");
+    assert!(
+        names.iter().all(|n| !n.starts_with(".occult-tmp")),
+        "{names:?}"
+    );
 }

@@ -12,8 +12,24 @@ fn read_json(p: &Path) -> Value {
 
 fn synth(dir: &Path, name: &str, extra: &[&str]) {
     let mut args = vec![
-        "trace", "synth", "--experts", "16", "--top-k", "4", "--layers", "2", "--tokens", "600",
-        "--clusters", "4", "--strength", "3", "--seed", "3", "-o", name,
+        "trace",
+        "synth",
+        "--experts",
+        "16",
+        "--top-k",
+        "4",
+        "--layers",
+        "2",
+        "--tokens",
+        "600",
+        "--clusters",
+        "4",
+        "--strength",
+        "3",
+        "--seed",
+        "3",
+        "-o",
+        name,
     ];
     args.extend_from_slice(extra);
     occult_ok(dir, &args);
@@ -28,14 +44,32 @@ fn analysis_pipeline_end_to_end() {
     assert!(info.contains("experts 16, top-4"), "{info}");
 
     // Contiguous statistics with the JSON contract.
-    occult_ok(d, &["collab", "--trace", "t.safetensors", "--devices", "4", "--json", "c.json"]);
+    occult_ok(
+        d,
+        &[
+            "collab",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "4",
+            "--json",
+            "c.json",
+        ],
+    );
     let c = read_json(&d.join("c.json"));
     let layers = c["layers"].as_array().unwrap();
     assert_eq!(layers.len(), 2);
     for l in layers {
         for key in [
-            "layer", "ect", "ect_histogram", "intra_ratio", "rows_standard", "rows_occult",
-            "remote_rows_standard", "remote_rows_occult", "max_load_ratio",
+            "layer",
+            "ect",
+            "ect_histogram",
+            "intra_ratio",
+            "rows_standard",
+            "rows_occult",
+            "remote_rows_standard",
+            "remote_rows_occult",
+            "max_load_ratio",
         ] {
             assert!(l.get(key).is_some(), "collab JSON lacks {key}");
         }
@@ -51,12 +85,36 @@ fn analysis_pipeline_end_to_end() {
     let mut ect = std::collections::HashMap::new();
     for m in ["contiguous", "greedy", "occult"] {
         let out = format!("p-{m}.json");
-        occult_ok(d, &["place", "--trace", "t.safetensors", "--devices", "4", "--method", m, "-o", &out]);
+        occult_ok(
+            d,
+            &[
+                "place",
+                "--trace",
+                "t.safetensors",
+                "--devices",
+                "4",
+                "--method",
+                m,
+                "-o",
+                &out,
+            ],
+        );
         let p = read_json(&d.join(&out));
         assert_eq!(p["format"], "occult.placement.v1");
         assert_eq!(p["method"], m);
         let json = format!("c-{m}.json");
-        occult_ok(d, &["collab", "--trace", "t.safetensors", "--placement", &out, "--json", &json]);
+        occult_ok(
+            d,
+            &[
+                "collab",
+                "--trace",
+                "t.safetensors",
+                "--placement",
+                &out,
+                "--json",
+                &json,
+            ],
+        );
         let mean = read_json(&d.join(&json))["mean_ect"].as_f64().unwrap();
         let stored: f64 = p["layers"]
             .as_array()
@@ -74,18 +132,46 @@ fn analysis_pipeline_end_to_end() {
     assert!(ect["greedy"] < 0.8 * contiguous, "{ect:?}");
 
     // Pruning, with its JSON contract; the pruned trace agrees with the report.
-    occult_ok(d, &[
-        "prune", "--trace", "t.safetensors", "--placement", "p-occult.json", "--max-devices", "1",
-        "--rule", "similarity", "--json", "prune.json", "-o", "pruned.safetensors",
-    ]);
+    occult_ok(
+        d,
+        &[
+            "prune",
+            "--trace",
+            "t.safetensors",
+            "--placement",
+            "p-occult.json",
+            "--max-devices",
+            "1",
+            "--rule",
+            "similarity",
+            "--json",
+            "prune.json",
+            "-o",
+            "pruned.safetensors",
+        ],
+    );
     let pr = read_json(&d.join("prune.json"));
     assert!((pr["ect_before"].as_f64().unwrap() - ect["occult"]).abs() < 1e-12);
     assert_eq!(pr["ect_after"].as_f64().unwrap(), 1.0);
     let changed = pr["changed_fraction"].as_f64().unwrap();
     assert!(changed > 0.0 && changed < 1.0);
     assert_eq!(pr["layers"].as_array().unwrap().len(), 2);
-    occult_ok(d, &["collab", "--trace", "pruned.safetensors", "--placement", "p-occult.json", "--json", "cp.json"]);
-    assert_eq!(read_json(&d.join("cp.json"))["mean_ect"].as_f64().unwrap(), 1.0);
+    occult_ok(
+        d,
+        &[
+            "collab",
+            "--trace",
+            "pruned.safetensors",
+            "--placement",
+            "p-occult.json",
+            "--json",
+            "cp.json",
+        ],
+    );
+    assert_eq!(
+        read_json(&d.join("cp.json"))["mean_ect"].as_f64().unwrap(),
+        1.0
+    );
 }
 
 #[test]
@@ -93,15 +179,39 @@ fn load_limit_and_bench() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     synth(d, "t.safetensors", &["--skew", "1.0", "--no-logits"]);
-    occult_ok(d, &[
-        "place", "--trace", "t.safetensors", "--devices", "4", "--method", "occult",
-        "--max-load-factor", "1.05", "-o", "p.json",
-    ]);
+    occult_ok(
+        d,
+        &[
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "4",
+            "--method",
+            "occult",
+            "--max-load-factor",
+            "1.05",
+            "-o",
+            "p.json",
+        ],
+    );
     let p = read_json(&d.join("p.json"));
     for l in p["layers"].as_array().unwrap() {
         assert!(l["metrics"]["max_load_ratio"].as_f64().unwrap() <= 1.05 + 1e-9);
     }
-    let out = occult_ok(d, &["bench", "place", "--trace", "t.safetensors", "--devices", "2,4", "--json", "b.json"]);
+    let out = occult_ok(
+        d,
+        &[
+            "bench",
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "2,4",
+            "--json",
+            "b.json",
+        ],
+    );
     assert!(out.contains("vs greedy"), "{out}");
     let b = read_json(&d.join("b.json"));
     assert_eq!(b["results"].as_array().unwrap().len(), 6);
@@ -137,10 +247,16 @@ fn a_trace_written_by_another_tool_is_read() {
     let d = dir.path();
     common::write_raw(
         &d.join("ext.safetensors"),
-        vec![("layers.7.topk_ids", Raw::I32(vec![3, 2], vec![0, 1, 2, 3, 1, 3]))],
+        vec![(
+            "layers.7.topk_ids",
+            Raw::I32(vec![3, 2], vec![0, 1, 2, 3, 1, 3]),
+        )],
         &common::meta("4", "2"),
     );
-    let out = occult_ok(d, &["collab", "--trace", "ext.safetensors", "--devices", "2"]);
+    let out = occult_ok(
+        d,
+        &["collab", "--trace", "ext.safetensors", "--devices", "2"],
+    );
     // Tokens {0,1}, {2,3}, {1,3} on devices {0,1 | 2,3}: C_T = 1, 1, 2.
     assert!(out.contains("mean E[C_T] 1.333"), "{out}");
 }

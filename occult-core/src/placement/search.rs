@@ -58,7 +58,7 @@ pub struct SearchOutcome {
     pub greedy_total_devices: u64,
     /// Which start won: `greedy`, `contiguous` or `random N`.
     pub start: String,
-    /// Swaps taken from the winning start.
+    /// Swaps kept from the winning start.
     pub swaps: usize,
     /// Starts that met the load limit.
     pub feasible_starts: usize,
@@ -94,7 +94,7 @@ pub fn search(
         ("greedy".into(), greedy_map.clone()),
         ("contiguous".into(), super::contiguous(e, num_devices)),
     ];
-    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    let mut rng = ChaCha8Rng::seed_from_u64(salted(cfg.seed, 1));
     for r in 0..cfg.restarts {
         let mut perm: Vec<u32> = (0..e as u32).collect();
         perm.shuffle(&mut rng);
@@ -123,7 +123,10 @@ pub fn search(
     let greedy_total_devices = State::new(&ctx, greedy_map).total as u64;
     let ends: Vec<Option<(State, usize)>> = starts
         .par_iter()
-        .map(|(_, map)| descend(&ctx, map.clone()))
+        .map(|(_, map)| {
+            let mut s = State::new(&ctx, map.clone());
+            optimize(&mut s).map(|n| (s, n))
+        })
         .collect();
     let feasible_starts = ends.iter().filter(|x| x.is_some()).count();
     let best = ends
@@ -149,6 +152,12 @@ pub fn search(
     })
 }
 
+/// Decorrelates the search's random streams from others seeded with the same number (such as
+/// the synthetic trace generator's), so that a random start never replays a planted partition.
+fn salted(seed: u64, stream: u64) -> u64 {
+    seed ^ 0x0CC0_17A5_EA2C_4000u64.wrapping_add(stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
 /// Read-only inputs shared by every start.
 struct Ctx<'a> {
     ids: &'a [u32],
@@ -163,6 +172,7 @@ struct Ctx<'a> {
 }
 
 /// A placement under search and its gain tables.
+#[derive(Clone)]
 struct State<'a> {
     ctx: &'a Ctx<'a>,
     dev: Vec<u32>,
@@ -275,12 +285,28 @@ impl<'a> State<'a> {
             i += usize::from(x == t);
             j += usize::from(y == t);
         }
-        for &(t, _, _) in &scratch {
-            self.contrib(t as usize, -1);
-        }
-        let d = self.ctx.d;
+        // Only the alone-flags of the token's experts and the occupancy of p and q can change:
+        // update exactly those entries of the tables.
+        let ctx = self.ctx;
+        let (k, d, e) = (ctx.k, ctx.d, ctx.e);
+        let new_dev = |x: usize, dev: &[u32]| {
+            if x == a {
+                q
+            } else if x == b {
+                p
+            } else {
+                dev[x] as usize
+            }
+        };
+        let mut flip = [0i64; u8::MAX as usize];
         for &(t, has_a, has_b) in &scratch {
-            let c = &mut self.cnt[t as usize * d..(t as usize + 1) * d];
+            let t = t as usize;
+            let row = &ctx.ids[t * k..(t + 1) * k];
+            let c = &mut self.cnt[t * d..(t + 1) * d];
+            let (occ_p, occ_q) = (c[p] > 0, c[q] > 0);
+            for (i, &x) in row.iter().enumerate() {
+                flip[i] = -i64::from(c[self.dev[x as usize] as usize] == 1);
+            }
             if has_a && !has_b {
                 c[p] -= 1;
                 c[q] += 1;
@@ -288,23 +314,45 @@ impl<'a> State<'a> {
                 c[q] -= 1;
                 c[p] += 1;
             }
+            for (i, &x) in row.iter().enumerate() {
+                flip[i] += i64::from(c[new_dev(x as usize, &self.dev)] == 1);
+            }
+            for (dv, was) in [(p, occ_p), (q, occ_q)] {
+                let now = c[dv] > 0;
+                if now != was {
+                    let sign = if now { 1 } else { -1 };
+                    for &x in row {
+                        self.present[x as usize * d + dv] += sign;
+                    }
+                }
+            }
+            for (i, &x) in row.iter().enumerate() {
+                let f = flip[i];
+                if f == 0 {
+                    continue;
+                }
+                self.lose[x as usize] += f;
+                for (j, &y) in row.iter().enumerate() {
+                    if j != i {
+                        self.corr[x as usize * e + y as usize] += f;
+                        self.corr[y as usize * e + x as usize] += f;
+                    }
+                }
+            }
         }
         let (lp, lq) = self.loads_after(a, b);
         self.dev_load[p] = lp;
         self.dev_load[q] = lq;
         self.dev.swap(a, b);
-        for &(t, _, _) in &scratch {
-            self.contrib(t as usize, 1);
-        }
         self.scratch = scratch;
         self.total += delta;
     }
 }
 
-/// Runs repair (under a load limit) then best-improvement descent; `None` if the start cannot
-/// be brought within the load limit.
-fn descend<'a>(ctx: &'a Ctx<'a>, start: Vec<u32>) -> Option<(State<'a>, usize)> {
-    let mut s = State::new(ctx, start);
+/// Runs repair (under a load limit) then best-improvement descent; returns the swaps taken, or
+/// `None` if the state cannot be brought within the load limit.
+fn descend(s: &mut State) -> Option<usize> {
+    let ctx = s.ctx;
     let e = ctx.e;
     let mut swaps = 0;
     if let Some(cap) = ctx.cap {
@@ -359,7 +407,67 @@ fn descend<'a>(ctx: &'a Ctx<'a>, start: Vec<u32>) -> Option<(State<'a>, usize)> 
         s.swap(a, b);
         swaps += 1;
     }
-    Some((s, swaps))
+    Some(swaps)
+}
+
+/// Descent, then Kernighan-Lin passes (each followed by descent) until a pass finds nothing.
+/// Returns the swaps kept, or `None` if the load limit cannot be met.
+fn optimize(s: &mut State) -> Option<usize> {
+    let mut n = descend(s)?;
+    loop {
+        let kept = kl_pass(s);
+        if kept == 0 {
+            return Some(n);
+        }
+        n += kept + descend(s)?;
+    }
+}
+
+/// One Kernighan-Lin pass: repeatedly take the best swap among unlocked experts even if it
+/// raises sum C_T, lock both experts, and finally roll back to the best prefix of the sequence.
+/// This finds moves that only pay off as a group (half a cluster changing sides), which single
+/// improving swaps cannot. Returns the swaps kept (0 when the pass found nothing better). Under
+/// a load limit only swaps that keep both devices within it are taken.
+fn kl_pass(s: &mut State) -> usize {
+    let e = s.ctx.e;
+    let mut locked = vec![false; e];
+    let mut seq: Vec<(usize, usize)> = Vec::new();
+    let (mut best_total, mut best_len) = (s.total, 0);
+    loop {
+        let mut best: Option<(i64, usize, usize)> = None;
+        for a in (0..e).filter(|&a| !locked[a]) {
+            for b in (a + 1..e).filter(|&b| !locked[b]) {
+                if s.dev[a] == s.dev[b] {
+                    continue;
+                }
+                let delta = s.delta(a, b);
+                if best.is_some_and(|bk| delta >= bk.0) {
+                    continue;
+                }
+                if let Some(cap) = s.ctx.cap {
+                    let (lp, lq) = s.loads_after(a, b);
+                    if lp as f64 > cap || lq as f64 > cap {
+                        continue;
+                    }
+                }
+                best = Some((delta, a, b));
+            }
+        }
+        let Some((_, a, b)) = best else { break };
+        s.swap(a, b);
+        locked[a] = true;
+        locked[b] = true;
+        seq.push((a, b));
+        if s.total < best_total {
+            best_total = s.total;
+            best_len = seq.len();
+        }
+    }
+    for &(a, b) in seq[best_len..].iter().rev() {
+        s.swap(a, b);
+    }
+    debug_assert_eq!(s.total, best_total);
+    best_len
 }
 
 #[cfg(test)]
@@ -483,5 +591,42 @@ mod tests {
         };
         let err = search(&ids, 2, &co, 2, &cfg).unwrap_err().to_string();
         assert!(err.contains("load factor"), "{err}");
+    }
+
+    #[test]
+    fn reaches_the_planted_partition_on_clustered_routing() {
+        use crate::synth::{latent_clusters, layer_rng, synth_trace, SynthConfig};
+        // 8 clusters of 4 experts over 4 devices of 8: the planted partition puts two whole
+        // clusters on each device. Greedy misses it on some layers; the search must not.
+        let cfg = SynthConfig {
+            num_experts: 32,
+            top_k: 4,
+            layers: 3,
+            tokens: 3000,
+            seed: 11,
+            clusters: 8,
+            strength: 2.5,
+            skew: 0.2,
+            renormalize: false,
+            with_logits: false,
+        };
+        let t = synth_trace(&cfg, &|| {}).unwrap();
+        for l in &t.layers {
+            let mut rng = layer_rng(cfg.seed, l.layer);
+            let planted: Vec<u32> = latent_clusters(32, 8, &mut rng)
+                .into_iter()
+                .map(|c| (c / 2) as u32)
+                .collect();
+            let planted_total = total_devices(&l.topk_ids, 4, &planted, 4);
+            let co = CoActivation::from_ids(&l.topk_ids, 4, 32);
+            let out = search(&l.topk_ids, 4, &co, 4, &SearchConfig::default()).unwrap();
+            assert!(
+                out.total_devices <= planted_total,
+                "layer {}: ours {} > planted {planted_total} (greedy {})",
+                l.layer,
+                out.total_devices,
+                out.greedy_total_devices
+            );
+        }
     }
 }

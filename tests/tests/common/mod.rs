@@ -9,7 +9,10 @@ use std::process::{Command, Output};
 /// The `occult` binary built beside this test (cargo builds it for occult-eval's tests).
 pub fn occult_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
     let bin = dir.join(format!("occult{}", std::env::consts::EXE_SUFFIX));
     assert!(
         bin.exists(),
