@@ -3,7 +3,7 @@
 
 use occult_core::collab::{layer_stats, token_devices, total_devices, CoActivation};
 use occult_core::placement::{
-    capacities, contiguous, greedy, search, validate_map, Placement, SearchConfig,
+    capacities, contiguous, greedy, random_balanced, search, validate_map, Placement, SearchConfig,
 };
 use occult_core::pruning::{devices_of, PruneRule, Pruner};
 use occult_core::ranks::RankSplit;
@@ -11,7 +11,6 @@ use occult_core::routing::RouterRule;
 use occult_core::similarity::SimilarityTable;
 use occult_core::trace::{LayerTrace, Trace, TraceMeta};
 use proptest::prelude::*;
-use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -43,15 +42,7 @@ fn case(e: usize, d: usize, k: usize, tokens: usize, seed: u64, clustered: bool)
         ids.extend(rule.route(&row).ids);
         logits.extend(row);
     }
-    let mut perm: Vec<u32> = (0..e as u32).collect();
-    perm.shuffle(&mut rng);
-    let mut map = vec![0u32; e];
-    let mut it = perm.into_iter();
-    for (dev, c) in capacities(e, d).into_iter().enumerate() {
-        for x in it.by_ref().take(c) {
-            map[x as usize] = dev as u32;
-        }
-    }
+    let map = random_balanced(e, d, &mut rng);
     Case {
         e,
         d,

@@ -72,6 +72,18 @@ pub fn contiguous(num_experts: usize, num_devices: usize) -> Vec<u32> {
     map
 }
 
+/// A uniformly random balanced placement.
+pub fn random_balanced(
+    num_experts: usize,
+    num_devices: usize,
+    rng: &mut impl rand::Rng,
+) -> Vec<u32> {
+    use rand::seq::SliceRandom;
+    let mut order: Vec<u32> = contiguous(num_experts, num_devices);
+    order.shuffle(rng);
+    order
+}
+
 /// Checks that `map` is a valid balanced expert -> device map.
 pub fn validate_map(map: &[u32], num_experts: usize, num_devices: usize) -> Result<()> {
     check_sizes(num_experts, num_devices)?;

@@ -20,10 +20,9 @@
 //! each start is first repaired by swaps that cut the excess load, then only swaps that keep
 //! every device within the limit are taken.
 
-use super::{capacities, greedy};
+use super::{greedy, random_balanced};
 use crate::collab::CoActivation;
 use crate::{bail, Result};
-use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
@@ -96,16 +95,10 @@ pub fn search(
     ];
     let mut rng = ChaCha8Rng::seed_from_u64(salted(cfg.seed, 1));
     for r in 0..cfg.restarts {
-        let mut perm: Vec<u32> = (0..e as u32).collect();
-        perm.shuffle(&mut rng);
-        let mut map = vec![0u32; e];
-        let mut it = perm.into_iter();
-        for (d, c) in capacities(e, num_devices).into_iter().enumerate() {
-            for x in it.by_ref().take(c) {
-                map[x as usize] = d as u32;
-            }
-        }
-        starts.push((format!("random {}", r + 1), map));
+        starts.push((
+            format!("random {}", r + 1),
+            random_balanced(e, num_devices, &mut rng),
+        ));
     }
     let ctx = Ctx {
         ids,
@@ -383,31 +376,42 @@ fn descend(s: &mut State) -> Option<usize> {
             swaps += 1;
         }
     }
-    loop {
-        let mut best: Option<(i64, usize, usize)> = None;
-        for a in 0..e {
-            for b in a + 1..e {
-                if s.dev[a] == s.dev[b] {
-                    continue;
-                }
-                let delta = s.delta(a, b);
-                if delta >= 0 || best.is_some_and(|bk| delta >= bk.0) {
-                    continue;
-                }
-                if let Some(cap) = ctx.cap {
-                    let (lp, lq) = s.loads_after(a, b);
-                    if lp as f64 > cap || lq as f64 > cap {
-                        continue;
-                    }
-                }
-                best = Some((delta, a, b));
-            }
+    while let Some((delta, a, b)) = best_swap(s, &[]) {
+        if delta >= 0 {
+            break;
         }
-        let Some((_, a, b)) = best else { break };
         s.swap(a, b);
         swaps += 1;
     }
     Some(swaps)
+}
+
+/// The swap of two experts on different devices with the lowest delta (ties: lowest pair),
+/// among experts not `locked` (an empty slice locks none) and, under a load limit, among swaps
+/// that keep both devices within it.
+fn best_swap(s: &State, locked: &[bool]) -> Option<(i64, usize, usize)> {
+    let e = s.ctx.e;
+    let free = |x: usize| locked.get(x).is_none_or(|l| !l);
+    let mut best: Option<(i64, usize, usize)> = None;
+    for a in (0..e).filter(|&a| free(a)) {
+        for b in (a + 1..e).filter(|&b| free(b)) {
+            if s.dev[a] == s.dev[b] {
+                continue;
+            }
+            let delta = s.delta(a, b);
+            if best.is_some_and(|bk| delta >= bk.0) {
+                continue;
+            }
+            if let Some(cap) = s.ctx.cap {
+                let (lp, lq) = s.loads_after(a, b);
+                if lp as f64 > cap || lq as f64 > cap {
+                    continue;
+                }
+            }
+            best = Some((delta, a, b));
+        }
+    }
+    best
 }
 
 /// Descent, then Kernighan-Lin passes (each followed by descent) until a pass finds nothing.
@@ -433,27 +437,7 @@ fn kl_pass(s: &mut State) -> usize {
     let mut locked = vec![false; e];
     let mut seq: Vec<(usize, usize)> = Vec::new();
     let (mut best_total, mut best_len) = (s.total, 0);
-    loop {
-        let mut best: Option<(i64, usize, usize)> = None;
-        for a in (0..e).filter(|&a| !locked[a]) {
-            for b in (a + 1..e).filter(|&b| !locked[b]) {
-                if s.dev[a] == s.dev[b] {
-                    continue;
-                }
-                let delta = s.delta(a, b);
-                if best.is_some_and(|bk| delta >= bk.0) {
-                    continue;
-                }
-                if let Some(cap) = s.ctx.cap {
-                    let (lp, lq) = s.loads_after(a, b);
-                    if lp as f64 > cap || lq as f64 > cap {
-                        continue;
-                    }
-                }
-                best = Some((delta, a, b));
-            }
-        }
-        let Some((_, a, b)) = best else { break };
+    while let Some((_, a, b)) = best_swap(s, &locked) {
         s.swap(a, b);
         locked[a] = true;
         locked[b] = true;
@@ -475,6 +459,7 @@ mod tests {
     use super::*;
     use crate::collab::total_devices;
     use crate::placement::validate_map;
+    use rand::seq::SliceRandom;
     use rand::Rng;
 
     fn random_ids(tokens: usize, k: usize, e: usize, seed: u64) -> Vec<u32> {
