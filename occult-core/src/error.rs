@@ -15,6 +15,12 @@ pub enum Error {
     /// An argument or an in-memory value is invalid.
     #[error("{0}")]
     Invalid(String),
+    /// A collective failed: a peer died, timed out, or called with mismatched arguments.
+    #[error("communicator: {0}")]
+    Comm(String),
+    /// A tensor operation failed.
+    #[error("tensor: {0}")]
+    Tensor(#[from] candle::Error),
 }
 
 impl Error {

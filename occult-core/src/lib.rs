@@ -9,7 +9,12 @@
 pub mod analysis;
 pub mod atomic;
 pub mod collab;
+pub mod comm;
+pub mod dispatch;
 mod error;
+pub mod exchange;
+pub mod experts;
+pub mod moe;
 pub mod placement;
 pub mod pruning;
 pub mod ranks;

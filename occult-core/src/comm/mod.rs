@@ -1,0 +1,198 @@
+//! Communicators: how ranks exchange rows. The MoE layer sees only the [`Communicator`] trait.
+//!
+//! Backends: [`local`] (ranks as threads in one process, the default) and, with the `mpi`
+//! feature, [`mpi`] (one process per rank under `mpirun`). Every backend counts exactly what it
+//! moves: rows, bytes and messages per peer, and the time spent inside collectives.
+
+pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+
+use crate::{Error, Result};
+use bytemuck::Pod;
+use serde::Serialize;
+use std::time::Duration;
+
+/// What one rank sent to and received from one peer (itself included, as local traffic).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PeerStats {
+    pub rows_sent: u64,
+    pub bytes_sent: u64,
+    /// Non-empty sends to this peer.
+    pub messages_sent: u64,
+    pub rows_recv: u64,
+    pub bytes_recv: u64,
+}
+
+/// The bytes one rank sent to each peer in one all-to-all (for link-model projections).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Exchange {
+    pub bytes_to: Vec<u64>,
+}
+
+/// Exact traffic statistics of one rank.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct CommStats {
+    pub rank: usize,
+    /// Indexed by peer rank; entry `rank` is local traffic, which crosses no link.
+    pub peers: Vec<PeerStats>,
+    /// Every all-to-all, in order.
+    pub exchanges: Vec<Exchange>,
+    pub collectives: u64,
+    /// Wall time inside collectives, waiting included.
+    pub seconds: f64,
+}
+
+impl CommStats {
+    pub fn new(rank: usize, size: usize) -> Self {
+        CommStats {
+            rank,
+            peers: vec![PeerStats::default(); size],
+            ..Default::default()
+        }
+    }
+
+    /// Rows sent to other ranks.
+    pub fn remote_rows_sent(&self) -> u64 {
+        self.remote(|p| p.rows_sent)
+    }
+
+    /// Bytes sent to other ranks.
+    pub fn remote_bytes_sent(&self) -> u64 {
+        self.remote(|p| p.bytes_sent)
+    }
+
+    pub fn remote_messages_sent(&self) -> u64 {
+        self.remote(|p| p.messages_sent)
+    }
+
+    fn remote(&self, f: impl Fn(&PeerStats) -> u64) -> u64 {
+        self.peers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != self.rank)
+            .map(|(_, p)| f(p))
+            .sum()
+    }
+
+    /// Records one all-to-all: rows and bytes sent to and received from each peer.
+    pub fn record(&mut self, sent_rows: &[usize], recv_rows: &[usize], row_bytes: usize) {
+        let mut ex = Exchange {
+            bytes_to: Vec::with_capacity(sent_rows.len()),
+        };
+        for (p, (&s, &r)) in self.peers.iter_mut().zip(sent_rows.iter().zip(recv_rows)) {
+            p.rows_sent += s as u64;
+            p.bytes_sent += (s * row_bytes) as u64;
+            p.messages_sent += u64::from(s > 0);
+            p.rows_recv += r as u64;
+            p.bytes_recv += (r * row_bytes) as u64;
+            ex.bytes_to.push((s * row_bytes) as u64);
+        }
+        self.exchanges.push(ex);
+    }
+}
+
+/// A group of ranks that exchange rows. Methods are collective: every rank of the group must
+/// call them in the same order, or the call fails after the backend's timeout.
+pub trait Communicator: Send + Sync {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+
+    /// Variable all-to-all of rows of `row_bytes` bytes: the first `send_counts[0]` rows of
+    /// `send` go to rank 0, the next `send_counts[1]` to rank 1, and so on. Returns the received
+    /// rows, concatenated in source-rank order, and the row count from each source.
+    fn all_to_all_v_bytes(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        row_bytes: usize,
+    ) -> Result<(Vec<u8>, Vec<usize>)>;
+
+    /// This rank's statistics so far.
+    fn stats(&self) -> CommStats;
+
+    /// Forgets the statistics (for example after a warm-up step).
+    fn reset_stats(&self);
+
+    /// Gathers one equal-sized block from every rank, in rank order.
+    fn all_gather_bytes(&self, block: &[u8]) -> Result<Vec<u8>> {
+        let n = self.size();
+        let send: Vec<u8> = (0..n).flat_map(|_| block.iter().copied()).collect();
+        let (recv, counts) = self.all_to_all_v_bytes(&send, &vec![1; n], block.len())?;
+        if counts.iter().any(|&c| c != 1) {
+            return Err(Error::Comm(format!(
+                "all_gather: blocks of different sizes across ranks ({counts:?})"
+            )));
+        }
+        Ok(recv)
+    }
+
+    /// Element-wise sum of `x` over all ranks, in place (summed in rank order on every rank,
+    /// so all ranks get bit-identical results).
+    fn all_reduce_sum_f32(&self, x: &mut [f32]) -> Result<()> {
+        let all: Vec<f32> = bytes_to_vec(&self.all_gather_bytes(bytemuck::cast_slice(x))?);
+        x.iter_mut().for_each(|v| *v = 0.0);
+        for block in all.chunks_exact(x.len().max(1)).take(self.size()) {
+            for (v, b) in x.iter_mut().zip(block) {
+                *v += b;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every rank has arrived.
+    fn barrier(&self) -> Result<()> {
+        self.all_gather_bytes(&[]).map(|_| ())
+    }
+}
+
+/// Typed variable all-to-all over any plain-data element type.
+pub fn all_to_all_v<T: Pod>(
+    comm: &dyn Communicator,
+    send: &[T],
+    send_counts: &[usize],
+    width: usize,
+) -> Result<(Vec<T>, Vec<usize>)> {
+    check_counts(comm, send.len(), send_counts, width)?;
+    let (bytes, counts) = comm.all_to_all_v_bytes(
+        bytemuck::cast_slice(send),
+        send_counts,
+        width * std::mem::size_of::<T>(),
+    )?;
+    Ok((bytes_to_vec(&bytes), counts))
+}
+
+fn check_counts(
+    comm: &dyn Communicator,
+    len: usize,
+    send_counts: &[usize],
+    width: usize,
+) -> Result<()> {
+    if send_counts.len() != comm.size() {
+        return Err(Error::Comm(format!(
+            "all_to_all_v: {} send counts for {} ranks",
+            send_counts.len(),
+            comm.size()
+        )));
+    }
+    let rows: usize = send_counts.iter().sum();
+    if rows * width != len {
+        return Err(Error::Comm(format!(
+            "all_to_all_v: {rows} rows of width {width} need {} values, got {len}",
+            rows * width
+        )));
+    }
+    Ok(())
+}
+
+/// Copies bytes into a properly aligned vector of `T`.
+pub fn bytes_to_vec<T: Pod>(bytes: &[u8]) -> Vec<T> {
+    let n = bytes.len() / std::mem::size_of::<T>();
+    let mut out = vec![T::zeroed(); n];
+    bytemuck::cast_slice_mut::<T, u8>(&mut out)
+        .copy_from_slice(&bytes[..n * std::mem::size_of::<T>()]);
+    out
+}
+
+/// How long a rank waits for its peers before it gives up (a peer may have died).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);

@@ -1,0 +1,213 @@
+//! The `mpi` backend (cargo feature `mpi`): one process per rank under `mpirun`, with MPI's own
+//! `MPI_Alltoallv` (through the `mpi` crate) after an `MPI_Alltoall` of the row counts.
+//!
+//! MPI is initialised once per process ([`MpiComm::init`]), with thread support, and every call
+//! goes through one mutex. A watchdog turns a collective that does not finish within the
+//! timeout (a peer died, or took another path) into a clear error message and a non-zero exit;
+//! `mpirun` then stops the other ranks.
+
+use super::{CommStats, Communicator, DEFAULT_TIMEOUT};
+use crate::{Error, Result};
+use mpi::datatype::{Partition, PartitionMut};
+use mpi::environment::Universe;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::Communicator as _;
+use mpi::traits::*;
+use mpi::Threading;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Exit status of a rank whose watchdog fired.
+pub const WATCHDOG_EXIT: i32 = 3;
+
+struct Inner {
+    world: SimpleCommunicator,
+    // Dropped last: finalises MPI.
+    _universe: Universe,
+}
+
+/// This process's rank in `MPI_COMM_WORLD`.
+pub struct MpiComm {
+    inner: Mutex<Inner>,
+    rank: usize,
+    size: usize,
+    stats: Mutex<CommStats>,
+    /// Milliseconds since `epoch` when the current collective started; 0 when idle.
+    busy_since: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+// SAFETY: MPI is initialised with at least `Threading::Serialized` and every MPI call is made
+// while holding `inner`'s mutex, so no two threads ever call MPI at once.
+unsafe impl Send for MpiComm {}
+unsafe impl Sync for MpiComm {}
+
+impl MpiComm {
+    /// Initialises MPI (once per process) and starts the watchdog. Under plain execution
+    /// (no `mpirun`) this is a group of one.
+    pub fn init() -> Result<Self> {
+        Self::init_with_timeout(DEFAULT_TIMEOUT)
+    }
+
+    pub fn init_with_timeout(timeout: Duration) -> Result<Self> {
+        let (universe, level) = mpi::initialize_with_threading(Threading::Serialized)
+            .ok_or_else(|| Error::Comm("MPI was already initialised in this process".into()))?;
+        if level < Threading::Serialized {
+            return Err(Error::Comm(format!(
+                "the MPI library offers thread level {level:?}; Occult needs Serialized"
+            )));
+        }
+        let world = universe.world();
+        let rank = world.rank() as usize;
+        let size = world.size() as usize;
+        let busy_since = Arc::new(AtomicU64::new(0));
+        let epoch = Instant::now();
+        let watch = busy_since.clone();
+        std::thread::Builder::new()
+            .name("occult-mpi-watchdog".into())
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_millis(200));
+                let since = watch.load(Ordering::Acquire);
+                if since == 0 {
+                    continue;
+                }
+                let now = epoch.elapsed().as_millis() as u64;
+                if now.saturating_sub(since) > timeout.as_millis() as u64 {
+                    eprintln!(
+                        "error: communicator: rank {rank}: a collective did not finish within \
+                         {:.0} s (a peer may have died); exiting",
+                        timeout.as_secs_f64()
+                    );
+                    std::process::exit(WATCHDOG_EXIT);
+                }
+            })
+            .map_err(|e| Error::Comm(format!("starting the MPI watchdog: {e}")))?;
+        Ok(MpiComm {
+            inner: Mutex::new(Inner {
+                world,
+                _universe: universe,
+            }),
+            rank,
+            size,
+            stats: Mutex::new(CommStats::new(rank, size)),
+            busy_since,
+            epoch,
+        })
+    }
+
+    fn arm(&self) {
+        let now = (self.epoch.elapsed().as_millis() as u64).max(1);
+        self.busy_since.store(now, Ordering::Release);
+    }
+
+    fn disarm(&self) {
+        self.busy_since.store(0, Ordering::Release);
+    }
+}
+
+fn poisoned() -> Error {
+    Error::Comm("the MPI communicator's lock is poisoned".into())
+}
+
+fn count(n: usize, what: &str) -> Result<i32> {
+    i32::try_from(n).map_err(|_| {
+        Error::Comm(format!(
+            "{what} of {n} bytes exceeds MPI's 2^31 - 1 limit for one exchange"
+        ))
+    })
+}
+
+impl Communicator for MpiComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn all_to_all_v_bytes(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        row_bytes: usize,
+    ) -> Result<(Vec<u8>, Vec<usize>)> {
+        let start = Instant::now();
+        let n = self.size;
+        if send_counts.len() != n || send_counts.iter().sum::<usize>() * row_bytes != send.len() {
+            return Err(Error::Comm(format!(
+                "all_to_all_v: send counts {send_counts:?} of {row_bytes}-byte rows do not \
+                 match a {}-byte buffer on {n} ranks",
+                send.len()
+            )));
+        }
+        let guard = self.inner.lock().map_err(|_| poisoned())?;
+        self.arm();
+        // Rows and row widths from every peer.
+        let mine: Vec<u64> = send_counts
+            .iter()
+            .flat_map(|&c| [c as u64, row_bytes as u64])
+            .collect();
+        let mut theirs = vec![0u64; 2 * n];
+        guard.world.all_to_all_into(&mine[..], &mut theirs[..]);
+        let recv_rows: Vec<usize> = theirs.chunks(2).map(|c| c[0] as usize).collect();
+        if let Some(src) = theirs
+            .chunks(2)
+            .position(|c| c[0] > 0 && c[1] != row_bytes as u64)
+        {
+            self.disarm();
+            return Err(Error::Comm(format!(
+                "all_to_all_v: rank {src} sent {}-byte rows, rank {} expected {row_bytes}",
+                theirs[2 * src + 1],
+                self.rank
+            )));
+        }
+        let to_i32 = |rows: &[usize], what: &str| -> Result<(Vec<i32>, Vec<i32>)> {
+            let counts = rows
+                .iter()
+                .map(|&r| count(r * row_bytes, what))
+                .collect::<Result<Vec<i32>>>()?;
+            let mut displs = Vec::with_capacity(n);
+            let mut at = 0usize;
+            for &c in &counts {
+                displs.push(count(at, what)?);
+                at += c as usize;
+            }
+            Ok((counts, displs))
+        };
+        let (sc, sd) = to_i32(send_counts, "a send buffer")?;
+        let (rc, rd) = to_i32(&recv_rows, "a receive buffer")?;
+        let mut recv = vec![0u8; recv_rows.iter().sum::<usize>() * row_bytes];
+        {
+            let partition = Partition::new(send, &sc[..], &sd[..]);
+            let mut out = PartitionMut::new(&mut recv[..], &rc[..], &rd[..]);
+            guard.world.all_to_all_varcount_into(&partition, &mut out);
+        }
+        self.disarm();
+        drop(guard);
+        let mut st = self.stats.lock().map_err(|_| poisoned())?;
+        st.record(send_counts, &recv_rows, row_bytes);
+        st.collectives += 1;
+        st.seconds += start.elapsed().as_secs_f64();
+        Ok((recv, recv_rows))
+    }
+
+    fn stats(&self) -> CommStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    fn reset_stats(&self) {
+        if let Ok(mut s) = self.stats.lock() {
+            *s = CommStats::new(self.rank, self.size);
+        }
+    }
+
+    fn barrier(&self) -> Result<()> {
+        let guard = self.inner.lock().map_err(|_| poisoned())?;
+        self.arm();
+        guard.world.barrier();
+        self.disarm();
+        Ok(())
+    }
+}

@@ -1,0 +1,311 @@
+//! Dispatch plans: pure index maps from one rank's routing decision and a placement to the rows
+//! it sends, what each row carries, and how returned rows go back into token order.
+//!
+//! - **standard** mode: one row per (token, expert) pair; each row carries one expert slot.
+//! - **occult** mode: one row per (token, device) pair; each row carries the token's experts on
+//!   that device (up to `slots_per_row`), whose gate-weighted outputs the device sums before
+//!   sending one row back (the pre-reduction).
+//!
+//! Rows are grouped by destination rank (ascending) and, inside a group, in token order, so
+//! a send buffer is one `index_select` of the token rows and one contiguous block per peer.
+//! The row counts are those of [`crate::collab`] (the plan is built with its
+//! [`DeviceCounter`]), which tests hold together.
+
+use crate::collab::DeviceCounter;
+use crate::placement::experts_by_device;
+use crate::{bail, Result};
+
+/// Marks an unused slot in `row_slots`.
+pub const NO_SLOT: u32 = u32::MAX;
+
+/// How token rows travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DispatchMode {
+    /// One row per (token, expert).
+    Standard,
+    /// One row per (token, device), pre-reduced on the device.
+    Occult,
+}
+
+impl DispatchMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            DispatchMode::Standard => "standard",
+            DispatchMode::Occult => "occult",
+        }
+    }
+}
+
+/// Where each expert lives: its rank and its slot among the rank's local experts (ascending
+/// expert id), derived from a placement map.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpertLocations {
+    pub num_ranks: usize,
+    /// `rank_of[e]`, `slot_of[e]` for each global expert e.
+    pub rank_of: Vec<u32>,
+    pub slot_of: Vec<u32>,
+    /// `experts_of[r][slot]` = global expert id.
+    pub experts_of: Vec<Vec<u32>>,
+}
+
+impl ExpertLocations {
+    /// From a validated expert -> device map.
+    pub fn new(device_of_expert: &[u32], num_ranks: usize) -> Self {
+        let experts_of = experts_by_device(device_of_expert, num_ranks);
+        let mut slot_of = vec![0u32; device_of_expert.len()];
+        for list in &experts_of {
+            for (s, &e) in list.iter().enumerate() {
+                slot_of[e as usize] = s as u32;
+            }
+        }
+        ExpertLocations {
+            num_ranks,
+            rank_of: device_of_expert.to_vec(),
+            slot_of,
+            experts_of,
+        }
+    }
+
+    /// The most experts any rank holds.
+    pub fn max_local(&self) -> usize {
+        self.experts_of.iter().map(Vec::len).max().unwrap_or(0)
+    }
+}
+
+/// A row before layout: its token and the (slot, k position) of each expert it carries.
+type PlannedRow = (u32, Vec<(u32, u32)>);
+
+/// The rows one rank sends in one dispatch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendPlan {
+    pub mode: DispatchMode,
+    pub top_k: usize,
+    /// Width of the per-row slot lists: 1 in standard mode, `min(k, max local experts)` in
+    /// occult mode.
+    pub slots_per_row: usize,
+    /// Local token index of each row, in send order.
+    pub row_token: Vec<u32>,
+    /// Rows for each destination rank; rows of rank r follow those of rank r - 1.
+    pub send_counts: Vec<usize>,
+    /// `[rows, slots_per_row]`: the destination's local expert slot of each carried expert,
+    /// or [`NO_SLOT`].
+    pub row_slots: Vec<u32>,
+    /// `[rows, slots_per_row]`: the position of each carried expert in the token's top-k
+    /// (where its gate weight is), or [`NO_SLOT`].
+    pub row_kpos: Vec<u32>,
+}
+
+impl SendPlan {
+    /// Plans the dispatch of `tokens = ids.len() / k` tokens.
+    pub fn new(ids: &[u32], k: usize, loc: &ExpertLocations, mode: DispatchMode) -> Result<Self> {
+        if k == 0 || ids.len() % k != 0 {
+            bail!(
+                "routing of {} ids is not a whole number of top-{k} rows",
+                ids.len()
+            );
+        }
+        let e = loc.rank_of.len();
+        let d = loc.num_ranks;
+        let s = match mode {
+            DispatchMode::Standard => 1,
+            DispatchMode::Occult => k.min(loc.max_local()),
+        };
+        let mut seen = vec![u32::MAX; e];
+        // (destination, token, slots, kpos) gathered per destination, then concatenated.
+        let mut per_dest: Vec<Vec<PlannedRow>> = vec![Vec::new(); d];
+        let mut counter = DeviceCounter::new(d);
+        for (t, row) in ids.chunks_exact(k).enumerate() {
+            for &x in row {
+                if x as usize >= e {
+                    bail!("token {t}: expert id {x} is out of range for {e} experts");
+                }
+                if seen[x as usize] == t as u32 {
+                    bail!("token {t}: expert {x} is chosen twice");
+                }
+                seen[x as usize] = t as u32;
+            }
+            match mode {
+                DispatchMode::Standard => {
+                    for (j, &x) in row.iter().enumerate() {
+                        let r = loc.rank_of[x as usize] as usize;
+                        per_dest[r].push((t as u32, vec![(loc.slot_of[x as usize], j as u32)]));
+                    }
+                }
+                DispatchMode::Occult => {
+                    counter.load(row, &loc.rank_of);
+                    for &r in counter.devices() {
+                        let carried: Vec<(u32, u32)> = row
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, &x)| loc.rank_of[x as usize] == r)
+                            .map(|(j, &x)| (loc.slot_of[x as usize], j as u32))
+                            .collect();
+                        per_dest[r as usize].push((t as u32, carried));
+                    }
+                }
+            }
+        }
+        let rows: usize = per_dest.iter().map(Vec::len).sum();
+        let mut plan = SendPlan {
+            mode,
+            top_k: k,
+            slots_per_row: s,
+            row_token: Vec::with_capacity(rows),
+            send_counts: per_dest.iter().map(Vec::len).collect(),
+            row_slots: vec![NO_SLOT; rows * s],
+            row_kpos: vec![NO_SLOT; rows * s],
+        };
+        for (i, (t, carried)) in per_dest.into_iter().flatten().enumerate() {
+            plan.row_token.push(t);
+            for (j, (slot, kpos)) in carried.into_iter().enumerate() {
+                plan.row_slots[i * s + j] = slot;
+                plan.row_kpos[i * s + j] = kpos;
+            }
+        }
+        Ok(plan)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.row_token.len()
+    }
+
+    /// Rows sent to other ranks (those that cross a link) when this rank is `me`.
+    pub fn remote_rows(&self, me: usize) -> usize {
+        self.rows() - self.send_counts[me]
+    }
+
+    /// Flat indices into the `[tokens, k]` gate weights for each (row, slot), with `None` for
+    /// empty slots: the gather that builds the weight columns of the send buffer.
+    pub fn weight_index(&self) -> Vec<Option<u32>> {
+        let k = self.top_k as u32;
+        self.row_token
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &t)| {
+                let s = self.slots_per_row;
+                self.row_kpos[i * s..(i + 1) * s]
+                    .iter()
+                    .map(move |&p| (p != NO_SLOT).then(|| t * k + p))
+            })
+            .collect()
+    }
+}
+
+/// The expert work of the received rows, grouped by local expert: for expert slot `x`, pairs
+/// `offsets[x]..offsets[x + 1]` name the received row (`pair_row`) and the flat (row, slot)
+/// index of its gate weight (`pair_weight`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ComputePlan {
+    pub num_local: usize,
+    pub offsets: Vec<usize>,
+    pub pair_row: Vec<u32>,
+    pub pair_weight: Vec<u32>,
+}
+
+impl ComputePlan {
+    /// Groups received rows (`recv_slots` is `[rows, slots_per_row]`) by local expert.
+    pub fn new(recv_slots: &[u32], slots_per_row: usize, num_local: usize) -> Result<Self> {
+        let mut counts = vec![0usize; num_local + 1];
+        for &s in recv_slots {
+            if s != NO_SLOT {
+                if s as usize >= num_local {
+                    bail!("received expert slot {s}, but this rank holds {num_local} experts");
+                }
+                counts[s as usize + 1] += 1;
+            }
+        }
+        for x in 0..num_local {
+            counts[x + 1] += counts[x];
+        }
+        let offsets = counts.clone();
+        let pairs = counts[num_local];
+        let mut next = counts;
+        let mut pair_row = vec![0u32; pairs];
+        let mut pair_weight = vec![0u32; pairs];
+        for (i, &s) in recv_slots.iter().enumerate() {
+            if s != NO_SLOT {
+                let at = next[s as usize];
+                next[s as usize] += 1;
+                pair_row[at] = (i / slots_per_row) as u32;
+                pair_weight[at] = i as u32;
+            }
+        }
+        Ok(ComputePlan {
+            num_local,
+            offsets,
+            pair_row,
+            pair_weight,
+        })
+    }
+
+    pub fn pairs(&self) -> usize {
+        self.pair_row.len()
+    }
+
+    /// Pairs of local expert `x`.
+    pub fn range(&self, x: usize) -> std::ops::Range<usize> {
+        self.offsets[x]..self.offsets[x + 1]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hand_checked_plans() {
+        // 4 experts on 2 ranks: {0, 1} -> rank 0, {2, 3} -> rank 1. k = 2.
+        let loc = ExpertLocations::new(&[0, 0, 1, 1], 2);
+        assert_eq!(loc.slot_of, vec![0, 1, 0, 1]);
+        let ids = [1, 0, /**/ 3, 0, /**/ 2, 3];
+        let occ = SendPlan::new(&ids, 2, &loc, DispatchMode::Occult).unwrap();
+        // Rank 0 gets token 0 (slots 1, 0) and token 1 (slot 0); rank 1 gets token 1 (slot 1)
+        // and token 2 (slots 0, 1).
+        assert_eq!(occ.send_counts, vec![2, 2]);
+        assert_eq!(occ.row_token, vec![0, 1, 1, 2]);
+        assert_eq!(occ.slots_per_row, 2);
+        assert_eq!(occ.row_slots, vec![1, 0, 0, NO_SLOT, 1, NO_SLOT, 0, 1]);
+        assert_eq!(occ.row_kpos, vec![0, 1, 1, NO_SLOT, 0, NO_SLOT, 0, 1]);
+        assert_eq!(
+            occ.weight_index(),
+            vec![
+                Some(0),
+                Some(1),
+                Some(3),
+                None,
+                Some(2),
+                None,
+                Some(4),
+                Some(5)
+            ]
+        );
+        let std = SendPlan::new(&ids, 2, &loc, DispatchMode::Standard).unwrap();
+        assert_eq!(std.send_counts, vec![3, 3]);
+        assert_eq!(std.row_token, vec![0, 0, 1, 1, 2, 2]);
+        assert_eq!(std.row_slots, vec![1, 0, 0, 1, 0, 1]);
+
+        let cp = ComputePlan::new(&occ.row_slots[..4], 2, 2).unwrap();
+        // Expert slot 0: row 0 (flat 1), row 1 (flat 2); slot 1: row 0 (flat 0).
+        assert_eq!(cp.offsets, vec![0, 2, 3]);
+        assert_eq!(cp.pair_row, vec![0, 1, 0]);
+        assert_eq!(cp.pair_weight, vec![1, 2, 0]);
+    }
+
+    #[test]
+    fn bad_routing_is_rejected() {
+        let loc = ExpertLocations::new(&[0, 0, 1, 1], 2);
+        assert!(SendPlan::new(&[0, 0], 2, &loc, DispatchMode::Occult).is_err());
+        assert!(SendPlan::new(&[0, 7], 2, &loc, DispatchMode::Standard).is_err());
+        assert!(SendPlan::new(&[0, 1, 2], 2, &loc, DispatchMode::Standard).is_err());
+        assert!(ComputePlan::new(&[5], 1, 2).is_err());
+    }
+
+    #[test]
+    fn zero_tokens_plan_nothing() {
+        let loc = ExpertLocations::new(&[0, 1], 2);
+        let p = SendPlan::new(&[], 1, &loc, DispatchMode::Occult).unwrap();
+        assert_eq!(p.send_counts, vec![0, 0]);
+        assert_eq!(p.rows(), 0);
+    }
+}

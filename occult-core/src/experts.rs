@@ -1,0 +1,135 @@
+//! Expert MLPs: a rank's local experts stored stacked (`[n, I, H]` gate and up, `[n, H, I]`
+//! down) with their grouped compute over received rows, and the dense SwiGLU MLP of shared
+//! experts. Every op here is differentiable in candle.
+
+use crate::dispatch::ComputePlan;
+use crate::{bail, Result};
+use candle::{DType, Tensor};
+
+/// `down(silu(gate(x)) * up(x))` for rows `x` `[n, H]` and weights `gate`, `up` `[I, H]`,
+/// `down` `[H, I]`.
+pub fn swiglu(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
+    let g = x.matmul(&gate.t()?)?.silu()?;
+    let u = x.matmul(&up.t()?)?;
+    Ok((g * u)?.matmul(&down.t()?)?)
+}
+
+/// `sigmoid(z)` from differentiable primitives.
+pub fn sigmoid(z: &Tensor) -> Result<Tensor> {
+    Ok((z.neg()?.exp()? + 1.0)?.recip()?)
+}
+
+/// SwiGLU experts stored stacked along the first dimension.
+#[derive(Clone, Debug)]
+pub struct SwigluStack {
+    pub gate: Tensor,
+    pub up: Tensor,
+    pub down: Tensor,
+}
+
+impl SwigluStack {
+    /// Checks shapes: gate and up `[n, I, H]`, down `[n, H, I]`.
+    pub fn new(gate: Tensor, up: Tensor, down: Tensor) -> Result<Self> {
+        let (n, i, h) = gate.dims3()?;
+        if up.dims() != [n, i, h] {
+            bail!(
+                "expert up projections have shape {:?}, expected [{n}, {i}, {h}]",
+                up.dims()
+            );
+        }
+        if down.dims() != [n, h, i] {
+            bail!(
+                "expert down projections have shape {:?}, expected [{n}, {h}, {i}]",
+                down.dims()
+            );
+        }
+        Ok(SwigluStack { gate, up, down })
+    }
+
+    pub fn len(&self) -> usize {
+        self.gate.dims()[0]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn hidden(&self) -> usize {
+        self.gate.dims()[2]
+    }
+
+    pub fn intermediate(&self) -> usize {
+        self.gate.dims()[1]
+    }
+
+    /// The experts `ids`, in that order (how a rank takes its experts from the full set).
+    pub fn select(&self, ids: &[u32]) -> Result<Self> {
+        let idx = Tensor::from_slice(ids, ids.len(), self.gate.device())?;
+        SwigluStack::new(
+            self.gate.index_select(&idx, 0)?,
+            self.up.index_select(&idx, 0)?,
+            self.down.index_select(&idx, 0)?,
+        )
+    }
+
+    /// Expert `x` applied to rows `[n, H]`.
+    pub fn expert(&self, x: usize, rows: &Tensor) -> Result<Tensor> {
+        swiglu(
+            rows,
+            &self.gate.get(x)?,
+            &self.up.get(x)?,
+            &self.down.get(x)?,
+        )
+    }
+
+    /// Grouped compute of received rows: for every (row, expert) pair of `plan`, the expert's
+    /// output on the row times the pair's gate weight (taken from `weights`, flat `[rows * S]`),
+    /// summed per row. Experts with no pairs cost nothing. Returns `[rows, H]`.
+    pub fn grouped(&self, rows: &Tensor, weights: &Tensor, plan: &ComputePlan) -> Result<Tensor> {
+        let (r, h) = rows.dims2()?;
+        let dev = rows.device();
+        let rows = rows.contiguous()?;
+        let weights = weights.contiguous()?;
+        let mut outs = Vec::new();
+        let mut dest = Vec::new();
+        for x in 0..plan.num_local {
+            let range = plan.range(x);
+            if range.is_empty() {
+                continue;
+            }
+            let n = range.len();
+            let ri = Tensor::from_slice(&plan.pair_row[range.clone()], n, dev)?;
+            let wi = Tensor::from_slice(&plan.pair_weight[range], n, dev)?;
+            let y = self.expert(x, &rows.index_select(&ri, 0)?)?;
+            let w = weights.index_select(&wi, 0)?.unsqueeze(1)?;
+            outs.push(y.broadcast_mul(&w)?);
+            dest.push(ri);
+        }
+        let zeros = Tensor::zeros((r, h), DType::F32, dev)?;
+        if outs.is_empty() {
+            return Ok(zeros);
+        }
+        Ok(zeros.index_add(&Tensor::cat(&dest, 0)?, &Tensor::cat(&outs, 0)?, 0)?)
+    }
+}
+
+/// Shared experts, computed on a rank's own tokens: one SwiGLU MLP (several shared experts are
+/// fused into one wider MLP), optionally scaled by `sigmoid(x . gate)` (Qwen-MoE).
+#[derive(Clone, Debug)]
+pub struct SharedExperts {
+    pub gate_proj: Tensor,
+    pub up_proj: Tensor,
+    pub down_proj: Tensor,
+    /// `[1, H]`, Qwen's `shared_expert_gate`.
+    pub gate: Option<Tensor>,
+}
+
+impl SharedExperts {
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = swiglu(x, &self.gate_proj, &self.up_proj, &self.down_proj)?;
+        match &self.gate {
+            Some(g) => Ok(y.broadcast_mul(&sigmoid(&x.matmul(&g.t()?)?)?)?),
+            None => Ok(y),
+        }
+    }
+}

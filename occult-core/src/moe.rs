@@ -1,0 +1,338 @@
+//! The MoE layer: the router on the graph, the plain single-device reference, and the
+//! expert-parallel layer (router, optional pruning, plan, dispatch, local experts, combine).
+//!
+//! Top-k *indices* are chosen on the host (with [`RouterRule`] and, if asked, a [`Pruner`]);
+//! gate *weights* are gathered from the router scores on the graph, so the router gets
+//! gradients. The EP layer sees only the [`Communicator`] trait.
+
+use crate::comm::{all_to_all_v, Communicator};
+use crate::dispatch::{ComputePlan, DispatchMode, ExpertLocations, SendPlan};
+use crate::exchange::exchange_rows;
+use crate::experts::{sigmoid, SharedExperts, SwigluStack};
+use crate::placement::validate_map;
+use crate::pruning::{PruneRule, Pruner};
+use crate::routing::{RouterRule, Scoring};
+use crate::similarity::SimilarityTable;
+use crate::{bail, Result};
+use candle::{DType, Tensor, D};
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// All weights of one MoE layer (every expert).
+#[derive(Clone, Debug)]
+pub struct MoeWeights {
+    /// `[E, H]`.
+    pub router: Tensor,
+    pub experts: SwigluStack,
+    pub shared: Option<SharedExperts>,
+}
+
+/// Collaboration pruning applied inside the layer.
+#[derive(Clone, Debug)]
+pub struct PruneSpec {
+    pub rule: PruneRule,
+    pub max_devices: usize,
+    /// Needed by the similarity rule.
+    pub similarity: Option<SimilarityTable>,
+}
+
+/// A routing decision: host ids `[T, k]` and gate weights on the graph `[T, k]`.
+#[derive(Clone, Debug)]
+pub struct Routed {
+    pub ids: Vec<u32>,
+    pub weights: Tensor,
+}
+
+/// Routes tokens `x` `[T, H]` with router weights `[E, H]`; `pruner` rewrites the selection.
+pub fn route(
+    x: &Tensor,
+    router: &Tensor,
+    rule: &RouterRule,
+    pruner: Option<&Pruner>,
+) -> Result<Routed> {
+    let logits = x.matmul(&router.t()?)?;
+    let t = logits.dims2()?.0;
+    let k = rule.top_k;
+    if t == 0 {
+        // candle cannot reduce over zero rows; there is nothing to route.
+        return Ok(Routed {
+            ids: Vec::new(),
+            weights: Tensor::zeros((0, k), DType::F32, x.device())?,
+        });
+    }
+    let host = logits.to_vec2::<f32>()?;
+    let mut ids = Vec::with_capacity(t * k);
+    for row in &host {
+        let sel = rule.route(row);
+        match pruner {
+            Some(p) => ids.extend(p.prune_logits(row, &sel.ids).ids),
+            None => ids.extend(sel.ids),
+        }
+    }
+    let scores = match rule.scoring {
+        Scoring::Softmax => candle_nn::ops::softmax(&logits, D::Minus1)?,
+        Scoring::Sigmoid => sigmoid(&logits)?,
+    };
+    let idx = Tensor::from_slice(&ids, (t, k), x.device())?;
+    let mut w = scores.gather(&idx, 1)?;
+    if rule.renormalize {
+        w = w.broadcast_div(&w.sum_keepdim(1)?)?;
+    }
+    if rule.scaling_factor != 1.0 {
+        w = w.affine(rule.scaling_factor as f64, 0.0)?;
+    }
+    Ok(Routed { ids, weights: w })
+}
+
+/// The plain single-device MoE forward: for each expert, its tokens, its MLP, the gate
+/// weights, summed back into token order; plus shared experts. The oracle every EP mode is
+/// checked against. `prune` (with the placement it refers to) rewrites routing as the EP layer
+/// would.
+pub fn reference_forward(
+    w: &MoeWeights,
+    rule: &RouterRule,
+    x: &Tensor,
+    prune: Option<(&PruneSpec, &[u32], usize)>,
+) -> Result<Tensor> {
+    let pruner = match prune {
+        Some((spec, map, d)) => Some(Pruner::new(
+            spec.rule,
+            rule,
+            map,
+            d,
+            spec.max_devices,
+            spec.similarity.as_ref(),
+        )?),
+        None => None,
+    };
+    let routed = route(x, &w.router, rule, pruner.as_ref())?;
+    let (t, h) = x.dims2()?;
+    let k = rule.top_k;
+    let flat_w = routed.weights.flatten_all()?;
+    let mut out = Tensor::zeros((t, h), DType::F32, x.device())?;
+    for e in 0..w.experts.len() {
+        let mut tok = Vec::new();
+        let mut pos = Vec::new();
+        for (i, &id) in routed.ids.iter().enumerate() {
+            if id as usize == e {
+                tok.push((i / k) as u32);
+                pos.push(i as u32);
+            }
+        }
+        if tok.is_empty() {
+            continue;
+        }
+        let ti = Tensor::from_slice(&tok, tok.len(), x.device())?;
+        let pi = Tensor::from_slice(&pos, pos.len(), x.device())?;
+        let y = w.experts.expert(e, &x.index_select(&ti, 0)?)?;
+        let g = flat_w.index_select(&pi, 0)?.unsqueeze(1)?;
+        out = out.index_add(&ti, &y.broadcast_mul(&g)?, 0)?;
+    }
+    if let Some(s) = &w.shared {
+        out = (out + s.forward(x)?)?;
+    }
+    Ok(out)
+}
+
+/// Time and traffic of one EP forward on one rank.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StepStats {
+    pub tokens: usize,
+    /// Rows this rank sent (to itself included) and those that left it.
+    pub rows_sent: usize,
+    pub remote_rows_sent: usize,
+    /// Rows received for expert compute, and the (row, expert) pairs computed.
+    pub rows_received: usize,
+    pub pairs: usize,
+    /// Sum of C_T over this rank's tokens (under the routing actually used).
+    pub devices_touched: usize,
+    pub route_s: f64,
+    pub plan_s: f64,
+    pub dispatch_s: f64,
+    pub compute_s: f64,
+    pub combine_s: f64,
+}
+
+/// One rank's part of an expert-parallel MoE layer.
+pub struct EpMoe {
+    /// `[E, H]`, replicated on every rank.
+    pub router: Tensor,
+    /// This rank's experts, in slot order (ascending global id).
+    pub local: SwigluStack,
+    pub shared: Option<SharedExperts>,
+    pub rule: RouterRule,
+    pub locations: ExpertLocations,
+    pub mode: DispatchMode,
+    pub prune: Option<PruneSpec>,
+    comm: Arc<dyn Communicator>,
+}
+
+impl EpMoe {
+    /// Builds this rank's layer from the full weights: it keeps its own experts.
+    pub fn from_full(
+        w: &MoeWeights,
+        rule: RouterRule,
+        device_of_expert: &[u32],
+        comm: Arc<dyn Communicator>,
+        mode: DispatchMode,
+        prune: Option<PruneSpec>,
+    ) -> Result<Self> {
+        let locations = ExpertLocations::new(device_of_expert, comm.size());
+        let local = w.experts.select(&locations.experts_of[comm.rank()])?;
+        Self::new(
+            w.router.clone(),
+            local,
+            w.shared.clone(),
+            rule,
+            device_of_expert,
+            comm,
+            mode,
+            prune,
+        )
+    }
+
+    /// Builds the layer from this rank's own experts (`local` in ascending global id order).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        router: Tensor,
+        local: SwigluStack,
+        shared: Option<SharedExperts>,
+        rule: RouterRule,
+        device_of_expert: &[u32],
+        comm: Arc<dyn Communicator>,
+        mode: DispatchMode,
+        prune: Option<PruneSpec>,
+    ) -> Result<Self> {
+        rule.validate()?;
+        let d = comm.size();
+        validate_map(device_of_expert, rule.num_experts, d)?;
+        let locations = ExpertLocations::new(device_of_expert, d);
+        let mine = locations.experts_of[comm.rank()].len();
+        if local.len() != mine {
+            bail!(
+                "rank {} holds {} experts, the placement gives it {mine}",
+                comm.rank(),
+                local.len()
+            );
+        }
+        if router.dims() != [rule.num_experts, local.hidden()] {
+            bail!(
+                "router weight has shape {:?}, expected [{}, {}]",
+                router.dims(),
+                rule.num_experts,
+                local.hidden()
+            );
+        }
+        if let Some(p) = &prune {
+            // Fail early, with the reason, rather than on the first batch.
+            Pruner::new(
+                p.rule,
+                &rule,
+                device_of_expert,
+                d,
+                p.max_devices,
+                p.similarity.as_ref(),
+            )?;
+        }
+        Ok(EpMoe {
+            router,
+            local,
+            shared,
+            rule,
+            locations,
+            mode,
+            prune,
+            comm,
+        })
+    }
+
+    pub fn comm(&self) -> &Arc<dyn Communicator> {
+        &self.comm
+    }
+
+    /// Forward of this rank's tokens `x` `[T, H]`. Collective: every rank of the group must call
+    /// it (a rank with no tokens passes `[0, H]`).
+    pub fn forward(&self, x: &Tensor) -> Result<(Tensor, StepStats)> {
+        let mut st = StepStats::default();
+        let (t, h) = x.dims2()?;
+        let dev = x.device();
+        let k = self.rule.top_k;
+        st.tokens = t;
+
+        let clock = Instant::now();
+        let pruner = match &self.prune {
+            Some(p) => Some(Pruner::new(
+                p.rule,
+                &self.rule,
+                &self.locations.rank_of,
+                self.locations.num_ranks,
+                p.max_devices,
+                p.similarity.as_ref(),
+            )?),
+            None => None,
+        };
+        let routed = route(x, &self.router, &self.rule, pruner.as_ref())?;
+        st.route_s = clock.elapsed().as_secs_f64();
+
+        let clock = Instant::now();
+        let plan = SendPlan::new(&routed.ids, k, &self.locations, self.mode)?;
+        let s = plan.slots_per_row;
+        let rows = plan.rows();
+        let row_idx = Tensor::from_slice(&plan.row_token, rows, dev)?;
+        let tk = (t * k) as u32;
+        let widx: Vec<u32> = plan
+            .weight_index()
+            .into_iter()
+            .map(|i| i.unwrap_or(tk))
+            .collect();
+        let widx = Tensor::from_slice(&widx, rows * s, dev)?;
+        let flat_w = Tensor::cat(
+            &[
+                routed.weights.flatten_all()?,
+                Tensor::zeros(1, DType::F32, dev)?,
+            ],
+            0,
+        )?;
+        let wcols = flat_w.index_select(&widx, 0)?.reshape((rows, s))?;
+        let payload = Tensor::cat(&[x.index_select(&row_idx, 0)?, wcols], 1)?;
+        st.rows_sent = rows;
+        st.remote_rows_sent = plan.remote_rows(self.comm.rank());
+        st.devices_touched = if self.mode == DispatchMode::Occult {
+            rows
+        } else {
+            crate::collab::total_devices(
+                &routed.ids,
+                k,
+                &self.locations.rank_of,
+                self.locations.num_ranks,
+            ) as usize
+        };
+        st.plan_s = clock.elapsed().as_secs_f64();
+
+        let clock = Instant::now();
+        let (recv_slots, _) =
+            all_to_all_v(self.comm.as_ref(), &plan.row_slots, &plan.send_counts, s)?;
+        let (recv, recv_counts) = exchange_rows(&self.comm, &payload, &plan.send_counts)?;
+        st.dispatch_s = clock.elapsed().as_secs_f64();
+
+        let clock = Instant::now();
+        let received = recv_counts.iter().sum::<usize>();
+        let cplan = ComputePlan::new(&recv_slots, s, self.local.len())?;
+        st.rows_received = received;
+        st.pairs = cplan.pairs();
+        let x_recv = recv.narrow(1, 0, h)?.contiguous()?;
+        let w_recv = recv.narrow(1, h, s)?.flatten_all()?;
+        let y_recv = self.local.grouped(&x_recv, &w_recv, &cplan)?;
+        st.compute_s = clock.elapsed().as_secs_f64();
+
+        let clock = Instant::now();
+        let (back, _) = exchange_rows(&self.comm, &y_recv, &recv_counts)?;
+        let mut out = Tensor::zeros((t, h), DType::F32, dev)?.index_add(&row_idx, &back, 0)?;
+        if let Some(sh) = &self.shared {
+            out = (out + sh.forward(x)?)?;
+        }
+        st.combine_s = clock.elapsed().as_secs_f64();
+        Ok((out, st))
+    }
+}
