@@ -88,6 +88,12 @@ impl SwigluStack {
     pub fn grouped(&self, rows: &Tensor, weights: &Tensor, plan: &ComputePlan) -> Result<Tensor> {
         let (r, h) = rows.dims2()?;
         let dev = rows.device();
+        if r == 0 {
+            // Nothing received. Return the (empty) rows themselves rather than fresh zeros: the
+            // result must stay on the graph, so that this rank's backward runs the reverse
+            // exchanges that its peers are waiting in.
+            return Ok(rows.clone());
+        }
         let rows = rows.contiguous()?;
         let weights = weights.contiguous()?;
         let mut outs = Vec::new();

@@ -1,1 +1,3 @@
-//! Cross-crate and end-to-end tests live in `tests/tests/`.
+//! Shared pieces of Occult's cross-crate tests; the tests themselves live in `tests/tests/`.
+
+pub mod parity;

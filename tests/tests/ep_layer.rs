@@ -3,339 +3,61 @@
 //! pruning, over random configurations, on the local (threads) backend. Row counts agree with
 //! the analysis core.
 
-use candle::{Device, Tensor, Var};
+use candle::{Device, Tensor};
 use occult_core::collab::{layer_stats, total_devices};
 use occult_core::comm::local::run_local;
 use occult_core::dispatch::{DispatchMode, ExpertLocations, SendPlan};
-use occult_core::experts::{SharedExperts, SwigluStack};
-use occult_core::moe::{reference_forward, route, EpMoe, MoeWeights, PruneSpec};
+use occult_core::moe::{reference_forward, route, EpMoe, MoeWeights};
 use occult_core::placement::{contiguous, random_balanced};
 use occult_core::pruning::PruneRule;
 use occult_core::ranks::RankSplit;
 use occult_core::routing::RouterRule;
-use occult_core::similarity::SimilarityTable;
+use occult_tests::parity::{Case, Fixture, H};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const H: usize = 32;
-const I: usize = 16;
-
-struct Model {
-    vars: Vec<Var>,
-    w: MoeWeights,
-}
-
-fn randn(rng: &mut ChaCha8Rng, shape: &[usize], scale: f32) -> Var {
-    let n: usize = shape.iter().product();
-    let v: Vec<f32> = (0..n)
-        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
-        .collect();
-    Var::from_vec(v, shape, &Device::Cpu).unwrap()
-}
-
-fn model(e: usize, shared: bool, gated: bool, rng: &mut ChaCha8Rng) -> Model {
-    let router = randn(rng, &[e, H], 0.5);
-    let gate = randn(rng, &[e, I, H], 0.3);
-    let up = randn(rng, &[e, I, H], 0.3);
-    let down = randn(rng, &[e, H, I], 0.3);
-    let mut vars = vec![router.clone(), gate.clone(), up.clone(), down.clone()];
-    let shared = shared.then(|| {
-        let s = [
-            randn(rng, &[2 * I, H], 0.3),
-            randn(rng, &[2 * I, H], 0.3),
-            randn(rng, &[H, 2 * I], 0.3),
-        ];
-        let g = gated.then(|| randn(rng, &[1, H], 0.5));
-        vars.extend(s.iter().cloned());
-        vars.extend(g.iter().cloned());
-        SharedExperts {
-            gate_proj: s[0].as_tensor().clone(),
-            up_proj: s[1].as_tensor().clone(),
-            down_proj: s[2].as_tensor().clone(),
-            gate: g.map(|g| g.as_tensor().clone()),
-        }
-    });
-    let experts = SwigluStack::new(
-        gate.as_tensor().clone(),
-        up.as_tensor().clone(),
-        down.as_tensor().clone(),
-    )
-    .unwrap();
-    Model {
-        w: MoeWeights {
-            router: router.as_tensor().clone(),
-            experts,
-            shared,
-        },
-        vars,
-    }
-}
-
-#[derive(Clone, Debug)]
-struct Config {
-    d: usize,
-    e: usize,
-    k: usize,
-    random_placement: bool,
-    shared: bool,
-    renormalize: bool,
-    tokens: Vec<usize>,
-    mode: DispatchMode,
-    prune: Option<(PruneRule, usize)>,
-    seed: u64,
-}
-
-fn max_abs(a: &[f32]) -> f32 {
-    a.iter().fold(0.0f32, |m, x| m.max(x.abs()))
-}
-
-/// Max abs error within 1e-5 of the reference's scale. `floor` bounds the scale from below:
-/// a gradient that vanishes mathematically (the router's under k = 1 with renormalisation) is
-/// float noise on both sides.
-fn assert_close_floor(name: &str, ours: &[f32], reference: &[f32], c: &Config, floor: f32) {
-    assert_eq!(ours.len(), reference.len(), "{name}: lengths differ, {c:?}");
-    let scale = max_abs(reference).max(floor);
-    let err = ours
-        .iter()
-        .zip(reference)
-        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(
-        err / scale <= 1e-5,
-        "{name}: max error {err} (scale {scale}) in {c:?}"
-    );
-}
-
-fn assert_close(name: &str, ours: &[f32], reference: &[f32], c: &Config) {
-    assert_close_floor(name, ours, reference, c, 1e-6)
-}
-
-/// Runs one configuration: forward and backward on D local ranks and on the reference, and
-/// compares outputs, input gradients and parameter gradients (summed over ranks).
-fn check(c: &Config) {
-    let mut rng = ChaCha8Rng::seed_from_u64(c.seed);
-    let m = model(c.e, c.shared, c.shared && c.seed.is_multiple_of(2), &mut rng);
-    let total: usize = c.tokens.iter().sum();
-    let x_all: Vec<f32> = (0..total * H)
-        .map(|_| rng.random_range(-1.0f32..1.0))
-        .collect();
-    let g_all: Vec<f32> = (0..total * H)
-        .map(|_| rng.random_range(-1.0f32..1.0))
-        .collect();
-    let map = if c.random_placement {
-        random_balanced(c.e, c.d, &mut rng)
-    } else {
-        contiguous(c.e, c.d)
-    };
-    let mut rule = RouterRule::softmax_topk(c.e, c.k, c.renormalize);
-    rule.scaling_factor = if c.seed.is_multiple_of(3) { 2.5 } else { 1.0 };
-    // The similarity table comes from the router logits of the batch itself.
-    let similarity = {
-        let x = Tensor::from_slice(&x_all, (total, H), &Device::Cpu).unwrap();
-        let l = x.matmul(&m.w.router.t().unwrap()).unwrap();
-        SimilarityTable::from_logits(&l.flatten_all().unwrap().to_vec1::<f32>().unwrap(), c.e)
-            .unwrap()
-    };
-    let prune = c.prune.map(|(rule, max_devices)| PruneSpec {
-        rule,
-        max_devices,
-        similarity: Some(similarity.clone()),
-    });
-
-    // Reference on all tokens.
-    let x_ref = Var::from_slice(&x_all, (total, H), &Device::Cpu).unwrap();
-    let out_ref = reference_forward(
-        &m.w,
-        &rule,
-        x_ref.as_tensor(),
-        prune.as_ref().map(|p| (p, map.as_slice(), c.d)),
-    )
-    .unwrap();
-    let g = Tensor::from_slice(&g_all, (total, H), &Device::Cpu).unwrap();
-    let grads_ref = (out_ref.clone() * &g)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-
-    // EP on D ranks; rank r takes the next tokens[r] tokens.
-    let starts: Vec<usize> = c
-        .tokens
-        .iter()
-        .scan(0, |s, &n| {
-            let at = *s;
-            *s += n;
-            Some(at)
-        })
-        .collect();
-    let results = run_local(c.d, |comm| {
-        let r = comm.rank();
-        let (at, n) = (starts[r], c.tokens[r]);
-        let layer = EpMoe::from_full(
-            &m.w,
-            rule.clone(),
-            &map,
-            comm.clone(),
-            c.mode,
-            prune.clone(),
-        )?;
-        let x = Var::from_slice(&x_all[at * H..(at + n) * H], (n, H), &Device::Cpu)?;
-        let (out, stats) = layer.forward(x.as_tensor())?;
-        let gr = Tensor::from_slice(&g_all[at * H..(at + n) * H], (n, H), &Device::Cpu)?;
-        let grads = (out.clone() * gr)?.sum_all()?.backward()?;
-        let gx = grads
-            .get(x.as_tensor())
-            .map(|t| t.flatten_all().unwrap().to_vec1::<f32>().unwrap());
-        let gp: Vec<Option<Vec<f32>>> = m
-            .vars
-            .iter()
-            .map(|v| {
-                grads
-                    .get(v.as_tensor())
-                    .map(|t| t.flatten_all().unwrap().to_vec1::<f32>().unwrap())
-            })
-            .collect();
-        Ok((
-            out.flatten_all()?.to_vec1::<f32>()?,
-            gx,
-            gp,
-            stats,
-            comm.stats(),
-        ))
-    });
-    let results: Vec<_> = results
+/// Runs one case on D local ranks and checks it against the reference.
+fn check(c: &Case) {
+    let f = Fixture::new(c);
+    let reference = f.reference();
+    let results: Vec<_> = run_local(c.d, |comm| f.run_rank(comm))
         .into_iter()
         .map(|r| r.unwrap_or_else(|e| panic!("{c:?}: {e}")))
         .collect();
-
-    let out_ep: Vec<f32> = results.iter().flat_map(|r| r.0.clone()).collect();
-    assert_close(
-        "output",
-        &out_ep,
-        &out_ref.flatten_all().unwrap().to_vec1().unwrap(),
-        c,
-    );
-    let gx_ref = grads_ref.get(x_ref.as_tensor()).map_or(vec![], |g| {
-        g.flatten_all().unwrap().to_vec1::<f32>().unwrap()
-    });
-    let gx_ep: Vec<f32> = results
-        .iter()
-        .zip(&c.tokens)
-        .flat_map(|(r, &n)| r.1.clone().unwrap_or_else(|| vec![0.0; n * H]))
+    for (rank, got) in results.iter().enumerate() {
+        f.check_rank(&reference, rank, got)
+            .unwrap_or_else(|e| panic!("{e} in {c:?}"));
+    }
+    let summed: Vec<Option<Vec<f32>>> = (0..f.vars.len())
+        .map(|i| {
+            let present: Vec<&Vec<f32>> = results
+                .iter()
+                .filter_map(|r| r.gparams[i].as_ref())
+                .collect();
+            (!present.is_empty()).then(|| {
+                let mut s = vec![0.0f32; present[0].len()];
+                for g in present {
+                    s.iter_mut().zip(g).for_each(|(a, b)| *a += b);
+                }
+                s
+            })
+        })
         .collect();
-    assert_close("input gradient", &gx_ep, &gx_ref, c);
-    for (i, v) in m.vars.iter().enumerate() {
-        let reference = grads_ref
-            .get(v.as_tensor())
-            .map(|t| t.flatten_all().unwrap().to_vec1::<f32>().unwrap());
-        let mut sum = vec![0.0f32; v.as_tensor().elem_count()];
-        let mut any = false;
-        for r in &results {
-            if let Some(gp) = &r.2[i] {
-                any = true;
-                sum.iter_mut().zip(gp).for_each(|(s, g)| *s += g);
-            }
-        }
-        match reference {
-            Some(reference) => {
-                assert!(
-                    any || total == 0,
-                    "parameter {i} got no gradient on any rank, {c:?}"
-                );
-                assert_close_floor(
-                    &format!("gradient of parameter {i}"),
-                    &sum,
-                    &reference,
-                    c,
-                    1e-2,
-                );
-            }
-            None => assert!(!any, "parameter {i}: gradient only under EP, {c:?}"),
-        }
-    }
-
-    // Row counts: the layer's rows are the analysis core's (standard: k per token; occult:
-    // C_T per token), and what the communicator counted.
-    for (r, res) in results.iter().enumerate() {
-        let stats = &res.3;
-        let rows_expected = match c.mode {
-            DispatchMode::Standard => stats.tokens * c.k,
-            DispatchMode::Occult => stats.devices_touched,
-        };
-        assert_eq!(stats.rows_sent, rows_expected, "rank {r}, {c:?}");
-        let comm = &res.4;
-        // Exchanges: slot metadata, payload, combine (forward), then the backward ones.
-        let row_bytes = (H + if c.mode == DispatchMode::Standard {
-            1
-        } else {
-            c.k.min(c.e.div_ceil(c.d))
-        }) * 4;
-        let sent: u64 = comm.exchanges[1].bytes_to.iter().sum();
-        assert_eq!(
-            sent,
-            (stats.rows_sent * row_bytes) as u64,
-            "rank {r}, {c:?}"
-        );
-        let remote: u64 = comm.exchanges[1]
-            .bytes_to
-            .iter()
-            .enumerate()
-            .filter(|(p, _)| *p != r)
-            .map(|(_, b)| b)
-            .sum();
-        assert_eq!(remote, (stats.remote_rows_sent * row_bytes) as u64);
-    }
-}
-
-fn random_config(rng: &mut ChaCha8Rng, seed: u64) -> Config {
-    let d = [1, 2, 3, 4, 8][rng.random_range(0..5)];
-    let e = [8, 16, 64][rng.random_range(0..3)];
-    let k = [1, 2, 4, 8][rng.random_range(0..4)];
-    let mut tokens: Vec<usize> = (0..d).map(|_| rng.random_range(0..12)).collect();
-    if d > 1 && rng.random_bool(0.3) {
-        tokens[rng.random_range(0..d)] = 0;
-    }
-    let mode = if rng.random_bool(0.5) {
-        DispatchMode::Occult
-    } else {
-        DispatchMode::Standard
-    };
-    let epd = e / d;
-    let prune = (d > 1 && rng.random_bool(0.3)).then(|| {
-        let n = (1..=d).find(|n| n * epd >= k).unwrap();
-        let rule = if rng.random_bool(0.5) {
-            PruneRule::Router
-        } else {
-            PruneRule::Similarity
-        };
-        (rule, n)
-    });
-    Config {
-        d,
-        e,
-        k,
-        random_placement: rng.random_bool(0.5),
-        shared: rng.random_bool(0.5),
-        renormalize: rng.random_bool(0.5),
-        tokens,
-        mode,
-        prune,
-        seed,
-    }
+    f.check_params(&reference, &summed)
+        .unwrap_or_else(|e| panic!("{e} in {c:?}"));
 }
 
 #[test]
 fn ep_forward_and_gradients_match_the_reference_on_random_configs() {
     let mut rng = ChaCha8Rng::seed_from_u64(2025);
     for seed in 0..48 {
-        let c = random_config(&mut rng, seed);
-        check(&c);
+        check(&Case::random(&mut rng, seed));
     }
 }
 
 #[test]
 fn edge_cases() {
-    let base = Config {
+    let base = Case {
         d: 4,
         e: 16,
         k: 4,
@@ -349,17 +71,17 @@ fn edge_cases() {
     };
     // A rank with no tokens, in both modes.
     check(&base);
-    check(&Config {
+    check(&Case {
         mode: DispatchMode::Standard,
         ..base.clone()
     });
     // Every rank without tokens.
-    check(&Config {
+    check(&Case {
         tokens: vec![0; 4],
         ..base.clone()
     });
     // E not divisible by D (devices hold 3 or 2 experts).
-    check(&Config {
+    check(&Case {
         d: 3,
         e: 8,
         k: 2,
@@ -367,24 +89,35 @@ fn edge_cases() {
         ..base.clone()
     });
     // One expert per device, and D = 1.
-    check(&Config {
+    check(&Case {
         d: 8,
         e: 8,
         k: 8,
         tokens: vec![2; 8],
         ..base.clone()
     });
-    check(&Config {
+    check(&Case {
         d: 1,
         tokens: vec![9],
         ..base.clone()
     });
+    // A rank that receives nothing (pruned to one device, a rank without tokens), found
+    // under mpirun: its backward must still take part in the reverse exchanges.
+    check(&Case {
+        e: 64,
+        k: 2,
+        renormalize: true,
+        tokens: vec![11, 7, 0, 2],
+        prune: Some((PruneRule::Similarity, 1)),
+        seed: 2,
+        ..base.clone()
+    });
     // Pruning to one device with each rule.
-    check(&Config {
+    check(&Case {
         prune: Some((PruneRule::Router, 1)),
         ..base.clone()
     });
-    check(&Config {
+    check(&Case {
         prune: Some((PruneRule::Similarity, 1)),
         ..base.clone()
     });
@@ -408,9 +141,22 @@ fn all_tokens_on_one_expert() {
     let rule = RouterRule::softmax_topk(e, 1, false);
     let routed = route(&x, &router, &rule, None).unwrap();
     assert!(routed.ids.iter().all(|&i| i == 0));
-    let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let m = model(e, false, false, &mut rng);
-    let w = MoeWeights { router, ..m.w };
+    let f = Fixture::new(&Case {
+        d: 4,
+        e,
+        k: 1,
+        random_placement: false,
+        shared: false,
+        renormalize: false,
+        tokens: vec![0; 4],
+        mode: DispatchMode::Occult,
+        prune: None,
+        seed: 5,
+    });
+    let w = MoeWeights {
+        router,
+        ..f.w.clone()
+    };
     let map = contiguous(e, 4);
     let reference = reference_forward(&w, &rule, &x, None)
         .unwrap()

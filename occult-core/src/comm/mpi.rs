@@ -178,12 +178,19 @@ impl Communicator for MpiComm {
         };
         let (sc, sd) = to_i32(send_counts, "a send buffer")?;
         let (rc, rd) = to_i32(&recv_rows, "a receive buffer")?;
-        let mut recv = vec![0u8; recv_rows.iter().sum::<usize>() * row_bytes];
+        let recv_len = recv_rows.iter().sum::<usize>() * row_bytes;
+        // Never hand MPI an empty slice: Rust's dangling pointer for an empty `[u8]` is 0x1,
+        // which OpenMPI reads as MPI_IN_PLACE. One spare byte keeps pointers real; the counts
+        // say that nothing is read from or written to it.
+        let dummy = [0u8; 1];
+        let send = if send.is_empty() { &dummy[..] } else { send };
+        let mut recv = vec![0u8; recv_len.max(1)];
         {
             let partition = Partition::new(send, &sc[..], &sd[..]);
             let mut out = PartitionMut::new(&mut recv[..], &rc[..], &rd[..]);
             guard.world.all_to_all_varcount_into(&partition, &mut out);
         }
+        recv.truncate(recv_len);
         self.disarm();
         drop(guard);
         let mut st = self.stats.lock().map_err(|_| poisoned())?;

@@ -1,0 +1,362 @@
+//! The EP-layer parity check shared by the local-backend tests and the `mpi-parity` binary:
+//! a deterministic fixture (weights, inputs, loss weights, placement) built from a [`Case`],
+//! the single-device reference, one rank's EP forward and backward, and the comparisons.
+
+use candle::{Device, Tensor, Var};
+use occult_core::comm::{CommStats, Communicator};
+use occult_core::dispatch::DispatchMode;
+use occult_core::experts::{SharedExperts, SwigluStack};
+use occult_core::moe::{reference_forward, EpMoe, MoeWeights, PruneSpec, StepStats};
+use occult_core::placement::{contiguous, random_balanced};
+use occult_core::pruning::PruneRule;
+use occult_core::routing::RouterRule;
+use occult_core::similarity::SimilarityTable;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+
+pub const H: usize = 32;
+pub const I: usize = 16;
+
+/// One configuration to check.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub d: usize,
+    pub e: usize,
+    pub k: usize,
+    pub random_placement: bool,
+    pub shared: bool,
+    pub renormalize: bool,
+    /// Tokens of each rank (length d).
+    pub tokens: Vec<usize>,
+    pub mode: DispatchMode,
+    pub prune: Option<(PruneRule, usize)>,
+    pub seed: u64,
+}
+
+impl Case {
+    /// A random case (sizes from the issue's grid).
+    pub fn random(rng: &mut ChaCha8Rng, seed: u64) -> Case {
+        let d = [1, 2, 3, 4, 8][rng.random_range(0..5)];
+        let e = [8, 16, 64][rng.random_range(0..3)];
+        Case::random_with(rng, seed, d, e)
+    }
+
+    /// A random case on `d` ranks with `e` experts.
+    pub fn random_with(rng: &mut ChaCha8Rng, seed: u64, d: usize, e: usize) -> Case {
+        let k = [1, 2, 4, 8][rng.random_range(0..4)].min(e);
+        let mut tokens: Vec<usize> = (0..d).map(|_| rng.random_range(0..12)).collect();
+        if d > 1 && rng.random_bool(0.3) {
+            tokens[rng.random_range(0..d)] = 0;
+        }
+        let mode = if rng.random_bool(0.5) {
+            DispatchMode::Occult
+        } else {
+            DispatchMode::Standard
+        };
+        let min_cap = e / d;
+        let prune = (d > 1 && rng.random_bool(0.3)).then(|| {
+            let n = (1..=d).find(|n| n * min_cap >= k).unwrap_or(d);
+            let rule = if rng.random_bool(0.5) {
+                PruneRule::Router
+            } else {
+                PruneRule::Similarity
+            };
+            (rule, n)
+        });
+        Case {
+            d,
+            e,
+            k,
+            random_placement: rng.random_bool(0.5),
+            shared: rng.random_bool(0.5),
+            renormalize: rng.random_bool(0.5),
+            tokens,
+            mode,
+            prune,
+            seed,
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.tokens.iter().sum()
+    }
+
+    /// First token of each rank.
+    pub fn starts(&self) -> Vec<usize> {
+        self.tokens
+            .iter()
+            .scan(0, |s, &n| {
+                let at = *s;
+                *s += n;
+                Some(at)
+            })
+            .collect()
+    }
+}
+
+/// Everything a case needs, identical on every rank (built from the seed).
+pub struct Fixture {
+    pub case: Case,
+    pub vars: Vec<Var>,
+    pub w: MoeWeights,
+    pub x: Vec<f32>,
+    pub g: Vec<f32>,
+    pub map: Vec<u32>,
+    pub rule: RouterRule,
+    pub prune: Option<PruneSpec>,
+}
+
+fn randn(rng: &mut ChaCha8Rng, shape: &[usize], scale: f32) -> Var {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|_| rng.random_range(-1.0f32..1.0) * scale)
+        .collect();
+    Var::from_vec(v, shape, &Device::Cpu).expect("cpu tensor")
+}
+
+fn flat(t: &Tensor) -> Vec<f32> {
+    t.flatten_all()
+        .and_then(|t| t.to_vec1())
+        .expect("f32 tensor")
+}
+
+impl Fixture {
+    pub fn new(case: &Case) -> Fixture {
+        let c = case;
+        let mut rng = ChaCha8Rng::seed_from_u64(c.seed);
+        let router = randn(&mut rng, &[c.e, H], 0.5);
+        let gate = randn(&mut rng, &[c.e, I, H], 0.3);
+        let up = randn(&mut rng, &[c.e, I, H], 0.3);
+        let down = randn(&mut rng, &[c.e, H, I], 0.3);
+        let mut vars = vec![router.clone(), gate.clone(), up.clone(), down.clone()];
+        let shared = c.shared.then(|| {
+            let s = [
+                randn(&mut rng, &[2 * I, H], 0.3),
+                randn(&mut rng, &[2 * I, H], 0.3),
+                randn(&mut rng, &[H, 2 * I], 0.3),
+            ];
+            let g = c
+                .seed
+                .is_multiple_of(2)
+                .then(|| randn(&mut rng, &[1, H], 0.5));
+            vars.extend(s.iter().cloned());
+            vars.extend(g.iter().cloned());
+            SharedExperts {
+                gate_proj: s[0].as_tensor().clone(),
+                up_proj: s[1].as_tensor().clone(),
+                down_proj: s[2].as_tensor().clone(),
+                gate: g.map(|g| g.as_tensor().clone()),
+            }
+        });
+        let experts = SwigluStack::new(
+            gate.as_tensor().clone(),
+            up.as_tensor().clone(),
+            down.as_tensor().clone(),
+        )
+        .expect("shapes");
+        let w = MoeWeights {
+            router: router.as_tensor().clone(),
+            experts,
+            shared,
+        };
+        let total = c.total();
+        let x: Vec<f32> = (0..total * H)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let g: Vec<f32> = (0..total * H)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let map = if c.random_placement {
+            random_balanced(c.e, c.d, &mut rng)
+        } else {
+            contiguous(c.e, c.d)
+        };
+        let mut rule = RouterRule::softmax_topk(c.e, c.k, c.renormalize);
+        rule.scaling_factor = if c.seed.is_multiple_of(3) { 2.5 } else { 1.0 };
+        let prune = c.prune.map(|(rule_kind, max_devices)| {
+            // The similarity table comes from the router logits of the batch itself.
+            let xt = Tensor::from_slice(&x, (total, H), &Device::Cpu).expect("cpu tensor");
+            let logits = xt.matmul(&w.router.t().expect("2-d")).expect("matmul");
+            PruneSpec {
+                rule: rule_kind,
+                max_devices,
+                similarity: Some(SimilarityTable::from_logits(&flat(&logits), c.e).expect("table")),
+            }
+        });
+        Fixture {
+            case: c.clone(),
+            vars,
+            w,
+            x,
+            g,
+            map,
+            rule,
+            prune,
+        }
+    }
+
+    /// The single-device reference on all tokens.
+    pub fn reference(&self) -> Outcome {
+        let c = &self.case;
+        let x = Var::from_slice(&self.x, (c.total(), H), &Device::Cpu).expect("cpu tensor");
+        let prune = self.prune.as_ref().map(|p| (p, self.map.as_slice(), c.d));
+        let out = reference_forward(&self.w, &self.rule, x.as_tensor(), prune).expect("reference");
+        let g = Tensor::from_slice(&self.g, (c.total(), H), &Device::Cpu).expect("cpu tensor");
+        let grads = (out.clone() * g)
+            .and_then(|l| l.sum_all())
+            .and_then(|l| l.backward())
+            .expect("reference backward");
+        Outcome {
+            out: flat(&out),
+            gx: grads.get(x.as_tensor()).map(flat),
+            gparams: self
+                .vars
+                .iter()
+                .map(|v| grads.get(v.as_tensor()).map(flat))
+                .collect(),
+            stats: StepStats::default(),
+            comm: CommStats::default(),
+        }
+    }
+
+    /// This rank's EP forward and backward on its own tokens.
+    pub fn run_rank(&self, comm: &Arc<dyn Communicator>) -> occult_core::Result<Outcome> {
+        let c = &self.case;
+        let r = comm.rank();
+        let (at, n) = (self.case.starts()[r], c.tokens[r]);
+        // Count only this run's exchanges (a communicator may serve several cases).
+        comm.reset_stats();
+        let layer = EpMoe::from_full(
+            &self.w,
+            self.rule.clone(),
+            &self.map,
+            comm.clone(),
+            c.mode,
+            self.prune.clone(),
+        )?;
+        let x = Var::from_slice(&self.x[at * H..(at + n) * H], (n, H), &Device::Cpu)?;
+        let (out, stats) = layer.forward(x.as_tensor())?;
+        let g = Tensor::from_slice(&self.g[at * H..(at + n) * H], (n, H), &Device::Cpu)?;
+        let grads = (out.clone() * g)?.sum_all()?.backward()?;
+        Ok(Outcome {
+            out: flat(&out),
+            gx: grads.get(x.as_tensor()).map(flat),
+            gparams: self
+                .vars
+                .iter()
+                .map(|v| grads.get(v.as_tensor()).map(flat))
+                .collect(),
+            stats,
+            comm: comm.stats(),
+        })
+    }
+
+    /// Checks one rank's outputs, input gradients and row counts against the reference.
+    pub fn check_rank(
+        &self,
+        reference: &Outcome,
+        rank: usize,
+        got: &Outcome,
+    ) -> Result<(), String> {
+        let c = &self.case;
+        let (at, n) = (c.starts()[rank], c.tokens[rank]);
+        close(
+            "output",
+            &got.out,
+            &reference.out[at * H..(at + n) * H],
+            1e-6,
+        )?;
+        let gx_ref = reference
+            .gx
+            .as_ref()
+            .map_or(&[][..], |g| &g[at * H..(at + n) * H]);
+        let gx = got.gx.clone().unwrap_or_else(|| vec![0.0; n * H]);
+        close("input gradient", &gx, gx_ref, 1e-6)?;
+        let st = &got.stats;
+        let rows = match c.mode {
+            DispatchMode::Standard => st.tokens * c.k,
+            DispatchMode::Occult => st.devices_touched,
+        };
+        if st.rows_sent != rows {
+            return Err(format!(
+                "rank {rank}: {} rows sent, expected {rows}",
+                st.rows_sent
+            ));
+        }
+        // Exchanges: slot metadata, payload, combine, then the backward ones.
+        let slots = match c.mode {
+            DispatchMode::Standard => 1,
+            DispatchMode::Occult => c.k.min(c.e.div_ceil(c.d)),
+        };
+        let row_bytes = ((H + slots) * 4) as u64;
+        let payload = &got.comm.exchanges[1].bytes_to;
+        let sent: u64 = payload.iter().sum();
+        let remote: u64 = payload
+            .iter()
+            .enumerate()
+            .filter(|(p, _)| *p != rank)
+            .map(|(_, b)| b)
+            .sum();
+        if sent != st.rows_sent as u64 * row_bytes
+            || remote != st.remote_rows_sent as u64 * row_bytes
+        {
+            return Err(format!(
+                "rank {rank}: the communicator counted {sent} bytes ({remote} remote), the layer \
+                 {} rows ({} remote) of {row_bytes} bytes",
+                st.rows_sent, st.remote_rows_sent
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks parameter gradients summed over ranks against the reference. A gradient that
+    /// vanishes mathematically (the router's under k = 1 with renormalisation) is float noise on
+    /// both sides, hence the floor on the scale.
+    pub fn check_params(
+        &self,
+        reference: &Outcome,
+        summed: &[Option<Vec<f32>>],
+    ) -> Result<(), String> {
+        for (i, (r, s)) in reference.gparams.iter().zip(summed).enumerate() {
+            match (r, s) {
+                (Some(r), Some(s)) => close(&format!("gradient of parameter {i}"), s, r, 1e-2)?,
+                (Some(_), None) if self.case.total() > 0 => {
+                    return Err(format!("parameter {i} got no gradient on any rank"))
+                }
+                (None, Some(_)) => return Err(format!("parameter {i}: gradient only under EP")),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Outputs, gradients and statistics of one run (reference or one rank).
+pub struct Outcome {
+    pub out: Vec<f32>,
+    pub gx: Option<Vec<f32>>,
+    pub gparams: Vec<Option<Vec<f32>>>,
+    pub stats: StepStats,
+    pub comm: CommStats,
+}
+
+/// Max abs error within 1e-5 of the reference's scale (bounded below by `floor`).
+pub fn close(name: &str, ours: &[f32], reference: &[f32], floor: f32) -> Result<(), String> {
+    if ours.len() != reference.len() {
+        return Err(format!(
+            "{name}: {} values, reference {}",
+            ours.len(),
+            reference.len()
+        ));
+    }
+    let scale = reference.iter().fold(floor, |m, x| m.max(x.abs()));
+    let err = ours
+        .iter()
+        .zip(reference)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    if err / scale > 1e-5 {
+        return Err(format!("{name}: max error {err} at scale {scale}"));
+    }
+    Ok(())
+}

@@ -1,0 +1,65 @@
+//! Multi-rank runs under a real `mpirun` (feature `mpi`): EP-layer parity on 2 and 4 ranks with
+//! MPI's own all-to-all, and a rank that dies making the others fail instead of hanging.
+#![cfg(feature = "mpi")]
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn mpirun(np: usize, args: &[&str]) -> std::process::Output {
+    Command::new("mpirun")
+        .args([
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "--mca",
+            "btl",
+            "self,vader",
+        ])
+        .args(["-np", &np.to_string()])
+        .arg(env!("CARGO_BIN_EXE_mpi-parity"))
+        .args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("mpirun must be installed (apt-get install openmpi-bin libopenmpi-dev)")
+}
+
+fn parity_on(np: usize) {
+    let out = mpirun(np, &["10"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "mpirun -np {np} failed:\n{stdout}\n{stderr}"
+    );
+    for r in 0..np {
+        assert!(
+            stdout.contains(&format!("rank {r} of {np}: ok")),
+            "rank {r} did not report:\n{stdout}\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn parity_under_mpirun_with_2_and_4_ranks() {
+    parity_on(2);
+    parity_on(4);
+}
+
+#[test]
+fn a_dead_rank_fails_the_job_instead_of_hanging() {
+    let start = Instant::now();
+    let out = mpirun(3, &["2", "--die-rank", "1"]);
+    assert!(!out.status.success());
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        start.elapsed()
+    );
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(all.contains("rank 1: exiting on purpose"), "{all}");
+}
