@@ -220,6 +220,19 @@ pub fn layer_stats(
     }
 }
 
+/// Mean of per-layer values weighted by their token counts (E[C_T] over every (layer, token)
+/// pair, so that a layer with few tokens does not weigh as much as a full one); 0 without tokens.
+pub fn token_weighted_mean(values: impl IntoIterator<Item = (f64, usize)>) -> f64 {
+    let (sum, tokens) = values
+        .into_iter()
+        .fold((0.0, 0usize), |(s, n), (v, t)| (s + v * t as f64, n + t));
+    if tokens == 0 {
+        0.0
+    } else {
+        sum / tokens as f64
+    }
+}
+
 /// max / mean of a list of counts (1 when all are zero).
 pub fn max_over_mean(v: &[u64]) -> f64 {
     let sum: u64 = v.iter().sum();

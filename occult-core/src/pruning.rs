@@ -64,6 +64,8 @@ impl<'a> Pruner<'a> {
         if max_devices == 0 {
             bail!("--max-devices must be at least 1");
         }
+        // More devices than exist allow everything; clamp so that no size depends on it.
+        let max_devices = max_devices.min(num_devices);
         let mut caps = capacities(router.num_experts, num_devices);
         caps.sort_unstable();
         let room: usize = caps.iter().take(max_devices).sum();
@@ -103,7 +105,7 @@ impl<'a> Pruner<'a> {
 
     /// Prunes one token given its gate scores, its selection scores and its selection.
     pub fn prune_scores(&self, scores: &[f32], choice: &[f32], ranked: &[u32]) -> Selection {
-        let mut allowed_dev: Vec<u32> = Vec::with_capacity(self.max_devices);
+        let mut allowed_dev: Vec<u32> = Vec::with_capacity(ranked.len());
         let mut spans = 0;
         for &x in ranked {
             let d = self.device_of_expert[x as usize];

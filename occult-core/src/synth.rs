@@ -61,7 +61,28 @@ impl SynthConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
-        RouterRule::softmax_topk(self.num_experts, self.top_k, self.renormalize).validate()?;
+        crate::trace::check_experts_top_k(self.num_experts, self.top_k)
+            .map_err(|m| crate::Error::invalid(format!("synthetic trace: {m}")))?;
+        let values = self
+            .tokens
+            .saturating_mul(self.layers)
+            .saturating_mul(if self.with_logits {
+                self.num_experts
+            } else {
+                self.top_k
+            });
+        if values > 1 << 31 {
+            bail!(
+                "synthetic trace: {} layers x {} tokens is too large to hold in memory{}",
+                self.layers,
+                self.tokens,
+                if self.with_logits {
+                    " with router logits (try --no-logits)"
+                } else {
+                    ""
+                }
+            );
+        }
         if self.layers == 0 {
             bail!("synthetic trace: --layers must be at least 1");
         }

@@ -15,6 +15,27 @@ use std::path::Path;
 /// The value of the `format` metadata key.
 pub const TRACE_FORMAT: &str = "occult.trace.v1";
 
+/// Largest expert count accepted (E x E statistics must fit in memory).
+pub const MAX_EXPERTS: usize = 4096;
+/// Largest top-k accepted.
+pub const MAX_TOP_K: usize = 255;
+
+/// Checks E and k against each other and the limits; `what` prefixes the message.
+pub fn check_experts_top_k(num_experts: usize, top_k: usize) -> std::result::Result<(), String> {
+    if num_experts == 0 || num_experts > MAX_EXPERTS {
+        return Err(format!(
+            "num_experts = {num_experts} must be in 1..={MAX_EXPERTS}"
+        ));
+    }
+    if top_k == 0 || top_k > num_experts.min(MAX_TOP_K) {
+        return Err(format!(
+            "top_k = {top_k} must be in 1..={}",
+            num_experts.min(MAX_TOP_K)
+        ));
+    }
+    Ok(())
+}
+
 /// Trace-wide facts, stored as safetensors header metadata.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct TraceMeta {
@@ -73,12 +94,7 @@ impl Trace {
     pub fn validate(&self, origin: &str) -> Result<()> {
         let (e, k) = (self.meta.num_experts, self.meta.top_k);
         let bad = |msg: String| Error::bad_file(origin, msg);
-        if e == 0 {
-            return Err(bad("num_experts must be at least 1".into()));
-        }
-        if k == 0 || k > e {
-            return Err(bad(format!("top_k = {k} must be in 1..={e}")));
-        }
+        check_experts_top_k(e, k).map_err(bad)?;
         if self.layers.is_empty() {
             return Err(bad("the trace holds no layers".into()));
         }
@@ -168,6 +184,7 @@ impl Trace {
         let num_experts =
             num(&mut md, "num_experts")?.ok_or_else(|| bad("no num_experts metadata".into()))?;
         let top_k = num(&mut md, "top_k")?.ok_or_else(|| bad("no top_k metadata".into()))?;
+        check_experts_top_k(num_experts, top_k).map_err(bad)?;
         let num_ranks = num(&mut md, "num_ranks")?;
         let model = md.remove("model");
         let data = md.remove("data");
@@ -192,13 +209,17 @@ impl Trace {
             };
             let layer: usize = idx
                 .parse()
-                .map_err(|_| bad(format!("tensor {name:?}: {idx:?} is not a layer index")))?;
+                .ok()
+                .filter(|l: &usize| l.to_string() == idx)
+                .ok_or_else(|| bad(format!("tensor {name:?}: {idx:?} is not a layer index")))?;
             if !matches!(kind, "topk_ids" | "topk_weights" | "router_logits") {
                 return Err(bad(format!(
                     "unexpected tensor {name:?} in a routing trace"
                 )));
             }
-            parts.entry(layer).or_default().insert(kind, view);
+            if parts.entry(layer).or_default().insert(kind, view).is_some() {
+                return Err(bad(format!("tensor {name:?} appears twice")));
+            }
         }
         let mut layers = Vec::with_capacity(parts.len());
         for (layer, mut p) in parts {

@@ -522,6 +522,27 @@ fn failed_commands_leave_outputs_untouched() {
         ],
     );
     contains_all(&e, &["no/such/dir/p.json", "does not exist"]);
+    // A failure at the very end (the output path is a folder, so the final rename fails):
+    // the folder is untouched and the temporary file is gone.
+    std::fs::create_dir(d.join("taken")).unwrap();
+    std::fs::write(d.join("taken/inside"), "x").unwrap();
+    let e = occult_err(
+        d,
+        &[
+            "place",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "2",
+            "-o",
+            "taken",
+        ],
+    );
+    contains_all(&e, &["taken"]);
+    assert_eq!(
+        std::fs::read_to_string(d.join("taken/inside")).unwrap(),
+        "x"
+    );
     // No temporary files remain.
     let names: Vec<String> = std::fs::read_dir(d)
         .unwrap()
@@ -530,5 +551,130 @@ fn failed_commands_leave_outputs_untouched() {
     assert!(
         names.iter().all(|n| !n.starts_with(".occult-tmp")),
         "{names:?}"
+    );
+}
+
+#[test]
+fn sizes_that_would_exhaust_memory_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    good_trace(d);
+    // A huge --max-devices is just "no limit" (it used to size an allocation).
+    occult_ok(
+        d,
+        &[
+            "prune",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "2",
+            "--max-devices",
+            "18446744073709551615",
+            "--rule",
+            "router",
+        ],
+    );
+    // Expert counts from file metadata are bounded before anything is allocated by them.
+    write_raw(
+        &d.join("big.safetensors"),
+        vec![("layers.0.topk_ids", Raw::I32(vec![1, 2], vec![0, 1]))],
+        &meta("1000000000000", "2"),
+    );
+    for args in [
+        &["trace", "info", "big.safetensors"][..],
+        &["collab", "--trace", "big.safetensors", "--devices", "2"],
+    ] {
+        contains_all(
+            &occult_err(d, args),
+            &[
+                "big.safetensors",
+                "num_experts = 1000000000000 must be in 1..=4096",
+            ],
+        );
+    }
+    contains_all(
+        &occult_err(
+            d,
+            &[
+                "trace",
+                "synth",
+                "--experts",
+                "4000000000",
+                "-o",
+                "x.safetensors",
+            ],
+        ),
+        &["num_experts"],
+    );
+    contains_all(
+        &occult_err(
+            d,
+            &[
+                "trace",
+                "synth",
+                "--tokens",
+                "100000000",
+                "-o",
+                "x.safetensors",
+            ],
+        ),
+        &["too large", "--no-logits"],
+    );
+    contains_all(
+        &occult_err(
+            d,
+            &[
+                "place",
+                "--trace",
+                "good.safetensors",
+                "--devices",
+                "2",
+                "--restarts",
+                "100000000",
+                "-o",
+                "p.json",
+            ],
+        ),
+        &["--restarts"],
+    );
+    contains_all(
+        &occult_err(
+            d,
+            &[
+                "collab",
+                "--trace",
+                "good.safetensors",
+                "--devices",
+                "2",
+                "--hidden-size",
+                "18446744073709551615",
+            ],
+        ),
+        &["--hidden-size"],
+    );
+}
+
+#[test]
+fn ambiguous_tensor_names_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ids = || Raw::I32(vec![1, 2], vec![0, 1]);
+    write_raw(
+        &d.join("a.safetensors"),
+        vec![("layers.1.topk_ids", ids()), ("layers.01.topk_ids", ids())],
+        &meta("8", "2"),
+    );
+    contains_all(
+        &occult_err(d, &["trace", "info", "a.safetensors"]),
+        &["a.safetensors", "\"01\" is not a layer index"],
+    );
+    write_raw(
+        &d.join("b.safetensors"),
+        vec![("layers.+1.topk_ids", ids())],
+        &meta("8", "2"),
+    );
+    contains_all(
+        &occult_err(d, &["trace", "info", "b.safetensors"]),
+        &["\"+1\" is not a layer index"],
     );
 }

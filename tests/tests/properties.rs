@@ -133,7 +133,14 @@ proptest! {
             sorted.dedup();
             prop_assert_eq!(sorted.len(), c.k, "not k distinct experts: {:?}", s.ids);
             prop_assert!(devices_of(&s.ids, &c.map) <= n);
-            prop_assert_eq!(&s.weights, &rule.gate_weights(&rule.scores(logits), &s.ids));
+            // Each kept expert's own softmax probability, renormalised over the k when asked.
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let z: f64 = logits.iter().map(|&l| ((l - max) as f64).exp()).sum();
+            let p: Vec<f64> = s.ids.iter().map(|&x| ((logits[x as usize] - max) as f64).exp() / z).collect();
+            let norm: f64 = if renormalize { p.iter().sum() } else { 1.0 };
+            for (w, p) in s.weights.iter().zip(&p) {
+                prop_assert!((*w as f64 - p / norm).abs() < 1e-5, "weight {} vs {}", w, p / norm);
+            }
             if n >= c.d || devices_of(before, &c.map) <= n {
                 prop_assert_eq!(&s.ids, &before.to_vec());
             }

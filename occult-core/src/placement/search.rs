@@ -27,6 +27,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
+/// Most random starts a search takes.
+pub const MAX_RESTARTS: usize = 1024;
+
 /// Options of the search.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SearchConfig {
@@ -75,6 +78,12 @@ pub fn search(
     super::check_sizes(e, num_devices)?;
     if k > u8::MAX as usize {
         bail!("top_k = {k} is above the supported maximum of 255");
+    }
+    if cfg.restarts > MAX_RESTARTS {
+        bail!(
+            "--restarts {} is above the supported maximum of {MAX_RESTARTS}",
+            cfg.restarts
+        );
     }
     if let Some(f) = cfg.max_load_factor {
         if !(f.is_finite() && f >= 1.0) {
@@ -478,7 +487,17 @@ mod tests {
 
     #[test]
     fn delta_matches_recount_and_tables_stay_exact_after_swaps() {
-        let (e, k, d, tokens) = (12, 3, 3, 200);
+        for (e, k, d, tokens) in [
+            (12, 3, 3, 200),
+            (8, 8, 4, 50),
+            (16, 1, 8, 120),
+            (9, 4, 2, 0),
+        ] {
+            tables_stay_exact(e, k, d, tokens);
+        }
+    }
+
+    fn tables_stay_exact(e: usize, k: usize, d: usize, tokens: usize) {
         let ids = random_ids(tokens, k, e, 3);
         let co = CoActivation::from_ids(&ids, k, e);
         let tok_of = {

@@ -77,7 +77,9 @@ fn place(a: PlaceBenchArgs) -> Result<()> {
                     layers: infos.len(),
                     tokens: trace.layers.first().map_or(0, |l| l.tokens),
                     seconds,
-                    ect: infos.iter().map(|i| i.ect).sum::<f64>() / infos.len() as f64,
+                    ect: occult_core::collab::token_weighted_mean(
+                        infos.iter().map(|i| (i.ect, i.tokens)),
+                    ),
                 };
                 eprintln!(
                     "{} D={d} {}: {:.2} s, E[C_T] {:.3}",

@@ -2,7 +2,7 @@
 
 use super::{resolve_placement, with_provenance, write_json, RowDtype};
 use crate::table::{count, fmt_opt, Table};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use occult_core::analysis::{trace_stats, TraceStats};
 use std::path::PathBuf;
@@ -41,12 +41,16 @@ pub struct CollabArgs {
 pub fn run(a: CollabArgs) -> Result<()> {
     let trace = super::load_trace(&a.trace)?;
     let placement = resolve_placement(&trace, a.devices, a.placement.as_deref())?;
+    if a.hidden_size == 0 || a.hidden_size > 1 << 20 {
+        anyhow::bail!("--hidden-size {} must be in 1..=1048576", a.hidden_size);
+    }
     let stats = trace_stats(
         &trace,
         &placement,
         a.hidden_size * a.dtype.bytes(),
         a.resplit,
-    )?;
+    )
+    .with_context(|| a.trace.display().to_string())?;
     print!("{}", render(&stats));
     if let Some(out) = &a.json {
         let mut v = serde_json::to_value(&stats)?;

@@ -2,7 +2,7 @@
 
 use crate::progress::bar;
 use crate::table::{fmt_opt, Table};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use occult_core::analysis::{place_trace, PlaceInfo};
 use occult_core::placement::{Method, Placement, SearchConfig};
@@ -66,7 +66,8 @@ pub fn run(a: PlaceArgs) -> Result<()> {
     let pb = bar(trace.layers.len() as u64, "layers");
     let start = Instant::now();
     let (mut placement, infos) =
-        place_trace(&trace, a.devices, a.method.into(), &cfg, &|| pb.inc(1))?;
+        place_trace(&trace, a.devices, a.method.into(), &cfg, &|| pb.inc(1))
+            .with_context(|| a.trace.display().to_string())?;
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
     record_source(&mut placement, &a, seconds);
@@ -110,7 +111,7 @@ fn render(infos: &[PlaceInfo], p: &Placement) -> String {
             i.swaps.map_or("-".into(), |s| s.to_string()),
         ]);
     }
-    let mean = infos.iter().map(|i| i.ect).sum::<f64>() / infos.len().max(1) as f64;
+    let mean = occult_core::collab::token_weighted_mean(infos.iter().map(|i| (i.ect, i.tokens)));
     format!(
         "{}\nmethod {}: mean E[C_T] {mean:.3} on {} devices\n",
         t.render(),

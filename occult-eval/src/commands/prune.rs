@@ -4,11 +4,11 @@
 use super::{load_trace, resolve_placement, with_provenance, write_json};
 use crate::progress::bar;
 use crate::table::Table;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use occult_core::analysis::{check_router_matches, prune_trace, PruneReport};
 use occult_core::pruning::PruneRule;
-use occult_core::routing::{RouterRule, Scoring};
+use occult_core::routing::{GroupLimit, GroupScore, RouterRule, Scoring};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -18,8 +18,9 @@ use std::path::PathBuf;
     similarity  keep the chosen experts on those devices, replace each other one by the most\n              \
                 similar unselected expert on them (cosine of router-logit columns)\n\n\
 The trace must hold router logits. Gate weights follow the model's rule given by --scoring,\n\
---renormalize and --scaling-factor; if the trace holds gate weights, the rule is checked\n\
-against them.\n\n\
+--renormalize and --scaling-factor (and --num-groups/--topk-groups for group-limited\n\
+routing); if the trace holds gate weights, the rule is checked against them. DeepSeek-V3's\n\
+selection bias is not part of a trace, so V3 traces are pruned without it.\n\n\
 Examples:\n  \
     occult prune --trace olmoe-like.safetensors --placement placed.json --max-devices 2 --rule similarity\n  \
     occult prune --trace t.safetensors --devices 4 --max-devices 1 --rule router --json prune.json -o pruned.safetensors")]
@@ -50,6 +51,15 @@ pub struct PruneArgs {
     /// Multiplies the gate weights (DeepSeek's routed_scaling_factor).
     #[arg(long, default_value_t = 1.0)]
     pub scaling_factor: f32,
+    /// Group-limited routing (DeepSeek-V2/V3): number of expert groups.
+    #[arg(long, requires = "topk_groups")]
+    pub num_groups: Option<usize>,
+    /// Group-limited routing: groups each token may use.
+    #[arg(long, requires = "num_groups")]
+    pub topk_groups: Option<usize>,
+    /// Group-limited routing: how a group is scored.
+    #[arg(long, value_enum, default_value_t = GroupScoreArg::Max)]
+    pub group_score: GroupScoreArg,
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -62,6 +72,14 @@ pub struct PruneArgs {
 pub enum RuleArg {
     Router,
     Similarity,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum GroupScoreArg {
+    /// Best expert score in the group (DeepSeek-V2).
+    Max,
+    /// Sum of the two best (DeepSeek-V3).
+    Top2Sum,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -81,8 +99,18 @@ pub fn run(a: PruneArgs) -> Result<()> {
         ScoringArg::Sigmoid => Scoring::Sigmoid,
     };
     router.scaling_factor = a.scaling_factor;
+    if let (Some(num_groups), Some(topk_groups)) = (a.num_groups, a.topk_groups) {
+        router.group_limit = Some(GroupLimit {
+            num_groups,
+            topk_groups,
+            score: match a.group_score {
+                GroupScoreArg::Max => GroupScore::Max,
+                GroupScoreArg::Top2Sum => GroupScore::Top2Sum,
+            },
+        });
+    }
     router.validate()?;
-    check_router_matches(&trace, &router)?;
+    check_router_matches(&trace, &router).with_context(|| a.trace.display().to_string())?;
     let rule = match a.rule {
         RuleArg::Router => PruneRule::Router,
         RuleArg::Similarity => PruneRule::Similarity,
@@ -96,7 +124,8 @@ pub fn run(a: PruneArgs) -> Result<()> {
         a.max_devices,
         calibration.as_ref(),
         &|| pb.inc(1),
-    )?;
+    )
+    .with_context(|| a.trace.display().to_string())?;
     pb.finish_and_clear();
     print!("{}", render(&report));
     if let Some(out) = &a.output {

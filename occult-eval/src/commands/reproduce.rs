@@ -56,7 +56,7 @@ pub struct TraceRecipe {
     pub clusters: usize,
     #[serde(default = "d2")]
     pub strength: f32,
-    #[serde(default)]
+    #[serde(default = "d03")]
     pub skew: f32,
     #[serde(default)]
     pub seed: u64,
@@ -92,6 +92,9 @@ fn d20000() -> usize {
 }
 fn d2() -> f32 {
     2.0
+}
+fn d03() -> f32 {
+    0.3
 }
 fn d2u() -> usize {
     2
