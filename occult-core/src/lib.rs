@@ -10,6 +10,7 @@ pub mod analysis;
 pub mod atomic;
 pub mod collab;
 pub mod comm;
+pub mod cost;
 pub mod dispatch;
 mod error;
 pub mod exchange;

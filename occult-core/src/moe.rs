@@ -136,7 +136,7 @@ pub fn reference_forward(
 }
 
 /// Time and traffic of one EP forward on one rank.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct StepStats {
     pub tokens: usize,
     /// Rows this rank sent (to itself included) and those that left it.

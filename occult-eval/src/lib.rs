@@ -1,6 +1,7 @@
 //! The Occult harness and the `occult` command line. The binary only parses arguments; each
 //! command lives in [`commands`] as a function from parsed options to printed results.
 
+pub mod bench_layer;
 pub mod commands;
 pub mod progress;
 pub mod table;

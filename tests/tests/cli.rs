@@ -260,3 +260,74 @@ fn a_trace_written_by_another_tool_is_read() {
     // Tokens {0,1}, {2,3}, {1,3} on devices {0,1 | 2,3}: C_T = 1, 1, 2.
     assert!(out.contains("mean E[C_T] 1.333"), "{out}");
 }
+
+#[test]
+fn bench_layer_reports_the_contract_and_the_ratio() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = occult_ok(
+        d,
+        &[
+            "bench",
+            "layer",
+            "--experts",
+            "16",
+            "--top-k",
+            "4",
+            "--hidden",
+            "32",
+            "--intermediate",
+            "16",
+            "--tokens",
+            "40",
+            "--devices",
+            "4",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--link",
+            "pcie4",
+            "--json",
+            "b.json",
+        ],
+    );
+    assert!(out.contains("occult / standard: rows"), "{out}");
+    let b = read_json(&d.join("b.json"));
+    assert_eq!(b["projected_with_link_model"], true);
+    let results = b["results"].as_array().unwrap();
+    let find = |m: &str| {
+        results
+            .iter()
+            .find(|r| r["mode"] == m)
+            .unwrap_or_else(|| panic!("no {m}"))
+    };
+    for r in results {
+        for key in [
+            "mode",
+            "devices",
+            "tokens",
+            "rows_sent",
+            "bytes_sent",
+            "ect",
+            "seconds",
+            "projected_seconds",
+            "tokens_per_s",
+        ] {
+            assert!(r.get(key).is_some(), "bench JSON lacks {key}");
+        }
+    }
+    let (s, o) = (find("standard"), find("occult"));
+    assert_eq!(s["tokens"], 160);
+    assert_eq!(s["rows_sent"], 160 * 4);
+    let ect = o["ect"].as_f64().unwrap();
+    assert_eq!(o["rows_sent"].as_f64().unwrap(), (ect * 160.0).round());
+    assert!(o["bytes_sent"].as_u64().unwrap() < s["bytes_sent"].as_u64().unwrap());
+    assert!(o["projected_seconds"].as_f64().unwrap() < s["projected_seconds"].as_f64().unwrap());
+    // Pruning to 2 devices leaves C_T <= 2.
+    let p = results
+        .iter()
+        .find(|r| r["mode"].as_str().unwrap().starts_with("occult+prune2"))
+        .unwrap();
+    assert!(p["ect"].as_f64().unwrap() <= 2.0);
+}

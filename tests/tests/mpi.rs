@@ -63,3 +63,63 @@ fn a_dead_rank_fails_the_job_instead_of_hanging() {
     );
     assert!(all.contains("rank 1: exiting on purpose"), "{all}");
 }
+
+#[test]
+fn bench_layer_runs_under_mpirun() {
+    let bin = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("occult");
+    let out = Command::new("mpirun")
+        .args([
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "--mca",
+            "btl",
+            "self,vader",
+            "-np",
+            "2",
+        ])
+        .arg(&bin)
+        .args([
+            "bench",
+            "layer",
+            "--backend",
+            "mpi",
+            "--devices",
+            "2",
+            "--experts",
+            "8",
+            "--top-k",
+            "2",
+        ])
+        .args([
+            "--hidden",
+            "32",
+            "--intermediate",
+            "16",
+            "--tokens",
+            "24",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+        ])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Only rank 0 prints the table.
+    assert_eq!(stdout.matches("occult / standard").count(), 1, "{stdout}");
+    assert!(stdout.contains("(mpi backend)"), "{stdout}");
+}

@@ -25,7 +25,7 @@ pub struct PeerStats {
 }
 
 /// The bytes one rank sent to each peer in one all-to-all (for link-model projections).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Exchange {
     pub bytes_to: Vec<u64>,
 }

@@ -13,6 +13,13 @@ use std::time::Instant;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
+    /// One OLMoE-shaped MoE layer on D ranks: reference, standard, occult and pruned occult in
+    /// one run on the same tokens; per-phase times, exact traffic, E[C_T], projections.
+    #[command(after_help = "Examples:\n  \
+        occult bench layer                                   # 4 local ranks, 64 experts, top-8\n  \
+        occult bench layer --link pcie4 --json layer.json    # + projected time on the paper's box\n  \
+        mpirun -np 4 occult bench layer --backend mpi        # one process per rank (feature mpi)")]
+    Layer(LayerBenchArgs),
     /// Time contiguous, greedy and occult placement on the same traces; compare E[C_T].
     #[command(after_help = "Example:\n  \
         occult trace synth --tokens 100000 -o clustered.safetensors --no-logits\n  \
@@ -53,6 +60,7 @@ pub struct PlaceRun {
 pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Place(a) => place(a),
+        BenchCmd::Layer(a) => layer(a),
     }
 }
 
@@ -126,4 +134,276 @@ fn render(runs: &[PlaceRun]) -> String {
         ]);
     }
     t.render()
+}
+
+#[derive(Args, Debug)]
+pub struct LayerBenchArgs {
+    #[arg(long, default_value_t = 64)]
+    pub experts: usize,
+    #[arg(long, default_value_t = 8)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 256)]
+    pub hidden: usize,
+    #[arg(long, default_value_t = 128)]
+    pub intermediate: usize,
+    /// Tokens per rank.
+    #[arg(long, default_value_t = 512)]
+    pub tokens: usize,
+    #[arg(long, default_value_t = 4)]
+    pub devices: usize,
+    /// Measured steps per mode (after --warmup).
+    #[arg(long, default_value_t = 3)]
+    pub steps: usize,
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Latent clusters of the synthetic router (0 = unstructured).
+    #[arg(long, default_value_t = 8)]
+    pub clusters: usize,
+    /// How experts are placed (from a calibration batch).
+    #[arg(long, value_enum, default_value_t = super::place::MethodArg::Occult)]
+    pub placement: super::place::MethodArg,
+    /// Devices per token in the pruned run (0 = no pruned run).
+    #[arg(long, default_value_t = 2)]
+    pub max_devices: usize,
+    #[arg(long, value_enum, default_value_t = super::prune::RuleArg::Similarity)]
+    pub prune_rule: super::prune::RuleArg,
+    /// local: ranks as threads; mpi: one process per rank under mpirun (feature mpi).
+    #[arg(long, value_enum, default_value_t = Backend::Local)]
+    pub backend: Backend,
+    /// Project times onto this machine: pcie4, nvlink-h100, ib-ndr, or a TOML file.
+    #[arg(long)]
+    pub link: Option<String>,
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Local,
+    Mpi,
+}
+
+fn layer(a: LayerBenchArgs) -> Result<()> {
+    use crate::bench_layer::{LayerBench, ModeResult};
+    use occult_core::cost::LinkProfile;
+    let bench = LayerBench {
+        experts: a.experts,
+        top_k: a.top_k,
+        hidden: a.hidden,
+        intermediate: a.intermediate,
+        tokens: a.tokens,
+        devices: a.devices,
+        steps: a.steps,
+        warmup: a.warmup,
+        seed: a.seed,
+        clusters: a.clusters,
+        placement: a.placement.into(),
+        max_devices: a.max_devices,
+        prune_rule: match a.prune_rule {
+            super::prune::RuleArg::Router => occult_core::pruning::PruneRule::Router,
+            super::prune::RuleArg::Similarity => occult_core::pruning::PruneRule::Similarity,
+        },
+    };
+    let link = a.link.as_deref().map(LinkProfile::load).transpose()?;
+    let (records, is_root) = match a.backend {
+        Backend::Local => {
+            bench.validate()?;
+            let setup = bench.setup()?;
+            eprintln!("running {} local ranks", bench.devices);
+            let per_rank = occult_core::comm::local::run_local(bench.devices, |comm| {
+                bench
+                    .run_rank(&setup, comm)
+                    .map_err(|e| occult_core::Error::invalid(e.to_string()))
+            });
+            let mut records = Vec::new();
+            for r in per_rank {
+                records.extend(r?);
+            }
+            (Some((records, bench.run_reference(&setup)?)), true)
+        }
+        Backend::Mpi => mpi_layer(&bench)?,
+    };
+    if !is_root {
+        return Ok(());
+    }
+    let (records, reference_s) = records.expect("root has the records");
+    let mut results: Vec<ModeResult> = bench.combine(&records, link.as_ref());
+    let total = bench.tokens * bench.devices;
+    let reference = ModeResult {
+        mode: "reference (1 device)".into(),
+        devices: 1,
+        tokens: total,
+        rows_sent: 0,
+        remote_rows_sent: 0,
+        bytes_sent: 0,
+        ect: 1.0,
+        seconds: reference_s,
+        route_s: 0.0,
+        plan_s: 0.0,
+        dispatch_s: 0.0,
+        compute_s: reference_s,
+        combine_s: 0.0,
+        tokens_per_s: total as f64 / reference_s.max(1e-12),
+        projected_seconds: None,
+        projected: None,
+    };
+    results.insert(0, reference);
+    print!(
+        "{}",
+        render_layer(&bench, &results, link.as_ref(), a.backend)
+    );
+    if let Some(out) = &a.json {
+        let v = serde_json::json!({
+            "bench": "layer",
+            "backend": a.backend,
+            "config": bench,
+            "link": link,
+            "projected_with_link_model": link.is_some(),
+            "results": results,
+        });
+        write_json(out, &with_provenance(v))?;
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+type LayerRecords = (Option<(Vec<crate::bench_layer::RankRecord>, f64)>, bool);
+
+#[cfg(feature = "mpi")]
+fn mpi_layer(bench: &crate::bench_layer::LayerBench) -> Result<LayerRecords> {
+    use occult_core::comm::Communicator;
+    let comm = occult_core::comm::mpi::MpiComm::init()?;
+    if comm.size() != bench.devices {
+        anyhow::bail!(
+            "--devices {} but mpirun started {} ranks; pass --devices {}",
+            bench.devices,
+            comm.size(),
+            comm.size()
+        );
+    }
+    bench.validate()?;
+    let setup = bench.setup()?;
+    let comm: std::sync::Arc<dyn Communicator> = std::sync::Arc::new(comm);
+    let mine = bench.run_rank(&setup, &comm)?;
+    // Every rank sends its records to rank 0.
+    let bytes = serde_json::to_vec(&mine)?;
+    let mut counts = vec![0; comm.size()];
+    counts[0] = bytes.len();
+    let (all, from) = comm.all_to_all_v_bytes(&bytes, &counts, 1)?;
+    if comm.rank() != 0 {
+        return Ok((None, false));
+    }
+    let mut records = Vec::new();
+    let mut at = 0;
+    for n in from {
+        let part: Vec<crate::bench_layer::RankRecord> = serde_json::from_slice(&all[at..at + n])?;
+        records.extend(part);
+        at += n;
+    }
+    Ok((Some((records, bench.run_reference(&setup)?)), true))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_layer(_: &crate::bench_layer::LayerBench) -> Result<LayerRecords> {
+    anyhow::bail!("this occult was built without MPI; rebuild with `--features occult-eval/mpi`")
+}
+
+fn render_layer(
+    bench: &crate::bench_layer::LayerBench,
+    results: &[crate::bench_layer::ModeResult],
+    link: Option<&occult_core::cost::LinkProfile>,
+    backend: Backend,
+) -> String {
+    let ms = |s: f64| format!("{:.2}", s * 1e3);
+    let mut header = vec![
+        "mode",
+        "E[C_T]",
+        "rows sent",
+        "remote rows",
+        "remote MB",
+        "step ms",
+        "route",
+        "plan",
+        "dispatch",
+        "compute",
+        "combine",
+        "tokens/s",
+    ];
+    if link.is_some() {
+        header.extend(["proj. ms", "proj. compute", "proj. comm"]);
+    }
+    let mut t = Table::new(&header);
+    for r in results {
+        let mut row = vec![
+            r.mode.clone(),
+            format!("{:.3}", r.ect),
+            crate::table::count(r.rows_sent as u64),
+            crate::table::count(r.remote_rows_sent as u64),
+            format!("{:.2}", r.bytes_sent as f64 / 1e6),
+            ms(r.seconds),
+            ms(r.route_s),
+            ms(r.plan_s),
+            ms(r.dispatch_s),
+            ms(r.compute_s),
+            ms(r.combine_s),
+            format!("{:.0}", r.tokens_per_s),
+        ];
+        if link.is_some() {
+            match &r.projected {
+                Some(p) => row.extend([
+                    format!("{:.4}", p.total_s * 1e3),
+                    format!("{:.4}", p.compute_s * 1e3),
+                    format!("{:.4}", p.comm_s * 1e3),
+                ]),
+                None => row.extend(["-".into(), "-".into(), "-".into()]),
+            }
+        }
+        t.row(row);
+    }
+    let mut out = format!(
+        "layer: {} experts, top-{}, hidden {}, intermediate {}; {} ranks x {} tokens ({} backend);\n  placement {}; times are the slowest rank's, per step\n\n{}",
+        bench.experts,
+        bench.top_k,
+        bench.hidden,
+        bench.intermediate,
+        bench.devices,
+        bench.tokens,
+        match backend {
+            Backend::Local => "local",
+            Backend::Mpi => "mpi",
+        },
+        bench.placement.name(),
+        t.render()
+    );
+    if let Some(l) = link {
+        out.push_str(&format!(
+            "\nprojected on link profile {} ({}): expert FLOPs / {:.2e} FLOP/s + bytes / bandwidth \
+             + latency per message, slowest rank\n",
+            l.name, l.description, l.device_flops
+        ));
+    }
+    let find = |m: &str| results.iter().find(|r| r.mode == m);
+    if let (Some(s), Some(o)) = (find("standard"), find("occult")) {
+        let ratio = |a: f64, b: f64| {
+            if b > 0.0 {
+                format!("{:.3}", a / b)
+            } else {
+                "-".into()
+            }
+        };
+        out.push_str(&format!(
+            "\noccult / standard: rows {}, remote bytes {}, measured time {}{}\n",
+            ratio(o.rows_sent as f64, s.rows_sent as f64),
+            ratio(o.bytes_sent as f64, s.bytes_sent as f64),
+            ratio(o.seconds, s.seconds),
+            match (o.projected_seconds, s.projected_seconds) {
+                (Some(a), Some(b)) => format!(", projected time {}", ratio(a, b)),
+                _ => String::new(),
+            }
+        ));
+    }
+    out
 }

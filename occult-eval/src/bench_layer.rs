@@ -1,0 +1,354 @@
+//! `occult bench layer`: one OLMoE-shaped MoE layer on D ranks, every mode in one run on the
+//! same tokens: the single-device reference, standard dispatch, Occult dispatch, and Occult with
+//! pruning. Per mode: per-phase times (critical path over ranks), exact rows and bytes, E[C_T],
+//! tokens/s, and, with a link profile, the projected time on that hardware.
+//!
+//! The router is given cluster structure (tokens near one of C centroids, experts aligned to
+//! one centroid each) so that routing has the locality real MoE routers show; experts are
+//! placed from a calibration batch routed by the same router.
+
+use anyhow::{bail, Result};
+use candle::{Device, Tensor};
+use occult_core::collab::CoActivation;
+use occult_core::comm::{Communicator, Exchange};
+use occult_core::cost::{project_rank, swiglu_flops, LinkProfile, Projection};
+use occult_core::dispatch::DispatchMode;
+use occult_core::experts::SwigluStack;
+use occult_core::moe::{reference_forward, route, EpMoe, MoeWeights, PruneSpec, StepStats};
+use occult_core::placement::{self, Method, SearchConfig};
+use occult_core::pruning::PruneRule;
+use occult_core::routing::RouterRule;
+use occult_core::similarity::SimilarityTable;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What to benchmark.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerBench {
+    pub experts: usize,
+    pub top_k: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    /// Tokens per rank.
+    pub tokens: usize,
+    pub devices: usize,
+    pub steps: usize,
+    pub warmup: usize,
+    pub seed: u64,
+    /// Latent clusters of the router (0 = unstructured random router).
+    pub clusters: usize,
+    pub placement: Method,
+    /// Devices per token in the pruned run (0 = no pruned run).
+    pub max_devices: usize,
+    pub prune_rule: PruneRule,
+}
+
+/// One mode's figures on one rank.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RankRecord {
+    pub mode: String,
+    pub rank: usize,
+    /// Mean forward time per measured step.
+    pub seconds: f64,
+    pub stats: StepStats,
+    /// The exchanges of the last measured step.
+    pub exchanges: Vec<Exchange>,
+    pub flops: f64,
+}
+
+/// One mode's figures over all ranks.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModeResult {
+    pub mode: String,
+    pub devices: usize,
+    pub tokens: usize,
+    pub rows_sent: usize,
+    pub remote_rows_sent: usize,
+    /// Bytes sent to other ranks in one forward (dispatch metadata, rows, combine).
+    pub bytes_sent: u64,
+    pub ect: f64,
+    /// Critical path per step: the slowest rank's mean forward time.
+    pub seconds: f64,
+    pub route_s: f64,
+    pub plan_s: f64,
+    pub dispatch_s: f64,
+    pub compute_s: f64,
+    pub combine_s: f64,
+    pub tokens_per_s: f64,
+    /// With a link profile: the slowest rank's projected time and its parts.
+    pub projected_seconds: Option<f64>,
+    pub projected: Option<Projection>,
+}
+
+/// The layer's weights, tokens and calibration batch, identical on every rank.
+pub struct Setup {
+    pub weights: MoeWeights,
+    pub rule: RouterRule,
+    pub x: Vec<f32>,
+    pub map: Vec<u32>,
+    pub similarity: SimilarityTable,
+}
+
+fn normal(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| rng.sample::<f32, _>(StandardNormal) * scale)
+        .collect()
+}
+
+impl LayerBench {
+    pub fn validate(&self) -> Result<()> {
+        occult_core::trace::check_experts_top_k(self.experts, self.top_k)
+            .map_err(anyhow::Error::msg)?;
+        placement::check_sizes(self.experts, self.devices)?;
+        if self.hidden == 0 || self.intermediate == 0 || self.steps == 0 {
+            bail!("--hidden, --intermediate and --steps must be at least 1");
+        }
+        if self.tokens * self.devices * self.hidden > 1 << 30 {
+            bail!("--tokens x --devices x --hidden is too large for this benchmark");
+        }
+        Ok(())
+    }
+
+    /// Builds the weights and tokens from the seed, and places experts from a calibration
+    /// batch of the same distribution.
+    pub fn setup(&self) -> Result<Setup> {
+        let (e, h, i) = (self.experts, self.hidden, self.intermediate);
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        let c = self.clusters.max(1);
+        let centroids: Vec<Vec<f32>> = (0..c).map(|_| normal(&mut rng, h, 1.0)).collect();
+        let mut cluster_of: Vec<usize> = (0..e).map(|x| x * c / e).collect();
+        cluster_of.shuffle(&mut rng);
+        // Router rows: 2 * centroid / H plus noise of variance 1 / (2H). A token near centroid
+        // c (x = mu_c + z) then has logits of about 2 for its cluster's experts, 0 for the
+        // others, plus N(0, 1): the clustered routing of `occult trace synth`.
+        let mut router = Vec::with_capacity(e * h);
+        for &cl in &cluster_of {
+            let noise = normal(&mut rng, h, (0.5 / h as f32).sqrt());
+            for (j, n) in noise.into_iter().enumerate() {
+                let aligned = if self.clusters > 0 {
+                    2.0 * centroids[cl][j] / h as f32
+                } else {
+                    0.0
+                };
+                router.push(aligned + n);
+            }
+        }
+        let tokens_of = |rng: &mut ChaCha8Rng, n: usize| -> Vec<f32> {
+            let mut x = Vec::with_capacity(n * h);
+            for _ in 0..n {
+                let cl = rng.random_range(0..c);
+                for j in 0..h {
+                    let z: f32 = rng.sample(StandardNormal);
+                    let base = if self.clusters > 0 {
+                        centroids[cl][j]
+                    } else {
+                        0.0
+                    };
+                    x.push(base + z);
+                }
+            }
+            x
+        };
+        let total = self.tokens * self.devices;
+        let x = tokens_of(&mut rng, total);
+        let calib = tokens_of(&mut rng, 4096.max(total));
+        let dev = Device::Cpu;
+        let s = 1.0 / (h as f32).sqrt();
+        let t = |v: Vec<f32>, shape: &[usize]| Tensor::from_vec(v, shape, &dev);
+        let experts = SwigluStack::new(
+            t(normal(&mut rng, e * i * h, s), &[e, i, h])?,
+            t(normal(&mut rng, e * i * h, s), &[e, i, h])?,
+            t(
+                normal(&mut rng, e * h * i, 1.0 / (i as f32).sqrt()),
+                &[e, h, i],
+            )?,
+        )?;
+        let weights = MoeWeights {
+            router: t(router, &[e, h])?,
+            experts,
+            shared: None,
+        };
+        let rule = RouterRule::softmax_topk(e, self.top_k, false);
+        // Calibration: route, then place and build the similarity table from it.
+        let calib_t = t(calib, &[4096.max(total), h])?;
+        let routed = route(&calib_t, &weights.router, &rule, None)?;
+        let logits = calib_t
+            .matmul(&weights.router.t()?)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let similarity = SimilarityTable::from_logits(&logits, e)?;
+        let co = CoActivation::from_ids(&routed.ids, self.top_k, e);
+        let map = match self.placement {
+            Method::Contiguous => placement::contiguous(e, self.devices),
+            Method::Greedy => placement::greedy(&co, self.devices),
+            Method::Occult => {
+                placement::search(
+                    &routed.ids,
+                    self.top_k,
+                    &co,
+                    self.devices,
+                    &SearchConfig::default(),
+                )?
+                .map
+            }
+        };
+        Ok(Setup {
+            weights,
+            rule,
+            x,
+            map,
+            similarity,
+        })
+    }
+
+    /// The EP modes to run: (name, dispatch mode, pruning).
+    pub fn modes(&self, setup: &Setup) -> Vec<(String, DispatchMode, Option<PruneSpec>)> {
+        let mut m = vec![
+            ("standard".to_string(), DispatchMode::Standard, None),
+            ("occult".to_string(), DispatchMode::Occult, None),
+        ];
+        if self.max_devices > 0 && self.max_devices < self.devices {
+            m.push((
+                format!(
+                    "occult+prune{}({})",
+                    self.max_devices,
+                    self.prune_rule.name()
+                ),
+                DispatchMode::Occult,
+                Some(PruneSpec {
+                    rule: self.prune_rule,
+                    max_devices: self.max_devices,
+                    similarity: Some(setup.similarity.clone()),
+                }),
+            ));
+        }
+        m
+    }
+
+    /// Runs every EP mode on this rank (collective: every rank must call it).
+    pub fn run_rank(&self, setup: &Setup, comm: &Arc<dyn Communicator>) -> Result<Vec<RankRecord>> {
+        let r = comm.rank();
+        let h = self.hidden;
+        let x = Tensor::from_slice(
+            &setup.x[r * self.tokens * h..(r + 1) * self.tokens * h],
+            (self.tokens, h),
+            &Device::Cpu,
+        )?;
+        let mut out = Vec::new();
+        for (name, mode, prune) in self.modes(setup) {
+            let layer = EpMoe::from_full(
+                &setup.weights,
+                setup.rule.clone(),
+                &setup.map,
+                comm.clone(),
+                mode,
+                prune,
+            )?;
+            for _ in 0..self.warmup {
+                layer.forward(&x)?;
+            }
+            let mut seconds = 0.0;
+            let mut last = None;
+            for _ in 0..self.steps {
+                comm.barrier()?;
+                comm.reset_stats();
+                let start = Instant::now();
+                let (_, st) = layer.forward(&x)?;
+                seconds += start.elapsed().as_secs_f64();
+                last = Some(st);
+            }
+            let stats = last.expect("steps >= 1");
+            let flops = swiglu_flops(stats.pairs, h, self.intermediate);
+            out.push(RankRecord {
+                mode: name,
+                rank: r,
+                seconds: seconds / self.steps as f64,
+                stats,
+                exchanges: comm.stats().exchanges,
+                flops,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The reference on all tokens, on one device: seconds per step.
+    pub fn run_reference(&self, setup: &Setup) -> Result<f64> {
+        let x = Tensor::from_slice(
+            &setup.x,
+            (self.tokens * self.devices, self.hidden),
+            &Device::Cpu,
+        )?;
+        for _ in 0..self.warmup {
+            reference_forward(&setup.weights, &setup.rule, &x, None)?;
+        }
+        let start = Instant::now();
+        for _ in 0..self.steps {
+            reference_forward(&setup.weights, &setup.rule, &x, None)?;
+        }
+        Ok(start.elapsed().as_secs_f64() / self.steps as f64)
+    }
+
+    /// Combines every rank's records into one result per mode.
+    pub fn combine(&self, records: &[RankRecord], link: Option<&LinkProfile>) -> Vec<ModeResult> {
+        let mut modes: Vec<String> = Vec::new();
+        for r in records {
+            if !modes.contains(&r.mode) {
+                modes.push(r.mode.clone());
+            }
+        }
+        modes
+            .into_iter()
+            .map(|mode| {
+                let rs: Vec<&RankRecord> = records.iter().filter(|r| r.mode == mode).collect();
+                let max = |f: fn(&RankRecord) -> f64| rs.iter().map(|r| f(r)).fold(0.0, f64::max);
+                let tokens: usize = rs.iter().map(|r| r.stats.tokens).sum();
+                let seconds = max(|r| r.seconds);
+                let projected = link.map(|p| {
+                    rs.iter()
+                        .map(|r| project_rank(p, r.rank, r.flops, &r.exchanges))
+                        .max_by(|a, b| a.total_s.total_cmp(&b.total_s))
+                        .unwrap_or_default()
+                });
+                let bytes_sent = rs
+                    .iter()
+                    .map(|r| {
+                        r.exchanges
+                            .iter()
+                            .flat_map(|e| {
+                                e.bytes_to
+                                    .iter()
+                                    .enumerate()
+                                    .filter(|(p, _)| *p != r.rank)
+                                    .map(|(_, b)| *b)
+                            })
+                            .sum::<u64>()
+                    })
+                    .sum();
+                ModeResult {
+                    mode,
+                    devices: self.devices,
+                    tokens,
+                    rows_sent: rs.iter().map(|r| r.stats.rows_sent).sum(),
+                    remote_rows_sent: rs.iter().map(|r| r.stats.remote_rows_sent).sum(),
+                    bytes_sent,
+                    ect: rs.iter().map(|r| r.stats.devices_touched).sum::<usize>() as f64
+                        / tokens.max(1) as f64,
+                    seconds,
+                    route_s: max(|r| r.stats.route_s),
+                    plan_s: max(|r| r.stats.plan_s),
+                    dispatch_s: max(|r| r.stats.dispatch_s),
+                    compute_s: max(|r| r.stats.compute_s),
+                    combine_s: max(|r| r.stats.combine_s),
+                    tokens_per_s: tokens as f64 / seconds.max(1e-12),
+                    projected_seconds: projected.as_ref().map(|p| p.total_s),
+                    projected,
+                }
+            })
+            .collect()
+    }
+}
