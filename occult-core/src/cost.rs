@@ -51,13 +51,14 @@ impl LinkProfile {
         let p: LinkProfile = toml::from_str(text)
             .map_err(|e| Error::bad_file(origin, format!("not a valid link profile: {e}")))?;
         let positive = |v: f64| v.is_finite() && v > 0.0;
-        if !positive(p.device_flops)
-            || !positive(p.intra.bandwidth)
-            || !positive(p.inter.bandwidth)
-            || !(p.intra.latency.is_finite() && p.intra.latency >= 0.0)
-            || !(p.inter.latency.is_finite() && p.inter.latency >= 0.0)
-            || p.ranks_per_node == 0
-        {
+        let latency_ok = |v: f64| v.is_finite() && v >= 0.0;
+        let valid = positive(p.device_flops)
+            && positive(p.intra.bandwidth)
+            && positive(p.inter.bandwidth)
+            && latency_ok(p.intra.latency)
+            && latency_ok(p.inter.latency)
+            && p.ranks_per_node > 0;
+        if !valid {
             return Err(Error::bad_file(
                 origin,
                 "device_flops and bandwidths must be positive, latencies >= 0, ranks_per_node >= 1",
