@@ -142,13 +142,9 @@ impl LayerBench {
             let mut x = Vec::with_capacity(n * h);
             for _ in 0..n {
                 let cl = rng.random_range(0..c);
-                for j in 0..h {
+                for &mu in &centroids[cl] {
                     let z: f32 = rng.sample(StandardNormal);
-                    let base = if self.clusters > 0 {
-                        centroids[cl][j]
-                    } else {
-                        0.0
-                    };
+                    let base = if self.clusters > 0 { mu } else { 0.0 };
                     x.push(base + z);
                 }
             }
