@@ -1,10 +1,12 @@
 //! Dispatch plans: pure index maps from one rank's routing decision and a placement to the rows
 //! it sends, what each row carries, and how returned rows go back into token order.
 //!
-//! - **standard** mode: one row per (token, expert) pair; each row carries one expert slot.
+//! - **standard** mode: one row per (token, expert) pair; each row carries one expert slot and
+//!   comes back unweighted: the source applies the gate weight after combine (as Megatron's
+//!   token dispatcher does), so no weights travel.
 //! - **occult** mode: one row per (token, device) pair; each row carries the token's experts on
-//!   that device (up to `slots_per_row`), whose gate-weighted outputs the device sums before
-//!   sending one row back (the pre-reduction).
+//!   that device (up to `slots_per_row`) and the token's k gate weights, and the device sums the
+//!   gate-weighted expert outputs before sending one row back (the pre-reduction).
 //!
 //! Rows are grouped by destination rank (ascending) and, inside a group, in token order, so
 //! a send buffer is one `index_select` of the token rows and one contiguous block per peer.
@@ -175,8 +177,25 @@ impl SendPlan {
         self.rows() - self.send_counts[me]
     }
 
+    /// The metadata each row carries to its destination, `[rows, width]`: the local expert
+    /// slots, then (occult mode) the k positions of their gate weights.
+    pub fn metadata(&self) -> (Vec<u32>, usize) {
+        let s = self.slots_per_row;
+        match self.mode {
+            DispatchMode::Standard => (self.row_slots.clone(), s),
+            DispatchMode::Occult => {
+                let mut m = Vec::with_capacity(self.rows() * 2 * s);
+                for i in 0..self.rows() {
+                    m.extend_from_slice(&self.row_slots[i * s..(i + 1) * s]);
+                    m.extend_from_slice(&self.row_kpos[i * s..(i + 1) * s]);
+                }
+                (m, 2 * s)
+            }
+        }
+    }
+
     /// Flat indices into the `[tokens, k]` gate weights for each (row, slot), with `None` for
-    /// empty slots: the gather that builds the weight columns of the send buffer.
+    /// empty slots.
     pub fn weight_index(&self) -> Vec<Option<u32>> {
         let k = self.top_k as u32;
         self.row_token
@@ -193,8 +212,9 @@ impl SendPlan {
 }
 
 /// The expert work of the received rows, grouped by local expert: for expert slot `x`, pairs
-/// `offsets[x]..offsets[x + 1]` name the received row (`pair_row`) and the flat (row, slot)
-/// index of its gate weight (`pair_weight`).
+/// `offsets[x]..offsets[x + 1]` name the received row (`pair_row`) and, when rows carry gate
+/// weights, the flat index `row * k + kpos` of the pair's weight in the received `[rows, k]`
+/// weight block (`pair_weight`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ComputePlan {
     pub num_local: usize,
@@ -204,15 +224,36 @@ pub struct ComputePlan {
 }
 
 impl ComputePlan {
-    /// Groups received rows (`recv_slots` is `[rows, slots_per_row]`) by local expert.
-    pub fn new(recv_slots: &[u32], slots_per_row: usize, num_local: usize) -> Result<Self> {
+    /// Groups received rows by local expert. `meta` is what [`SendPlan::metadata`] sent:
+    /// `[rows, slots_per_row]` slots, followed in each row (when `top_k` is given: occult mode)
+    /// by the slots' k positions, whose weights are then read from a `[rows, top_k]` block.
+    pub fn new(
+        meta: &[u32],
+        slots_per_row: usize,
+        top_k: Option<usize>,
+        num_local: usize,
+    ) -> Result<Self> {
+        let s = slots_per_row;
+        let width = if top_k.is_some() { 2 * s } else { s };
+        if width == 0 || meta.len() % width != 0 {
+            bail!(
+                "received metadata of {} values is not whole rows of {width}",
+                meta.len()
+            );
+        }
+        let rows = meta.len() / width;
+        let slot = |r: usize, j: usize| meta[r * width + j];
         let mut counts = vec![0usize; num_local + 1];
-        for &s in recv_slots {
-            if s != NO_SLOT {
-                if s as usize >= num_local {
-                    bail!("received expert slot {s}, but this rank holds {num_local} experts");
+        for r in 0..rows {
+            for j in 0..s {
+                let sl = slot(r, j);
+                if sl == NO_SLOT {
+                    continue;
                 }
-                counts[s as usize + 1] += 1;
+                if sl as usize >= num_local {
+                    bail!("received expert slot {sl}, but this rank holds {num_local} experts");
+                }
+                counts[sl as usize + 1] += 1;
             }
         }
         for x in 0..num_local {
@@ -223,12 +264,22 @@ impl ComputePlan {
         let mut next = counts;
         let mut pair_row = vec![0u32; pairs];
         let mut pair_weight = vec![0u32; pairs];
-        for (i, &s) in recv_slots.iter().enumerate() {
-            if s != NO_SLOT {
-                let at = next[s as usize];
-                next[s as usize] += 1;
-                pair_row[at] = (i / slots_per_row) as u32;
-                pair_weight[at] = i as u32;
+        for r in 0..rows {
+            for j in 0..s {
+                let sl = slot(r, j);
+                if sl == NO_SLOT {
+                    continue;
+                }
+                let at = next[sl as usize];
+                next[sl as usize] += 1;
+                pair_row[at] = r as u32;
+                if let Some(k) = top_k {
+                    let kpos = slot(r, s + j);
+                    if kpos as usize >= k {
+                        bail!("received k position {kpos} for top-{k} routing");
+                    }
+                    pair_weight[at] = (r * k) as u32 + kpos;
+                }
             }
         }
         Ok(ComputePlan {
@@ -285,11 +336,22 @@ mod tests {
         assert_eq!(std.row_token, vec![0, 0, 1, 1, 2, 2]);
         assert_eq!(std.row_slots, vec![1, 0, 0, 1, 0, 1]);
 
-        let cp = ComputePlan::new(&occ.row_slots[..4], 2, 2).unwrap();
-        // Expert slot 0: row 0 (flat 1), row 1 (flat 2); slot 1: row 0 (flat 0).
+        // Rank 0 receives rank 0's first two rows: token 0 (slots 1, 0 at k positions 0, 1) and
+        // token 1 (slot 0 at k position 1).
+        let (meta, width) = occ.metadata();
+        assert_eq!(width, 4);
+        assert_eq!(&meta[..8], &[1, 0, 0, 1, 0, NO_SLOT, 1, NO_SLOT]);
+        let cp = ComputePlan::new(&meta[..8], 2, Some(2), 2).unwrap();
+        // Expert slot 0: row 0 (weight 0 * 2 + 1), row 1 (1 * 2 + 1); slot 1: row 0 (0).
         assert_eq!(cp.offsets, vec![0, 2, 3]);
         assert_eq!(cp.pair_row, vec![0, 1, 0]);
-        assert_eq!(cp.pair_weight, vec![1, 2, 0]);
+        assert_eq!(cp.pair_weight, vec![1, 3, 0]);
+        // Standard rows carry one slot and no weights.
+        let (meta, width) = std.metadata();
+        assert_eq!(width, 1);
+        let cp = ComputePlan::new(&meta[..3], 1, None, 2).unwrap();
+        assert_eq!(cp.offsets, vec![0, 2, 3]);
+        assert_eq!(cp.pair_row, vec![1, 2, 0]);
     }
 
     #[test]
@@ -298,7 +360,9 @@ mod tests {
         assert!(SendPlan::new(&[0, 0], 2, &loc, DispatchMode::Occult).is_err());
         assert!(SendPlan::new(&[0, 7], 2, &loc, DispatchMode::Standard).is_err());
         assert!(SendPlan::new(&[0, 1, 2], 2, &loc, DispatchMode::Standard).is_err());
-        assert!(ComputePlan::new(&[5], 1, 2).is_err());
+        assert!(ComputePlan::new(&[5], 1, None, 2).is_err());
+        assert!(ComputePlan::new(&[0, 9], 1, Some(2), 2).is_err());
+        assert!(ComputePlan::new(&[0, 1, 0], 1, Some(2), 2).is_err());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! keeping dispatch and combine on one chain of the graph (gate weights travel as extra columns
 //! of the dispatched rows).
 
-use crate::comm::{bytes_to_vec, Communicator};
+use crate::comm::Communicator;
 use crate::{Error, Result};
 use candle::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use std::sync::{Arc, Mutex};
@@ -61,19 +61,22 @@ impl CustomOp1 for Exchange {
             candle::bail!("exchange_rows needs a contiguous tensor");
         };
         let send = &data[start..end];
-        let (bytes, counts) = self
+        let mut recv = Vec::<f32>::new();
+        let counts = self
             .comm
-            .all_to_all_v_bytes(bytemuck::cast_slice(send), &self.send_counts, width * 4)
+            .all_to_all_v_into(
+                bytemuck::cast_slice(send),
+                &self.send_counts,
+                width * 4,
+                &mut recv,
+            )
             .map_err(|e| candle::Error::Msg(e.to_string()))?;
         let rows: usize = counts.iter().sum();
         *self
             .recv_counts
             .lock()
             .map_err(|_| candle::Error::Msg("exchange state poisoned".into()))? = Some(counts);
-        Ok((
-            CpuStorage::F32(bytes_to_vec(&bytes)),
-            Shape::from((rows, width)),
-        ))
+        Ok((CpuStorage::F32(recv), Shape::from((rows, width))))
     }
 
     fn bwd(

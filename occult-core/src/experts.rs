@@ -83,19 +83,26 @@ impl SwigluStack {
     }
 
     /// Grouped compute of received rows: for every (row, expert) pair of `plan`, the expert's
-    /// output on the row times the pair's gate weight (taken from `weights`, flat `[rows * S]`),
+    /// output on the row's first `H` columns (rows may carry more, such as gate weights), times
+    /// the pair's gate weight from `weights` (flat, indexed by `plan.pair_weight`) if given,
     /// summed per row. Experts with no pairs cost nothing. Returns `[rows, H]`.
-    pub fn grouped(&self, rows: &Tensor, weights: &Tensor, plan: &ComputePlan) -> Result<Tensor> {
-        let (r, h) = rows.dims2()?;
+    pub fn grouped(
+        &self,
+        rows: &Tensor,
+        weights: Option<&Tensor>,
+        plan: &ComputePlan,
+    ) -> Result<Tensor> {
+        let r = rows.dims2()?.0;
+        let h = self.hidden();
         let dev = rows.device();
         if r == 0 {
-            // Nothing received. Return the (empty) rows themselves rather than fresh zeros: the
-            // result must stay on the graph, so that this rank's backward runs the reverse
-            // exchanges that its peers are waiting in.
-            return Ok(rows.clone());
+            // Nothing received. Return (empty) rows taken from the input rather than fresh
+            // zeros: the result must stay on the graph, so that this rank's backward runs the
+            // reverse exchanges that its peers are waiting in.
+            return Ok(rows.narrow(1, 0, h)?);
         }
         let rows = rows.contiguous()?;
-        let weights = weights.contiguous()?;
+        let weights = weights.map(|w| w.contiguous()).transpose()?;
         let mut outs = Vec::new();
         let mut dest = Vec::new();
         for x in 0..plan.num_local {
@@ -105,16 +112,17 @@ impl SwigluStack {
             }
             let n = range.len();
             let ri = Tensor::from_slice(&plan.pair_row[range.clone()], n, dev)?;
-            let wi = Tensor::from_slice(&plan.pair_weight[range], n, dev)?;
-            let y = self.expert(x, &rows.index_select(&ri, 0)?)?;
-            let w = weights.index_select(&wi, 0)?.unsqueeze(1)?;
-            outs.push(y.broadcast_mul(&w)?);
+            // Gather the rows first, then drop the extra columns: no full-width copy.
+            let xs = rows.index_select(&ri, 0)?.narrow(1, 0, h)?;
+            let mut y = self.expert(x, &xs)?;
+            if let Some(w) = &weights {
+                let wi = Tensor::from_slice(&plan.pair_weight[range], n, dev)?;
+                y = y.broadcast_mul(&w.index_select(&wi, 0)?.unsqueeze(1)?)?;
+            }
+            outs.push(y);
             dest.push(ri);
         }
         let zeros = Tensor::zeros((r, h), DType::F32, dev)?;
-        if outs.is_empty() {
-            return Ok(zeros);
-        }
         Ok(zeros.index_add(&Tensor::cat(&dest, 0)?, &Tensor::cat(&outs, 0)?, 0)?)
     }
 }

@@ -277,28 +277,21 @@ impl EpMoe {
 
         let clock = Instant::now();
         let plan = SendPlan::new(&routed.ids, k, &self.locations, self.mode)?;
-        let s = plan.slots_per_row;
         let rows = plan.rows();
         let row_idx = Tensor::from_slice(&plan.row_token, rows, dev)?;
-        let tk = (t * k) as u32;
-        let widx: Vec<u32> = plan
-            .weight_index()
-            .into_iter()
-            .map(|i| i.unwrap_or(tk))
-            .collect();
-        let widx = Tensor::from_slice(&widx, rows * s, dev)?;
-        let flat_w = Tensor::cat(
-            &[
-                routed.weights.flatten_all()?,
-                Tensor::zeros(1, DType::F32, dev)?,
-            ],
-            0,
-        )?;
-        let wcols = flat_w.index_select(&widx, 0)?.reshape((rows, s))?;
-        let payload = Tensor::cat(&[x.index_select(&row_idx, 0)?, wcols], 1)?;
+        let occult = self.mode == DispatchMode::Occult;
+        // Occult rows carry the token's k gate weights (the device pre-reduces); standard rows
+        // carry the hidden state only (the source applies the weight after combine). Join the
+        // small [T, k] weights to the tokens first, then gather rows: one pass over the rows.
+        let payload = if occult {
+            Tensor::cat(&[x, &routed.weights], 1)?.index_select(&row_idx, 0)?
+        } else {
+            x.index_select(&row_idx, 0)?
+        };
+        let (meta, meta_width) = plan.metadata();
         st.rows_sent = rows;
         st.remote_rows_sent = plan.remote_rows(self.comm.rank());
-        st.devices_touched = if self.mode == DispatchMode::Occult {
+        st.devices_touched = if occult {
             rows
         } else {
             crate::collab::total_devices(
@@ -311,23 +304,41 @@ impl EpMoe {
         st.plan_s = clock.elapsed().as_secs_f64();
 
         let clock = Instant::now();
-        let (recv_slots, _) =
-            all_to_all_v(self.comm.as_ref(), &plan.row_slots, &plan.send_counts, s)?;
+        let (recv_meta, _) =
+            all_to_all_v(self.comm.as_ref(), &meta, &plan.send_counts, meta_width)?;
         let (recv, recv_counts) = exchange_rows(&self.comm, &payload, &plan.send_counts)?;
         st.dispatch_s = clock.elapsed().as_secs_f64();
 
         let clock = Instant::now();
-        let received = recv_counts.iter().sum::<usize>();
-        let cplan = ComputePlan::new(&recv_slots, s, self.local.len())?;
-        st.rows_received = received;
+        st.rows_received = recv_counts.iter().sum::<usize>();
+        let cplan = ComputePlan::new(
+            &recv_meta,
+            plan.slots_per_row,
+            occult.then_some(k),
+            self.local.len(),
+        )?;
         st.pairs = cplan.pairs();
-        let x_recv = recv.narrow(1, 0, h)?.contiguous()?;
-        let w_recv = recv.narrow(1, h, s)?.flatten_all()?;
-        let y_recv = self.local.grouped(&x_recv, &w_recv, &cplan)?;
+        let w_recv = if occult {
+            Some(recv.narrow(1, h, k)?.flatten_all()?)
+        } else {
+            None
+        };
+        let y_recv = self.local.grouped(&recv, w_recv.as_ref(), &cplan)?;
         st.compute_s = clock.elapsed().as_secs_f64();
 
         let clock = Instant::now();
-        let (back, _) = exchange_rows(&self.comm, &y_recv, &recv_counts)?;
+        let (mut back, _) = exchange_rows(&self.comm, &y_recv, &recv_counts)?;
+        if !occult {
+            // Standard rows return unweighted: apply each (token, expert) row's gate weight.
+            let widx: Vec<u32> = plan
+                .weight_index()
+                .into_iter()
+                .map(|i| i.unwrap_or(0))
+                .collect();
+            let widx = Tensor::from_slice(&widx, rows, dev)?;
+            let w = routed.weights.flatten_all()?.index_select(&widx, 0)?;
+            back = back.broadcast_mul(&w.unsqueeze(1)?)?;
+        }
         let mut out = Tensor::zeros((t, h), DType::F32, dev)?.index_add(&row_idx, &back, 0)?;
         if let Some(sh) = &self.shared {
             out = (out + sh.forward(x)?)?;

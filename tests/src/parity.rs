@@ -285,11 +285,11 @@ impl Fixture {
             ));
         }
         // Exchanges: slot metadata, payload, combine, then the backward ones.
-        let slots = match c.mode {
-            DispatchMode::Standard => 1,
-            DispatchMode::Occult => c.k.min(c.e.div_ceil(c.d)),
+        // Occult rows carry the token's k gate weights; standard rows only the hidden state.
+        let row_bytes = match c.mode {
+            DispatchMode::Standard => (H * 4) as u64,
+            DispatchMode::Occult => ((H + c.k) * 4) as u64,
         };
-        let row_bytes = ((H + slots) * 4) as u64;
         let payload = &got.comm.exchanges[1].bytes_to;
         let sent: u64 = payload.iter().sum();
         let remote: u64 = payload

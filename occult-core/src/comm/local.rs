@@ -8,8 +8,12 @@ use crate::{Error, Result};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// One posted block: rows and their bytes.
-type Post = (usize, usize, Vec<u8>);
+/// One posted block: rows, row width, and a copy of the bytes.
+struct Post {
+    rows: usize,
+    row_bytes: usize,
+    bytes: Vec<u8>,
+}
 
 struct Shared {
     size: usize,
@@ -96,7 +100,7 @@ pub fn local_group_with_timeout(size: usize, timeout: Duration) -> Vec<LocalComm
     assert!(size > 0, "a group needs at least one rank");
     let shared = Arc::new(Shared {
         size,
-        mail: Mutex::new(vec![None; size * size]),
+        mail: Mutex::new((0..size * size).map(|_| None).collect()),
         barrier: Barrier {
             state: Mutex::new(BarrierState {
                 arrived: 0,
@@ -126,12 +130,13 @@ impl Communicator for LocalComm {
         self.shared.size
     }
 
-    fn all_to_all_v_bytes(
+    fn all_to_all_v_into(
         &self,
         send: &[u8],
         send_counts: &[usize],
         row_bytes: usize,
-    ) -> Result<(Vec<u8>, Vec<usize>)> {
+        recv: &mut dyn super::RecvBuffer,
+    ) -> Result<Vec<usize>> {
         let start = Instant::now();
         let n = self.shared.size;
         let me = self.rank;
@@ -153,26 +158,38 @@ impl Communicator for LocalComm {
             let mut at = 0;
             for (dst, &rows) in send_counts.iter().enumerate() {
                 let len = rows * row_bytes;
-                mail[me * n + dst] = Some((rows, row_bytes, send[at..at + len].to_vec()));
+                mail[me * n + dst] = Some(Post {
+                    rows,
+                    row_bytes,
+                    bytes: send[at..at + len].to_vec(),
+                });
                 at += len;
             }
         }
         let timeout = self.shared.timeout;
         self.shared.barrier.wait(me, "all_to_all_v", timeout)?;
-        let mut recv = Vec::new();
         let mut recv_counts = vec![0; n];
         let mut mismatch = None;
         {
             let mut mail = self.shared.mail.lock().map_err(|_| poisoned())?;
-            for (src, count) in recv_counts.iter_mut().enumerate() {
-                let (rows, width, bytes) = mail[src * n + me]
-                    .take()
-                    .ok_or_else(|| Error::Comm(format!("rank {me}: nothing posted by {src}")))?;
-                if width != row_bytes && rows > 0 {
-                    mismatch = Some((src, width));
+            let posts: Vec<Post> = (0..n)
+                .map(|src| {
+                    mail[src * n + me]
+                        .take()
+                        .ok_or_else(|| Error::Comm(format!("rank {me}: nothing posted by {src}")))
+                })
+                .collect::<Result<_>>()?;
+            drop(mail);
+            let total: usize = posts.iter().map(|p| p.bytes.len()).sum();
+            let out = recv.prepare(total);
+            let mut at = 0;
+            for (src, p) in posts.iter().enumerate() {
+                if p.row_bytes != row_bytes && p.rows > 0 {
+                    mismatch = Some((src, p.row_bytes));
                 }
-                *count = rows;
-                recv.extend_from_slice(&bytes);
+                recv_counts[src] = p.rows;
+                out[at..at + p.bytes.len()].copy_from_slice(&p.bytes);
+                at += p.bytes.len();
             }
         }
         // Everyone has collected before anyone posts again.
@@ -186,7 +203,7 @@ impl Communicator for LocalComm {
         st.record(send_counts, &recv_counts, row_bytes);
         st.collectives += 1;
         st.seconds += start.elapsed().as_secs_f64();
-        Ok((recv, recv_counts))
+        Ok(recv_counts)
     }
 
     fn stats(&self) -> CommStats {

@@ -92,6 +92,26 @@ impl CommStats {
     }
 }
 
+/// Where received bytes go: the caller's buffer, sized once the receive counts are known, so
+/// that backends write into it directly (no intermediate copy).
+pub trait RecvBuffer {
+    /// Makes room for exactly `bytes` bytes and returns them.
+    fn prepare(&mut self, bytes: usize) -> &mut [u8];
+}
+
+impl<T: Pod> RecvBuffer for Vec<T> {
+    fn prepare(&mut self, bytes: usize) -> &mut [u8] {
+        let size = std::mem::size_of::<T>();
+        assert!(
+            bytes % size == 0,
+            "{bytes} bytes is not a whole number of elements"
+        );
+        self.clear();
+        self.resize(bytes / size, T::zeroed());
+        bytemuck::cast_slice_mut(self)
+    }
+}
+
 /// A group of ranks that exchange rows. Methods are collective: every rank of the group must
 /// call them in the same order, or the call fails after the backend's timeout.
 pub trait Communicator: Send + Sync {
@@ -99,14 +119,28 @@ pub trait Communicator: Send + Sync {
     fn size(&self) -> usize;
 
     /// Variable all-to-all of rows of `row_bytes` bytes: the first `send_counts[0]` rows of
-    /// `send` go to rank 0, the next `send_counts[1]` to rank 1, and so on. Returns the received
-    /// rows, concatenated in source-rank order, and the row count from each source.
+    /// `send` go to rank 0, the next `send_counts[1]` to rank 1, and so on. The received rows,
+    /// concatenated in source-rank order, are written into `recv`; returns the row count from
+    /// each source.
+    fn all_to_all_v_into(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        row_bytes: usize,
+        recv: &mut dyn RecvBuffer,
+    ) -> Result<Vec<usize>>;
+
+    /// [`Communicator::all_to_all_v_into`] into a new byte vector.
     fn all_to_all_v_bytes(
         &self,
         send: &[u8],
         send_counts: &[usize],
         row_bytes: usize,
-    ) -> Result<(Vec<u8>, Vec<usize>)>;
+    ) -> Result<(Vec<u8>, Vec<usize>)> {
+        let mut recv = Vec::<u8>::new();
+        let counts = self.all_to_all_v_into(send, send_counts, row_bytes, &mut recv)?;
+        Ok((recv, counts))
+    }
 
     /// This rank's statistics so far.
     fn stats(&self) -> CommStats;
@@ -154,12 +188,14 @@ pub fn all_to_all_v<T: Pod>(
     width: usize,
 ) -> Result<(Vec<T>, Vec<usize>)> {
     check_counts(comm, send.len(), send_counts, width)?;
-    let (bytes, counts) = comm.all_to_all_v_bytes(
+    let mut recv = Vec::<T>::new();
+    let counts = comm.all_to_all_v_into(
         bytemuck::cast_slice(send),
         send_counts,
         width * std::mem::size_of::<T>(),
+        &mut recv,
     )?;
-    Ok((bytes_to_vec(&bytes), counts))
+    Ok((recv, counts))
 }
 
 fn check_counts(

@@ -127,12 +127,13 @@ impl Communicator for MpiComm {
         self.size
     }
 
-    fn all_to_all_v_bytes(
+    fn all_to_all_v_into(
         &self,
         send: &[u8],
         send_counts: &[usize],
         row_bytes: usize,
-    ) -> Result<(Vec<u8>, Vec<usize>)> {
+        recv: &mut dyn super::RecvBuffer,
+    ) -> Result<Vec<usize>> {
         let start = Instant::now();
         let n = self.size;
         if send_counts.len() != n || send_counts.iter().sum::<usize>() * row_bytes != send.len() {
@@ -183,21 +184,22 @@ impl Communicator for MpiComm {
         // which OpenMPI reads as MPI_IN_PLACE. One spare byte keeps pointers real; the counts
         // say that nothing is read from or written to it.
         let dummy = [0u8; 1];
+        let mut spare = [0u8; 1];
         let send = if send.is_empty() { &dummy[..] } else { send };
-        let mut recv = vec![0u8; recv_len.max(1)];
         {
+            let out = recv.prepare(recv_len);
+            let out = if out.is_empty() { &mut spare[..] } else { out };
             let partition = Partition::new(send, &sc[..], &sd[..]);
-            let mut out = PartitionMut::new(&mut recv[..], &rc[..], &rd[..]);
+            let mut out = PartitionMut::new(out, &rc[..], &rd[..]);
             guard.world.all_to_all_varcount_into(&partition, &mut out);
         }
-        recv.truncate(recv_len);
         self.disarm();
         drop(guard);
         let mut st = self.stats.lock().map_err(|_| poisoned())?;
         st.record(send_counts, &recv_rows, row_bytes);
         st.collectives += 1;
         st.seconds += start.elapsed().as_secs_f64();
-        Ok((recv, recv_rows))
+        Ok(recv_rows)
     }
 
     fn stats(&self) -> CommStats {
