@@ -37,6 +37,25 @@ pub struct PruneSpec {
     pub similarity: Option<SimilarityTable>,
 }
 
+impl PruneSpec {
+    /// The pruner for a router rule and a placement on `num_devices` devices.
+    pub fn pruner<'a>(
+        &'a self,
+        rule: &'a RouterRule,
+        device_of_expert: &'a [u32],
+        num_devices: usize,
+    ) -> Result<Pruner<'a>> {
+        Pruner::new(
+            self.rule,
+            rule,
+            device_of_expert,
+            num_devices,
+            self.max_devices,
+            self.similarity.as_ref(),
+        )
+    }
+}
+
 /// A routing decision: host ids `[T, k]` and gate weights on the graph `[T, k]`.
 #[derive(Clone, Debug)]
 pub struct Routed {
@@ -95,17 +114,9 @@ pub fn reference_forward(
     x: &Tensor,
     prune: Option<(&PruneSpec, &[u32], usize)>,
 ) -> Result<Tensor> {
-    let pruner = match prune {
-        Some((spec, map, d)) => Some(Pruner::new(
-            spec.rule,
-            rule,
-            map,
-            d,
-            spec.max_devices,
-            spec.similarity.as_ref(),
-        )?),
-        None => None,
-    };
+    let pruner = prune
+        .map(|(spec, map, d)| spec.pruner(rule, map, d))
+        .transpose()?;
     let routed = route(x, &w.router, rule, pruner.as_ref())?;
     let (t, h) = x.dims2()?;
     let k = rule.top_k;
@@ -226,14 +237,7 @@ impl EpMoe {
         }
         if let Some(p) = &prune {
             // Fail early, with the reason, rather than on the first batch.
-            Pruner::new(
-                p.rule,
-                &rule,
-                device_of_expert,
-                d,
-                p.max_devices,
-                p.similarity.as_ref(),
-            )?;
+            p.pruner(&rule, device_of_expert, d)?;
         }
         Ok(EpMoe {
             router,
@@ -261,17 +265,17 @@ impl EpMoe {
         st.tokens = t;
 
         let clock = Instant::now();
-        let pruner = match &self.prune {
-            Some(p) => Some(Pruner::new(
-                p.rule,
-                &self.rule,
-                &self.locations.rank_of,
-                self.locations.num_ranks,
-                p.max_devices,
-                p.similarity.as_ref(),
-            )?),
-            None => None,
-        };
+        let pruner = self
+            .prune
+            .as_ref()
+            .map(|p| {
+                p.pruner(
+                    &self.rule,
+                    &self.locations.rank_of,
+                    self.locations.num_ranks,
+                )
+            })
+            .transpose()?;
         let routed = route(x, &self.router, &self.rule, pruner.as_ref())?;
         st.route_s = clock.elapsed().as_secs_f64();
 

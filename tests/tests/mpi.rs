@@ -5,7 +5,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn mpirun(np: usize, args: &[&str]) -> std::process::Output {
+/// `mpirun -np N BIN ARGS` with the flags these machines need (2 cores, root).
+fn mpirun_bin(np: usize, bin: &std::path::Path, args: &[&str]) -> std::process::Output {
     Command::new("mpirun")
         .args([
             "--oversubscribe",
@@ -16,12 +17,20 @@ fn mpirun(np: usize, args: &[&str]) -> std::process::Output {
             "self,vader",
         ])
         .args(["-np", &np.to_string()])
-        .arg(env!("CARGO_BIN_EXE_mpi-parity"))
+        .arg(bin)
         .args(args)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .output()
         .expect("mpirun must be installed (apt-get install openmpi-bin libopenmpi-dev)")
+}
+
+fn mpirun(np: usize, args: &[&str]) -> std::process::Output {
+    mpirun_bin(
+        np,
+        std::path::Path::new(env!("CARGO_BIN_EXE_mpi-parity")),
+        args,
+    )
 }
 
 fn parity_on(np: usize) {
@@ -73,46 +82,29 @@ fn bench_layer_runs_under_mpirun() {
         .parent()
         .unwrap()
         .join("occult");
-    let out = Command::new("mpirun")
-        .args([
-            "--oversubscribe",
-            "--bind-to",
-            "none",
-            "--mca",
-            "btl",
-            "self,vader",
-            "-np",
-            "2",
-        ])
-        .arg(&bin)
-        .args([
-            "bench",
-            "layer",
-            "--backend",
-            "mpi",
-            "--devices",
-            "2",
-            "--experts",
-            "8",
-            "--top-k",
-            "2",
-        ])
-        .args([
-            "--hidden",
-            "32",
-            "--intermediate",
-            "16",
-            "--tokens",
-            "24",
-            "--steps",
-            "1",
-            "--warmup",
-            "0",
-        ])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()
-        .unwrap();
+    let args = [
+        "bench",
+        "layer",
+        "--backend",
+        "mpi",
+        "--devices",
+        "2",
+        "--experts",
+        "8",
+        "--top-k",
+        "2",
+        "--hidden",
+        "32",
+        "--intermediate",
+        "16",
+        "--tokens",
+        "24",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+    ];
+    let out = mpirun_bin(2, &bin, &args);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

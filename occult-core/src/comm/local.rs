@@ -3,7 +3,7 @@
 //! one that panics, breaks the group: every other rank's call then fails with a clear error
 //! instead of hanging.
 
-use super::{CommStats, Communicator, DEFAULT_TIMEOUT};
+use super::{CommStats, Communicator, StatsCell, DEFAULT_TIMEOUT};
 use crate::{Error, Result};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -87,7 +87,7 @@ fn poisoned() -> Error {
 pub struct LocalComm {
     rank: usize,
     shared: Arc<Shared>,
-    stats: Mutex<CommStats>,
+    stats: StatsCell,
 }
 
 /// Creates `size` connected ranks; hand one to each thread.
@@ -116,7 +116,7 @@ pub fn local_group_with_timeout(size: usize, timeout: Duration) -> Vec<LocalComm
         .map(|rank| LocalComm {
             rank,
             shared: shared.clone(),
-            stats: Mutex::new(CommStats::new(rank, size)),
+            stats: StatsCell::new(rank, size),
         })
         .collect()
 }
@@ -199,21 +199,17 @@ impl Communicator for LocalComm {
                 "all_to_all_v: rank {src} sent {width}-byte rows, rank {me} expected {row_bytes}"
             )));
         }
-        let mut st = self.stats.lock().map_err(|_| poisoned())?;
-        st.record(send_counts, &recv_counts, row_bytes);
-        st.collectives += 1;
-        st.seconds += start.elapsed().as_secs_f64();
+        self.stats
+            .record(send_counts, &recv_counts, row_bytes, start);
         Ok(recv_counts)
     }
 
     fn stats(&self) -> CommStats {
-        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+        self.stats.snapshot()
     }
 
     fn reset_stats(&self) {
-        if let Ok(mut s) = self.stats.lock() {
-            *s = CommStats::new(self.rank, self.shared.size);
-        }
+        self.stats.reset()
     }
 }
 

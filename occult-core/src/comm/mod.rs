@@ -92,6 +92,49 @@ impl CommStats {
     }
 }
 
+/// A rank's statistics behind a lock, as every backend keeps them.
+#[derive(Debug)]
+pub struct StatsCell {
+    inner: std::sync::Mutex<CommStats>,
+    rank: usize,
+    size: usize,
+}
+
+impl StatsCell {
+    pub fn new(rank: usize, size: usize) -> Self {
+        StatsCell {
+            inner: std::sync::Mutex::new(CommStats::new(rank, size)),
+            rank,
+            size,
+        }
+    }
+
+    /// Records one finished all-to-all that started at `start`.
+    pub fn record(
+        &self,
+        sent: &[usize],
+        received: &[usize],
+        row_bytes: usize,
+        start: std::time::Instant,
+    ) {
+        if let Ok(mut st) = self.inner.lock() {
+            st.record(sent, received, row_bytes);
+            st.collectives += 1;
+            st.seconds += start.elapsed().as_secs_f64();
+        }
+    }
+
+    pub fn snapshot(&self) -> CommStats {
+        self.inner.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub fn reset(&self) {
+        if let Ok(mut s) = self.inner.lock() {
+            *s = CommStats::new(self.rank, self.size);
+        }
+    }
+}
+
 /// Where received bytes go: the caller's buffer, sized once the receive counts are known, so
 /// that backends write into it directly (no intermediate copy).
 pub trait RecvBuffer {

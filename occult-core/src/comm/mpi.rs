@@ -6,7 +6,7 @@
 //! timeout (a peer died, or took another path) into a clear error message and a non-zero exit;
 //! `mpirun` then stops the other ranks.
 
-use super::{CommStats, Communicator, DEFAULT_TIMEOUT};
+use super::{CommStats, Communicator, StatsCell, DEFAULT_TIMEOUT};
 use crate::{Error, Result};
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::environment::Universe;
@@ -32,7 +32,7 @@ pub struct MpiComm {
     inner: Mutex<Inner>,
     rank: usize,
     size: usize,
-    stats: Mutex<CommStats>,
+    stats: StatsCell,
     /// Milliseconds since `epoch` when the current collective started; 0 when idle.
     busy_since: Arc<AtomicU64>,
     epoch: Instant,
@@ -90,7 +90,7 @@ impl MpiComm {
             }),
             rank,
             size,
-            stats: Mutex::new(CommStats::new(rank, size)),
+            stats: StatsCell::new(rank, size),
             busy_since,
             epoch,
         })
@@ -195,21 +195,16 @@ impl Communicator for MpiComm {
         }
         self.disarm();
         drop(guard);
-        let mut st = self.stats.lock().map_err(|_| poisoned())?;
-        st.record(send_counts, &recv_rows, row_bytes);
-        st.collectives += 1;
-        st.seconds += start.elapsed().as_secs_f64();
+        self.stats.record(send_counts, &recv_rows, row_bytes, start);
         Ok(recv_rows)
     }
 
     fn stats(&self) -> CommStats {
-        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+        self.stats.snapshot()
     }
 
     fn reset_stats(&self) {
-        if let Ok(mut s) = self.stats.lock() {
-            *s = CommStats::new(self.rank, self.size);
-        }
+        self.stats.reset()
     }
 
     fn barrier(&self) -> Result<()> {
