@@ -1,10 +1,13 @@
 //! Link profiles and projected times: what a measured plan would cost on other hardware.
 //!
-//! A profile describes a whole machine: the device's achieved throughput for the expert GEMMs
-//! and, per link level (inside a node, between nodes), bandwidth and latency. A projected time
-//! is, per rank, the expert FLOPs over the device throughput plus, for every exchange, the bytes
-//! sent to each other rank over that link's bandwidth and one latency per non-empty message;
-//! the slowest rank is the critical path. CPU-measured compute is never mixed into it.
+//! A profile describes a whole machine: the device's achieved throughput for the expert GEMMs,
+//! the bytes per activation element it moves (2 for bf16), and, per link level (inside a node,
+//! between nodes), bandwidth and latency. A projected step is a sequence of synchronising
+//! phases (each all-to-all, and the expert compute between dispatch and combine); each phase
+//! lasts as long as its slowest rank, and the step is their sum. A rank's time in an exchange is
+//! the larger of its send and receive times, each the bytes to or from every other rank over
+//! that link's bandwidth plus one latency per non-empty message; its compute time is its expert
+//! FLOPs over the device throughput. CPU-measured time never enters a projection.
 
 use crate::comm::Exchange;
 use crate::{bail, Error, Result};
@@ -29,10 +32,18 @@ pub struct LinkProfile {
     pub description: String,
     /// Achieved FLOP/s of the expert GEMMs on one device.
     pub device_flops: f64,
+    /// Bytes per activation element on this machine (2 for bf16); measured f32 rows are
+    /// scaled by `activation_bytes / 4`.
+    #[serde(default = "two")]
+    pub activation_bytes: f64,
     /// Ranks that share a node (and the intra-node link).
     pub ranks_per_node: usize,
     pub intra: Link,
     pub inter: Link,
+}
+
+fn two() -> f64 {
+    2.0
 }
 
 /// The profiles that ship with Occult, by name.
@@ -57,7 +68,8 @@ impl LinkProfile {
             && positive(p.inter.bandwidth)
             && latency_ok(p.intra.latency)
             && latency_ok(p.inter.latency)
-            && p.ranks_per_node > 0;
+            && p.ranks_per_node > 0
+            && positive(p.activation_bytes);
         if !valid {
             return Err(Error::bad_file(
                 origin,
@@ -92,40 +104,76 @@ impl LinkProfile {
         }
     }
 
-    /// Time for `rank` to send its part of one exchange.
-    pub fn exchange_seconds(&self, rank: usize, ex: &Exchange) -> f64 {
-        ex.bytes_to
+    /// Time for `rank` in one exchange: the larger of its send and receive times. `all[r]`
+    /// is rank r's record of the exchange; `scale` multiplies the bytes.
+    pub fn exchange_seconds(&self, rank: usize, all: &[&Exchange], scale: f64) -> f64 {
+        let leg = |bytes: u64, other: usize| {
+            if bytes == 0 {
+                0.0
+            } else {
+                let l = self.link(rank, other);
+                bytes as f64 * scale / l.bandwidth + l.latency
+            }
+        };
+        let send: f64 = all[rank]
+            .bytes_to
             .iter()
             .enumerate()
-            .filter(|&(p, &b)| p != rank && b > 0)
-            .map(|(p, &b)| {
-                let l = self.link(rank, p);
-                b as f64 / l.bandwidth + l.latency
-            })
-            .sum()
+            .filter(|&(p, _)| p != rank)
+            .map(|(p, &b)| leg(b, p))
+            .sum();
+        let recv: f64 = all
+            .iter()
+            .enumerate()
+            .filter(|&(p, _)| p != rank)
+            .map(|(p, e)| leg(e.bytes_to.get(rank).copied().unwrap_or(0), p))
+            .sum();
+        send.max(recv)
     }
 }
 
-/// One rank's projected time, in parts.
+/// One rank's part of a step: its expert FLOPs and its exchanges, in order.
+#[derive(Clone, Debug)]
+pub struct RankStep<'a> {
+    pub flops: f64,
+    pub exchanges: &'a [Exchange],
+}
+
+/// A projected step and its parts.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Projection {
+    /// The slowest rank's expert compute.
     pub compute_s: f64,
+    /// The sum over exchanges of the slowest rank's time in each.
     pub comm_s: f64,
     pub total_s: f64,
 }
 
-/// Projects one rank's step: `flops` of expert compute and its `exchanges`.
-pub fn project_rank(
+/// Projects a step of all ranks. Exchanges whose index is in `activation_exchanges` carry f32
+/// activations and are scaled to the profile's element size; the others (metadata) are not.
+pub fn project_step(
     profile: &LinkProfile,
-    rank: usize,
-    flops: f64,
-    exchanges: &[Exchange],
+    ranks: &[RankStep],
+    activation_exchanges: &[usize],
 ) -> Projection {
-    let compute_s = flops / profile.device_flops;
-    let comm_s = exchanges
-        .iter()
-        .map(|e| profile.exchange_seconds(rank, e))
+    let n = ranks.iter().map(|r| r.exchanges.len()).min().unwrap_or(0);
+    let comm_s = (0..n)
+        .map(|j| {
+            let all: Vec<&Exchange> = ranks.iter().map(|r| &r.exchanges[j]).collect();
+            let scale = if activation_exchanges.contains(&j) {
+                profile.activation_bytes / 4.0
+            } else {
+                1.0
+            };
+            (0..ranks.len())
+                .map(|r| profile.exchange_seconds(r, &all, scale))
+                .fold(0.0, f64::max)
+        })
         .sum();
+    let compute_s = ranks
+        .iter()
+        .map(|r| r.flops / profile.device_flops)
+        .fold(0.0, f64::max);
     Projection {
         compute_s,
         comm_s,
@@ -161,6 +209,7 @@ mod tests {
             name: "t".into(),
             description: String::new(),
             device_flops: 1e12,
+            activation_bytes: 2.0,
             ranks_per_node: 2,
             intra: Link {
                 bandwidth: 1e9,
@@ -172,14 +221,47 @@ mod tests {
             },
         };
         // Rank 0 sends 1000 bytes to itself (free), 1000 to rank 1 (intra), 1000 to rank 2
-        // (inter), nothing to rank 3.
-        let ex = Exchange {
+        // (inter), nothing to rank 3; rank 3 sends 4000 bytes to rank 0 (inter).
+        let e0 = Exchange {
             bytes_to: vec![1000, 1000, 1000, 0],
         };
-        let t = p.exchange_seconds(0, &ex);
-        assert!((t - (1e-6 + 1e-6 + 1e-5 + 1e-5)).abs() < 1e-12, "{t}");
-        let pr = project_rank(&p, 0, 2e9, &[ex.clone(), ex]);
+        let e3 = Exchange {
+            bytes_to: vec![4000, 0, 0, 0],
+        };
+        let none = Exchange {
+            bytes_to: vec![0; 4],
+        };
+        let all = [&e0, &none, &none, &e3];
+        let send0: f64 = (1e-6 + 1e-6) + (1e-5 + 1e-5);
+        let recv0 = 4000.0 / 1e8 + 1e-5;
+        assert!((p.exchange_seconds(0, &all, 1.0) - send0.max(recv0)).abs() < 1e-12);
+        // A step of two such exchanges (the second scaled to bf16), rank 3 computing most.
+        let ex = [e0.clone(), e0];
+        let ex3 = [e3.clone(), e3];
+        let nx = [none.clone(), none];
+        let ranks = [
+            RankStep {
+                flops: 1e9,
+                exchanges: &ex,
+            },
+            RankStep {
+                flops: 0.0,
+                exchanges: &nx,
+            },
+            RankStep {
+                flops: 0.0,
+                exchanges: &nx,
+            },
+            RankStep {
+                flops: 2e9,
+                exchanges: &ex3,
+            },
+        ];
+        let pr = project_step(&p, &ranks, &[1]);
         assert!((pr.compute_s - 2e-3).abs() < 1e-12);
-        assert!((pr.total_s - (2e-3 + 2.0 * t)).abs() < 1e-12);
+        // First exchange: rank 0 receives 4000 B over IB (4e-5 + 1e-5), rank 3 sends them: 5e-5.
+        // Second, at half the bytes: rank 0 receives 2000 B (2e-5 + 1e-5) = 3e-5, and sends
+        // 500 B intra (5e-7 + 1e-6) plus 500 B inter (5e-6 + 1e-5) = 1.65e-5: 3e-5.
+        assert!((pr.comm_s - (5e-5 + 3e-5)).abs() < 1e-12, "{pr:?}");
     }
 }

@@ -278,7 +278,11 @@ impl ComputePlan {
                     if kpos as usize >= k {
                         bail!("received k position {kpos} for top-{k} routing");
                     }
-                    pair_weight[at] = (r * k) as u32 + kpos;
+                    pair_weight[at] = u32::try_from(r * k + kpos as usize).map_err(|_| {
+                        crate::Error::invalid(format!(
+                            "{rows} received rows x top-{k} overflow u32"
+                        ))
+                    })?;
                 }
             }
         }

@@ -96,10 +96,13 @@ impl SwigluStack {
         let h = self.hidden();
         let dev = rows.device();
         if r == 0 {
-            // Nothing received. Return (empty) rows taken from the input rather than fresh
-            // zeros: the result must stay on the graph, so that this rank's backward runs the
-            // reverse exchanges that its peers are waiting in.
-            return Ok(rows.narrow(1, 0, h)?);
+            // Nothing received. The (empty) result must stay on the graph through both the
+            // received rows and the expert weights, as it would with rows: this rank's backward
+            // must run the reverse exchanges that its peers wait in, whether the input or only
+            // the experts are trained. (candle drops empty operands from binary ops, so join
+            // them with `cat`.)
+            let no_rows = self.gate.get(0)?.narrow(0, 0, 0)?;
+            return Ok(Tensor::cat(&[&rows.narrow(1, 0, h)?, &no_rows], 0)?);
         }
         let rows = rows.contiguous()?;
         let weights = weights.map(|w| w.contiguous()).transpose()?;

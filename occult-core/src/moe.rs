@@ -74,10 +74,12 @@ pub fn route(
     let t = logits.dims2()?.0;
     let k = rule.top_k;
     if t == 0 {
-        // candle cannot reduce over zero rows; there is nothing to route.
+        // candle cannot reduce over zero rows; there is nothing to route. The (empty) weights
+        // are taken from the logits so that they stay on the router's graph: every rank must
+        // keep the same exchanges in its backward, tokens or not.
         return Ok(Routed {
             ids: Vec::new(),
-            weights: Tensor::zeros((0, k), DType::F32, x.device())?,
+            weights: logits.narrow(1, 0, k)?,
         });
     }
     let host = logits.to_vec2::<f32>()?;
@@ -165,6 +167,30 @@ pub struct StepStats {
     pub combine_s: f64,
 }
 
+/// A 64-bit FNV-1a digest of what every rank must agree on.
+fn layout_signature(
+    rule: &RouterRule,
+    map: &[u32],
+    mode: DispatchMode,
+    prune: Option<&PruneSpec>,
+) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |v: u64| {
+        for b in v.to_le_bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    eat(rule.num_experts as u64);
+    eat(rule.top_k as u64);
+    eat(mode as u64);
+    map.iter().for_each(|&d| eat(d as u64));
+    if let Some(p) = prune {
+        eat(p.rule as u64 + 1);
+        eat(p.max_devices as u64);
+    }
+    h
+}
+
 /// One rank's part of an expert-parallel MoE layer.
 pub struct EpMoe {
     /// `[E, H]`, replicated on every rank.
@@ -238,6 +264,16 @@ impl EpMoe {
         if let Some(p) = &prune {
             // Fail early, with the reason, rather than on the first batch.
             p.pruner(&rule, device_of_expert, d)?;
+        }
+        // Ranks that disagree on the layout would exchange garbage: compare signatures.
+        let sig = layout_signature(&rule, device_of_expert, mode, prune.as_ref()).to_le_bytes();
+        let all = comm.all_gather_bytes(&sig)?;
+        if all.chunks(8).any(|c| c != sig) {
+            bail!(
+                "rank {}: the ranks disagree on the layer's layout (placement, experts, top-k, \
+                 dispatch mode or pruning)",
+                comm.rank()
+            );
         }
         Ok(EpMoe {
             router,

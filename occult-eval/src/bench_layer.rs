@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use candle::{Device, Tensor};
 use occult_core::collab::CoActivation;
 use occult_core::comm::{Communicator, Exchange};
-use occult_core::cost::{project_rank, swiglu_flops, LinkProfile, Projection};
+use occult_core::cost::{project_step, swiglu_flops, LinkProfile, Projection, RankStep};
 use occult_core::dispatch::DispatchMode;
 use occult_core::experts::SwigluStack;
 use occult_core::moe::{reference_forward, route, EpMoe, MoeWeights, PruneSpec, StepStats};
@@ -72,8 +72,9 @@ pub struct ModeResult {
     /// Bytes sent to other ranks in one forward (dispatch metadata, rows, combine).
     pub bytes_sent: u64,
     pub ect: f64,
-    /// Critical path per step: the slowest rank's mean forward time.
+    /// The slowest rank's mean forward time per step.
     pub seconds: f64,
+    /// Each phase's slowest rank (last measured step); phases include waiting for peers.
     pub route_s: f64,
     pub plan_s: f64,
     pub dispatch_s: f64,
@@ -304,11 +305,16 @@ impl LayerBench {
                 let max = |f: fn(&RankRecord) -> f64| rs.iter().map(|r| f(r)).fold(0.0, f64::max);
                 let tokens: usize = rs.iter().map(|r| r.stats.tokens).sum();
                 let seconds = max(|r| r.seconds);
+                // Exchanges per step: slot metadata, then f32 rows out (1) and back (2).
                 let projected = link.map(|p| {
-                    rs.iter()
-                        .map(|r| project_rank(p, r.rank, r.flops, &r.exchanges))
-                        .max_by(|a, b| a.total_s.total_cmp(&b.total_s))
-                        .unwrap_or_default()
+                    let steps: Vec<RankStep> = rs
+                        .iter()
+                        .map(|r| RankStep {
+                            flops: r.flops,
+                            exchanges: &r.exchanges,
+                        })
+                        .collect();
+                    project_step(p, &steps, &[1, 2])
                 });
                 let bytes_sent = rs
                     .iter()

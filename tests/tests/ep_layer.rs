@@ -68,6 +68,7 @@ fn edge_cases() {
         mode: DispatchMode::Occult,
         prune: None,
         seed: 1,
+        frozen_input: false,
     };
     // A rank with no tokens, in both modes.
     check(&base);
@@ -112,6 +113,21 @@ fn edge_cases() {
         seed: 2,
         ..base.clone()
     });
+    // A frozen input (only router and experts train), with a rank that has no tokens and a
+    // rank that receives nothing, in both modes: every rank must still run the reverse
+    // exchanges (found in review: the empty paths used to drop off the graph).
+    for mode in [DispatchMode::Standard, DispatchMode::Occult] {
+        check(&Case {
+            e: 64,
+            k: 2,
+            tokens: vec![11, 7, 0, 2],
+            prune: Some((PruneRule::Similarity, 1)),
+            seed: 2,
+            frozen_input: true,
+            mode,
+            ..base.clone()
+        });
+    }
     // Pruning to one device with each rule.
     check(&Case {
         prune: Some((PruneRule::Router, 1)),
@@ -152,6 +168,7 @@ fn all_tokens_on_one_expert() {
         mode: DispatchMode::Occult,
         prune: None,
         seed: 5,
+        frozen_input: false,
     });
     let w = MoeWeights {
         router,

@@ -115,3 +115,24 @@ fn bench_layer_runs_under_mpirun() {
     assert_eq!(stdout.matches("occult / standard").count(), 1, "{stdout}");
     assert!(stdout.contains("(mpi backend)"), "{stdout}");
 }
+
+#[test]
+fn a_stalled_rank_trips_the_watchdog_instead_of_hanging() {
+    let start = Instant::now();
+    let out = mpirun(3, &["2", "--stall-rank", "2", "--timeout", "2"]);
+    assert!(!out.status.success());
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        start.elapsed()
+    );
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        all.contains("a collective did not finish within 2 s"),
+        "{all}"
+    );
+}

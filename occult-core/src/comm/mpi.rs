@@ -79,7 +79,10 @@ impl MpiComm {
                          {:.0} s (a peer may have died); exiting",
                         timeout.as_secs_f64()
                     );
-                    std::process::exit(WATCHDOG_EXIT);
+                    // _exit, not exit: no atexit handlers (MPI's among them) may run while
+                    // another thread is blocked inside MPI.
+                    // SAFETY: _exit only ends the process.
+                    unsafe { libc::_exit(WATCHDOG_EXIT) };
                 }
             })
             .map_err(|e| Error::Comm(format!("starting the MPI watchdog: {e}")))?;
@@ -96,13 +99,20 @@ impl MpiComm {
         })
     }
 
-    fn arm(&self) {
+    /// Starts the watchdog's clock for one collective; it stops when the guard drops, on every
+    /// path out of the collective.
+    fn arm(&self) -> Armed<'_> {
         let now = (self.epoch.elapsed().as_millis() as u64).max(1);
         self.busy_since.store(now, Ordering::Release);
+        Armed(&self.busy_since)
     }
+}
 
-    fn disarm(&self) {
-        self.busy_since.store(0, Ordering::Release);
+struct Armed<'a>(&'a AtomicU64);
+
+impl Drop for Armed<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, Ordering::Release);
     }
 }
 
@@ -144,7 +154,7 @@ impl Communicator for MpiComm {
             )));
         }
         let guard = self.inner.lock().map_err(|_| poisoned())?;
-        self.arm();
+        let _armed = self.arm();
         // Rows and row widths from every peer.
         let mine: Vec<u64> = send_counts
             .iter()
@@ -153,17 +163,6 @@ impl Communicator for MpiComm {
         let mut theirs = vec![0u64; 2 * n];
         guard.world.all_to_all_into(&mine[..], &mut theirs[..]);
         let recv_rows: Vec<usize> = theirs.chunks(2).map(|c| c[0] as usize).collect();
-        if let Some(src) = theirs
-            .chunks(2)
-            .position(|c| c[0] > 0 && c[1] != row_bytes as u64)
-        {
-            self.disarm();
-            return Err(Error::Comm(format!(
-                "all_to_all_v: rank {src} sent {}-byte rows, rank {} expected {row_bytes}",
-                theirs[2 * src + 1],
-                self.rank
-            )));
-        }
         let to_i32 = |rows: &[usize], what: &str| -> Result<(Vec<i32>, Vec<i32>)> {
             let counts = rows
                 .iter()
@@ -177,8 +176,39 @@ impl Communicator for MpiComm {
             }
             Ok((counts, displs))
         };
-        let (sc, sd) = to_i32(send_counts, "a send buffer")?;
-        let (rc, rd) = to_i32(&recv_rows, "a receive buffer")?;
+        let checked = (|| {
+            if let Some(src) = theirs
+                .chunks(2)
+                .position(|c| c[0] > 0 && c[1] != row_bytes as u64)
+            {
+                return Err(Error::Comm(format!(
+                    "all_to_all_v: rank {src} sent {}-byte rows, rank {} expected {row_bytes}",
+                    theirs[2 * src + 1],
+                    self.rank
+                )));
+            }
+            Ok((
+                to_i32(send_counts, "a send buffer")?,
+                to_i32(&recv_rows, "a receive buffer")?,
+            ))
+        })();
+        // Every rank learns whether any rank found a problem, so that all stop together
+        // instead of some entering Alltoallv alone.
+        let flag = i32::from(checked.is_err());
+        let mut any = 0i32;
+        guard
+            .world
+            .all_reduce_into(&flag, &mut any, mpi::collective::SystemOperation::max());
+        let ((sc, sd), (rc, rd)) = match checked {
+            Err(e) => return Err(e),
+            Ok(_) if any != 0 => {
+                return Err(Error::Comm(format!(
+                    "all_to_all_v: another rank rejected this exchange (rank {} had no problem)",
+                    self.rank
+                )))
+            }
+            Ok(v) => v,
+        };
         let recv_len = recv_rows.iter().sum::<usize>() * row_bytes;
         // Never hand MPI an empty slice: Rust's dangling pointer for an empty `[u8]` is 0x1,
         // which OpenMPI reads as MPI_IN_PLACE. One spare byte keeps pointers real; the counts
@@ -193,7 +223,6 @@ impl Communicator for MpiComm {
             let mut out = PartitionMut::new(out, &rc[..], &rd[..]);
             guard.world.all_to_all_varcount_into(&partition, &mut out);
         }
-        self.disarm();
         drop(guard);
         self.stats.record(send_counts, &recv_rows, row_bytes, start);
         Ok(recv_rows)
@@ -209,9 +238,8 @@ impl Communicator for MpiComm {
 
     fn barrier(&self) -> Result<()> {
         let guard = self.inner.lock().map_err(|_| poisoned())?;
-        self.arm();
+        let _armed = self.arm();
         guard.world.barrier();
-        self.disarm();
         Ok(())
     }
 }

@@ -364,7 +364,8 @@ fn render_layer(
         t.row(row);
     }
     let mut out = format!(
-        "layer: {} experts, top-{}, hidden {}, intermediate {}; {} ranks x {} tokens ({} backend);\n  placement {}; times are the slowest rank's, per step\n\n{}",
+        "layer: {} experts, top-{}, hidden {}, intermediate {}; {} ranks x {} tokens ({} backend);\n  placement {}.\n  step ms: the slowest rank's mean forward time; phase columns: each phase's slowest rank \
+         (phases include waiting for peers, so they need not add up to step ms)\n\n{}",
         bench.experts,
         bench.top_k,
         bench.hidden,
@@ -395,8 +396,9 @@ fn render_layer(
             }
         };
         out.push_str(&format!(
-            "\noccult / standard: rows {}, remote bytes {}, measured time {}{}\n",
+            "\noccult / standard: rows {}, remote rows {}, remote bytes {}, measured time {}{}\n",
             ratio(o.rows_sent as f64, s.rows_sent as f64),
+            ratio(o.remote_rows_sent as f64, s.remote_rows_sent as f64),
             ratio(o.bytes_sent as f64, s.bytes_sent as f64),
             ratio(o.seconds, s.seconds),
             match (o.projected_seconds, s.projected_seconds) {

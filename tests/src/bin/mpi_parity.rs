@@ -2,8 +2,9 @@
 //! same fixtures from their seeds, computes the single-device reference, runs its part of the EP
 //! layer on the `mpi` backend, and checks its outputs, input gradients, row counts and the
 //! parameter gradients summed over ranks. Prints one `ok` line per rank and exits 0, or names
-//! what differs and exits 1. `--die-rank R` makes rank R exit before the first collective (to
-//! check that the others fail cleanly instead of hanging).
+//! what differs and exits 1. `--die-rank R` makes rank R exit before the first collective;
+//! `--stall-rank R` keeps rank R alive but away from the collectives, so that the others' watchdog
+//! (`--timeout S` seconds, default 20) must end them (to check that nobody hangs).
 
 use occult_core::comm::mpi::MpiComm;
 use occult_core::comm::Communicator;
@@ -16,12 +17,16 @@ use std::time::Duration;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let cases: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(12);
-    let die = args
-        .iter()
-        .position(|a| a == "--die-rank")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse::<usize>().ok());
-    let comm = match MpiComm::init_with_timeout(Duration::from_secs(20)) {
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|s| s.parse::<u64>().ok())
+    };
+    let die = flag("--die-rank").map(|r| r as usize);
+    let stall = flag("--stall-rank").map(|r| r as usize);
+    let timeout = Duration::from_secs(flag("--timeout").unwrap_or(20));
+    let comm = match MpiComm::init_with_timeout(timeout) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
@@ -34,6 +39,11 @@ fn main() {
     if die == Some(rank) {
         eprintln!("rank {rank}: exiting on purpose (--die-rank)");
         std::process::exit(7);
+    }
+    if stall == Some(rank) {
+        eprintln!("rank {rank}: stalling on purpose (--stall-rank)");
+        std::thread::sleep(timeout * 5);
+        std::process::exit(0);
     }
     let mut rng = ChaCha8Rng::seed_from_u64(77);
     for seed in 0..cases as u64 {
