@@ -33,6 +33,23 @@ fn mpirun(np: usize, args: &[&str]) -> std::process::Output {
     )
 }
 
+/// Runs a job that must fail, soon; returns everything it printed.
+fn failing_run(np: usize, args: &[&str]) -> String {
+    let start = Instant::now();
+    let out = mpirun(np, args);
+    assert!(!out.status.success());
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        start.elapsed()
+    );
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 fn parity_on(np: usize) {
     let out = mpirun(np, &["10"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -57,19 +74,7 @@ fn parity_under_mpirun_with_2_and_4_ranks() {
 
 #[test]
 fn a_dead_rank_fails_the_job_instead_of_hanging() {
-    let start = Instant::now();
-    let out = mpirun(3, &["2", "--die-rank", "1"]);
-    assert!(!out.status.success());
-    assert!(
-        start.elapsed() < Duration::from_secs(60),
-        "took {:?}",
-        start.elapsed()
-    );
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let all = failing_run(3, &["2", "--die-rank", "1"]);
     assert!(all.contains("rank 1: exiting on purpose"), "{all}");
 }
 
@@ -118,19 +123,7 @@ fn bench_layer_runs_under_mpirun() {
 
 #[test]
 fn a_stalled_rank_trips_the_watchdog_instead_of_hanging() {
-    let start = Instant::now();
-    let out = mpirun(3, &["2", "--stall-rank", "2", "--timeout", "2"]);
-    assert!(!out.status.success());
-    assert!(
-        start.elapsed() < Duration::from_secs(60),
-        "took {:?}",
-        start.elapsed()
-    );
-    let all = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let all = failing_run(3, &["2", "--stall-rank", "2", "--timeout", "2"]);
     assert!(
         all.contains("a collective did not finish within 2 s"),
         "{all}"

@@ -140,19 +140,7 @@ impl Communicator for LocalComm {
         let start = Instant::now();
         let n = self.shared.size;
         let me = self.rank;
-        if send_counts.len() != n {
-            return Err(Error::Comm(format!(
-                "all_to_all_v: {} send counts for {n} ranks",
-                send_counts.len()
-            )));
-        }
-        if send_counts.iter().sum::<usize>() * row_bytes != send.len() {
-            return Err(Error::Comm(format!(
-                "all_to_all_v: send counts {send_counts:?} of {row_bytes}-byte rows do not \
-                 match a {}-byte buffer",
-                send.len()
-            )));
-        }
+        super::check_send(n, send, send_counts, row_bytes)?;
         {
             let mut mail = self.shared.mail.lock().map_err(|_| poisoned())?;
             let mut at = 0;

@@ -264,6 +264,24 @@ fn check_counts(
     Ok(())
 }
 
+/// Checks a byte-level send: one count per rank, and counts that cover the buffer exactly.
+pub fn check_send(size: usize, send: &[u8], send_counts: &[usize], row_bytes: usize) -> Result<()> {
+    if send_counts.len() != size {
+        return Err(Error::Comm(format!(
+            "all_to_all_v: {} send counts for {size} ranks",
+            send_counts.len()
+        )));
+    }
+    if send_counts.iter().sum::<usize>() * row_bytes != send.len() {
+        return Err(Error::Comm(format!(
+            "all_to_all_v: send counts {send_counts:?} of {row_bytes}-byte rows do not match a \
+             {}-byte buffer",
+            send.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Copies bytes into a properly aligned vector of `T`.
 pub fn bytes_to_vec<T: Pod>(bytes: &[u8]) -> Vec<T> {
     let n = bytes.len() / std::mem::size_of::<T>();

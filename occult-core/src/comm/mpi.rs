@@ -146,13 +146,7 @@ impl Communicator for MpiComm {
     ) -> Result<Vec<usize>> {
         let start = Instant::now();
         let n = self.size;
-        if send_counts.len() != n || send_counts.iter().sum::<usize>() * row_bytes != send.len() {
-            return Err(Error::Comm(format!(
-                "all_to_all_v: send counts {send_counts:?} of {row_bytes}-byte rows do not \
-                 match a {}-byte buffer on {n} ranks",
-                send.len()
-            )));
-        }
+        super::check_send(n, send, send_counts, row_bytes)?;
         let guard = self.inner.lock().map_err(|_| poisoned())?;
         let _armed = self.arm();
         // Rows and row widths from every peer.
