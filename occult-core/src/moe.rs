@@ -56,6 +56,20 @@ impl PruneSpec {
     }
 }
 
+/// `h + y` for a residual connection around an EP layer, safe on ranks without tokens.
+///
+/// On empty tensors candle's `+` returns its left operand and drops the right one from the
+/// graph. A rank without tokens would then lose the EP layer from its backward, although its
+/// experts processed other ranks' rows, and its peers would wait for its reverse exchanges.
+/// For two empty tensors, concatenation along rows is the sum and keeps both on the graph.
+pub fn residual_add(h: &Tensor, y: &Tensor) -> Result<Tensor> {
+    if h.elem_count() == 0 && y.elem_count() == 0 && h.dims() == y.dims() {
+        Ok(Tensor::cat(&[h, y], 0)?)
+    } else {
+        Ok((h + y)?)
+    }
+}
+
 /// A routing decision: host ids `[T, k]` and gate weights on the graph `[T, k]`.
 #[derive(Clone, Debug)]
 pub struct Routed {

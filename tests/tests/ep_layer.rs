@@ -236,3 +236,139 @@ fn plan_rows_equal_the_analysis_core_per_link() {
         }
     }
 }
+
+/// One rank's stacked output, input gradient and parameter gradients.
+type Stacked = (Vec<f32>, Option<Vec<f32>>, Vec<Option<Vec<f32>>>);
+
+/// Two EP layers with residual connections, the way models stack them, on ranks that include
+/// one without tokens. With a plain `h + moe(h)`, candle's empty-tensor shortcut drops the
+/// layers from that rank's backward although its experts served other ranks' rows;
+/// `residual_add` keeps them.
+fn run_stacked(safe_add: bool, timeout: std::time::Duration) -> Vec<occult_core::Result<Stacked>> {
+    use candle::Var;
+    use occult_core::comm::local::run_local_with_timeout;
+    use occult_core::moe::residual_add;
+    let case = Case {
+        d: 4,
+        e: 16,
+        k: 4,
+        random_placement: true,
+        shared: false,
+        renormalize: false,
+        tokens: vec![5, 0, 7, 3],
+        mode: DispatchMode::Occult,
+        prune: None,
+        seed: 3,
+        frozen_input: false,
+    };
+    let a = Fixture::new(&case);
+    let b = Fixture::new(&Case {
+        seed: 4,
+        ..case.clone()
+    });
+    let starts = case.starts();
+    run_local_with_timeout(4, timeout, |comm| {
+        let add = |h: &Tensor, y: &Tensor| -> occult_core::Result<Tensor> {
+            if safe_add {
+                residual_add(h, y)
+            } else {
+                Ok((h + y)?)
+            }
+        };
+        let r = comm.rank();
+        let (at, n) = (starts[r], case.tokens[r]);
+        let l1 = EpMoe::from_full(&a.w, a.rule.clone(), &a.map, comm.clone(), case.mode, None)?;
+        let l2 = EpMoe::from_full(&b.w, b.rule.clone(), &b.map, comm.clone(), case.mode, None)?;
+        let x = Var::from_slice(&a.x[at * H..(at + n) * H], (n, H), &Device::Cpu)?;
+        let h1 = add(x.as_tensor(), &l1.forward(x.as_tensor())?.0)?;
+        let h2 = add(&h1, &l2.forward(&h1)?.0)?;
+        let g = Tensor::from_slice(&a.g[at * H..(at + n) * H], (n, H), &Device::Cpu)?;
+        let grads = (h2.clone() * g)?.sum_all()?.backward()?;
+        let flat = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>());
+        let params = a
+            .vars
+            .iter()
+            .chain(&b.vars)
+            .map(|v| grads.get(v.as_tensor()).map(flat).transpose())
+            .collect::<candle::Result<Vec<_>>>()?;
+        Ok((
+            flat(&h2)?,
+            grads.get(x.as_tensor()).map(flat).transpose()?,
+            params,
+        ))
+    })
+}
+
+#[test]
+fn stacked_layers_with_an_empty_rank() {
+    use candle::Var;
+    use occult_tests::parity::close;
+    let results: Vec<_> = run_stacked(true, std::time::Duration::from_secs(120))
+        .into_iter()
+        .map(|r| r.expect("every rank finishes"))
+        .collect();
+    // The reference: the same two layers, stacked, on all tokens.
+    let case_a = Fixture::new(&Case {
+        d: 4,
+        e: 16,
+        k: 4,
+        random_placement: true,
+        shared: false,
+        renormalize: false,
+        tokens: vec![5, 0, 7, 3],
+        mode: DispatchMode::Occult,
+        prune: None,
+        seed: 3,
+        frozen_input: false,
+    });
+    let case_b = Fixture::new(&Case {
+        seed: 4,
+        ..case_a.case.clone()
+    });
+    let x = Var::from_slice(&case_a.x, (15, H), &Device::Cpu).unwrap();
+    let h1 = (x.as_tensor()
+        + reference_forward(&case_a.w, &case_a.rule, x.as_tensor(), None).unwrap())
+    .unwrap();
+    let h2 = (&h1 + reference_forward(&case_b.w, &case_b.rule, &h1, None).unwrap()).unwrap();
+    let g = Tensor::from_slice(&case_a.g, (15, H), &Device::Cpu).unwrap();
+    let grads = (h2.clone() * g)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let out: Vec<f32> = results.iter().flat_map(|r| r.0.clone()).collect();
+    close("stacked output", &out, &flat(&h2), 1e-6).unwrap();
+    let gx: Vec<f32> = results
+        .iter()
+        .flat_map(|r| r.1.clone().unwrap_or_default())
+        .collect();
+    close(
+        "stacked input gradient",
+        &gx,
+        &flat(grads.get(x.as_tensor()).unwrap()),
+        1e-6,
+    )
+    .unwrap();
+    for (i, v) in case_a.vars.iter().chain(&case_b.vars).enumerate() {
+        let reference = flat(grads.get(v.as_tensor()).unwrap());
+        let mut sum = vec![0.0f32; reference.len()];
+        for r in &results {
+            if let Some(gp) = &r.2[i] {
+                sum.iter_mut().zip(gp).for_each(|(s, g)| *s += g);
+            }
+        }
+        close(
+            &format!("stacked gradient of parameter {i}"),
+            &sum,
+            &reference,
+            1e-2,
+        )
+        .unwrap();
+    }
+    // With a plain `+` the rank without tokens skips the reverse exchanges: its peers fail at
+    // the timeout (an error, not a hang, and no wrong numbers).
+    let unrecorded = run_stacked(false, std::time::Duration::from_secs(3));
+    assert!(unrecorded.iter().any(|r| r.is_err()));
+}

@@ -208,7 +208,16 @@ where
     T: Send,
     F: Fn(&Arc<dyn Communicator>) -> Result<T> + Sync,
 {
-    let comms = local_group(size);
+    run_local_with_timeout(size, DEFAULT_TIMEOUT, f)
+}
+
+/// As [`run_local`], with a chosen timeout for the group's collectives.
+pub fn run_local_with_timeout<T, F>(size: usize, timeout: Duration, f: F) -> Vec<Result<T>>
+where
+    T: Send,
+    F: Fn(&Arc<dyn Communicator>) -> Result<T> + Sync,
+{
+    let comms = local_group_with_timeout(size, timeout);
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
