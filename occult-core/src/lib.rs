@@ -8,6 +8,7 @@
 
 pub mod analysis;
 pub mod atomic;
+pub mod checkpoint;
 pub mod collab;
 pub mod comm;
 pub mod cost;
