@@ -24,5 +24,6 @@ pub mod routing;
 pub mod similarity;
 pub mod synth;
 pub mod trace;
+pub mod weights;
 
 pub use error::{Error, Result};

@@ -1,0 +1,312 @@
+//! Reading a checkpoint's tensors: memory-mapped safetensors shards (no second copy of the
+//! file in memory), tensors by name with their shapes checked, and a rank's experts from either
+//! layout that checkpoints use:
+//! - per expert: `{prefix}.experts.{j}.{gate}.weight`, `{up}`, `{down}` (Hugging Face hub files;
+//!   names `gate_proj`/`up_proj`/`down_proj`, or Mixtral's `w1`/`w3`/`w2`);
+//! - fused (transformers v5): `{prefix}.experts.gate_up_proj` `[E, 2I, H]` (gate rows first)
+//!   and `{prefix}.experts.down_proj` `[E, H, I]`, or the transposed `[E, H, 2I]` / `[E, I, H]`.
+//!
+//! Under expert parallelism a rank reads only its own experts.
+
+use crate::experts::SwigluStack;
+use crate::{Error, Result};
+use candle::safetensors::MmapedSafetensors;
+use candle::{DType, Device, Tensor};
+use std::path::{Path, PathBuf};
+
+/// Names of one expert's projections in a per-expert checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertNames {
+    pub gate: &'static str,
+    pub up: &'static str,
+    pub down: &'static str,
+}
+
+/// OLMoE, Qwen-MoE, DeepSeek-MoE, Qwen3-MoE.
+pub const GATE_UP_DOWN: ExpertNames = ExpertNames {
+    gate: "gate_proj",
+    up: "up_proj",
+    down: "down_proj",
+};
+
+/// Mixtral.
+pub const W1_W3_W2: ExpertNames = ExpertNames {
+    gate: "w1",
+    up: "w3",
+    down: "w2",
+};
+
+/// The tensors of a checkpoint's shards.
+pub struct Weights {
+    st: MmapedSafetensors,
+    files: Vec<PathBuf>,
+    device: Device,
+}
+
+impl Weights {
+    /// Maps the shards. Each file is checked on its own first, so that a truncated or broken
+    /// shard is named.
+    pub fn open(files: &[PathBuf], device: &Device) -> Result<Self> {
+        if files.is_empty() {
+            return Err(Error::invalid("no safetensors files to read"));
+        }
+        for f in files {
+            // SAFETY: the file is mapped read-only; like every mmap-based loader we rely on it
+            // not being modified while mapped.
+            unsafe { MmapedSafetensors::new(f) }.map_err(|e| {
+                Error::bad_file(f, format!("not a readable safetensors file ({e})"))
+            })?;
+        }
+        // SAFETY: as above.
+        let st = unsafe { MmapedSafetensors::multi(files) }
+            .map_err(|e| Error::invalid(format!("mapping the checkpoint's shards: {e}")))?;
+        Ok(Weights {
+            st,
+            files: files.to_vec(),
+            device: device.clone(),
+        })
+    }
+
+    fn origin(&self) -> String {
+        match self.files.as_slice() {
+            [one] => one.display().to_string(),
+            many => format!(
+                "the checkpoint in {} ({} shards)",
+                many[0].parent().unwrap_or(Path::new(".")).display(),
+                many.len()
+            ),
+        }
+    }
+
+    /// Whether the checkpoint holds `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.st.get(name).is_ok()
+    }
+
+    /// The shape of `name`, if present.
+    pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.st.get(name).ok().map(|v| v.shape().to_vec())
+    }
+
+    /// Tensor `name` as f32, which must have shape `expected`.
+    pub fn get(&self, name: &str, expected: &[usize]) -> Result<Tensor> {
+        let shape = self
+            .shape(name)
+            .ok_or_else(|| Error::bad_file(self.origin(), format!("tensor {name} is missing")))?;
+        if shape != expected {
+            return Err(Error::bad_file(
+                self.origin(),
+                format!("tensor {name} has shape {shape:?}, expected {expected:?}"),
+            ));
+        }
+        let t = self
+            .st
+            .load(name, &self.device)
+            .map_err(|e| Error::bad_file(self.origin(), format!("reading tensor {name}: {e}")))?;
+        Ok(t.to_dtype(DType::F32)?)
+    }
+
+    /// The experts `ids` (in that order) of the MoE block at `prefix` (for example
+    /// `model.layers.3.mlp`), with hidden size `h`, expert intermediate size `i`, and `e` experts
+    /// in all. Per-expert tensors are used when present, else the fused ones.
+    pub fn experts(
+        &self,
+        prefix: &str,
+        names: ExpertNames,
+        ids: &[u32],
+        e: usize,
+        h: usize,
+        i: usize,
+    ) -> Result<SwigluStack> {
+        if let Some(&bad) = ids.iter().find(|&&x| x as usize >= e) {
+            return Err(Error::invalid(format!("expert {bad} requested of {e}")));
+        }
+        let per_expert = format!("{prefix}.experts.0.{}.weight", names.gate);
+        if self.contains(&per_expert) {
+            let mut gate = Vec::with_capacity(ids.len());
+            let mut up = Vec::with_capacity(ids.len());
+            let mut down = Vec::with_capacity(ids.len());
+            for &j in ids {
+                let p = |n: &str| format!("{prefix}.experts.{j}.{n}.weight");
+                gate.push(self.get(&p(names.gate), &[i, h])?);
+                up.push(self.get(&p(names.up), &[i, h])?);
+                down.push(self.get(&p(names.down), &[h, i])?);
+            }
+            return SwigluStack::new(
+                Tensor::stack(&gate, 0)?,
+                Tensor::stack(&up, 0)?,
+                Tensor::stack(&down, 0)?,
+            );
+        }
+        let gate_up_name = format!("{prefix}.experts.gate_up_proj");
+        let down_name = format!("{prefix}.experts.down_proj");
+        let Some(gu_shape) = self.shape(&gate_up_name) else {
+            return Err(Error::bad_file(
+                self.origin(),
+                format!("no experts for {prefix}: neither {per_expert} nor {gate_up_name}"),
+            ));
+        };
+        let idx = Tensor::from_slice(ids, ids.len(), &self.device)?;
+        // The layout follows from both shapes (one of them alone is ambiguous when H = 2I or
+        // H = I).
+        let down_shape = self.shape(&down_name).unwrap_or_default();
+        let standard = gu_shape == [e, 2 * i, h] && down_shape == [e, h, i];
+        let transposed = gu_shape == [e, h, 2 * i] && down_shape == [e, i, h];
+        // Only this rank's experts are copied out of the mapping.
+        let (gate_up, down) = if standard {
+            let gu = self
+                .get(&gate_up_name, &[e, 2 * i, h])?
+                .index_select(&idx, 0)?;
+            (gu, self.get(&down_name, &[e, h, i])?.index_select(&idx, 0)?)
+        } else if transposed {
+            // Transposed storage (in, out): bring it to (out, in).
+            let gu = self
+                .get(&gate_up_name, &[e, h, 2 * i])?
+                .index_select(&idx, 0)?;
+            let d = self.get(&down_name, &[e, i, h])?.index_select(&idx, 0)?;
+            (
+                gu.transpose(1, 2)?.contiguous()?,
+                d.transpose(1, 2)?.contiguous()?,
+            )
+        } else {
+            return Err(Error::bad_file(
+                self.origin(),
+                format!(
+                    "fused experts {gate_up_name} {gu_shape:?} and {down_name} {down_shape:?} \
+                     match neither [{e}, {}, {h}] with [{e}, {h}, {i}] nor [{e}, {h}, {}] with \
+                     [{e}, {i}, {h}]",
+                    2 * i,
+                    2 * i
+                ),
+            ));
+        };
+        SwigluStack::new(
+            gate_up.narrow(1, 0, i)?.contiguous()?,
+            gate_up.narrow(1, i, i)?.contiguous()?,
+            down,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    const E: usize = 4;
+    const H: usize = 6;
+    const I: usize = 3;
+
+    fn value(j: usize, which: usize, r: usize, c: usize) -> f32 {
+        (j * 1000 + which * 100 + r * 10 + c) as f32
+    }
+
+    fn expert_mat(j: usize, which: usize, rows: usize, cols: usize) -> Tensor {
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|x| value(j, which, x / cols, x % cols))
+            .collect();
+        Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
+    }
+
+    fn save(path: &Path, tensors: HashMap<String, Tensor>) {
+        candle::safetensors::save(&tensors, path).unwrap();
+    }
+
+    #[test]
+    fn per_expert_fused_and_transposed_layouts_agree() {
+        let t = tempfile::tempdir().unwrap();
+        let p = "model.layers.1.mlp";
+        let mut per = HashMap::new();
+        for j in 0..E {
+            per.insert(format!("{p}.experts.{j}.w1.weight"), expert_mat(j, 0, I, H));
+            per.insert(format!("{p}.experts.{j}.w3.weight"), expert_mat(j, 1, I, H));
+            per.insert(format!("{p}.experts.{j}.w2.weight"), expert_mat(j, 2, H, I));
+        }
+        let stack = |f: &dyn Fn(usize) -> Tensor| {
+            Tensor::stack(&(0..E).map(f).collect::<Vec<_>>(), 0).unwrap()
+        };
+        let gate_up =
+            stack(&|j| Tensor::cat(&[expert_mat(j, 0, I, H), expert_mat(j, 1, I, H)], 0).unwrap());
+        let down = stack(&|j| expert_mat(j, 2, H, I));
+        let mut fused = HashMap::new();
+        fused.insert(format!("{p}.experts.gate_up_proj"), gate_up.clone());
+        fused.insert(format!("{p}.experts.down_proj"), down.clone());
+        let mut transposed = HashMap::new();
+        transposed.insert(
+            format!("{p}.experts.gate_up_proj"),
+            gate_up.transpose(1, 2).unwrap().contiguous().unwrap(),
+        );
+        transposed.insert(
+            format!("{p}.experts.down_proj"),
+            down.transpose(1, 2).unwrap().contiguous().unwrap(),
+        );
+        let mut stacks = Vec::new();
+        for (name, tensors) in [("per", per), ("fused", fused), ("transposed", transposed)] {
+            let f = t.path().join(format!("{name}.safetensors"));
+            save(&f, tensors);
+            let w = Weights::open(&[f], &Device::Cpu).unwrap();
+            stacks.push(w.experts(p, W1_W3_W2, &[3, 1], E, H, I).unwrap());
+        }
+        for s in &stacks {
+            assert_eq!(s.len(), 2);
+            // Expert 3's gate row 2, column 5; expert 1's down row 4, column 1.
+            let g = s.gate.to_vec3::<f32>().unwrap();
+            assert_eq!(g[0][2][5], value(3, 0, 2, 5));
+            let u = s.up.to_vec3::<f32>().unwrap();
+            assert_eq!(u[1][0][0], value(1, 1, 0, 0));
+            let d = s.down.to_vec3::<f32>().unwrap();
+            assert_eq!(d[1][4][1], value(1, 2, 4, 1));
+        }
+    }
+
+    #[test]
+    fn missing_misshapen_and_truncated_are_named() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("m.safetensors");
+        let mut m = HashMap::new();
+        m.insert(
+            "a".to_string(),
+            Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap(),
+        );
+        m.insert(
+            "b.experts.0.gate_proj.weight".to_string(),
+            Tensor::zeros((I, H), DType::F32, &Device::Cpu).unwrap(),
+        );
+        save(&f, m);
+        let w = Weights::open(std::slice::from_ref(&f), &Device::Cpu).unwrap();
+        assert_eq!(w.get("a", &[2, 3]).unwrap().dims(), &[2, 3]);
+        let e = w.get("a", &[3, 2]).unwrap_err().to_string();
+        assert!(
+            e.contains("tensor a has shape [2, 3], expected [3, 2]") && e.contains("m.safetensors"),
+            "{e}"
+        );
+        assert!(w
+            .get("zz", &[1])
+            .unwrap_err()
+            .to_string()
+            .contains("tensor zz is missing"));
+        // Expert 0 exists but its up projection does not.
+        let e = w
+            .experts("b", GATE_UP_DOWN, &[0], E, H, I)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("b.experts.0.up_proj.weight is missing"), "{e}");
+        assert!(w
+            .experts("c", GATE_UP_DOWN, &[0], E, H, I)
+            .unwrap_err()
+            .to_string()
+            .contains("no experts for c"));
+        assert!(w.experts("b", GATE_UP_DOWN, &[9], E, H, I).is_err());
+        let bytes = std::fs::read(&f).unwrap();
+        let cut = t.path().join("cut.safetensors");
+        std::fs::write(&cut, &bytes[..bytes.len() - 7]).unwrap();
+        let e = Weights::open(&[cut], &Device::Cpu)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("cut.safetensors") && e.contains("not a readable safetensors"),
+            "{e}"
+        );
+    }
+}
