@@ -16,6 +16,7 @@ pub mod dispatch;
 mod error;
 pub mod exchange;
 pub mod experts;
+pub mod models;
 pub mod moe;
 pub mod placement;
 pub mod pruning;

@@ -1,0 +1,424 @@
+//! `config.json` of the supported MoE families, normalised into one typed [`ModelConfig`]:
+//!
+//! | `model_type` | experts | top-k | expert size | renormalise | shared experts | MoE layers |
+//! |---|---|---|---|---|---|---|
+//! | `olmoe` | `num_experts` | `num_experts_per_tok` | `intermediate_size` | `norm_topk_prob` | none | all |
+//! | `qwen2_moe` | `num_experts` | `num_experts_per_tok` | `moe_intermediate_size` | `norm_topk_prob` | one, `shared_expert_intermediate_size`, sigmoid gate | `decoder_sparse_step`, `mlp_only_layers` |
+//! | `deepseek` (v1) | `n_routed_experts` | `num_experts_per_tok` | `moe_intermediate_size` | `norm_topk_prob` | `n_shared_experts` fused | `first_k_dense_replace`, `moe_layer_freq` |
+//! | `mixtral` | `num_local_experts` | `num_experts_per_tok` | `intermediate_size` | always | none | all |
+//! | `qwen3_moe` | `num_experts` | `num_experts_per_tok` | `moe_intermediate_size` | `norm_topk_prob` | none | `decoder_sparse_step`, `mlp_only_layers` |
+
+use crate::routing::RouterRule;
+use crate::{Error, Result};
+use serde_json::Value;
+use std::path::Path;
+
+/// The supported families.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Olmoe,
+    Qwen2Moe,
+    DeepseekMoe,
+    Mixtral,
+    Qwen3Moe,
+}
+
+/// `model_type` values and their families.
+pub const SUPPORTED: [(&str, Family); 5] = [
+    ("olmoe", Family::Olmoe),
+    ("qwen2_moe", Family::Qwen2Moe),
+    ("deepseek", Family::DeepseekMoe),
+    ("mixtral", Family::Mixtral),
+    ("qwen3_moe", Family::Qwen3Moe),
+];
+
+/// How queries and keys are normalised before RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// RMSNorm over the whole projection (OLMoE).
+    Full,
+    /// RMSNorm over each head (Qwen3).
+    PerHead,
+}
+
+/// Shared experts, fused into one MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedConfig {
+    pub intermediate: usize,
+    /// Scaled by `sigmoid(x . shared_expert_gate)` (Qwen-MoE).
+    pub gated: bool,
+}
+
+/// The MoE blocks' configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub expert_intermediate: usize,
+    pub renormalize: bool,
+    pub scaling_factor: f32,
+    pub shared: Option<SharedConfig>,
+}
+
+/// One model's configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub family: Family,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Intermediate size of dense MLP layers.
+    pub dense_intermediate: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub tie_word_embeddings: bool,
+    pub attention_bias: bool,
+    pub qk_norm: QkNorm,
+    pub clip_qkv: Option<f64>,
+    pub moe: MoeConfig,
+    /// Whether each layer's MLP is an MoE block (else a dense MLP).
+    pub moe_layers: Vec<bool>,
+}
+
+struct Fields<'a> {
+    v: &'a Value,
+    origin: &'a str,
+    model_type: &'a str,
+}
+
+impl Fields<'_> {
+    fn missing(&self, key: &str) -> Error {
+        Error::bad_file(
+            self.origin,
+            format!("missing field `{key}` ({})", self.model_type),
+        )
+    }
+    fn bad(&self, key: &str, want: &str) -> Error {
+        Error::bad_file(
+            self.origin,
+            format!("field `{key}` = {} is not {want}", self.v[key]),
+        )
+    }
+    fn present(&self, key: &str) -> bool {
+        !self.v.get(key).is_none_or(Value::is_null)
+    }
+    fn usize(&self, key: &str) -> Result<usize> {
+        if !self.present(key) {
+            return Err(self.missing(key));
+        }
+        self.v[key]
+            .as_u64()
+            .map(|x| x as usize)
+            .ok_or_else(|| self.bad(key, "a non-negative integer"))
+    }
+    fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
+        if self.present(key) {
+            self.usize(key)
+        } else {
+            Ok(default)
+        }
+    }
+    fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
+        if !self.present(key) {
+            return Ok(default);
+        }
+        self.v[key]
+            .as_f64()
+            .ok_or_else(|| self.bad(key, "a number"))
+    }
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        if !self.present(key) {
+            return Ok(default);
+        }
+        self.v[key]
+            .as_bool()
+            .ok_or_else(|| self.bad(key, "true or false"))
+    }
+    fn usize_list(&self, key: &str) -> Result<Vec<usize>> {
+        if !self.present(key) {
+            return Ok(Vec::new());
+        }
+        self.v[key]
+            .as_array()
+            .and_then(|a| a.iter().map(|x| x.as_u64().map(|x| x as usize)).collect())
+            .ok_or_else(|| self.bad(key, "a list of layer indices"))
+    }
+}
+
+impl ModelConfig {
+    /// Reads and checks `config.json`.
+    pub fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::bad_file(path, format!("not valid JSON: {e}")))?;
+        Self::from_json(&v, &path.display().to_string())
+    }
+
+    /// Parses a `config.json` value; `origin` names it in errors.
+    pub fn from_json(v: &Value, origin: &str) -> Result<Self> {
+        let model_type = v
+            .get("model_type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Error::bad_file(origin, "missing field `model_type`"))?;
+        let family = SUPPORTED
+            .iter()
+            .find(|(t, _)| *t == model_type)
+            .map(|(_, f)| *f)
+            .ok_or_else(|| {
+                Error::bad_file(
+                    origin,
+                    format!(
+                        "model_type {model_type:?} is not supported (supported: {})",
+                        SUPPORTED.map(|(t, _)| t).join(", ")
+                    ),
+                )
+            })?;
+        let f = Fields {
+            v,
+            origin,
+            model_type,
+        };
+        let hidden_size = f.usize("hidden_size")?;
+        let num_layers = f.usize("num_hidden_layers")?;
+        let num_heads = f.usize("num_attention_heads")?;
+        let num_kv_heads = f.usize_or("num_key_value_heads", num_heads)?;
+        if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(Error::bad_file(
+                origin,
+                format!("{num_heads} attention heads cannot share {num_kv_heads} key/value heads"),
+            ));
+        }
+        let head_dim = f.usize_or("head_dim", hidden_size / num_heads)?;
+        let dense_intermediate = f.usize_or("intermediate_size", 0)?;
+        use Family::*;
+        let (num_experts, expert_intermediate) = match family {
+            Olmoe => (f.usize("num_experts")?, f.usize("intermediate_size")?),
+            Mixtral => (f.usize("num_local_experts")?, f.usize("intermediate_size")?),
+            Qwen2Moe | Qwen3Moe => (f.usize("num_experts")?, f.usize("moe_intermediate_size")?),
+            DeepseekMoe => (
+                f.usize("n_routed_experts")?,
+                f.usize("moe_intermediate_size")?,
+            ),
+        };
+        let top_k = f.usize("num_experts_per_tok")?;
+        crate::trace::check_experts_top_k(num_experts, top_k)
+            .map_err(|m| Error::bad_file(origin, m))?;
+        let renormalize = match family {
+            Mixtral => true,
+            Qwen3Moe => f.bool_or("norm_topk_prob", true)?,
+            _ => f.bool_or("norm_topk_prob", false)?,
+        };
+        let shared = match family {
+            Qwen2Moe => Some(SharedConfig {
+                intermediate: f.usize("shared_expert_intermediate_size")?,
+                gated: true,
+            }),
+            DeepseekMoe => match f.usize_or("n_shared_experts", 0)? {
+                0 => None,
+                n => Some(SharedConfig {
+                    intermediate: n * expert_intermediate,
+                    gated: false,
+                }),
+            },
+            _ => None,
+        };
+        let moe_layers: Vec<bool> = match family {
+            Olmoe | Mixtral => vec![true; num_layers],
+            Qwen2Moe | Qwen3Moe => {
+                let step = f.usize_or("decoder_sparse_step", 1)?.max(1);
+                let dense = f.usize_list("mlp_only_layers")?;
+                (0..num_layers)
+                    .map(|l| !dense.contains(&l) && (l + 1) % step == 0)
+                    .collect()
+            }
+            DeepseekMoe => {
+                let first = f.usize_or("first_k_dense_replace", 0)?;
+                let freq = f.usize_or("moe_layer_freq", 1)?.max(1);
+                (0..num_layers)
+                    .map(|l| l >= first && l % freq == 0)
+                    .collect()
+            }
+        };
+        if moe_layers.contains(&false) && dense_intermediate == 0 {
+            return Err(f.missing("intermediate_size"));
+        }
+        Ok(ModelConfig {
+            family,
+            vocab_size: f.usize("vocab_size")?,
+            hidden_size,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            dense_intermediate,
+            rms_norm_eps: f.f64_or("rms_norm_eps", 1e-6)?,
+            rope_theta: f.f64_or("rope_theta", 10000.0)?,
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
+            attention_bias: match family {
+                Qwen2Moe => f.bool_or("qkv_bias", true)?,
+                _ => f.bool_or("attention_bias", false)?,
+            },
+            qk_norm: match family {
+                Olmoe => QkNorm::Full,
+                Qwen3Moe => QkNorm::PerHead,
+                _ => QkNorm::None,
+            },
+            clip_qkv: if f.present("clip_qkv") {
+                Some(f.f64_or("clip_qkv", 0.0)?)
+            } else {
+                None
+            },
+            moe: MoeConfig {
+                num_experts,
+                top_k,
+                expert_intermediate,
+                renormalize,
+                scaling_factor: f.f64_or("routed_scaling_factor", 1.0)? as f32,
+                shared,
+            },
+            moe_layers,
+        })
+    }
+
+    /// The router rule of the model's MoE blocks.
+    pub fn router_rule(&self) -> RouterRule {
+        let mut r =
+            RouterRule::softmax_topk(self.moe.num_experts, self.moe.top_k, self.moe.renormalize);
+        r.scaling_factor = self.moe.scaling_factor;
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Result<ModelConfig> {
+        ModelConfig::from_json(&v, "config.json")
+    }
+
+    #[test]
+    fn the_five_families() {
+        let olmoe = parse(json!({"model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048,
+            "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "intermediate_size": 1024, "num_experts": 64, "num_experts_per_tok": 8,
+            "norm_topk_prob": false, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "clip_qkv": null}))
+        .unwrap();
+        assert_eq!(
+            (
+                olmoe.moe.num_experts,
+                olmoe.moe.top_k,
+                olmoe.moe.expert_intermediate
+            ),
+            (64, 8, 1024)
+        );
+        assert_eq!(olmoe.qk_norm, QkNorm::Full);
+        assert!(olmoe.moe_layers.iter().all(|&m| m) && olmoe.clip_qkv.is_none());
+        assert!(!olmoe.router_rule().renormalize);
+
+        let qwen2 = parse(
+            json!({"model_type": "qwen2_moe", "vocab_size": 151936, "hidden_size": 2048,
+            "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "intermediate_size": 5632, "moe_intermediate_size": 1408, "num_experts": 60,
+            "num_experts_per_tok": 4, "shared_expert_intermediate_size": 5632,
+            "decoder_sparse_step": 2, "mlp_only_layers": [3]}),
+        )
+        .unwrap();
+        assert_eq!(qwen2.moe_layers, vec![false, true, false, false]);
+        assert_eq!(
+            qwen2.moe.shared,
+            Some(SharedConfig {
+                intermediate: 5632,
+                gated: true
+            })
+        );
+        assert!(qwen2.attention_bias);
+
+        let ds = parse(
+            json!({"model_type": "deepseek", "vocab_size": 102400, "hidden_size": 2048,
+            "num_hidden_layers": 4, "num_attention_heads": 16, "intermediate_size": 10944,
+            "moe_intermediate_size": 1408, "n_routed_experts": 64, "num_experts_per_tok": 6,
+            "n_shared_experts": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1}),
+        )
+        .unwrap();
+        assert_eq!(ds.moe_layers, vec![false, true, true, true]);
+        assert_eq!(
+            ds.moe.shared,
+            Some(SharedConfig {
+                intermediate: 2816,
+                gated: false
+            })
+        );
+        assert_eq!(ds.num_kv_heads, 16);
+
+        let mix = parse(
+            json!({"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+            "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2}),
+        )
+        .unwrap();
+        assert!(mix.router_rule().renormalize);
+        assert_eq!(mix.head_dim, 128);
+
+        let q3 = parse(
+            json!({"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+            "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 4,
+            "head_dim": 128, "moe_intermediate_size": 768, "num_experts": 128,
+            "num_experts_per_tok": 8, "norm_topk_prob": true, "intermediate_size": 6144}),
+        )
+        .unwrap();
+        assert_eq!((q3.head_dim, q3.qk_norm), (128, QkNorm::PerHead));
+        assert!(q3.router_rule().renormalize);
+    }
+
+    #[test]
+    fn bad_configs_are_named() {
+        let e = parse(json!({"model_type": "llama"}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"llama\" is not supported") && e.contains("olmoe, qwen2_moe"),
+            "{e}"
+        );
+        let e = parse(json!({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "intermediate_size": 32, "num_experts_per_tok": 2, "vocab_size": 10}))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("missing field `num_local_experts` (mixtral)"),
+            "{e}"
+        );
+        let e = parse(json!({"model_type": "olmoe", "hidden_size": "big"}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`hidden_size` = \"big\" is not a non-negative integer"),
+            "{e}"
+        );
+        let e = parse(
+            json!({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "num_key_value_heads": 3, "intermediate_size": 32,
+            "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 10}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("cannot share 3"), "{e}");
+        let e = parse(
+            json!({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "intermediate_size": 32, "num_local_experts": 2,
+            "num_experts_per_tok": 3, "vocab_size": 10}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("top_k = 3"), "{e}");
+        assert!(parse(json!({}))
+            .unwrap_err()
+            .to_string()
+            .contains("`model_type`"));
+    }
+}
