@@ -237,18 +237,9 @@ fn plan_rows_equal_the_analysis_core_per_link() {
     }
 }
 
-/// One rank's stacked output, input gradient and parameter gradients.
-type Stacked = (Vec<f32>, Option<Vec<f32>>, Vec<Option<Vec<f32>>>);
-
-/// Two EP layers with residual connections, the way models stack them, on ranks that include
-/// one without tokens. With a plain `h + moe(h)`, candle's empty-tensor shortcut drops the
-/// layers from that rank's backward although its experts served other ranks' rows;
-/// `residual_add` keeps them.
-fn run_stacked(safe_add: bool, timeout: std::time::Duration) -> Vec<occult_core::Result<Stacked>> {
-    use candle::Var;
-    use occult_core::comm::local::run_local_with_timeout;
-    use occult_core::moe::residual_add;
-    let case = Case {
+/// The stacked-layer case: four ranks, one without tokens.
+fn stacked_case() -> Case {
+    Case {
         d: 4,
         e: 16,
         k: 4,
@@ -260,7 +251,21 @@ fn run_stacked(safe_add: bool, timeout: std::time::Duration) -> Vec<occult_core:
         prune: None,
         seed: 3,
         frozen_input: false,
-    };
+    }
+}
+
+/// One rank's stacked output, input gradient and parameter gradients.
+type Stacked = (Vec<f32>, Option<Vec<f32>>, Vec<Option<Vec<f32>>>);
+
+/// Two EP layers with residual connections, the way models stack them, on ranks that include
+/// one without tokens. With a plain `h + moe(h)`, candle's empty-tensor shortcut drops the
+/// layers from that rank's backward although its experts served other ranks' rows;
+/// `residual_add` keeps them.
+fn run_stacked(safe_add: bool, timeout: std::time::Duration) -> Vec<occult_core::Result<Stacked>> {
+    use candle::Var;
+    use occult_core::comm::local::run_local_with_timeout;
+    use occult_core::moe::residual_add;
+    let case = stacked_case();
     let a = Fixture::new(&case);
     let b = Fixture::new(&Case {
         seed: 4,
@@ -308,19 +313,7 @@ fn stacked_layers_with_an_empty_rank() {
         .map(|r| r.expect("every rank finishes"))
         .collect();
     // The reference: the same two layers, stacked, on all tokens.
-    let case_a = Fixture::new(&Case {
-        d: 4,
-        e: 16,
-        k: 4,
-        random_placement: true,
-        shared: false,
-        renormalize: false,
-        tokens: vec![5, 0, 7, 3],
-        mode: DispatchMode::Occult,
-        prune: None,
-        seed: 3,
-        frozen_input: false,
-    });
+    let case_a = Fixture::new(&stacked_case());
     let case_b = Fixture::new(&Case {
         seed: 4,
         ..case_a.case.clone()
