@@ -199,6 +199,28 @@ impl Fixture {
         }
     }
 
+    /// Outputs and gradients of a run, flattened.
+    fn outcome(
+        &self,
+        out: &Tensor,
+        x: &Var,
+        grads: &candle::backprop::GradStore,
+        stats: StepStats,
+        comm: CommStats,
+    ) -> Outcome {
+        Outcome {
+            out: flat(out),
+            gx: grads.get(x.as_tensor()).map(flat),
+            gparams: self
+                .vars
+                .iter()
+                .map(|v| grads.get(v.as_tensor()).map(flat))
+                .collect(),
+            stats,
+            comm,
+        }
+    }
+
     /// The single-device reference on all tokens.
     pub fn reference(&self) -> Outcome {
         let c = &self.case;
@@ -210,17 +232,7 @@ impl Fixture {
             .and_then(|l| l.sum_all())
             .and_then(|l| l.backward())
             .expect("reference backward");
-        Outcome {
-            out: flat(&out),
-            gx: grads.get(x.as_tensor()).map(flat),
-            gparams: self
-                .vars
-                .iter()
-                .map(|v| grads.get(v.as_tensor()).map(flat))
-                .collect(),
-            stats: StepStats::default(),
-            comm: CommStats::default(),
-        }
+        self.outcome(&out, &x, &grads, StepStats::default(), CommStats::default())
     }
 
     /// This rank's EP forward and backward on its own tokens.
@@ -248,17 +260,7 @@ impl Fixture {
         let (out, stats) = layer.forward(&input)?;
         let g = Tensor::from_slice(&self.g[at * H..(at + n) * H], (n, H), &Device::Cpu)?;
         let grads = (out.clone() * g)?.sum_all()?.backward()?;
-        Ok(Outcome {
-            out: flat(&out),
-            gx: grads.get(x.as_tensor()).map(flat),
-            gparams: self
-                .vars
-                .iter()
-                .map(|v| grads.get(v.as_tensor()).map(flat))
-                .collect(),
-            stats,
-            comm: comm.stats(),
-        })
+        Ok(self.outcome(&out, &x, &grads, stats, comm.stats()))
     }
 
     /// Checks one rank's outputs, input gradients and row counts against the reference.

@@ -230,7 +230,6 @@ pub fn all_to_all_v<T: Pod>(
     send_counts: &[usize],
     width: usize,
 ) -> Result<(Vec<T>, Vec<usize>)> {
-    check_counts(comm, send.len(), send_counts, width)?;
     let mut recv = Vec::<T>::new();
     let counts = comm.all_to_all_v_into(
         bytemuck::cast_slice(send),
@@ -239,29 +238,6 @@ pub fn all_to_all_v<T: Pod>(
         &mut recv,
     )?;
     Ok((recv, counts))
-}
-
-fn check_counts(
-    comm: &dyn Communicator,
-    len: usize,
-    send_counts: &[usize],
-    width: usize,
-) -> Result<()> {
-    if send_counts.len() != comm.size() {
-        return Err(Error::Comm(format!(
-            "all_to_all_v: {} send counts for {} ranks",
-            send_counts.len(),
-            comm.size()
-        )));
-    }
-    let rows: usize = send_counts.iter().sum();
-    if rows * width != len {
-        return Err(Error::Comm(format!(
-            "all_to_all_v: {rows} rows of width {width} need {} values, got {len}",
-            rows * width
-        )));
-    }
-    Ok(())
 }
 
 /// Checks a byte-level send: one count per rank, and counts that cover the buffer exactly.
