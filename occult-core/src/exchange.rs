@@ -9,7 +9,7 @@ use crate::{Error, Result};
 use candle::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use std::sync::{Arc, Mutex};
 
-/// Exchanges the rows of `x` (`[rows, width]`, f32): the first `send_counts[0]` rows go to
+/// Exchanges the rows of `x` (`[rows, width]`, f32, bf16 or f16): the first `send_counts[0]` rows go to
 /// rank 0, and so on. Returns the received rows (`[received, width]`, in source-rank order)
 /// and the count from each source. Differentiable with respect to `x`.
 pub fn exchange_rows(
@@ -39,6 +39,32 @@ struct Exchange {
     recv_counts: Arc<Mutex<Option<Vec<usize>>>>,
 }
 
+impl Exchange {
+    /// Sends this rank's rows (`width` elements each) and records the receive counts.
+    fn exchange<T: bytemuck::Pod>(
+        &self,
+        send: &[T],
+        width: usize,
+    ) -> candle::Result<(Vec<T>, usize)> {
+        let mut recv = Vec::<T>::new();
+        let counts = self
+            .comm
+            .all_to_all_v_into(
+                bytemuck::cast_slice(send),
+                &self.send_counts,
+                width * std::mem::size_of::<T>(),
+                &mut recv,
+            )
+            .map_err(|e| candle::Error::Msg(e.to_string()))?;
+        let rows: usize = counts.iter().sum();
+        *self
+            .recv_counts
+            .lock()
+            .map_err(|_| candle::Error::Msg("exchange state poisoned".into()))? = Some(counts);
+        Ok((recv, rows))
+    }
+}
+
 impl CustomOp1 for Exchange {
     fn name(&self) -> &'static str {
         "occult-all-to-all"
@@ -54,29 +80,25 @@ impl CustomOp1 for Exchange {
             candle::bail!("exchange_rows expects [rows, width], got {:?}", dims);
         }
         let width = dims[1];
-        let CpuStorage::F32(data) = storage else {
-            candle::bail!("exchange_rows supports f32 tensors on CPU");
-        };
         let Some((start, end)) = layout.contiguous_offsets() else {
             candle::bail!("exchange_rows needs a contiguous tensor");
         };
-        let send = &data[start..end];
-        let mut recv = Vec::<f32>::new();
-        let counts = self
-            .comm
-            .all_to_all_v_into(
-                bytemuck::cast_slice(send),
-                &self.send_counts,
-                width * 4,
-                &mut recv,
-            )
-            .map_err(|e| candle::Error::Msg(e.to_string()))?;
-        let rows: usize = counts.iter().sum();
-        *self
-            .recv_counts
-            .lock()
-            .map_err(|_| candle::Error::Msg("exchange state poisoned".into()))? = Some(counts);
-        Ok((CpuStorage::F32(recv), Shape::from((rows, width))))
+        let (out, rows) = match storage {
+            CpuStorage::F32(d) => {
+                let (v, rows) = self.exchange(&d[start..end], width)?;
+                (CpuStorage::F32(v), rows)
+            }
+            CpuStorage::BF16(d) => {
+                let (v, rows) = self.exchange(&d[start..end], width)?;
+                (CpuStorage::BF16(v), rows)
+            }
+            CpuStorage::F16(d) => {
+                let (v, rows) = self.exchange(&d[start..end], width)?;
+                (CpuStorage::F16(v), rows)
+            }
+            _ => candle::bail!("exchange_rows supports f32, bf16 and f16 tensors"),
+        };
+        Ok((out, Shape::from((rows, width))))
     }
 
     fn bwd(

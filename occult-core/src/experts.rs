@@ -4,7 +4,7 @@
 
 use crate::dispatch::ComputePlan;
 use crate::{bail, Result};
-use candle::{DType, Tensor};
+use candle::Tensor;
 
 /// `down(silu(gate(x)) * up(x))` for rows `x` `[n, H]` and weights `gate`, `up` `[I, H]`,
 /// `down` `[H, I]`.
@@ -125,7 +125,7 @@ impl SwigluStack {
             outs.push(y);
             dest.push(ri);
         }
-        let zeros = Tensor::zeros((r, h), DType::F32, dev)?;
+        let zeros = Tensor::zeros((r, h), rows.dtype(), dev)?;
         Ok(zeros.index_add(&Tensor::cat(&dest, 0)?, &Tensor::cat(&outs, 0)?, 0)?)
     }
 }

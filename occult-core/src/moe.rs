@@ -70,11 +70,13 @@ pub fn residual_add(h: &Tensor, y: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// A routing decision: host ids `[T, k]` and gate weights on the graph `[T, k]`.
+/// A routing decision: host ids `[T, k]`, gate weights on the graph `[T, k]`, and the router
+/// logits `[T, E]` as the host saw them (f32, row-major).
 #[derive(Clone, Debug)]
 pub struct Routed {
     pub ids: Vec<u32>,
     pub weights: Tensor,
+    pub logits: Vec<f32>,
 }
 
 /// Routes tokens `x` `[T, H]` with router weights `[E, H]`; `pruner` rewrites the selection.
@@ -94,11 +96,15 @@ pub fn route(
         return Ok(Routed {
             ids: Vec::new(),
             weights: logits.narrow(1, 0, k)?,
+            logits: Vec::new(),
         });
     }
-    let host = logits.to_vec2::<f32>()?;
+    // Routing decisions are taken in f32 whatever the model's dtype; so are the gate weights.
+    let logits = logits.to_dtype(DType::F32)?;
+    let host = logits.flatten_all()?.to_vec1::<f32>()?;
+    let e = rule.num_experts;
     let mut ids = Vec::with_capacity(t * k);
-    for row in &host {
+    for row in host.chunks(e) {
         let sel = rule.route(row);
         match pruner {
             Some(p) => ids.extend(p.prune_logits(row, &sel.ids).ids),
@@ -117,7 +123,11 @@ pub fn route(
     if rule.scaling_factor != 1.0 {
         w = w.affine(rule.scaling_factor as f64, 0.0)?;
     }
-    Ok(Routed { ids, weights: w })
+    Ok(Routed {
+        ids,
+        weights: w.to_dtype(x.dtype())?,
+        logits: host,
+    })
 }
 
 /// The plain single-device MoE forward: for each expert, its tokens, its MLP, the gate
@@ -130,6 +140,16 @@ pub fn reference_forward(
     x: &Tensor,
     prune: Option<(&PruneSpec, &[u32], usize)>,
 ) -> Result<Tensor> {
+    Ok(reference_forward_routed(w, rule, x, prune)?.0)
+}
+
+/// [`reference_forward`], also returning the routing it used.
+pub fn reference_forward_routed(
+    w: &MoeWeights,
+    rule: &RouterRule,
+    x: &Tensor,
+    prune: Option<(&PruneSpec, &[u32], usize)>,
+) -> Result<(Tensor, Routed)> {
     let pruner = prune
         .map(|(spec, map, d)| spec.pruner(rule, map, d))
         .transpose()?;
@@ -137,7 +157,7 @@ pub fn reference_forward(
     let (t, h) = x.dims2()?;
     let k = rule.top_k;
     let flat_w = routed.weights.flatten_all()?;
-    let mut out = Tensor::zeros((t, h), DType::F32, x.device())?;
+    let mut out = Tensor::zeros((t, h), x.dtype(), x.device())?;
     for e in 0..w.experts.len() {
         let mut tok = Vec::new();
         let mut pos = Vec::new();
@@ -159,7 +179,7 @@ pub fn reference_forward(
     if let Some(s) = &w.shared {
         out = (out + s.forward(x)?)?;
     }
-    Ok(out)
+    Ok((out, routed))
 }
 
 /// Time and traffic of one EP forward on one rank.
@@ -308,6 +328,12 @@ impl EpMoe {
     /// Forward of this rank's tokens `x` `[T, H]`. Collective: every rank of the group must call
     /// it (a rank with no tokens passes `[0, H]`).
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, StepStats)> {
+        let (y, st, _) = self.forward_routed(x)?;
+        Ok((y, st))
+    }
+
+    /// [`EpMoe::forward`], also returning this rank's routing.
+    pub fn forward_routed(&self, x: &Tensor) -> Result<(Tensor, StepStats, Routed)> {
         let mut st = StepStats::default();
         let (t, h) = x.dims2()?;
         let dev = x.device();
@@ -393,11 +419,11 @@ impl EpMoe {
             let w = routed.weights.flatten_all()?.index_select(&widx, 0)?;
             back = back.broadcast_mul(&w.unsqueeze(1)?)?;
         }
-        let mut out = Tensor::zeros((t, h), DType::F32, dev)?.index_add(&row_idx, &back, 0)?;
+        let mut out = Tensor::zeros((t, h), x.dtype(), dev)?.index_add(&row_idx, &back, 0)?;
         if let Some(sh) = &self.shared {
             out = (out + sh.forward(x)?)?;
         }
         st.combine_s = clock.elapsed().as_secs_f64();
-        Ok((out, st))
+        Ok((out, st, routed))
     }
 }

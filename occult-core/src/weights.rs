@@ -41,12 +41,24 @@ pub struct Weights {
     st: MmapedSafetensors,
     files: Vec<PathBuf>,
     device: Device,
+    dtype: DType,
+    trainable: bool,
 }
 
 impl Weights {
-    /// Maps the shards. Each file is checked on its own first, so that a truncated or broken
-    /// shard is named.
+    /// Maps the shards; tensors are read as f32.
     pub fn open(files: &[PathBuf], device: &Device) -> Result<Self> {
+        Self::open_as(files, device, DType::F32)
+    }
+
+    /// Maps the shards; tensors are read as `dtype` (f32, bf16 or f16). Each file is checked on
+    /// its own first, so that a truncated or broken shard is named.
+    pub fn open_as(files: &[PathBuf], device: &Device, dtype: DType) -> Result<Self> {
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(Error::invalid(format!(
+                "weights can be read as f32, bf16 or f16, not {dtype:?}"
+            )));
+        }
         if files.is_empty() {
             return Err(Error::invalid("no safetensors files to read"));
         }
@@ -64,6 +76,8 @@ impl Weights {
             st,
             files: files.to_vec(),
             device: device.clone(),
+            dtype,
+            trainable: false,
         })
     }
 
@@ -88,7 +102,26 @@ impl Weights {
         self.st.get(name).ok().map(|v| v.shape().to_vec())
     }
 
-    /// Tensor `name` as f32, which must have shape `expected`.
+    /// Makes every tensor read from now on a trainable leaf (a candle `Var`), so that
+    /// gradients reach it.
+    pub fn set_trainable(&mut self, trainable: bool) {
+        self.trainable = trainable;
+    }
+
+    fn leaf(&self, t: Tensor) -> Result<Tensor> {
+        if self.trainable {
+            Ok(candle::Var::from_tensor(&t)?.as_tensor().clone())
+        } else {
+            Ok(t)
+        }
+    }
+
+    /// The dtype tensors are read as.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Tensor `name` in the chosen dtype, which must have shape `expected`.
     pub fn get(&self, name: &str, expected: &[usize]) -> Result<Tensor> {
         let shape = self
             .shape(name)
@@ -103,7 +136,7 @@ impl Weights {
             .st
             .load(name, &self.device)
             .map_err(|e| Error::bad_file(self.origin(), format!("reading tensor {name}: {e}")))?;
-        Ok(t.to_dtype(DType::F32)?)
+        self.leaf(t.to_dtype(self.dtype)?)
     }
 
     /// The experts `ids` (in that order) of the MoE block at `prefix` (for example
@@ -133,9 +166,9 @@ impl Weights {
                 down.push(self.get(&p(names.down), &[h, i])?);
             }
             return SwigluStack::new(
-                Tensor::stack(&gate, 0)?,
-                Tensor::stack(&up, 0)?,
-                Tensor::stack(&down, 0)?,
+                self.leaf(Tensor::stack(&gate, 0)?)?,
+                self.leaf(Tensor::stack(&up, 0)?)?,
+                self.leaf(Tensor::stack(&down, 0)?)?,
             );
         }
         let gate_up_name = format!("{prefix}.experts.gate_up_proj");
@@ -181,9 +214,9 @@ impl Weights {
             ));
         };
         SwigluStack::new(
-            gate_up.narrow(1, 0, i)?.contiguous()?,
-            gate_up.narrow(1, i, i)?.contiguous()?,
-            down,
+            self.leaf(gate_up.narrow(1, 0, i)?.contiguous()?)?,
+            self.leaf(gate_up.narrow(1, i, i)?.contiguous()?)?,
+            self.leaf(down)?,
         )
     }
 }

@@ -79,6 +79,14 @@ pub struct ModelConfig {
     pub attention_bias: bool,
     pub qk_norm: QkNorm,
     pub clip_qkv: Option<f64>,
+    /// Keys further back than this many positions are not attended to (Mixtral's
+    /// `sliding_window`, Qwen's when `use_sliding_window`).
+    pub sliding_window: Option<usize>,
+    /// `max_position_embeddings`.
+    pub max_positions: Option<usize>,
+    pub bos_token_id: Option<u32>,
+    /// `eos_token_id`, a number or a list.
+    pub eos_token_ids: Vec<u32>,
     pub moe: MoeConfig,
     /// Whether each layer's MLP is an MoE block (else a dense MLP).
     pub moe_layers: Vec<bool>,
@@ -182,6 +190,7 @@ impl ModelConfig {
             origin,
             model_type,
         };
+        use Family::*;
         let hidden_size = f.usize("hidden_size")?;
         let num_layers = f.usize("num_hidden_layers")?;
         let num_heads = f.usize("num_attention_heads")?;
@@ -192,9 +201,18 @@ impl ModelConfig {
                 format!("{num_heads} attention heads cannot share {num_kv_heads} key/value heads"),
             ));
         }
-        let head_dim = f.usize_or("head_dim", hidden_size / num_heads)?;
+        // Only Qwen3 (and newer Mixtral configs) decouple head_dim from hidden / heads.
+        let head_dim = match family {
+            Qwen3Moe | Mixtral => f.usize_or("head_dim", hidden_size / num_heads)?,
+            _ => hidden_size / num_heads,
+        };
+        if head_dim == 0 || head_dim % 2 == 1 {
+            return Err(Error::bad_file(
+                origin,
+                format!("head_dim {head_dim} must be even and positive (RoPE rotates pairs)"),
+            ));
+        }
         let dense_intermediate = f.usize_or("intermediate_size", 0)?;
-        use Family::*;
         let (num_experts, expert_intermediate) = match family {
             Olmoe => (f.usize("num_experts")?, f.usize("intermediate_size")?),
             Mixtral => (f.usize("num_local_experts")?, f.usize("intermediate_size")?),
@@ -243,6 +261,32 @@ impl ModelConfig {
                     .collect()
             }
         };
+        if f.present("rope_scaling") {
+            let kind = v["rope_scaling"]
+                .get("rope_type")
+                .or_else(|| v["rope_scaling"].get("type"))
+                .and_then(Value::as_str)
+                .unwrap_or("?");
+            if kind != "default" {
+                return Err(Error::bad_file(
+                    origin,
+                    format!("rope_scaling of type {kind:?} is not supported (only plain RoPE)"),
+                ));
+            }
+        }
+        let sliding_window = match family {
+            Qwen2Moe | Qwen3Moe if f.bool_or("use_sliding_window", false)? => {
+                return Err(Error::bad_file(
+                    origin,
+                    "use_sliding_window = true is not supported for Qwen models",
+                ))
+            }
+            Mixtral if f.present("sliding_window") => Some(f.usize("sliding_window")?),
+            _ => None,
+        };
+        if sliding_window == Some(0) {
+            return Err(f.bad("sliding_window", "a positive window"));
+        }
         if moe_layers.contains(&false) && dense_intermediate == 0 {
             return Err(f.missing("intermediate_size"));
         }
@@ -271,6 +315,26 @@ impl ModelConfig {
                 Some(f.f64_or("clip_qkv", 0.0)?)
             } else {
                 None
+            },
+            sliding_window,
+            max_positions: if f.present("max_position_embeddings") {
+                Some(f.usize("max_position_embeddings")?)
+            } else {
+                None
+            },
+            bos_token_id: if f.present("bos_token_id") {
+                Some(f.usize("bos_token_id")? as u32)
+            } else {
+                None
+            },
+            eos_token_ids: match v.get("eos_token_id") {
+                Some(Value::Array(_)) => f
+                    .usize_list("eos_token_id")?
+                    .into_iter()
+                    .map(|x| x as u32)
+                    .collect(),
+                Some(Value::Null) | None => Vec::new(),
+                Some(_) => vec![f.usize("eos_token_id")? as u32],
             },
             moe: MoeConfig {
                 num_experts,

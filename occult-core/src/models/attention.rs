@@ -1,0 +1,171 @@
+//! Causal self-attention of the supported families, with grouped key/value heads, optional
+//! q/k/v biases, q/k RMSNorm over the whole projection (OLMoE) or per head (Qwen3), optional
+//! q/k/v clipping (OLMoE), rotate-half RoPE, an optional sliding window, and a key/value
+//! cache for incremental decoding.
+
+use super::config::{ModelConfig, QkNorm};
+use super::layers::{causal_mask, linear, repeat_kv, rms_norm, softmax_f32, Rope};
+use crate::weights::Weights;
+use crate::{bail, Result};
+use candle::Tensor;
+
+/// One layer's attention weights.
+#[derive(Clone, Debug)]
+pub struct Attention {
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    pub o: Tensor,
+    pub q_bias: Option<Tensor>,
+    pub k_bias: Option<Tensor>,
+    pub v_bias: Option<Tensor>,
+    pub q_norm: Option<Tensor>,
+    pub k_norm: Option<Tensor>,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub qk_norm: QkNorm,
+    pub clip: Option<f64>,
+    pub eps: f64,
+    pub window: Option<usize>,
+}
+
+/// The cached keys and values of one layer: `[B, kv_heads, S, head_dim]` each.
+#[derive(Clone, Debug, Default)]
+pub struct LayerCache {
+    pub kv: Option<(Tensor, Tensor)>,
+}
+
+impl LayerCache {
+    /// Positions already cached.
+    pub fn len(&self) -> usize {
+        self.kv.as_ref().map_or(0, |(k, _)| k.dims()[2])
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Attention {
+    /// Reads layer `l`'s attention (`model.layers.{l}.self_attn.*`).
+    pub fn load(w: &Weights, cfg: &ModelConfig, l: usize) -> Result<Self> {
+        let p = format!("model.layers.{l}.self_attn");
+        let (h, nh, nkv, hd) = (
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        );
+        let bias = |name: &str, n: usize| -> Result<Option<Tensor>> {
+            if cfg.attention_bias {
+                Ok(Some(w.get(&format!("{p}.{name}.bias"), &[n])?))
+            } else {
+                Ok(None)
+            }
+        };
+        let (q_norm, k_norm) = match cfg.qk_norm {
+            QkNorm::None => (None, None),
+            QkNorm::Full => (
+                Some(w.get(&format!("{p}.q_norm.weight"), &[nh * hd])?),
+                Some(w.get(&format!("{p}.k_norm.weight"), &[nkv * hd])?),
+            ),
+            QkNorm::PerHead => (
+                Some(w.get(&format!("{p}.q_norm.weight"), &[hd])?),
+                Some(w.get(&format!("{p}.k_norm.weight"), &[hd])?),
+            ),
+        };
+        Ok(Attention {
+            q: w.get(&format!("{p}.q_proj.weight"), &[nh * hd, h])?,
+            k: w.get(&format!("{p}.k_proj.weight"), &[nkv * hd, h])?,
+            v: w.get(&format!("{p}.v_proj.weight"), &[nkv * hd, h])?,
+            o: w.get(&format!("{p}.o_proj.weight"), &[h, nh * hd])?,
+            q_bias: bias("q_proj", nh * hd)?,
+            k_bias: bias("k_proj", nkv * hd)?,
+            v_bias: bias("v_proj", nkv * hd)?,
+            q_norm,
+            k_norm,
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            qk_norm: cfg.qk_norm,
+            clip: cfg.clip_qkv,
+            eps: cfg.rms_norm_eps,
+            window: cfg.sliding_window,
+        })
+    }
+
+    /// The trainable tensors, for gradient checks and optimisers.
+    pub fn params(&self) -> Vec<&Tensor> {
+        [&self.q, &self.k, &self.v, &self.o]
+            .into_iter()
+            .chain(self.q_bias.iter())
+            .chain(self.k_bias.iter())
+            .chain(self.v_bias.iter())
+            .chain(self.q_norm.iter())
+            .chain(self.k_norm.iter())
+            .collect()
+    }
+
+    /// Attention of `x` `[B, T, H]` whose first position is the cache's length; appends the new
+    /// keys and values to `cache` if given.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        cache: Option<&mut LayerCache>,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let offset = cache.as_ref().map_or(0, |c| c.len());
+        if offset + t > rope.max_positions() {
+            bail!(
+                "sequence of {} positions exceeds the model's {} (max_position_embeddings)",
+                offset + t,
+                rope.max_positions()
+            );
+        }
+        let mut q = linear(x, &self.q, self.q_bias.as_ref())?;
+        let mut k = linear(x, &self.k, self.k_bias.as_ref())?;
+        let mut v = linear(x, &self.v, self.v_bias.as_ref())?;
+        if let (QkNorm::Full, Some(qn), Some(kn)) = (self.qk_norm, &self.q_norm, &self.k_norm) {
+            q = rms_norm(&q, qn, self.eps)?;
+            k = rms_norm(&k, kn, self.eps)?;
+        }
+        if let Some(c) = self.clip {
+            q = q.clamp(-c, c)?;
+            k = k.clamp(-c, c)?;
+            v = v.clamp(-c, c)?;
+        }
+        let mut q = q.reshape((b, t, nh, hd))?;
+        let mut k = k.reshape((b, t, nkv, hd))?;
+        let v = v.reshape((b, t, nkv, hd))?;
+        if let (QkNorm::PerHead, Some(qn), Some(kn)) = (self.qk_norm, &self.q_norm, &self.k_norm) {
+            q = rms_norm(&q, qn, self.eps)?;
+            k = rms_norm(&k, kn, self.eps)?;
+        }
+        let q = rope.apply(&q.transpose(1, 2)?, offset)?;
+        let k = rope.apply(&k.transpose(1, 2)?, offset)?;
+        let v = v.transpose(1, 2)?.contiguous()?;
+        let (k, v) = match cache {
+            Some(c) => {
+                let kv = match c.kv.take() {
+                    Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
+                    None => (k, v),
+                };
+                c.kv = Some(kv.clone());
+                kv
+            }
+            None => (k, v),
+        };
+        let k = repeat_kv(&k, nh / nkv)?;
+        let v = repeat_kv(&v, nh / nkv)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let mask = causal_mask(t, offset, self.window, scores.dtype(), x.device())?;
+        let probs = softmax_f32(&scores.broadcast_add(&mask)?)?;
+        let y = probs.matmul(&v)?; // [B, nh, T, hd]
+        let y = y.transpose(1, 2)?.reshape((b, t, nh * hd))?;
+        linear(&y, &self.o, None)
+    }
+}

@@ -1,0 +1,169 @@
+//! The dense building blocks of the decoders, all differentiable in candle (DESIGN.md section
+//! 6): RMSNorm in f32 as transformers computes it, rotate-half RoPE from precomputed tables,
+//! linear projections with optional bias, and the causal mask.
+
+use crate::Result;
+use candle::{DType, Device, Tensor, D};
+
+/// `x @ w^T (+ b)` for `x` `[.., in]` and `w` `[out, in]`.
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let y = x.broadcast_matmul(&w.t()?)?;
+    Ok(match b {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    })
+}
+
+/// RMSNorm over the last dimension: `w * x / sqrt(mean(x^2) + eps)`, normalised in f32 and
+/// cast back before the weight, as transformers does.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    Ok(candle_nn::ops::rms_norm_slow(x, w, eps as f32)?)
+}
+
+/// Rotary position tables: `cos` and `sin` `[max_positions, head_dim / 2]`.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    /// Tables for `head_dim` with base `theta`, computed in f64 and stored in `dtype`.
+    pub fn new(
+        head_dim: usize,
+        theta: f64,
+        max_positions: usize,
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<Self> {
+        let half = head_dim / 2;
+        // transformers computes the inverse frequencies in f32: match it, then the angles.
+        let inv: Vec<f32> = (0..half)
+            .map(|i| 1.0 / (theta.powf((2 * i) as f64 / head_dim as f64)) as f32)
+            .collect();
+        let mut cos = Vec::with_capacity(max_positions * half);
+        let mut sin = Vec::with_capacity(max_positions * half);
+        for p in 0..max_positions {
+            for &f in &inv {
+                let a = p as f32 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        let cos = Tensor::from_vec(cos, (max_positions, half), dev)?.to_dtype(dtype)?;
+        let sin = Tensor::from_vec(sin, (max_positions, half), dev)?.to_dtype(dtype)?;
+        Ok(Rope { cos, sin })
+    }
+
+    pub fn max_positions(&self) -> usize {
+        self.cos.dims()[0]
+    }
+
+    /// Rotates `x` `[B, heads, T, head_dim]` whose first position is `offset`.
+    pub fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
+        let t = x.dim(2)?;
+        let cos = self.cos.narrow(0, offset, t)?;
+        let sin = self.sin.narrow(0, offset, t)?;
+        Ok(candle_nn::rotary_emb::rope_slow(
+            &x.contiguous()?,
+            &cos,
+            &sin,
+        )?)
+    }
+}
+
+/// The additive attention mask `[T, S]` for `T` queries at positions `offset..offset + T` over
+/// `S = offset + T` keys: 0 where a query may attend (key at or before it, and within `window`
+/// positions if given), `-inf` elsewhere.
+pub fn causal_mask(
+    t: usize,
+    offset: usize,
+    window: Option<usize>,
+    dtype: DType,
+    dev: &Device,
+) -> Result<Tensor> {
+    let s = offset + t;
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|i| {
+            let q = offset + i;
+            (0..s).map(move |j| {
+                let visible = j <= q && window.is_none_or(|w| q - j < w);
+                if visible {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect();
+    Ok(Tensor::from_vec(mask, (t, s), dev)?.to_dtype(dtype)?)
+}
+
+/// `[B, kv_heads, S, d]` repeated to `[B, kv_heads * n, S, d]`, each head `n` times in a row.
+pub fn repeat_kv(x: &Tensor, n: usize) -> Result<Tensor> {
+    if n == 1 {
+        return Ok(x.clone());
+    }
+    let (b, h, s, d) = x.dims4()?;
+    Ok(x.unsqueeze(2)?
+        .broadcast_as((b, h, n, s, d))?
+        .reshape((b, h * n, s, d))?)
+}
+
+/// Softmax over the last dimension in f32, cast back to the input's dtype.
+pub fn softmax_f32(x: &Tensor) -> Result<Tensor> {
+    let dt = x.dtype();
+    Ok(candle_nn::ops::softmax(&x.to_dtype(DType::F32)?, D::Minus1)?.to_dtype(dt)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_is_causal_with_offset_and_window() {
+        let m = causal_mask(2, 3, None, DType::F32, &Device::Cpu)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        assert_eq!(m[0][..4], [0.0; 4]);
+        assert!(m[0][4].is_infinite() && m[1][4] == 0.0);
+        let w = causal_mask(3, 0, Some(2), DType::F32, &Device::Cpu)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        assert!(w[2][0].is_infinite() && w[2][1] == 0.0 && w[2][2] == 0.0);
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_preserves_norm() {
+        let r = Rope::new(8, 10000.0, 16, DType::F32, &Device::Cpu).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (1, 2, 3, 8), &Device::Cpu).unwrap();
+        let y = r.apply(&x, 0).unwrap();
+        let x0 = x.narrow(2, 0, 1).unwrap().flatten_all().unwrap();
+        let y0 = y.narrow(2, 0, 1).unwrap().flatten_all().unwrap();
+        let diff = (x0 - y0).unwrap().abs().unwrap().max(0).unwrap();
+        assert!(diff.to_scalar::<f32>().unwrap() < 1e-6);
+        let nx = x
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let ny = y
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!((nx - ny).abs() < 1e-3 * nx);
+        // Rotating with an offset is rotating at those positions of a longer sequence.
+        let long = r.apply(&x, 2).unwrap();
+        let x5 = Tensor::cat(&[&x.narrow(2, 0, 2).unwrap(), &x], 2).unwrap();
+        let full = r.apply(&x5, 0).unwrap().narrow(2, 2, 3).unwrap();
+        let diff = (long - full).unwrap().abs().unwrap().flatten_all().unwrap();
+        assert!(diff.max(0).unwrap().to_scalar::<f32>().unwrap() < 1e-6);
+    }
+}

@@ -1,0 +1,553 @@
+//! The decoder shared by the five families: embeddings, pre-norm attention and MLP blocks, the
+//! final norm and the LM head, giving logits at every position. MLP blocks are dense SwiGLU or
+//! MoE; MoE blocks run the single-device reference or the expert-parallel layer
+//! ([`crate::moe::EpMoe`]) in either dispatch mode, with optional collaboration pruning.
+//!
+//! Under expert parallelism every rank runs the dense parts on the whole batch; each MoE
+//! block's rows are split evenly and in order over the ranks (the split traces record as
+//! `num_ranks`), go through the EP layer, and are gathered back, so every rank ends with the
+//! same outputs. That path is for inference: its gathered outputs carry no gradient. With one
+//! device every path is differentiable.
+
+use super::attention::{Attention, LayerCache};
+use super::config::ModelConfig;
+use super::layers::{linear, rms_norm, Rope};
+use super::{names_of, MoeNames};
+use crate::comm::Communicator;
+use crate::dispatch::DispatchMode;
+use crate::exchange::exchange_rows;
+use crate::experts::{swiglu, SharedExperts};
+use crate::moe::{reference_forward_routed, EpMoe, MoeWeights, PruneSpec, Routed};
+use crate::ranks::RankSplit;
+use crate::routing::RouterRule;
+use crate::weights::Weights;
+use crate::{bail, Result};
+use candle::{DType, Device, Tensor};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// A dense SwiGLU MLP.
+#[derive(Clone, Debug)]
+pub struct DenseMlp {
+    pub gate: Tensor,
+    pub up: Tensor,
+    pub down: Tensor,
+}
+
+/// How an MoE block computes.
+pub enum MoeExec {
+    /// The plain single-device loop over experts; `prune` gives the pruning rule with the
+    /// placement (map, devices) it refers to.
+    Reference {
+        weights: MoeWeights,
+        prune: Option<(PruneSpec, Vec<u32>, usize)>,
+    },
+    /// This rank's part of the expert-parallel layer.
+    Parallel(EpMoe),
+}
+
+/// One MoE block.
+pub struct MoeBlock {
+    /// The model's layer index.
+    pub layer: usize,
+    pub rule: RouterRule,
+    pub exec: MoeExec,
+}
+
+/// A layer's MLP.
+pub enum Mlp {
+    Dense(DenseMlp),
+    Moe(Box<MoeBlock>),
+}
+
+/// One decoder layer.
+pub struct Layer {
+    pub input_norm: Tensor,
+    pub attn: Attention,
+    pub post_norm: Tensor,
+    pub mlp: Mlp,
+}
+
+/// The key/value caches of all layers.
+#[derive(Clone, Debug, Default)]
+pub struct KvCache {
+    pub layers: Vec<LayerCache>,
+}
+
+impl KvCache {
+    /// Positions already cached.
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, LayerCache::len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The routing of the tokens a rank routed, per MoE layer, as traces store it.
+#[derive(Clone, Debug, Default)]
+pub struct LayerRouting {
+    pub tokens: usize,
+    pub ids: Vec<u32>,
+    pub weights: Vec<f32>,
+    pub logits: Vec<f32>,
+}
+
+/// Collects routing over forward passes (for `occult profile` and traced evaluation).
+#[derive(Clone, Debug, Default)]
+pub struct RoutingRecorder {
+    pub layers: BTreeMap<usize, LayerRouting>,
+}
+
+impl RoutingRecorder {
+    fn add(&mut self, layer: usize, routed: &Routed, tokens: usize) -> Result<()> {
+        let r = self.layers.entry(layer).or_default();
+        r.tokens += tokens;
+        r.ids.extend_from_slice(&routed.ids);
+        if tokens > 0 {
+            r.weights.extend(
+                routed
+                    .weights
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?,
+            );
+        }
+        r.logits.extend_from_slice(&routed.logits);
+        Ok(())
+    }
+}
+
+/// Which positions get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    All,
+    Last,
+}
+
+/// A loaded model (one rank's part under expert parallelism).
+pub struct Model {
+    pub cfg: ModelConfig,
+    pub embed: Tensor,
+    pub layers: Vec<Layer>,
+    pub norm: Tensor,
+    /// `[V, H]`; the embedding itself when tied.
+    pub lm_head: Tensor,
+    rope: Rope,
+    comm: Option<Arc<dyn Communicator>>,
+}
+
+/// The parts every rank holds in full: everything but the routed experts.
+#[derive(Clone)]
+pub struct DenseParts {
+    pub cfg: ModelConfig,
+    pub embed: Tensor,
+    pub norm: Tensor,
+    pub lm_head: Tensor,
+    pub layers: Vec<DenseLayer>,
+    pub rope: Rope,
+}
+
+/// A layer without its routed experts.
+#[derive(Clone)]
+pub struct DenseLayer {
+    pub input_norm: Tensor,
+    pub attn: Attention,
+    pub post_norm: Tensor,
+    pub dense: Option<DenseMlp>,
+    /// `[E, H]` for MoE layers.
+    pub router: Option<Tensor>,
+    pub shared: Option<SharedExperts>,
+}
+
+/// Positions the RoPE tables cover when the config does not say.
+const DEFAULT_MAX_POSITIONS: usize = 4096;
+
+impl DenseParts {
+    /// Reads everything but the routed experts.
+    pub fn load(w: &Weights, cfg: &ModelConfig) -> Result<Self> {
+        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+        let names = names_of(cfg.family);
+        let embed = w.get("model.embed_tokens.weight", &[v, h])?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.clone()
+        } else {
+            w.get("lm_head.weight", &[v, h])?
+        };
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let p = format!("model.layers.{l}");
+            let mlp3 = |prefix: &str, i: usize| -> Result<DenseMlp> {
+                Ok(DenseMlp {
+                    gate: w.get(&format!("{prefix}.gate_proj.weight"), &[i, h])?,
+                    up: w.get(&format!("{prefix}.up_proj.weight"), &[i, h])?,
+                    down: w.get(&format!("{prefix}.down_proj.weight"), &[h, i])?,
+                })
+            };
+            let (dense, router, shared) = if cfg.moe_layers[l] {
+                let b = format!("{p}.{}", names.block);
+                let router = w.get(
+                    &format!("{b}.{}.weight", names.router),
+                    &[cfg.moe.num_experts, h],
+                )?;
+                let shared = match (cfg.moe.shared, names.shared) {
+                    (Some(s), Some(sn)) => {
+                        let m = mlp3(&format!("{b}.{sn}"), s.intermediate)?;
+                        let gate = match (s.gated, names.shared_gate) {
+                            (true, Some(g)) => Some(w.get(&format!("{b}.{g}.weight"), &[1, h])?),
+                            _ => None,
+                        };
+                        Some(SharedExperts {
+                            gate_proj: m.gate,
+                            up_proj: m.up,
+                            down_proj: m.down,
+                            gate,
+                        })
+                    }
+                    _ => None,
+                };
+                (None, Some(router), shared)
+            } else {
+                (
+                    Some(mlp3(&format!("{p}.mlp"), cfg.dense_intermediate)?),
+                    None,
+                    None,
+                )
+            };
+            layers.push(DenseLayer {
+                input_norm: w.get(&format!("{p}.input_layernorm.weight"), &[h])?,
+                attn: Attention::load(w, cfg, l)?,
+                post_norm: w.get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                dense,
+                router,
+                shared,
+            });
+        }
+        let rope = Rope::new(
+            cfg.head_dim,
+            cfg.rope_theta,
+            cfg.max_positions.unwrap_or(DEFAULT_MAX_POSITIONS),
+            w.dtype(),
+            &Device::Cpu,
+        )?;
+        Ok(DenseParts {
+            cfg: cfg.clone(),
+            embed,
+            norm: w.get("model.norm.weight", &[h])?,
+            lm_head,
+            layers,
+            rope,
+        })
+    }
+}
+
+/// How MoE blocks run: the mode, the placement of each MoE layer's experts, and pruning.
+#[derive(Clone, Debug)]
+pub struct MoeSetup {
+    /// `None`: the single-device reference. Otherwise the EP layer in this dispatch mode.
+    pub mode: Option<DispatchMode>,
+    /// Per MoE layer, the device of each expert; absent layers use the contiguous map.
+    pub maps: BTreeMap<usize, Vec<u32>>,
+    /// Devices the maps refer to (the group size under EP).
+    pub num_devices: usize,
+    /// Pruning per MoE layer (the same rule everywhere, tables per layer).
+    pub prune: BTreeMap<usize, PruneSpec>,
+}
+
+impl MoeSetup {
+    /// The reference mode on one device, no pruning.
+    pub fn reference() -> Self {
+        MoeSetup {
+            mode: None,
+            maps: BTreeMap::new(),
+            num_devices: 1,
+            prune: BTreeMap::new(),
+        }
+    }
+
+    fn map(&self, layer: usize, num_experts: usize) -> Vec<u32> {
+        self.maps
+            .get(&layer)
+            .cloned()
+            .unwrap_or_else(|| crate::placement::contiguous(num_experts, self.num_devices))
+    }
+}
+
+impl Model {
+    /// Assembles one rank's model: the dense parts plus, for each MoE layer, the experts the
+    /// placement gives this rank (all of them in the reference mode). `comm` is required for
+    /// the EP modes and its size must equal `setup.num_devices`.
+    pub fn assemble(
+        dense: DenseParts,
+        w: &Weights,
+        setup: &MoeSetup,
+        comm: Option<Arc<dyn Communicator>>,
+    ) -> Result<Self> {
+        let cfg = dense.cfg.clone();
+        let names = names_of(cfg.family);
+        let (e, h, i) = (
+            cfg.moe.num_experts,
+            cfg.hidden_size,
+            cfg.moe.expert_intermediate,
+        );
+        let rule = cfg.router_rule();
+        match (setup.mode, &comm) {
+            (Some(_), None) => bail!("the expert-parallel modes need a communicator"),
+            (Some(_), Some(c)) if c.size() != setup.num_devices => bail!(
+                "the placement is for {} devices, the run has {}",
+                setup.num_devices,
+                c.size()
+            ),
+            _ => {}
+        }
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for (l, d) in dense.layers.into_iter().enumerate() {
+            let mlp = match (d.dense, d.router) {
+                (Some(m), _) => Mlp::Dense(m),
+                (None, Some(router)) => {
+                    let prefix = format!("model.layers.{l}.{}", names.block);
+                    let map = setup.map(l, e);
+                    crate::placement::validate_map(&map, e, setup.num_devices)
+                        .map_err(|err| crate::Error::invalid(format!("layer {l}: {err}")))?;
+                    let prune = setup.prune.get(&l).cloned();
+                    let exec = match (setup.mode, &comm) {
+                        (Some(mode), Some(c)) => {
+                            let locs = crate::dispatch::ExpertLocations::new(&map, c.size());
+                            let mine = &locs.experts_of[c.rank()];
+                            let local = w.experts(&prefix, names.experts, mine, e, h, i)?;
+                            MoeExec::Parallel(EpMoe::new(
+                                router,
+                                local,
+                                d.shared,
+                                rule.clone(),
+                                &map,
+                                c.clone(),
+                                mode,
+                                prune,
+                            )?)
+                        }
+                        _ => {
+                            let all: Vec<u32> = (0..e as u32).collect();
+                            let experts = w.experts(&prefix, names.experts, &all, e, h, i)?;
+                            MoeExec::Reference {
+                                weights: MoeWeights {
+                                    router,
+                                    experts,
+                                    shared: d.shared,
+                                },
+                                prune: prune.map(|p| (p, map, setup.num_devices)),
+                            }
+                        }
+                    };
+                    Mlp::Moe(Box::new(MoeBlock {
+                        layer: l,
+                        rule: rule.clone(),
+                        exec,
+                    }))
+                }
+                (None, None) => bail!("layer {l} has neither a dense MLP nor a router"),
+            };
+            layers.push(Layer {
+                input_norm: d.input_norm,
+                attn: d.attn,
+                post_norm: d.post_norm,
+                mlp,
+            });
+        }
+        Ok(Model {
+            cfg,
+            embed: dense.embed,
+            layers,
+            norm: dense.norm,
+            lm_head: dense.lm_head,
+            rope: dense.rope,
+            comm,
+        })
+    }
+
+    /// Loads a whole model on one device in the reference mode.
+    pub fn load_reference(w: &Weights, cfg: &ModelConfig) -> Result<Self> {
+        Self::assemble(DenseParts::load(w, cfg)?, w, &MoeSetup::reference(), None)
+    }
+
+    /// An empty cache for this model.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache {
+            layers: vec![LayerCache::default(); self.layers.len()],
+        }
+    }
+
+    /// Every trainable tensor of this rank, named as in the checkpoint (routed experts stacked
+    /// as `...experts.{gate,up,down}`).
+    pub fn params(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![("model.embed_tokens.weight".to_string(), self.embed.clone())];
+        let names = names_of(self.cfg.family);
+        for (l, layer) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{l}");
+            out.push((format!("{p}.input_layernorm"), layer.input_norm.clone()));
+            out.push((
+                format!("{p}.post_attention_layernorm"),
+                layer.post_norm.clone(),
+            ));
+            for (j, t) in layer.attn.params().into_iter().enumerate() {
+                out.push((format!("{p}.self_attn.{j}"), t.clone()));
+            }
+            match &layer.mlp {
+                Mlp::Dense(m) => {
+                    for (n, t) in [("gate", &m.gate), ("up", &m.up), ("down", &m.down)] {
+                        out.push((format!("{p}.mlp.{n}"), t.clone()));
+                    }
+                }
+                Mlp::Moe(b) => {
+                    let (router, experts, shared) = match &b.exec {
+                        MoeExec::Reference { weights, .. } => {
+                            (&weights.router, &weights.experts, &weights.shared)
+                        }
+                        MoeExec::Parallel(ep) => (&ep.router, &ep.local, &ep.shared),
+                    };
+                    let q = format!("{p}.{}", names.block);
+                    out.push((format!("{q}.{}", names.router), router.clone()));
+                    for (n, t) in [
+                        ("gate", &experts.gate),
+                        ("up", &experts.up),
+                        ("down", &experts.down),
+                    ] {
+                        out.push((format!("{q}.experts.{n}"), t.clone()));
+                    }
+                    if let Some(s) = shared {
+                        for (n, t) in [
+                            ("gate_proj", &s.gate_proj),
+                            ("up_proj", &s.up_proj),
+                            ("down_proj", &s.down_proj),
+                        ] {
+                            out.push((format!("{q}.shared.{n}"), t.clone()));
+                        }
+                        if let Some(g) = &s.gate {
+                            out.push((format!("{q}.shared.gate"), g.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        out.push(("model.norm.weight".into(), self.norm.clone()));
+        if !self.cfg.tie_word_embeddings {
+            out.push(("lm_head.weight".into(), self.lm_head.clone()));
+        }
+        out
+    }
+
+    /// Logits `[B, T, V]` (or `[B, 1, V]` for [`Logits::Last`]) of token ids `[B, T]`. With a
+    /// cache, the ids continue the cached positions and the cache is extended. `rec` collects
+    /// the routing. Collective under expert parallelism: every rank must call it with the same
+    /// ids.
+    pub fn forward(
+        &self,
+        ids: &Tensor,
+        mut cache: Option<&mut KvCache>,
+        mut rec: Option<&mut RoutingRecorder>,
+        which: Logits,
+    ) -> Result<Tensor> {
+        let (b, t) = ids.dims2()?;
+        let v = self.cfg.vocab_size;
+        let ids_host = ids.flatten_all()?.to_vec1::<u32>()?;
+        if let Some(&bad) = ids_host.iter().find(|&&x| x as usize >= v) {
+            bail!("token id {bad} is outside the vocabulary of {v}");
+        }
+        if let Some(c) = cache.as_deref_mut() {
+            if c.layers.len() != self.layers.len() {
+                *c = self.new_cache();
+            }
+        }
+        let mut x = self.embed.index_select(&ids.flatten_all()?, 0)?.reshape((
+            b,
+            t,
+            self.cfg.hidden_size,
+        ))?;
+        let eps = self.cfg.rms_norm_eps;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let lc = cache.as_deref_mut().map(|c| &mut c.layers[l]);
+            let a = layer
+                .attn
+                .forward(&rms_norm(&x, &layer.input_norm, eps)?, &self.rope, lc)?;
+            x = (x + a)?;
+            let hnorm = rms_norm(&x, &layer.post_norm, eps)?;
+            let y = match &layer.mlp {
+                Mlp::Dense(m) => swiglu_3d(&hnorm, m)?,
+                Mlp::Moe(block) => {
+                    let flat = hnorm.reshape((b * t, self.cfg.hidden_size))?;
+                    let y = self.moe_forward(block, &flat, rec.as_deref_mut())?;
+                    y.reshape((b, t, self.cfg.hidden_size))?
+                }
+            };
+            x = (x + y)?;
+        }
+        let x = match which {
+            Logits::All => x,
+            Logits::Last => x.narrow(1, t - 1, 1)?,
+        };
+        let x = rms_norm(&x, &self.norm, eps)?;
+        linear(&x, &self.lm_head, None)
+    }
+
+    fn moe_forward(
+        &self,
+        block: &MoeBlock,
+        x: &Tensor,
+        rec: Option<&mut RoutingRecorder>,
+    ) -> Result<Tensor> {
+        let n = x.dims2()?.0;
+        match &block.exec {
+            MoeExec::Reference { weights, prune } => {
+                let prune = prune.as_ref().map(|(s, m, d)| (s, m.as_slice(), *d));
+                let (y, routed) = reference_forward_routed(weights, &block.rule, x, prune)?;
+                if let Some(r) = rec {
+                    r.add(block.layer, &routed, n)?;
+                }
+                Ok(y)
+            }
+            MoeExec::Parallel(ep) => {
+                let comm = ep.comm();
+                let d = comm.size();
+                if d == 1 {
+                    let (y, _, routed) = ep.forward_routed(x)?;
+                    if let Some(r) = rec {
+                        r.add(block.layer, &routed, n)?;
+                    }
+                    return Ok(y);
+                }
+                let split = RankSplit::new(n, d);
+                let mine = split.range(comm.rank());
+                let (y, _, routed) = ep.forward_routed(&x.narrow(0, mine.start, mine.len())?)?;
+                if let Some(r) = rec {
+                    r.add(block.layer, &routed, mine.len())?;
+                }
+                // Gather every rank's rows: send ours to each peer. Detached: see the module
+                // docs.
+                let y = y.detach().contiguous()?;
+                let copies = Tensor::cat(&vec![&y; d], 0)?;
+                let (all, counts) = exchange_rows(comm, &copies, &vec![mine.len(); d])?;
+                if counts.iter().enumerate().any(|(r, &c)| c != split.len(r)) {
+                    bail!("ranks disagree on the batch: received {counts:?} rows");
+                }
+                Ok(all.detach())
+            }
+        }
+    }
+
+    /// The communicator under expert parallelism.
+    pub fn comm(&self) -> Option<&Arc<dyn Communicator>> {
+        self.comm.as_ref()
+    }
+}
+
+fn swiglu_3d(x: &Tensor, m: &DenseMlp) -> Result<Tensor> {
+    let (b, t, h) = x.dims3()?;
+    let y = swiglu(&x.reshape((b * t, h))?, &m.gate, &m.up, &m.down)?;
+    Ok(y.reshape((b, t, h))?)
+}
+
+/// Looks up a model's MoE weight names (for callers outside the module).
+pub fn moe_names(cfg: &ModelConfig) -> MoeNames {
+    names_of(cfg.family)
+}

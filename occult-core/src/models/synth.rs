@@ -1,0 +1,287 @@
+//! Synthetic checkpoints: a `config.json` in a family's own field names and random weights under
+//! the names real checkpoints use (per-expert or fused experts), written atomically. For tests,
+//! benchmarks and trying the tools without a download.
+
+use super::config::{Family, ModelConfig, QkNorm, SUPPORTED};
+use super::names_of;
+use crate::atomic::{write_atomic, write_json_atomic};
+use crate::{bail, Error, Result};
+use rand::SeedableRng;
+use rand_distr::{Distribution, Normal};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// The shape of a synthetic model.
+#[derive(Clone, Debug)]
+pub struct SynthModel {
+    pub family: Family,
+    pub vocab: usize,
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub expert_intermediate: usize,
+    /// Intermediate size of dense layers.
+    pub dense_intermediate: usize,
+    /// Shared-expert intermediate size (Qwen2-MoE; DeepSeek: a multiple of the expert size).
+    pub shared_intermediate: usize,
+    /// The first this many layers are dense (DeepSeek `first_k_dense_replace`, Qwen
+    /// `mlp_only_layers`).
+    pub dense_layers: usize,
+    /// Store experts fused (`experts.gate_up_proj`, `experts.down_proj`).
+    pub fused: bool,
+    /// `f32`, `bf16` or `f16`.
+    pub dtype: safetensors::Dtype,
+    pub seed: u64,
+    /// Standard deviation of the weights.
+    pub std: f32,
+}
+
+impl SynthModel {
+    /// A tiny model of `family` (hidden 64, 2 layers, 8 experts, top-2).
+    pub fn tiny(family: Family) -> Self {
+        SynthModel {
+            family,
+            vocab: 128,
+            hidden: 64,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            experts: 8,
+            top_k: 2,
+            expert_intermediate: 32,
+            dense_intermediate: 96,
+            shared_intermediate: 64,
+            dense_layers: 0,
+            fused: false,
+            dtype: safetensors::Dtype::F32,
+            seed: 0,
+            std: 0.1,
+        }
+    }
+
+    /// The family's `model_type`.
+    pub fn model_type(&self) -> &'static str {
+        SUPPORTED
+            .iter()
+            .find(|(_, f)| *f == self.family)
+            .map(|(t, _)| *t)
+            .unwrap_or("?")
+    }
+
+    /// `config.json` in the family's own field names.
+    pub fn config_json(&self) -> Result<Value> {
+        if self.layers == 0 || self.heads == 0 || self.hidden % self.heads != 0 {
+            bail!(
+                "hidden size {} is not a whole number of {} heads",
+                self.hidden,
+                self.heads
+            );
+        }
+        let mut c = json!({
+            "model_type": self.model_type(),
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "num_experts_per_tok": self.top_k,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": false,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "torch_dtype": match self.dtype {
+                safetensors::Dtype::BF16 => "bfloat16",
+                safetensors::Dtype::F16 => "float16",
+                _ => "float32",
+            },
+        });
+        let o = c.as_object_mut().expect("an object");
+        let mut put = |k: &str, v: Value| {
+            o.insert(k.to_string(), v);
+        };
+        let dense_list: Vec<usize> = (0..self.dense_layers).collect();
+        match self.family {
+            Family::Olmoe => {
+                put("num_experts", json!(self.experts));
+                put("intermediate_size", json!(self.expert_intermediate));
+                put("norm_topk_prob", json!(false));
+                put("clip_qkv", Value::Null);
+            }
+            Family::Mixtral => {
+                put("num_local_experts", json!(self.experts));
+                put("intermediate_size", json!(self.expert_intermediate));
+                put("sliding_window", Value::Null);
+            }
+            Family::Qwen2Moe | Family::Qwen3Moe => {
+                put("num_experts", json!(self.experts));
+                put("moe_intermediate_size", json!(self.expert_intermediate));
+                put("intermediate_size", json!(self.dense_intermediate));
+                put("decoder_sparse_step", json!(1));
+                put("mlp_only_layers", json!(dense_list));
+                if self.family == Family::Qwen2Moe {
+                    put(
+                        "shared_expert_intermediate_size",
+                        json!(self.shared_intermediate),
+                    );
+                    put("norm_topk_prob", json!(false));
+                } else {
+                    put("head_dim", json!(self.hidden / self.heads));
+                    put("norm_topk_prob", json!(true));
+                }
+            }
+            Family::DeepseekMoe => {
+                if self.shared_intermediate % self.expert_intermediate != 0 {
+                    bail!(
+                        "DeepSeek's shared experts are whole experts: {} is not a multiple of {}",
+                        self.shared_intermediate,
+                        self.expert_intermediate
+                    );
+                }
+                put("n_routed_experts", json!(self.experts));
+                put(
+                    "n_shared_experts",
+                    json!(self.shared_intermediate / self.expert_intermediate),
+                );
+                put("moe_intermediate_size", json!(self.expert_intermediate));
+                put("intermediate_size", json!(self.dense_intermediate));
+                put("first_k_dense_replace", json!(self.dense_layers));
+                put("moe_layer_freq", json!(1));
+                put("norm_topk_prob", json!(false));
+                put("scoring_func", json!("softmax"));
+            }
+        }
+        Ok(c)
+    }
+
+    /// Every tensor's name and shape, in the checkpoint's layout.
+    pub fn tensors(&self, cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let names = names_of(cfg.family);
+        let mut out = vec![
+            ("model.embed_tokens.weight".to_string(), vec![v, h]),
+            ("model.norm.weight".to_string(), vec![h]),
+        ];
+        if !cfg.tie_word_embeddings {
+            out.push(("lm_head.weight".to_string(), vec![v, h]));
+        }
+        let mlp = |out: &mut Vec<(String, Vec<usize>)>, p: &str, i: usize, n: [&str; 3]| {
+            out.push((format!("{p}.{}.weight", n[0]), vec![i, h]));
+            out.push((format!("{p}.{}.weight", n[1]), vec![i, h]));
+            out.push((format!("{p}.{}.weight", n[2]), vec![h, i]));
+        };
+        let plain = ["gate_proj", "up_proj", "down_proj"];
+        for l in 0..cfg.num_layers {
+            let p = format!("model.layers.{l}");
+            out.push((format!("{p}.input_layernorm.weight"), vec![h]));
+            out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+            let a = format!("{p}.self_attn");
+            out.push((format!("{a}.q_proj.weight"), vec![nh * hd, h]));
+            out.push((format!("{a}.k_proj.weight"), vec![nkv * hd, h]));
+            out.push((format!("{a}.v_proj.weight"), vec![nkv * hd, h]));
+            out.push((format!("{a}.o_proj.weight"), vec![h, nh * hd]));
+            if cfg.attention_bias {
+                out.push((format!("{a}.q_proj.bias"), vec![nh * hd]));
+                out.push((format!("{a}.k_proj.bias"), vec![nkv * hd]));
+                out.push((format!("{a}.v_proj.bias"), vec![nkv * hd]));
+            }
+            match cfg.qk_norm {
+                QkNorm::None => {}
+                QkNorm::Full => {
+                    out.push((format!("{a}.q_norm.weight"), vec![nh * hd]));
+                    out.push((format!("{a}.k_norm.weight"), vec![nkv * hd]));
+                }
+                QkNorm::PerHead => {
+                    out.push((format!("{a}.q_norm.weight"), vec![hd]));
+                    out.push((format!("{a}.k_norm.weight"), vec![hd]));
+                }
+            }
+            if !cfg.moe_layers[l] {
+                mlp(&mut out, &format!("{p}.mlp"), cfg.dense_intermediate, plain);
+                continue;
+            }
+            let b = format!("{p}.{}", names.block);
+            let (e, i) = (cfg.moe.num_experts, cfg.moe.expert_intermediate);
+            out.push((format!("{b}.{}.weight", names.router), vec![e, h]));
+            if self.fused {
+                out.push((format!("{b}.experts.gate_up_proj"), vec![e, 2 * i, h]));
+                out.push((format!("{b}.experts.down_proj"), vec![e, h, i]));
+            } else {
+                let n = names.experts;
+                for j in 0..e {
+                    mlp(
+                        &mut out,
+                        &format!("{b}.experts.{j}"),
+                        i,
+                        [n.gate, n.up, n.down],
+                    );
+                }
+            }
+            if let (Some(s), Some(sn)) = (cfg.moe.shared, names.shared) {
+                mlp(&mut out, &format!("{b}.{sn}"), s.intermediate, plain);
+                if let (true, Some(g)) = (s.gated, names.shared_gate) {
+                    out.push((format!("{b}.{g}.weight"), vec![1, h]));
+                }
+            }
+        }
+        out
+    }
+
+    /// Writes `config.json` and `model.safetensors` into `dir` (created if needed). Returns the
+    /// configuration and the weights' size in bytes.
+    pub fn write(&self, dir: &Path) -> Result<(ModelConfig, u64)> {
+        let config = self.config_json()?;
+        let cfg = ModelConfig::from_json(&config, "the synthetic configuration")?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let width = match self.dtype {
+            safetensors::Dtype::F32 => 4,
+            safetensors::Dtype::BF16 | safetensors::Dtype::F16 => 2,
+            other => bail!("synthetic weights are f32, bf16 or f16, not {other:?}"),
+        };
+        let shapes = self.tensors(&cfg);
+        let normal = Normal::new(0.0f32, self.std)
+            .map_err(|e| Error::invalid(format!("weight std {}: {e}", self.std)))?;
+        let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::with_capacity(shapes.len());
+        for (k, (name, shape)) in shapes.into_iter().enumerate() {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(self.seed ^ ((k as u64) << 20));
+            let n: usize = shape.iter().product();
+            // Norm weights sit near 1, as trained ones do.
+            let is_norm = name.ends_with("norm.weight");
+            let mut bytes = Vec::with_capacity(n * width);
+            for _ in 0..n {
+                let mut x = normal.sample(&mut rng);
+                if is_norm {
+                    x += 1.0;
+                }
+                match self.dtype {
+                    safetensors::Dtype::BF16 => bytes.extend(half::bf16::from_f32(x).to_le_bytes()),
+                    safetensors::Dtype::F16 => bytes.extend(half::f16::from_f32(x).to_le_bytes()),
+                    _ => bytes.extend(x.to_le_bytes()),
+                }
+            }
+            data.push((name, shape, bytes));
+        }
+        let views = data
+            .iter()
+            .map(|(n, s, b)| {
+                safetensors::tensor::TensorView::new(self.dtype, s.clone(), b)
+                    .map(|v| (n.clone(), v))
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::invalid(format!("building the synthetic tensors: {e}")))?;
+        let md: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+        let bytes = safetensors::serialize(views, Some(md))
+            .map_err(|e| Error::invalid(format!("serialising the synthetic weights: {e}")))?;
+        let size = bytes.len() as u64;
+        drop(data);
+        write_atomic(&dir.join("model.safetensors"), |w| w.write_all(&bytes))?;
+        write_json_atomic(&dir.join("config.json"), &config)?;
+        Ok((cfg, size))
+    }
+}

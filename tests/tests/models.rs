@@ -1,0 +1,235 @@
+//! The five model families on synthetic checkpoints: KV-cache decoding equals recomputation,
+//! the expert-parallel modes (D = 1, 2, 4, random placements, both dispatch modes) equal the
+//! single-device reference, and every parameter gets a gradient from a next-token loss.
+//! (Parity with transformers itself is in `model_parity.rs`.)
+
+use candle::{DType, Device, Tensor, D};
+use occult_core::comm::local::run_local;
+use occult_core::comm::Communicator;
+use occult_core::dispatch::DispatchMode;
+use occult_core::models::config::Family;
+use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
+use occult_core::models::synth::SynthModel;
+use occult_core::weights::Weights;
+use rand::SeedableRng;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+const FAMILIES: [Family; 5] = [
+    Family::Olmoe,
+    Family::Qwen2Moe,
+    Family::DeepseekMoe,
+    Family::Mixtral,
+    Family::Qwen3Moe,
+];
+
+fn spec(f: Family) -> SynthModel {
+    let mut s = SynthModel::tiny(f);
+    s.layers = 3;
+    s.seed = f as u64 + 7;
+    // Dense first layer where the family has them; fused experts for two families.
+    s.dense_layers = usize::from(matches!(f, Family::DeepseekMoe | Family::Qwen2Moe));
+    s.fused = matches!(f, Family::Qwen2Moe | Family::Mixtral);
+    s.top_k = if f == Family::Qwen3Moe { 3 } else { 2 };
+    s
+}
+
+fn write(f: Family, dir: &Path) -> occult_core::models::config::ModelConfig {
+    spec(f).write(dir).unwrap().0
+}
+
+fn weights(dir: &Path) -> Weights {
+    Weights::open(&[dir.join("model.safetensors")], &Device::Cpu).unwrap()
+}
+
+fn ids(v: &[u32]) -> Tensor {
+    Tensor::from_slice(v, (1, v.len()), &Device::Cpu).unwrap()
+}
+
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    use rand::Rng;
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| r.random_range(0..vocab as u32)).collect()
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+fn scale(a: &Tensor) -> f32 {
+    a.abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+#[test]
+fn kv_cache_decoding_matches_recomputation() {
+    for f in FAMILIES {
+        let t = tempfile::tempdir().unwrap();
+        let cfg = write(f, t.path());
+        let w = weights(t.path());
+        let m = Model::load_reference(&w, &cfg).unwrap();
+        let seq = tokens(12, cfg.vocab_size, 1);
+        let full = m.forward(&ids(&seq), None, None, Logits::All).unwrap();
+        let mut cache = m.new_cache();
+        // Prefill 5, then one token at a time, then the last 3 at once.
+        let mut parts = vec![m
+            .forward(&ids(&seq[..5]), Some(&mut cache), None, Logits::All)
+            .unwrap()];
+        for p in 5..9 {
+            parts.push(
+                m.forward(&ids(&seq[p..p + 1]), Some(&mut cache), None, Logits::All)
+                    .unwrap(),
+            );
+        }
+        parts.push(
+            m.forward(&ids(&seq[9..]), Some(&mut cache), None, Logits::All)
+                .unwrap(),
+        );
+        assert_eq!(cache.len(), 12);
+        let inc = Tensor::cat(&parts, 1).unwrap();
+        let err = max_abs_diff(&full, &inc);
+        assert!(err <= 1e-5 * scale(&full).max(1.0), "{f:?}: {err}");
+        // Last-position logits are the last row of all of them.
+        let last = m.forward(&ids(&seq), None, None, Logits::Last).unwrap();
+        let err = max_abs_diff(&last, &full.narrow(1, 11, 1).unwrap());
+        assert!(err <= 1e-6 * scale(&full).max(1.0), "{f:?}: {err}");
+    }
+}
+
+/// Logits of `seq` on `d` local ranks in `mode` with a random placement (seeded).
+fn ep_logits(dir: &Path, d: usize, mode: DispatchMode, seed: u64, seq: &[u32]) -> Vec<Tensor> {
+    let w = Arc::new(weights(dir));
+    let cfg = occult_core::models::config::ModelConfig::read(&dir.join("config.json")).unwrap();
+    let dense = DenseParts::load(&w, &cfg).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let maps: BTreeMap<usize, Vec<u32>> = (0..cfg.num_layers)
+        .filter(|&l| cfg.moe_layers[l])
+        .map(|l| {
+            (
+                l,
+                occult_core::placement::random_balanced(cfg.moe.num_experts, d, &mut rng),
+            )
+        })
+        .collect();
+    let setup = MoeSetup {
+        mode: Some(mode),
+        maps,
+        num_devices: d,
+        prune: BTreeMap::new(),
+    };
+    let seq = seq.to_vec();
+    run_local(d, move |comm: &Arc<dyn Communicator>| {
+        let m = Model::assemble(dense.clone(), &w, &setup, Some(comm.clone()))?;
+        m.forward(&ids(&seq), None, None, Logits::All)
+    })
+    .into_iter()
+    .map(|r| r.unwrap())
+    .collect()
+}
+
+#[test]
+fn expert_parallel_modes_match_the_reference() {
+    for f in FAMILIES {
+        let t = tempfile::tempdir().unwrap();
+        let cfg = write(f, t.path());
+        let m = Model::load_reference(&weights(t.path()), &cfg).unwrap();
+        let seq = tokens(11, cfg.vocab_size, 2);
+        let want = m.forward(&ids(&seq), None, None, Logits::All).unwrap();
+        let tol = 1e-5 * scale(&want).max(1.0);
+        for (d, mode) in [
+            (1, DispatchMode::Occult),
+            (2, DispatchMode::Occult),
+            (4, DispatchMode::Occult),
+            (3, DispatchMode::Standard),
+        ] {
+            for (r, got) in ep_logits(t.path(), d, mode, 40 + d as u64, &seq)
+                .iter()
+                .enumerate()
+            {
+                let err = max_abs_diff(&want, got);
+                assert!(err <= tol, "{f:?} D={d} {mode:?} rank {r}: {err}");
+            }
+        }
+    }
+}
+
+#[test]
+fn decoding_one_token_on_four_ranks_leaves_three_without_rows() {
+    let t = tempfile::tempdir().unwrap();
+    let cfg = write(Family::Mixtral, t.path());
+    let m = Model::load_reference(&weights(t.path()), &cfg).unwrap();
+    let want = m.forward(&ids(&[5]), None, None, Logits::All).unwrap();
+    for got in ep_logits(t.path(), 4, DispatchMode::Occult, 3, &[5]) {
+        assert!(max_abs_diff(&want, &got) <= 1e-5 * scale(&want).max(1.0));
+    }
+}
+
+#[test]
+fn every_parameter_gets_a_gradient_from_a_next_token_loss() {
+    for f in FAMILIES {
+        let t = tempfile::tempdir().unwrap();
+        let cfg = write(f, t.path());
+        let mut w = weights(t.path());
+        w.set_trainable(true);
+        for mode in [None, Some(DispatchMode::Occult)] {
+            let (setup, comm): (MoeSetup, Option<Arc<dyn Communicator>>) = match mode {
+                None => (MoeSetup::reference(), None),
+                Some(mode) => {
+                    let mut s = MoeSetup::reference();
+                    s.mode = Some(mode);
+                    let c = occult_core::comm::local::local_group(1).pop().unwrap();
+                    (s, Some(Arc::new(c)))
+                }
+            };
+            let m = Model::assemble(DenseParts::load(&w, &cfg).unwrap(), &w, &setup, comm).unwrap();
+            // Long enough that every expert is chosen by some token.
+            let seq = tokens(64, cfg.vocab_size, 3);
+            let logits = m
+                .forward(&ids(&seq[..63]), None, None, Logits::All)
+                .unwrap()
+                .squeeze(0)
+                .unwrap();
+            let target = Tensor::from_slice(&seq[1..], 63, &Device::Cpu).unwrap();
+            let logp = candle_nn::ops::log_softmax(&logits, D::Minus1).unwrap();
+            let loss = logp
+                .gather(&target.unsqueeze(1).unwrap(), 1)
+                .unwrap()
+                .mean_all()
+                .unwrap()
+                .neg()
+                .unwrap();
+            let grads = loss.backward().unwrap();
+            for (name, p) in m.params() {
+                let g = grads
+                    .get(&p)
+                    .unwrap_or_else(|| panic!("{f:?} {mode:?}: {name} has no gradient"));
+                let n = g
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                assert!(n > 0.0, "{f:?} {mode:?}: {name}'s gradient is zero");
+            }
+        }
+    }
+}
