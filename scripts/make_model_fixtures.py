@@ -14,6 +14,7 @@ no greedy argmax is closer than MARGIN, so float noise on the Rust side cannot f
 """
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -31,6 +32,7 @@ EOT = "<|endoftext|>"
 TOKENIZER_VOCAB = 300
 MARGIN = 1e-4          # smallest allowed gap between routing / greedy choices
 GREEDY_STEPS = 8
+ARCHS = ("olmoe", "qwen2_moe", "deepseek", "mixtral", "qwen3_moe")
 PROMPT = "Light from the sun reaches the earth."
 LOGLIK_CASES = [  # (context, continuation), as lm-evaluation-harness receives them
     ("The weather today is", " sunny and warm"),
@@ -216,7 +218,7 @@ def hf_configs(vocab, eot):
                   tie_word_embeddings=False, bos_token_id=eot, eos_token_id=eot, pad_token_id=None)
     return {
         "olmoe": (OlmoeForCausalLM, OlmoeConfig(**common, intermediate_size=32, num_experts=8,
-                  num_experts_per_tok=2, clip_qkv=3.0, norm_topk_prob=False)),
+                  num_experts_per_tok=2, clip_qkv=2.5, norm_topk_prob=False)),
         "qwen2_moe": (Qwen2MoeForCausalLM, Qwen2MoeConfig(**common, intermediate_size=96, moe_intermediate_size=32,
                       shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
                       decoder_sparse_step=1, mlp_only_layers=[0], norm_topk_prob=False)),
@@ -244,51 +246,45 @@ def build(arch, cls, config, seed):
     return model.eval()
 
 
+MIXTRAL_NAMES = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+
 def to_hub(arch, sd):
     """Model state_dict -> hub checkpoint names. transformers v5 fuses experts internally as
-    mlp.experts.gate_up_proj [E, 2I, H] (gate rows, then up) and mlp.experts.down_proj [E, H, I]."""
+    mlp.experts.gate_up_proj [E, 2I, H] (gate rows, then up) and mlp.experts.down_proj [E, H, I];
+    the hub checkpoints (but qwen2_moe here, kept fused) have one [out, in] matrix per expert."""
     out = {}
     for name, t in sd.items():
-        t = t.contiguous()
-        if arch in ("qwen2_moe", "deepseek") or ".experts." not in name:
-            if arch == "mixtral":
-                name = name.replace(".mlp.", ".block_sparse_moe.")
-            out[name] = t
+        if arch == "mixtral":
+            name = name.replace(".mlp.", ".block_sparse_moe.")
+        if arch == "qwen2_moe" or not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            out[name] = t.contiguous()
             continue
-        prefix, kind = name.rsplit(".experts.", 1)
+        prefix, kind = name.rsplit(".", 1)
         for j in range(t.shape[0]):
-            if kind == "gate_up_proj":
-                gate, up = t[j].chunk(2, dim=0)
-                parts = {"gate_proj": gate, "up_proj": up}
-            else:
-                parts = {"down_proj": t[j]}
+            parts = dict(zip(("gate_proj", "up_proj"), t[j].chunk(2))) if kind == "gate_up_proj" else {"down_proj": t[j]}
             for p, w in parts.items():
-                if arch == "mixtral":
-                    p = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[p]
-                    prefix_ = prefix.replace(".mlp", ".block_sparse_moe")
-                else:
-                    prefix_ = prefix
-                out[f"{prefix_}.experts.{j}.{p}.weight"] = w.contiguous().clone()
+                p = MIXTRAL_NAMES[p] if arch == "mixtral" else p
+                out[f"{prefix}.{j}.{p}.weight"] = w.contiguous().clone()
     return out
 
 
 def from_hub(arch, hub):
     """Inverse of to_hub: hub names -> the model's own state_dict names (stacks per-expert tensors)."""
-    ren = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
+    inverse = {v: k for k, v in MIXTRAL_NAMES.items()}
     sd, experts = {}, {}
     for name, t in hub.items():
         if arch == "mixtral":
             name = name.replace(".block_sparse_moe.", ".mlp.")
-        parts = name.split(".")
-        if arch not in ("qwen2_moe", "deepseek") and "experts" in parts:
-            i = parts.index("experts")
-            experts.setdefault(".".join(parts[:i]), {})[(int(parts[i + 1]), ren.get(parts[i + 2], parts[i + 2]))] = t
+        m = re.fullmatch(r"(.*\.experts)\.(\d+)\.(\w+)\.weight", name)
+        if m and arch != "deepseek":
+            experts.setdefault(m[1], {})[int(m[2]), inverse.get(m[3], m[3])] = t
         else:
             sd[name] = t
     for prefix, ws in experts.items():
-        n = 1 + max(j for j, _ in ws)
-        sd[f"{prefix}.experts.gate_up_proj"] = torch.stack([torch.cat([ws[j, "gate_proj"], ws[j, "up_proj"]]) for j in range(n)])
-        sd[f"{prefix}.experts.down_proj"] = torch.stack([ws[j, "down_proj"] for j in range(n)])
+        n = len(ws) // 3
+        sd[prefix + ".gate_up_proj"] = torch.stack([torch.cat([ws[j, "gate_proj"], ws[j, "up_proj"]]) for j in range(n)])
+        sd[prefix + ".down_proj"] = torch.stack([ws[j, "down_proj"] for j in range(n)])
     return sd
 
 
@@ -335,7 +331,7 @@ def loglik_case(model, tok, eot_id, context, continuation, margins):
     top2 = logp.topk(2, dim=-1).values
     margins.append((top2[:, 0] - top2[:, 1]).min().item())
     return {"context": context, "continuation": continuation,
-            "loglikelihood": float(sum(logp[i, c].item() for i, c in enumerate(cont))),
+            "loglikelihood": float(logp[torch.arange(len(cont)), cont].sum()),  # f32 sum, as lm-eval
             "is_greedy": bool((logp.argmax(-1) == torch.tensor(cont)).all()), "tokens": len(cont)}
 
 
@@ -372,11 +368,10 @@ def reference(model, tok, eot_id, top_k, seed):
 
 
 def dump_reference(path, ref):
-    """JSON with one logits row per line: readable and diff-friendly."""
-    body = {k: v for k, v in ref.items() if k != "logits"}
-    text = json.dumps(body, indent=1)
-    rows = ",\n  ".join(json.dumps(r, separators=(",", ":")) for r in ref["logits"])
-    path.write_text(text[:-2] + ',\n "logits": [\n  ' + rows + "\n ]\n}\n")
+    """Indented JSON, but every list of numbers (ids, one logits row) on a single line."""
+    text = json.dumps(ref, indent=1)
+    text = re.sub(r"\[[-+0-9.e,\s]*\]", lambda m: json.dumps(json.loads(m.group(0)), separators=(",", ":")), text)
+    path.write_text(text + "\n")
 
 
 # ---------------------------------------------------------------- writing and checking
@@ -433,23 +428,25 @@ def config_json(arch, cls, config):
     d["architectures"] = [cls.__name__]
     d["torch_dtype"] = d["dtype"] = "float32"
     d["rope_theta"] = d["rope_parameters"]["rope_theta"]  # also at top level, as hub configs have it
+    if arch != "mixtral":  # v5's Qwen3MoeConfig writes only num_local_experts; hub configs say num_experts
+        d["num_experts"] = config.num_experts
     return dict(sorted(d.items()))
 
 
 def main():
     torch.set_num_threads(1)  # deterministic reductions
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    OUT.mkdir(parents=True)
+    OUT.mkdir(parents=True, exist_ok=True)  # README.md there is kept; the rest is rewritten
+    for arch in ARCHS:
+        shutil.rmtree(OUT / arch, ignore_errors=True)
     tok = build_tokenizer()
     tok.save(str(OUT / "tokenizer.json"))
     eot_id = tok.token_to_id(EOT)
     vocab = -(-tok.get_vocab_size() // 8) * 8
     print(f"tokenizer: {tok.get_vocab_size()} tokens, config vocab {vocab}, prompt {len(encode(tok, PROMPT))} tokens")
 
-    archs = {a: v for a, v in hf_configs(vocab, eot_id).items()}
+    archs = hf_configs(vocab, eot_id)
     archs["deepseek"] = (DeepseekForCausalLM, deepseek_config(vocab, eot_id))
-    for arch in ("olmoe", "qwen2_moe", "deepseek", "mixtral", "qwen3_moe"):
+    for arch in ARCHS:
         cls, config = archs[arch]
         top_k = config["num_experts_per_tok"] if arch == "deepseek" else config.num_experts_per_tok
         for seed in range(1000, 1100):

@@ -3,6 +3,7 @@
 
 pub mod bench_layer;
 pub mod commands;
+pub mod loglik;
 pub mod progress;
 pub mod table;
 pub mod version;

@@ -1,7 +1,9 @@
 //! The `occult` command line: parses arguments and hands them to `occult_eval::commands`.
 
 use clap::{Parser, Subcommand};
-use occult_eval::commands::{bench, collab, place, prune, reproduce, trace};
+use occult_eval::commands::{
+    bench, collab, generate, loglik, model, place, profile, prune, reproduce, trace,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -37,6 +39,15 @@ enum Cmd {
     Bench(bench::BenchCmd),
     /// Run the end-to-end recipe and write a report.
     Reproduce(reproduce::ReproduceArgs),
+    /// Continue a prompt with a model (greedy or sampled).
+    Generate(generate::GenerateArgs),
+    /// Log-likelihood of a continuation, scored as lm-evaluation-harness does (JSON).
+    Loglik(loglik::LoglikArgs),
+    /// Run calibration text through a model and write its routing trace.
+    Profile(profile::ProfileArgs),
+    /// Checkpoints: make a synthetic one, describe one.
+    #[command(subcommand)]
+    Model(model::ModelCmd),
 }
 
 fn main() {
@@ -48,6 +59,10 @@ fn main() {
         Cmd::Prune(a) => prune::run(a),
         Cmd::Bench(c) => bench::run(c),
         Cmd::Reproduce(a) => reproduce::run(a),
+        Cmd::Generate(a) => generate::run(a),
+        Cmd::Loglik(a) => loglik::run(a),
+        Cmd::Profile(a) => profile::run(a),
+        Cmd::Model(c) => model::run(c),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

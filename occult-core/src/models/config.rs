@@ -261,12 +261,17 @@ impl ModelConfig {
                     .collect()
             }
         };
-        if f.present("rope_scaling") {
-            let kind = v["rope_scaling"]
+        // transformers v5 moves RoPE settings into `rope_parameters`.
+        let rope_params = v.get("rope_parameters").filter(|p| p.is_object());
+        for (scaling, untyped) in [(v.get("rope_scaling"), "?"), (rope_params, "default")] {
+            let Some(scaling) = scaling.filter(|s| !s.is_null()) else {
+                continue;
+            };
+            let kind = scaling
                 .get("rope_type")
-                .or_else(|| v["rope_scaling"].get("type"))
+                .or_else(|| scaling.get("type"))
                 .and_then(Value::as_str)
-                .unwrap_or("?");
+                .unwrap_or(untyped);
             if kind != "default" {
                 return Err(Error::bad_file(
                     origin,
@@ -300,7 +305,12 @@ impl ModelConfig {
             head_dim,
             dense_intermediate,
             rms_norm_eps: f.f64_or("rms_norm_eps", 1e-6)?,
-            rope_theta: f.f64_or("rope_theta", 10000.0)?,
+            rope_theta: match rope_params.and_then(|p| p.get("rope_theta")) {
+                Some(t) if !f.present("rope_theta") => t.as_f64().ok_or_else(|| {
+                    Error::bad_file(origin, "rope_parameters.rope_theta is not a number")
+                })?,
+                _ => f.f64_or("rope_theta", 10000.0)?,
+            },
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
             attention_bias: match family {
                 Qwen2Moe => f.bool_or("qkv_bias", true)?,

@@ -2,7 +2,12 @@
 
 pub mod bench;
 pub mod collab;
+pub mod generate;
+pub mod loglik;
+pub mod model;
+pub mod model_opts;
 pub mod place;
+pub mod profile;
 pub mod prune;
 pub mod reproduce;
 pub mod trace;

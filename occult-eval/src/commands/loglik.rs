@@ -1,0 +1,29 @@
+//! `occult loglik`: the log-likelihood of a continuation given a context, scored as
+//! lm-evaluation-harness scores it; JSON on stdout.
+
+use super::model_opts::ModelOpts;
+use crate::loglik::{encode, score};
+use anyhow::Result;
+
+#[derive(clap::Args, Debug)]
+pub struct LoglikArgs {
+    #[command(flatten)]
+    pub model: ModelOpts,
+    /// The context (may be empty).
+    #[arg(long, allow_hyphen_values = true)]
+    pub context: String,
+    /// The continuation to score.
+    #[arg(long, allow_hyphen_values = true)]
+    pub continuation: String,
+    /// Add the tokenizer's special tokens (BOS) when encoding, like lm-eval's add_bos_token.
+    #[arg(long)]
+    pub add_bos: bool,
+}
+
+pub fn run(a: LoglikArgs) -> Result<()> {
+    let ck = a.model.open()?;
+    let enc = encode(ck.tokenizer()?, &a.context, &a.continuation, a.add_bos)?;
+    let s = a.model.run(&ck, |m| score(m, &enc))?;
+    println!("{}", serde_json::to_string_pretty(&s)?);
+    Ok(())
+}

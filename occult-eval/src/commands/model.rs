@@ -1,0 +1,178 @@
+//! `occult model`: make a synthetic checkpoint, or describe one.
+
+use super::model_opts::ModelOpts;
+use anyhow::{bail, Result};
+use occult_core::models::config::SUPPORTED;
+use occult_core::models::synth::SynthModel;
+use std::path::PathBuf;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum ModelCmd {
+    /// Write a random checkpoint of a family (config.json + model.safetensors).
+    Synth(SynthArgs),
+    /// Print a checkpoint's configuration and size.
+    Info(InfoArgs),
+    /// Load every tensor (and the tokenizer) and check names and shapes.
+    Check(InfoArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SynthArgs {
+    /// olmoe, qwen2_moe, deepseek, mixtral or qwen3_moe.
+    #[arg(long)]
+    pub family: String,
+    #[arg(long, default_value_t = 1024)]
+    pub vocab: usize,
+    #[arg(long, default_value_t = 128)]
+    pub hidden: usize,
+    #[arg(long, default_value_t = 2)]
+    pub layers: usize,
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    #[arg(long, default_value_t = 2)]
+    pub kv_heads: usize,
+    #[arg(long, default_value_t = 8)]
+    pub experts: usize,
+    #[arg(long, default_value_t = 2)]
+    pub top_k: usize,
+    /// Expert intermediate size.
+    #[arg(long, default_value_t = 64)]
+    pub intermediate: usize,
+    /// Dense-layer intermediate size.
+    #[arg(long, default_value_t = 256)]
+    pub dense_intermediate: usize,
+    /// Shared-expert intermediate size (qwen2_moe, deepseek).
+    #[arg(long, default_value_t = 128)]
+    pub shared_intermediate: usize,
+    /// Leading dense layers (deepseek, qwen2_moe, qwen3_moe).
+    #[arg(long, default_value_t = 0)]
+    pub dense_layers: usize,
+    /// Store experts fused, as transformers v5 saves them.
+    #[arg(long)]
+    pub fused: bool,
+    /// f32, bf16 or f16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Output folder.
+    #[arg(short, long)]
+    pub output: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct InfoArgs {
+    #[command(flatten)]
+    pub model: ModelOpts,
+}
+
+pub fn run(c: ModelCmd) -> Result<()> {
+    match c {
+        ModelCmd::Synth(a) => synth(a),
+        ModelCmd::Info(a) => info(a),
+        ModelCmd::Check(a) => check(a),
+    }
+}
+
+fn synth(a: SynthArgs) -> Result<()> {
+    let family = match SUPPORTED.iter().find(|(t, _)| *t == a.family) {
+        Some((_, f)) => *f,
+        None => bail!(
+            "unknown family {:?} (one of {})",
+            a.family,
+            SUPPORTED.map(|(t, _)| t).join(", ")
+        ),
+    };
+    let dtype = match a.dtype.as_str() {
+        "f32" => safetensors::Dtype::F32,
+        "bf16" => safetensors::Dtype::BF16,
+        "f16" => safetensors::Dtype::F16,
+        other => bail!("--dtype {other:?} is not one of f32, bf16, f16"),
+    };
+    let s = SynthModel {
+        family,
+        vocab: a.vocab,
+        hidden: a.hidden,
+        layers: a.layers,
+        heads: a.heads,
+        kv_heads: a.kv_heads,
+        experts: a.experts,
+        top_k: a.top_k,
+        expert_intermediate: a.intermediate,
+        dense_intermediate: a.dense_intermediate,
+        shared_intermediate: a.shared_intermediate,
+        dense_layers: a.dense_layers,
+        fused: a.fused,
+        dtype,
+        seed: a.seed,
+        std: 0.02,
+    };
+    let (cfg, bytes) = s.write(&a.output)?;
+    eprintln!(
+        "{}: {} layers, {} experts (top-{}), {:.1} MB of weights",
+        a.output.display(),
+        cfg.num_layers,
+        cfg.moe.num_experts,
+        cfg.moe.top_k,
+        bytes as f64 / 1e6
+    );
+    Ok(())
+}
+
+fn info(a: InfoArgs) -> Result<()> {
+    let ck = a.model.open()?;
+    let c = &ck.cfg;
+    let bytes: u64 = ck
+        .files
+        .weights
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    let v = serde_json::json!({
+        "model": ck.name,
+        "folder": ck.files.dir,
+        "family": format!("{:?}", c.family),
+        "layers": c.num_layers,
+        "moe_layers": (0..c.num_layers).filter(|&l| c.moe_layers[l]).collect::<Vec<_>>(),
+        "hidden_size": c.hidden_size,
+        "heads": c.num_heads,
+        "kv_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "vocab_size": c.vocab_size,
+        "num_experts": c.moe.num_experts,
+        "top_k": c.moe.top_k,
+        "expert_intermediate": c.moe.expert_intermediate,
+        "renormalize": c.moe.renormalize,
+        "shared_intermediate": c.moe.shared.map(|s| s.intermediate),
+        "weight_files": ck.files.weights.len(),
+        "weight_bytes": bytes,
+        "tokenizer": ck.files.tokenizer,
+    });
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}
+
+fn check(a: InfoArgs) -> Result<()> {
+    let clock = std::time::Instant::now();
+    let ck = a.model.open()?;
+    let params: usize = a.model.run(&ck, |m| {
+        Ok(m.params()
+            .iter()
+            .map(|(_, t)| t.elem_count())
+            .sum::<usize>())
+    })?;
+    println!(
+        "{}: ok ({:?}, {} parameters on rank 0, tokenizer {}, loaded in {:.2} s)",
+        ck.name,
+        ck.cfg.family,
+        params,
+        if ck.tokenizer.is_some() {
+            "ok"
+        } else {
+            "absent"
+        },
+        clock.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! The options every model command shares (`--model`, `--dtype`, and the expert-parallel ones
+//! `--devices`, `--mode`, `--placement`, `--max-devices`, `--prune-rule`), and running a
+//! function on the model's ranks: one in-process model in the reference mode, or D local ranks
+//! (threads) in the EP modes, each holding the dense weights once and only its own experts.
+
+use anyhow::{bail, Context, Result};
+use occult_core::comm::local::run_local;
+use occult_core::comm::Communicator;
+use occult_core::dispatch::DispatchMode;
+use occult_core::models::loader::{parse_dtype, Checkpoint};
+use occult_core::models::model::{DenseParts, Model, MoeSetup};
+use occult_core::moe::PruneSpec;
+use occult_core::placement::Placement;
+use occult_core::pruning::PruneRule;
+use occult_core::similarity::SimilarityTable;
+use occult_core::trace::Trace;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// How MoE blocks compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModeArg {
+    /// The single-device reference (a plain loop over experts).
+    Reference,
+    /// Expert parallelism, one row per (token, expert).
+    Standard,
+    /// Expert parallelism, one row per (token, device), pre-reduced on the device.
+    Occult,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PruneRuleArg {
+    Router,
+    Similarity,
+}
+
+/// Which model to load and how to run it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelOpts {
+    /// A model folder, or a Hugging Face model id already in the local cache.
+    #[arg(long)]
+    pub model: String,
+    /// Revision of a cached hub model (a branch such as `main`, or a commit hash).
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// Compute dtype: f32, bf16 or f16 (f32 is fastest on CPU).
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Expert-parallel ranks (local threads).
+    #[arg(long, default_value_t = 1)]
+    pub devices: usize,
+    /// MoE computation; default `reference` on one device, `occult` on more.
+    #[arg(long, value_enum)]
+    pub mode: Option<ModeArg>,
+    /// Placement file (`occult place`); default: contiguous blocks of experts.
+    #[arg(long)]
+    pub placement: Option<PathBuf>,
+    /// Collaboration pruning: each token's experts span at most this many devices.
+    #[arg(long)]
+    pub max_devices: Option<usize>,
+    /// Pruning rule (with --max-devices).
+    #[arg(long, value_enum, default_value_t = PruneRuleArg::Router)]
+    pub prune_rule: PruneRuleArg,
+    /// A trace with router logits (`occult profile`) to build the similarity rule's tables.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+}
+
+impl ModelOpts {
+    /// The effective mode.
+    pub fn mode(&self) -> ModeArg {
+        self.mode.unwrap_or(if self.devices > 1 {
+            ModeArg::Occult
+        } else {
+            ModeArg::Reference
+        })
+    }
+
+    /// Opens the checkpoint.
+    pub fn open(&self) -> Result<Checkpoint> {
+        let dtype = parse_dtype(&self.dtype)?;
+        Checkpoint::open(&self.model, self.revision.as_deref(), dtype)
+            .with_context(|| format!("loading model {}", self.model))
+    }
+
+    /// The MoE setup these options ask for, checked against the model.
+    pub fn setup(&self, ck: &Checkpoint) -> Result<MoeSetup> {
+        let cfg = &ck.cfg;
+        let e = cfg.moe.num_experts;
+        let mode = self.mode();
+        if self.devices == 0 {
+            bail!("--devices must be at least 1");
+        }
+        if mode == ModeArg::Reference && self.devices > 1 {
+            bail!("--mode reference runs on one device; use --mode occult or standard with --devices {}", self.devices);
+        }
+        let moe_layers: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.moe_layers[l]).collect();
+        let (maps, num_devices) = match &self.placement {
+            Some(p) => {
+                let pl = Placement::read(p)?;
+                if pl.num_experts != e {
+                    bail!(
+                        "{}: the placement is for {} experts, the model has {e}",
+                        p.display(),
+                        pl.num_experts
+                    );
+                }
+                if mode != ModeArg::Reference && pl.num_devices != self.devices {
+                    bail!(
+                        "{}: the placement is for {} devices, the run has --devices {}",
+                        p.display(),
+                        pl.num_devices,
+                        self.devices
+                    );
+                }
+                let mut maps = BTreeMap::new();
+                for &l in &moe_layers {
+                    let map = pl.layer(l).with_context(|| format!("{}", p.display()))?;
+                    maps.insert(l, map.to_vec());
+                }
+                (maps, pl.num_devices)
+            }
+            None => {
+                occult_core::placement::check_sizes(e, self.devices)?;
+                (BTreeMap::new(), self.devices)
+            }
+        };
+        let mut prune = BTreeMap::new();
+        if let Some(n) = self.max_devices {
+            let rule = match self.prune_rule {
+                PruneRuleArg::Router => PruneRule::Router,
+                PruneRuleArg::Similarity => PruneRule::Similarity,
+            };
+            let calib = match (&self.calibration, rule) {
+                (Some(p), _) => Some((p, Trace::read(p)?)),
+                (None, PruneRule::Similarity) => bail!(
+                    "--prune-rule similarity needs --calibration TRACE (router logits from `occult profile`)"
+                ),
+                (None, PruneRule::Router) => None,
+            };
+            for &l in &moe_layers {
+                let similarity = match &calib {
+                    Some((p, t)) if rule == PruneRule::Similarity => {
+                        let lt = t.layer(l).with_context(|| {
+                            format!("{}: no routing for MoE layer {l}", p.display())
+                        })?;
+                        let logits = lt.router_logits.as_ref().with_context(|| {
+                            format!("{}: layer {l} has no router logits", p.display())
+                        })?;
+                        if t.meta.num_experts != e {
+                            bail!(
+                                "{}: the trace is for {} experts, the model has {e}",
+                                p.display(),
+                                t.meta.num_experts
+                            );
+                        }
+                        Some(SimilarityTable::from_logits(logits, e)?)
+                    }
+                    _ => None,
+                };
+                prune.insert(
+                    l,
+                    PruneSpec {
+                        rule,
+                        max_devices: n,
+                        similarity,
+                    },
+                );
+            }
+        }
+        Ok(MoeSetup {
+            mode: match mode {
+                ModeArg::Reference => None,
+                ModeArg::Standard => Some(DispatchMode::Standard),
+                ModeArg::Occult => Some(DispatchMode::Occult),
+            },
+            maps,
+            num_devices,
+            prune,
+        })
+    }
+
+    /// Runs `f` on every rank's model and returns rank 0's result; any rank's error is
+    /// reported with its rank.
+    pub fn run<T, F>(&self, ck: &Checkpoint, f: F) -> Result<T>
+    where
+        T: Send,
+        F: Fn(&Model) -> Result<T> + Sync,
+    {
+        let setup = self.setup(ck)?;
+        let dense = DenseParts::load(&ck.weights, &ck.cfg)?;
+        if setup.mode.is_none() {
+            let m = Model::assemble(dense, &ck.weights, &setup, None)?;
+            return f(&m);
+        }
+        let results = run_local(self.devices, |comm: &Arc<dyn Communicator>| {
+            let m = Model::assemble(dense.clone(), &ck.weights, &setup, Some(comm.clone()))?;
+            f(&m).map_err(|e| occult_core::Error::invalid(format!("{e:#}")))
+        });
+        let mut first = None;
+        for (rank, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(v) if rank == 0 => first = Some(v),
+                Ok(_) => {}
+                Err(e) => return Err(anyhow::Error::from(e).context(format!("rank {rank}"))),
+            }
+        }
+        first.context("rank 0 returned nothing")
+    }
+}

@@ -1,0 +1,135 @@
+//! `occult profile`: runs calibration text through a model and writes its routing trace
+//! (`occult.trace.v1`: top-k ids, gate weights and router logits per MoE layer), which `collab`,
+//! `place` and `prune` read.
+//!
+//! Data: a `.jsonl` file of objects with a `text` field, or a plain text file with one
+//! document per non-empty line. Each document is tokenised on its own (no special tokens
+//! unless `--add-bos`) and cut into windows of at most `--seq-len` tokens.
+
+use super::model_opts::ModelOpts;
+use anyhow::{bail, Context, Result};
+use candle::{Device, Tensor};
+use occult_core::models::model::{Logits, RoutingRecorder};
+use occult_core::trace::{LayerTrace, Trace, TraceMeta};
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args, Debug)]
+pub struct ProfileArgs {
+    #[command(flatten)]
+    pub model: ModelOpts,
+    /// Calibration text: JSONL with a `text` field, or plain text (one document per line).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Where to write the trace.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Longest window of tokens run at once.
+    #[arg(long, default_value_t = 512)]
+    pub seq_len: usize,
+    /// Stop after this many tokens.
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// Leave the router logits out of the trace (smaller; the similarity rule needs them).
+    #[arg(long)]
+    pub no_logits: bool,
+    /// Add the tokenizer's special tokens (BOS) to each document.
+    #[arg(long)]
+    pub add_bos: bool,
+}
+
+/// The documents of a calibration file.
+pub fn read_documents(path: &Path) -> Result<Vec<String>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let jsonl = path
+        .extension()
+        .is_some_and(|e| e == "jsonl" || e == "json");
+    let mut docs = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        if jsonl {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("{} line {}: not valid JSON", path.display(), i + 1))?;
+            let t = v.get("text").and_then(|t| t.as_str()).with_context(|| {
+                format!("{} line {}: no string field `text`", path.display(), i + 1)
+            })?;
+            docs.push(t.to_string());
+        } else {
+            docs.push(line.to_string());
+        }
+    }
+    if docs.is_empty() {
+        bail!("{}: no documents", path.display());
+    }
+    Ok(docs)
+}
+
+pub fn run(a: ProfileArgs) -> Result<()> {
+    if a.model.devices != 1 {
+        bail!("profile runs on one device (routing does not depend on the device count without pruning)");
+    }
+    if a.seq_len == 0 {
+        bail!("--seq-len must be at least 1");
+    }
+    let ck = a.model.open()?;
+    let tok = ck.tokenizer()?;
+    let docs = read_documents(&a.data)?;
+    let mut windows: Vec<Vec<u32>> = Vec::new();
+    let mut total = 0;
+    'docs: for d in &docs {
+        let ids = tok.encode(d, a.add_bos)?;
+        for w in ids.chunks(a.seq_len) {
+            let take = a.max_tokens.map_or(w.len(), |m| w.len().min(m - total));
+            if take == 0 {
+                break 'docs;
+            }
+            windows.push(w[..take].to_vec());
+            total += take;
+        }
+    }
+    if total == 0 {
+        bail!("{}: the documents hold no tokens", a.data.display());
+    }
+    let cfg = ck.cfg.clone();
+    let rec = a.model.run(&ck, |m| {
+        let bar = crate::progress::bar(total as u64, "tokens");
+        let mut rec = RoutingRecorder::default();
+        for w in &windows {
+            let ids = Tensor::from_slice(w, (1, w.len()), &Device::Cpu)?;
+            m.forward(&ids, None, Some(&mut rec), Logits::Last)?;
+            bar.inc(w.len() as u64);
+        }
+        bar.finish_and_clear();
+        Ok(rec)
+    })?;
+    let meta = TraceMeta {
+        num_experts: cfg.moe.num_experts,
+        top_k: cfg.moe.top_k,
+        model: Some(ck.name.clone()),
+        data: Some(a.data.display().to_string()),
+        num_ranks: None,
+        extra: Default::default(),
+    };
+    let layers = rec
+        .layers
+        .into_iter()
+        .map(|(layer, r)| LayerTrace {
+            layer,
+            tokens: r.tokens,
+            topk_ids: r.ids,
+            topk_weights: Some(r.weights),
+            router_logits: (!a.no_logits).then_some(r.logits),
+        })
+        .collect();
+    let trace = Trace { meta, layers };
+    trace.write(&a.output)?;
+    eprintln!(
+        "profiled {total} tokens in {} windows over {} MoE layers -> {}",
+        windows.len(),
+        trace.layers.len(),
+        a.output.display()
+    );
+    Ok(())
+}

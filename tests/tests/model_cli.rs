@@ -1,0 +1,405 @@
+//! The model commands end to end (`generate`, `loglik`, `profile`, `model synth/info`) on the
+//! fixtures and synthetic checkpoints, and every bad model input of issue 4: each a clear
+//! error, exit code 1, no panic.
+
+mod common;
+
+use common::{occult_err, occult_ok};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn fixture(arch: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/models")
+        .join(arch)
+        .display()
+        .to_string()
+}
+
+/// A checkpoint's tensors as (name, shape, bytes).
+type RawTensors = Vec<(String, Vec<usize>, Vec<u8>)>;
+
+fn contains_all(msg: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(msg.contains(p), "expected {p:?} in:\n{msg}");
+    }
+}
+
+/// A copy of a fixture folder to break.
+fn copy_fixture(arch: &str, to: &Path) -> PathBuf {
+    let dst = to.join(arch);
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(fixture(arch)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    dst
+}
+
+#[test]
+fn loglik_prints_the_harness_json_and_is_the_same_on_four_ranks() {
+    let t = tempfile::tempdir().unwrap();
+    let m = fixture("qwen2_moe");
+    let args = [
+        "loglik",
+        "--model",
+        &m,
+        "--context",
+        "The weather today is",
+        "--continuation",
+        " sunny and warm",
+    ];
+    let one: Value = serde_json::from_str(&occult_ok(t.path(), &args)).unwrap();
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(&m).join("reference.json")).unwrap(),
+    )
+    .unwrap();
+    let want = &reference["loglik"][0];
+    assert_eq!(want["context"], "The weather today is");
+    assert!(
+        (one["loglikelihood"].as_f64().unwrap() - want["loglikelihood"].as_f64().unwrap()).abs()
+            < 1e-3
+    );
+    assert_eq!(one["tokens"], want["tokens"]);
+    assert_eq!(one["is_greedy"], want["is_greedy"]);
+    let mut four = args.to_vec();
+    four.extend(["--devices", "4", "--mode", "standard"]);
+    let four: Value = serde_json::from_str(&occult_ok(t.path(), &four)).unwrap();
+    assert!(
+        (four["loglikelihood"].as_f64().unwrap() - one["loglikelihood"].as_f64().unwrap()).abs()
+            < 1e-4
+    );
+}
+
+#[test]
+fn generate_is_greedy_by_default_and_matches_transformers() {
+    let t = tempfile::tempdir().unwrap();
+    let m = fixture("olmoe");
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(&m).join("reference.json")).unwrap(),
+    )
+    .unwrap();
+    let prompt = reference["prompt"].as_str().unwrap();
+    let out = occult_ok(
+        t.path(),
+        &[
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "8",
+            "--json",
+            "--devices",
+            "2",
+        ],
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["prompt_ids"], reference["input_ids"]);
+    // Generation stops early only at an end-of-sequence token.
+    let want = reference["greedy"]["ids"].as_array().unwrap();
+    let got = v["new_ids"].as_array().unwrap();
+    assert_eq!(got[..], want[..got.len()]);
+    // Sampling is seeded: the same seed gives the same text.
+    let sample = |seed: &str| {
+        occult_ok(
+            t.path(),
+            &[
+                "generate",
+                "--model",
+                &m,
+                "--prompt",
+                "Rain",
+                "--temperature",
+                "1.0",
+                "--seed",
+                seed,
+            ],
+        )
+    };
+    assert_eq!(sample("3"), sample("3"));
+}
+
+#[test]
+fn profile_writes_a_trace_the_analysis_commands_read() {
+    let t = tempfile::tempdir().unwrap();
+    let data = t.path().join("cal.jsonl");
+    std::fs::write(
+        &data,
+        "{\"text\": \"The cake was baked in a hot oven until it rose.\"}\n\
+         {\"text\": \"Clouds gather over the hills before the rain.\"}\n",
+    )
+    .unwrap();
+    let m = fixture("deepseek");
+    occult_ok(
+        t.path(),
+        &[
+            "profile",
+            "--model",
+            &m,
+            "--data",
+            "cal.jsonl",
+            "-o",
+            "t.safetensors",
+            "--seq-len",
+            "7",
+        ],
+    );
+    let info = occult_ok(t.path(), &["trace", "info", "t.safetensors"]);
+    // DeepSeek's layer 0 is dense: the trace holds layers 1 and 2.
+    contains_all(&info, &["deepseek"]);
+    let collab = occult_ok(
+        t.path(),
+        &[
+            "collab",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "2",
+            "--json",
+            "c.json",
+        ],
+    );
+    assert!(!collab.is_empty());
+    let c: Value =
+        serde_json::from_str(&std::fs::read_to_string(t.path().join("c.json")).unwrap()).unwrap();
+    let layers: Vec<u64> = c["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["layer"].as_u64().unwrap())
+        .collect();
+    assert_eq!(layers, vec![1, 2]);
+    // The trace's logits drive similarity pruning of the model itself.
+    occult_ok(
+        t.path(),
+        &[
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "4",
+            "--method",
+            "occult",
+            "-o",
+            "p.json",
+        ],
+    );
+    let pruned = occult_ok(
+        t.path(),
+        &[
+            "loglik",
+            "--model",
+            &m,
+            "--context",
+            "The cake",
+            "--continuation",
+            " was baked",
+            "--devices",
+            "4",
+            "--placement",
+            "p.json",
+            "--max-devices",
+            "1",
+            "--prune-rule",
+            "similarity",
+            "--calibration",
+            "t.safetensors",
+        ],
+    );
+    let v: Value = serde_json::from_str(&pruned).unwrap();
+    assert!(v["loglikelihood"].as_f64().unwrap() < 0.0);
+}
+
+#[test]
+fn synthetic_checkpoints_load_in_every_dtype_and_layout() {
+    let t = tempfile::tempdir().unwrap();
+    for (family, extra) in [
+        ("mixtral", vec!["--fused"]),
+        ("qwen3_moe", vec!["--dtype", "bf16"]),
+        ("deepseek", vec!["--dense-layers", "1"]),
+    ] {
+        let mut args = vec![
+            "model", "synth", "--family", family, "--hidden", "32", "--vocab", "64", "-o", family,
+        ];
+        args.extend(extra);
+        occult_ok(t.path(), &args);
+        let info: Value =
+            serde_json::from_str(&occult_ok(t.path(), &["model", "info", "--model", family]))
+                .unwrap();
+        assert_eq!(info["num_experts"], 8);
+    }
+    let info: Value = serde_json::from_str(&occult_ok(
+        t.path(),
+        &["model", "info", "--model", "deepseek"],
+    ))
+    .unwrap();
+    assert_eq!(info["moe_layers"], serde_json::json!([1]));
+}
+
+#[test]
+fn bad_model_inputs_are_named() {
+    let t = tempfile::tempdir().unwrap();
+    let ll = |m: &Path, extra: &[&str]| {
+        let m = m.display().to_string();
+        let mut a = vec![
+            "loglik",
+            "--model",
+            m.as_str(),
+            "--context",
+            "a",
+            "--continuation",
+            " b",
+        ];
+        a.extend(extra);
+        occult_err(t.path(), &a)
+    };
+    // A missing config field.
+    let d = copy_fixture("mixtral", t.path());
+    let cfg = d.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("num_local_experts");
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    contains_all(
+        &ll(&d, &[]),
+        &["config.json", "missing field `num_local_experts`"],
+    );
+    // An unknown model_type.
+    v["num_local_experts"] = 8.into();
+    v["model_type"] = "gpt2".into();
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    contains_all(&ll(&d, &[]), &["\"gpt2\" is not supported"]);
+
+    // A missing tensor, and a misshapen one (name, expected and actual shape).
+    let d = t.path().join("synth");
+    occult_ok(
+        t.path(),
+        &[
+            "model", "synth", "--family", "olmoe", "--hidden", "32", "--vocab", "64", "-o", "synth",
+        ],
+    );
+    let st = d.join("model.safetensors");
+    let rewrite = |f: &dyn Fn(&mut RawTensors)| {
+        let bytes = std::fs::read(&st).unwrap();
+        let s = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut ts: RawTensors = s
+            .tensors()
+            .into_iter()
+            .map(|(n, v)| (n, v.shape().to_vec(), v.data().to_vec()))
+            .collect();
+        f(&mut ts);
+        let views: Vec<(String, safetensors::tensor::TensorView)> = ts
+            .iter()
+            .map(|(n, sh, b)| {
+                (
+                    n.clone(),
+                    safetensors::tensor::TensorView::new(safetensors::Dtype::F32, sh.clone(), b)
+                        .unwrap(),
+                )
+            })
+            .collect();
+        std::fs::write(&st, safetensors::serialize(views, None).unwrap()).unwrap();
+    };
+    let tokenizer = PathBuf::from(fixture("olmoe")).join("tokenizer.json");
+    let original = std::fs::read(&st).unwrap();
+    let profile = || {
+        occult_err(
+            t.path(),
+            &[
+                "profile",
+                "--model",
+                "synth",
+                "--data",
+                "d.txt",
+                "-o",
+                "o.safetensors",
+            ],
+        )
+    };
+    std::fs::write(t.path().join("d.txt"), "hello there\n").unwrap();
+    // No tokenizer: named. A broken one, and one with more tokens than the model's vocabulary.
+    contains_all(&profile(), &["no tokenizer.json"]);
+    std::fs::write(d.join("tokenizer.json"), b"{}").unwrap();
+    contains_all(&profile(), &["tokenizer.json", "not a readable tokenizer"]);
+    std::fs::copy(&tokenizer, d.join("tokenizer.json")).unwrap();
+    contains_all(
+        &profile(),
+        &["tokenizer does not match the model", "vocabulary has 64"],
+    );
+    assert!(!t.path().join("o.safetensors").exists());
+    std::fs::remove_file(d.join("tokenizer.json")).unwrap();
+    std::fs::write(&st, &original).unwrap();
+    rewrite(&|ts| ts.retain(|(n, _, _)| n != "model.layers.1.mlp.experts.5.up_proj.weight"));
+    contains_all(
+        &occult_err(t.path(), &["model", "check", "--model", "synth"]),
+        &["model.layers.1.mlp.experts.5.up_proj.weight is missing"],
+    );
+    std::fs::write(&st, &original).unwrap();
+    rewrite(&|ts| {
+        for (n, sh, _) in ts.iter_mut() {
+            if n == "model.layers.0.self_attn.k_proj.weight" {
+                sh.swap(0, 1);
+            }
+        }
+    });
+    contains_all(
+        &occult_err(t.path(), &["model", "check", "--model", "synth"]),
+        &["model.layers.0.self_attn.k_proj.weight has shape [32, 16], expected [16, 32]"],
+    );
+    // A truncated file.
+    std::fs::write(&st, &original[..original.len() - 100]).unwrap();
+    contains_all(
+        &occult_err(t.path(), &["model", "check", "--model", "synth"]),
+        &["model.safetensors", "not a readable safetensors file"],
+    );
+    std::fs::write(&st, &original).unwrap();
+    occult_ok(t.path(), &["model", "check", "--model", "synth"]);
+
+    // A placement for a different expert count, and for a different device count.
+    let placement = |e: usize, d: usize| {
+        let map: Vec<u32> = (0..e).map(|x| (x * d / e) as u32).collect();
+        let layers: Vec<Value> = (0..3)
+            .map(|l| serde_json::json!({"layer": l, "device_of_expert": map}))
+            .collect();
+        serde_json::json!({"format": "occult.placement.v1", "num_experts": e, "num_devices": d,
+            "method": "test", "layers": layers})
+        .to_string()
+    };
+    std::fs::write(t.path().join("p16.json"), placement(16, 2)).unwrap();
+    let m = fixture("olmoe");
+    contains_all(
+        &ll(
+            Path::new(&m),
+            &["--devices", "2", "--placement", "p16.json"],
+        ),
+        &["p16.json", "placement is for 16 experts, the model has 8"],
+    );
+    std::fs::write(t.path().join("p8.json"), placement(8, 4)).unwrap();
+    contains_all(
+        &ll(Path::new(&m), &["--devices", "2", "--placement", "p8.json"]),
+        &["placement is for 4 devices", "--devices 2"],
+    );
+    contains_all(
+        &ll(Path::new(&m), &["--devices", "2", "--mode", "reference"]),
+        &["reference runs on one device"],
+    );
+    contains_all(
+        &ll(
+            Path::new(&m),
+            &[
+                "--max-devices",
+                "1",
+                "--prune-rule",
+                "similarity",
+                "--devices",
+                "2",
+            ],
+        ),
+        &["--calibration"],
+    );
+    contains_all(
+        &ll(Path::new("/nonexistent/model"), &[]),
+        &["/nonexistent/model"],
+    );
+}
