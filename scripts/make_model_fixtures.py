@@ -203,7 +203,7 @@ def deepseek_config(vocab, eot):
     return {"architectures": ["DeepseekForCausalLM"], "model_type": "deepseek", "attention_bias": False,
             "attention_dropout": 0.0, "aux_loss_alpha": 0.001, "bos_token_id": eot, "eos_token_id": eot,
             "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02,
-            "intermediate_size": 96, "max_position_embeddings": 128, "moe_intermediate_size": 32,
+            "intermediate_size": 96, "max_position_embeddings": 128, "moe_intermediate_size": 16,
             "moe_layer_freq": 1, "n_routed_experts": 8, "n_shared_experts": 2, "norm_topk_prob": False,
             "num_attention_heads": 4, "num_experts_per_tok": 2, "num_hidden_layers": 3,
             "num_key_value_heads": 2, "pretraining_tp": 1, "rms_norm_eps": 1e-6, "rope_scaling": None,
@@ -217,15 +217,15 @@ def hf_configs(vocab, eot):
                   num_key_value_heads=2, rope_theta=10000.0, max_position_embeddings=128,
                   tie_word_embeddings=False, bos_token_id=eot, eos_token_id=eot, pad_token_id=None)
     return {
-        "olmoe": (OlmoeForCausalLM, OlmoeConfig(**common, intermediate_size=32, num_experts=8,
+        "olmoe": (OlmoeForCausalLM, OlmoeConfig(**common, intermediate_size=16, num_experts=8,
                   num_experts_per_tok=2, clip_qkv=2.5, norm_topk_prob=False)),
-        "qwen2_moe": (Qwen2MoeForCausalLM, Qwen2MoeConfig(**common, intermediate_size=96, moe_intermediate_size=32,
+        "qwen2_moe": (Qwen2MoeForCausalLM, Qwen2MoeConfig(**common, intermediate_size=96, moe_intermediate_size=16,
                       shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
                       decoder_sparse_step=1, mlp_only_layers=[0], norm_topk_prob=False)),
-        "mixtral": (MixtralForCausalLM, MixtralConfig(**common, intermediate_size=32, num_local_experts=8,
+        "mixtral": (MixtralForCausalLM, MixtralConfig(**common, intermediate_size=16, num_local_experts=8,
                     num_experts_per_tok=2, sliding_window=None)),
         "qwen3_moe": (Qwen3MoeForCausalLM, Qwen3MoeConfig(**common, head_dim=16, intermediate_size=96,
-                      moe_intermediate_size=32, num_experts=8, num_experts_per_tok=3, norm_topk_prob=True,
+                      moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3, norm_topk_prob=True,
                       decoder_sparse_step=1, mlp_only_layers=[])),
     }
 

@@ -10,8 +10,8 @@
 
 use crate::experts::SwigluStack;
 use crate::{Error, Result};
-use candle::safetensors::MmapedSafetensors;
 use candle::{DType, Device, Tensor};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// Names of one expert's projections in a per-expert checkpoint.
@@ -38,11 +38,25 @@ pub const W1_W3_W2: ExpertNames = ExpertNames {
 
 /// The tensors of a checkpoint's shards.
 pub struct Weights {
-    st: MmapedSafetensors,
+    shards: Vec<Shard>,
+    index: HashMap<String, Entry>,
     files: Vec<PathBuf>,
     device: Device,
     dtype: DType,
     trainable: bool,
+}
+
+/// One mapped safetensors file.
+struct Shard {
+    map: memmap2::Mmap,
+    /// Where the tensor data starts (after the 8-byte length and the JSON header).
+    data_start: usize,
+}
+
+/// Where a tensor lives.
+struct Entry {
+    shard: usize,
+    info: safetensors::tensor::TensorInfo,
 }
 
 impl Weights {
@@ -52,7 +66,7 @@ impl Weights {
     }
 
     /// Maps the shards; tensors are read as `dtype` (f32, bf16 or f16). Each file is checked on
-    /// its own first, so that a truncated or broken shard is named.
+    /// its own, so that a truncated or broken shard is named.
     pub fn open_as(files: &[PathBuf], device: &Device, dtype: DType) -> Result<Self> {
         if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
             return Err(Error::invalid(format!(
@@ -62,18 +76,42 @@ impl Weights {
         if files.is_empty() {
             return Err(Error::invalid("no safetensors files to read"));
         }
-        for f in files {
+        let mut shards = Vec::with_capacity(files.len());
+        let mut index: HashMap<String, Entry> = HashMap::new();
+        for (k, f) in files.iter().enumerate() {
+            let file = std::fs::File::open(f).map_err(|e| Error::io(f, e))?;
             // SAFETY: the file is mapped read-only; like every mmap-based loader we rely on it
             // not being modified while mapped.
-            unsafe { MmapedSafetensors::new(f) }.map_err(|e| {
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(f, e))?;
+            let bad = |e: safetensors::SafeTensorError| {
                 Error::bad_file(f, format!("not a readable safetensors file ({e})"))
-            })?;
+            };
+            // Full validation (header, offsets within the file, no overlaps).
+            safetensors::SafeTensors::deserialize(&map).map_err(bad)?;
+            let (header, meta) = safetensors::SafeTensors::read_metadata(&map).map_err(bad)?;
+            for (name, info) in meta.tensors() {
+                if let Some(prev) = index.get(&name) {
+                    return Err(Error::bad_file(
+                        f,
+                        format!("tensor {name} is also in {}", files[prev.shard].display()),
+                    ));
+                }
+                index.insert(
+                    name,
+                    Entry {
+                        shard: k,
+                        info: info.clone(),
+                    },
+                );
+            }
+            shards.push(Shard {
+                map,
+                data_start: 8 + header,
+            });
         }
-        // SAFETY: as above.
-        let st = unsafe { MmapedSafetensors::multi(files) }
-            .map_err(|e| Error::invalid(format!("mapping the checkpoint's shards: {e}")))?;
         Ok(Weights {
-            st,
+            shards,
+            index,
             files: files.to_vec(),
             device: device.clone(),
             dtype,
@@ -94,12 +132,47 @@ impl Weights {
 
     /// Whether the checkpoint holds `name`.
     pub fn contains(&self, name: &str) -> bool {
-        self.st.get(name).is_ok()
+        self.index.contains_key(name)
+    }
+
+    /// Copies tensor `name` out of its mapping, then tells the kernel the mapped pages are no
+    /// longer needed, so that a loaded model costs its tensors once, not twice.
+    fn load(&self, name: &str) -> Result<Tensor> {
+        let e = self
+            .index
+            .get(name)
+            .ok_or_else(|| Error::bad_file(self.origin(), format!("tensor {name} is missing")))?;
+        let shard = &self.shards[e.shard];
+        let (a, b) = e.info.data_offsets;
+        let (start, end) = (shard.data_start + a, shard.data_start + b);
+        let view = safetensors::tensor::TensorView::new(
+            e.info.dtype,
+            e.info.shape.clone(),
+            &shard.map[start..end],
+        )
+        .map_err(|err| Error::bad_file(self.origin(), format!("tensor {name}: {err}")))?;
+        let t = candle::safetensors::Load::load(&view, &self.device).map_err(|err| {
+            Error::bad_file(self.origin(), format!("reading tensor {name}: {err}"))
+        })?;
+        let page = 4096;
+        let from = start / page * page;
+        // SAFETY: no reference into the mapping outlives this call (the view is gone and the
+        // tensor owns a copy); on a private read-only file mapping, MADV_DONTNEED only drops
+        // the pages, which later reads fault back in from the file. Failure is harmless.
+        #[cfg(unix)]
+        unsafe {
+            let _ = shard.map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                from,
+                end - from,
+            );
+        }
+        Ok(t)
     }
 
     /// The shape of `name`, if present.
     pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.st.get(name).ok().map(|v| v.shape().to_vec())
+        self.index.get(name).map(|e| e.info.shape.clone())
     }
 
     /// Makes every tensor read from now on a trainable leaf (a candle `Var`), so that
@@ -132,10 +205,7 @@ impl Weights {
                 format!("tensor {name} has shape {shape:?}, expected {expected:?}"),
             ));
         }
-        let t = self
-            .st
-            .load(name, &self.device)
-            .map_err(|e| Error::bad_file(self.origin(), format!("reading tensor {name}: {e}")))?;
+        let t = self.load(name)?;
         self.leaf(t.to_dtype(self.dtype)?)
     }
 

@@ -2,6 +2,7 @@
 //! command lives in [`commands`] as a function from parsed options to printed results.
 
 pub mod bench_layer;
+pub mod bench_model;
 pub mod commands;
 pub mod loglik;
 pub mod progress;

@@ -77,10 +77,17 @@ fn logits_at_every_position_match_transformers() {
             input,
             "{arch}: tokenizer"
         );
-        let m = Model::load_reference(&ck.weights, &ck.cfg).unwrap();
-        let got = m.forward(&ids(&input), None, None, Logits::All).unwrap();
-        let err = max_err(&got, &want_logits(&r));
-        assert!(err <= 1e-4, "{arch}: max abs logit error {err}");
+        let mut m = Model::load_reference(&ck.weights, &ck.cfg).unwrap();
+        // Both the fused kernels (inference) and the differentiable forms (training).
+        for fused in [true, false] {
+            m.fused = fused;
+            let got = m.forward(&ids(&input), None, None, Logits::All).unwrap();
+            let err = max_err(&got, &want_logits(&r));
+            assert!(
+                err <= 1e-4,
+                "{arch} fused={fused}: max abs logit error {err}"
+            );
+        }
     }
 }
 

@@ -108,12 +108,14 @@ impl Attention {
     }
 
     /// Attention of `x` `[B, T, H]` whose first position is the cache's length; appends the new
-    /// keys and values to `cache` if given.
+    /// keys and values to `cache` if given. `fused` picks candle's fused kernels (inference
+    /// only: they have no backward).
     pub fn forward(
         &self,
         x: &Tensor,
         rope: &Rope,
         cache: Option<&mut LayerCache>,
+        fused: bool,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
@@ -129,8 +131,8 @@ impl Attention {
         let mut k = linear(x, &self.k, self.k_bias.as_ref())?;
         let mut v = linear(x, &self.v, self.v_bias.as_ref())?;
         if let (QkNorm::Full, Some(qn), Some(kn)) = (self.qk_norm, &self.q_norm, &self.k_norm) {
-            q = rms_norm(&q, qn, self.eps)?;
-            k = rms_norm(&k, kn, self.eps)?;
+            q = rms_norm(&q, qn, self.eps, fused)?;
+            k = rms_norm(&k, kn, self.eps, fused)?;
         }
         if let Some(c) = self.clip {
             q = q.clamp(-c, c)?;
@@ -141,11 +143,11 @@ impl Attention {
         let mut k = k.reshape((b, t, nkv, hd))?;
         let v = v.reshape((b, t, nkv, hd))?;
         if let (QkNorm::PerHead, Some(qn), Some(kn)) = (self.qk_norm, &self.q_norm, &self.k_norm) {
-            q = rms_norm(&q, qn, self.eps)?;
-            k = rms_norm(&k, kn, self.eps)?;
+            q = rms_norm(&q, qn, self.eps, fused)?;
+            k = rms_norm(&k, kn, self.eps, fused)?;
         }
-        let q = rope.apply(&q.transpose(1, 2)?, offset)?;
-        let k = rope.apply(&k.transpose(1, 2)?, offset)?;
+        let q = rope.apply(&q.transpose(1, 2)?, offset, fused)?;
+        let k = rope.apply(&k.transpose(1, 2)?, offset, fused)?;
         let v = v.transpose(1, 2)?.contiguous()?;
         let (k, v) = match cache {
             Some(c) => {
@@ -163,7 +165,7 @@ impl Attention {
         let scale = 1.0 / (hd as f64).sqrt();
         let scores = (q.matmul(&k.t()?)? * scale)?;
         let mask = causal_mask(t, offset, self.window, scores.dtype(), x.device())?;
-        let probs = softmax_f32(&scores.broadcast_add(&mask)?)?;
+        let probs = softmax_f32(&scores.broadcast_add(&mask)?, fused)?;
         let y = probs.matmul(&v)?; // [B, nh, T, hd]
         let y = y.transpose(1, 2)?.reshape((b, t, nh * hd))?;
         linear(&y, &self.o, None)

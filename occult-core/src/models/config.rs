@@ -6,7 +6,7 @@
 //! | `qwen2_moe` | `num_experts` | `num_experts_per_tok` | `moe_intermediate_size` | `norm_topk_prob` | one, `shared_expert_intermediate_size`, sigmoid gate | `decoder_sparse_step`, `mlp_only_layers` |
 //! | `deepseek` (v1) | `n_routed_experts` | `num_experts_per_tok` | `moe_intermediate_size` | `norm_topk_prob` | `n_shared_experts` fused | `first_k_dense_replace`, `moe_layer_freq` |
 //! | `mixtral` | `num_local_experts` | `num_experts_per_tok` | `intermediate_size` | always | none | all |
-//! | `qwen3_moe` | `num_experts` | `num_experts_per_tok` | `moe_intermediate_size` | `norm_topk_prob` | none | `decoder_sparse_step`, `mlp_only_layers` |
+//! | `qwen3_moe` | `num_experts` (or `num_local_experts`) | `num_experts_per_tok` | `moe_intermediate_size` | `norm_topk_prob` | none | `decoder_sparse_step`, `mlp_only_layers` |
 
 use crate::routing::RouterRule;
 use crate::{Error, Result};
@@ -216,6 +216,11 @@ impl ModelConfig {
         let (num_experts, expert_intermediate) = match family {
             Olmoe => (f.usize("num_experts")?, f.usize("intermediate_size")?),
             Mixtral => (f.usize("num_local_experts")?, f.usize("intermediate_size")?),
+            // transformers v5's Qwen3MoeConfig.to_dict() writes `num_local_experts`.
+            Qwen2Moe | Qwen3Moe if !f.present("num_experts") && f.present("num_local_experts") => (
+                f.usize("num_local_experts")?,
+                f.usize("moe_intermediate_size")?,
+            ),
             Qwen2Moe | Qwen3Moe => (f.usize("num_experts")?, f.usize("moe_intermediate_size")?),
             DeepseekMoe => (
                 f.usize("n_routed_experts")?,
@@ -225,9 +230,10 @@ impl ModelConfig {
         let top_k = f.usize("num_experts_per_tok")?;
         crate::trace::check_experts_top_k(num_experts, top_k)
             .map_err(|m| Error::bad_file(origin, m))?;
+        // transformers' defaults: false for every family but Mixtral, which always renormalises
+        // (the released Qwen3-MoE checkpoints set it to true).
         let renormalize = match family {
             Mixtral => true,
-            Qwen3Moe => f.bool_or("norm_topk_prob", true)?,
             _ => f.bool_or("norm_topk_prob", false)?,
         };
         let shared = match family {
@@ -309,7 +315,8 @@ impl ModelConfig {
                 Some(t) if !f.present("rope_theta") => t.as_f64().ok_or_else(|| {
                     Error::bad_file(origin, "rope_parameters.rope_theta is not a number")
                 })?,
-                _ => f.f64_or("rope_theta", 10000.0)?,
+                // transformers' defaults when the config is silent.
+                _ => f.f64_or("rope_theta", if family == Mixtral { 1e6 } else { 10000.0 })?,
             },
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
             attention_bias: match family {
@@ -448,6 +455,27 @@ mod tests {
         .unwrap();
         assert_eq!((q3.head_dim, q3.qk_norm), (128, QkNorm::PerHead));
         assert!(q3.router_rule().renormalize);
+        // transformers v5 layout: experts under `num_local_experts`, RoPE in
+        // `rope_parameters`, and norm_topk_prob defaulting to false.
+        let v5 = parse(
+            json!({"model_type": "qwen3_moe", "vocab_size": 10, "hidden_size": 64,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "moe_intermediate_size": 16,
+            "num_local_experts": 8, "num_experts_per_tok": 2,
+            "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}}),
+        )
+        .unwrap();
+        assert_eq!(v5.moe.num_experts, 8);
+        assert_eq!(v5.rope_theta, 1e6);
+        assert!(!v5.moe.renormalize);
+        let yarn = parse(
+            json!({"model_type": "qwen3_moe", "vocab_size": 10, "hidden_size": 64,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "moe_intermediate_size": 16,
+            "num_experts": 8, "num_experts_per_tok": 2,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(yarn.contains("\"yarn\" is not supported"), "{yarn}");
     }
 
     #[test]

@@ -1,6 +1,11 @@
-//! The dense building blocks of the decoders, all differentiable in candle (DESIGN.md section
-//! 6): RMSNorm in f32 as transformers computes it, rotate-half RoPE from precomputed tables,
-//! linear projections with optional bias, and the causal mask.
+//! The dense building blocks of the decoders: RMSNorm in f32 as transformers computes it,
+//! rotate-half RoPE from precomputed tables, softmax, linear projections with optional bias,
+//! and the causal mask.
+//!
+//! Norm, RoPE and softmax come in two forms: differentiable compositions of candle primitives
+//! (DESIGN.md section 6: candle's fused kernels have no backward), used whenever a weight is
+//! trainable, and candle's fused kernels for inference (`fused = true`). Tests hold the two
+//! together.
 
 use crate::Result;
 use candle::{DType, Device, Tensor, D};
@@ -16,7 +21,10 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
 
 /// RMSNorm over the last dimension: `w * x / sqrt(mean(x^2) + eps)`, normalised in f32 and
 /// cast back before the weight, as transformers does.
-pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, fused: bool) -> Result<Tensor> {
+    if fused && x.dtype() == DType::F32 {
+        return Ok(candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)?);
+    }
     Ok(candle_nn::ops::rms_norm_slow(x, w, eps as f32)?)
 }
 
@@ -59,11 +67,19 @@ impl Rope {
         self.cos.dims()[0]
     }
 
-    /// Rotates `x` `[B, heads, T, head_dim]` whose first position is `offset`.
-    pub fn apply(&self, x: &Tensor, offset: usize) -> Result<Tensor> {
+    /// Rotates `x` `[B, heads, T, head_dim]` whose first position is `offset`; `fused` uses
+    /// candle's kernel (no backward).
+    pub fn apply(&self, x: &Tensor, offset: usize, fused: bool) -> Result<Tensor> {
         let t = x.dim(2)?;
         let cos = self.cos.narrow(0, offset, t)?;
         let sin = self.sin.narrow(0, offset, t)?;
+        if fused {
+            return Ok(candle_nn::rotary_emb::rope(
+                &x.contiguous()?,
+                &cos.contiguous()?,
+                &sin.contiguous()?,
+            )?);
+        }
         Ok(candle_nn::rotary_emb::rope_slow(
             &x.contiguous()?,
             &cos,
@@ -111,9 +127,15 @@ pub fn repeat_kv(x: &Tensor, n: usize) -> Result<Tensor> {
 }
 
 /// Softmax over the last dimension in f32, cast back to the input's dtype.
-pub fn softmax_f32(x: &Tensor) -> Result<Tensor> {
+pub fn softmax_f32(x: &Tensor, fused: bool) -> Result<Tensor> {
     let dt = x.dtype();
-    Ok(candle_nn::ops::softmax(&x.to_dtype(DType::F32)?, D::Minus1)?.to_dtype(dt)?)
+    let x = x.to_dtype(DType::F32)?;
+    let y = if fused {
+        candle_nn::ops::softmax_last_dim(&x.contiguous()?)?
+    } else {
+        candle_nn::ops::softmax(&x, D::Minus1)?
+    };
+    Ok(y.to_dtype(dt)?)
 }
 
 #[cfg(test)]
@@ -135,11 +157,45 @@ mod tests {
         assert!(w[2][0].is_infinite() && w[2][1] == 0.0 && w[2][2] == 0.0);
     }
 
+    fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    }
+
+    #[test]
+    fn fused_and_differentiable_forms_agree() {
+        let dev = &Device::Cpu;
+        let x = Tensor::randn(0f32, 2.0, (2, 3, 5, 8), dev).unwrap();
+        let w = Tensor::randn(1f32, 0.1, 8, dev).unwrap();
+        let r = Rope::new(8, 10000.0, 16, DType::F32, dev).unwrap();
+        for offset in [0, 3] {
+            let a = r.apply(&x, offset, true).unwrap();
+            let b = r.apply(&x, offset, false).unwrap();
+            assert!(max_abs(&a, &b) < 1e-5);
+        }
+        let a = rms_norm(&x, &w, 1e-6, true).unwrap();
+        let b = rms_norm(&x, &w, 1e-6, false).unwrap();
+        assert!(max_abs(&a, &b) < 1e-5);
+        let m = causal_mask(5, 3, None, DType::F32, dev).unwrap();
+        let s = x.broadcast_add(&m).unwrap();
+        let a = softmax_f32(&s, true).unwrap();
+        let b = softmax_f32(&s, false).unwrap();
+        assert!(max_abs(&a, &b) < 1e-6);
+    }
+
     #[test]
     fn rope_at_position_zero_is_identity_and_preserves_norm() {
         let r = Rope::new(8, 10000.0, 16, DType::F32, &Device::Cpu).unwrap();
         let x = Tensor::randn(0f32, 1.0, (1, 2, 3, 8), &Device::Cpu).unwrap();
-        let y = r.apply(&x, 0).unwrap();
+        let y = r.apply(&x, 0, false).unwrap();
         let x0 = x.narrow(2, 0, 1).unwrap().flatten_all().unwrap();
         let y0 = y.narrow(2, 0, 1).unwrap().flatten_all().unwrap();
         let diff = (x0 - y0).unwrap().abs().unwrap().max(0).unwrap();
@@ -160,9 +216,9 @@ mod tests {
             .unwrap();
         assert!((nx - ny).abs() < 1e-3 * nx);
         // Rotating with an offset is rotating at those positions of a longer sequence.
-        let long = r.apply(&x, 2).unwrap();
+        let long = r.apply(&x, 2, false).unwrap();
         let x5 = Tensor::cat(&[&x.narrow(2, 0, 2).unwrap(), &x], 2).unwrap();
-        let full = r.apply(&x5, 0).unwrap().narrow(2, 2, 3).unwrap();
+        let full = r.apply(&x5, 0, false).unwrap().narrow(2, 2, 3).unwrap();
         let diff = (long - full).unwrap().abs().unwrap().flatten_all().unwrap();
         assert!(diff.max(0).unwrap().to_scalar::<f32>().unwrap() < 1e-6);
     }

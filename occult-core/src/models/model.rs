@@ -136,6 +136,8 @@ pub struct Model {
     pub lm_head: Tensor,
     rope: Rope,
     comm: Option<Arc<dyn Communicator>>,
+    /// Use candle's fused kernels (no backward); false as soon as a weight is trainable.
+    pub fused: bool,
 }
 
 /// The parts every rank holds in full: everything but the routed experts.
@@ -355,7 +357,7 @@ impl Model {
                 mlp,
             });
         }
-        Ok(Model {
+        let mut m = Model {
             cfg,
             embed: dense.embed,
             layers,
@@ -363,7 +365,10 @@ impl Model {
             lm_head: dense.lm_head,
             rope: dense.rope,
             comm,
-        })
+            fused: true,
+        };
+        m.fused = !m.params().iter().any(|(_, t)| t.is_variable());
+        Ok(m)
     }
 
     /// Loads a whole model on one device in the reference mode.
@@ -465,13 +470,17 @@ impl Model {
             self.cfg.hidden_size,
         ))?;
         let eps = self.cfg.rms_norm_eps;
+        let fused = self.fused;
         for (l, layer) in self.layers.iter().enumerate() {
             let lc = cache.as_deref_mut().map(|c| &mut c.layers[l]);
-            let a = layer
-                .attn
-                .forward(&rms_norm(&x, &layer.input_norm, eps)?, &self.rope, lc)?;
+            let a = layer.attn.forward(
+                &rms_norm(&x, &layer.input_norm, eps, fused)?,
+                &self.rope,
+                lc,
+                fused,
+            )?;
             x = (x + a)?;
-            let hnorm = rms_norm(&x, &layer.post_norm, eps)?;
+            let hnorm = rms_norm(&x, &layer.post_norm, eps, fused)?;
             let y = match &layer.mlp {
                 Mlp::Dense(m) => swiglu_3d(&hnorm, m)?,
                 Mlp::Moe(block) => {
@@ -486,7 +495,7 @@ impl Model {
             Logits::All => x,
             Logits::Last => x.narrow(1, t - 1, 1)?,
         };
-        let x = rms_norm(&x, &self.norm, eps)?;
+        let x = rms_norm(&x, &self.norm, eps, fused)?;
         linear(&x, &self.lm_head, None)
     }
 

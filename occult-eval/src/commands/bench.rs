@@ -26,6 +26,12 @@ pub enum BenchCmd {
         occult trace synth --tokens 100000 --uniform -o uniform.safetensors --no-logits\n  \
         occult bench place --trace clustered.safetensors --trace uniform.safetensors --devices 4,8,16")]
     Place(PlaceBenchArgs),
+    /// Prefill and decode speed of a model; with `--against candle-transformers`, against
+    /// candle-transformers' own implementation on the same weights in the same run.
+    #[command(after_help = "Example:\n  \
+        occult model synth --family qwen2_moe --hidden 1024 --layers 8 --experts 32 -o mid\n  \
+        occult bench model --model mid --against candle-transformers")]
+    Model(crate::bench_model::ModelBenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -61,6 +67,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Place(a) => place(a),
         BenchCmd::Layer(a) => layer(a),
+        BenchCmd::Model(a) => crate::bench_model::run(a),
     }
 }
 

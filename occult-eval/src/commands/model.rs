@@ -156,23 +156,48 @@ fn info(a: InfoArgs) -> Result<()> {
 fn check(a: InfoArgs) -> Result<()> {
     let clock = std::time::Instant::now();
     let ck = a.model.open()?;
+    let bytes: u64 = ck
+        .files
+        .weights
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
     let params: usize = a.model.run(&ck, |m| {
         Ok(m.params()
             .iter()
             .map(|(_, t)| t.elem_count())
             .sum::<usize>())
     })?;
+    let peak = peak_rss_bytes();
     println!(
-        "{}: ok ({:?}, {} parameters on rank 0, tokenizer {}, loaded in {:.2} s)",
+        "{}: ok ({:?}, {params} parameters on rank 0, tokenizer {}, weights {:.1} MB, loaded in \
+         {:.2} s, peak RSS {})",
         ck.name,
         ck.cfg.family,
-        params,
         if ck.tokenizer.is_some() {
             "ok"
         } else {
             "absent"
         },
-        clock.elapsed().as_secs_f64()
+        bytes as f64 / 1e6,
+        clock.elapsed().as_secs_f64(),
+        match peak {
+            Some(p) => format!(
+                "{:.1} MB = {:.2}x the weights",
+                p as f64 / 1e6,
+                p as f64 / bytes.max(1) as f64
+            ),
+            None => "unknown".into(),
+        }
     );
     Ok(())
+}
+
+/// The process's peak resident memory (Linux `VmHWM`).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }

@@ -1,0 +1,341 @@
+//! `occult bench model`: prefill tokens/s and decode ms/token of our model code on a checkpoint,
+//! and, with the `candle-transformers` feature, of candle-transformers' own implementation
+//! (qwen2_moe, mixtral, qwen3_moe) on the same weights and tokens in the same run, with the
+//! agreement of their last-position logits. Runs alternate between the two so that machine
+//! noise hits both alike; each figure is the best of the repeats.
+
+use crate::commands::model_opts::ModelOpts;
+use anyhow::{bail, Result};
+use candle::{DType, Device, Tensor};
+use occult_core::models::model::{Logits, Model};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::time::Instant;
+
+/// Implementations that can be compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Against {
+    /// candle-transformers' model of the same family (build with `--features candle-transformers`).
+    CandleTransformers,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ModelBenchArgs {
+    #[command(flatten)]
+    pub model: ModelOpts,
+    /// Prompt length (random token ids).
+    #[arg(long, default_value_t = 128)]
+    pub prompt_len: usize,
+    /// Decode steps after the prompt.
+    #[arg(long, default_value_t = 16)]
+    pub decode_tokens: usize,
+    /// Repeats of each measurement (the best is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Also run another implementation on the same weights.
+    #[arg(long, value_enum)]
+    pub against: Option<Against>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+/// One implementation's timings.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelRun {
+    pub implementation: String,
+    pub prompt_tokens: usize,
+    pub prefill_s: f64,
+    pub prefill_tokens_per_s: f64,
+    pub decode_tokens: usize,
+    pub decode_ms_per_token: f64,
+}
+
+/// Something that can prefill and decode with a cache: `step(ids, offset)` returns the last
+/// position's logits `[V]`; `reset` clears the cache.
+pub trait Decoder {
+    fn name(&self) -> String;
+    fn reset(&mut self);
+    fn step(&mut self, ids: &[u32], offset: usize) -> Result<Vec<f32>>;
+}
+
+/// Our model with its cache.
+pub struct Ours<'a> {
+    pub model: &'a Model,
+    pub cache: occult_core::models::model::KvCache,
+    pub label: String,
+}
+
+impl Decoder for Ours<'_> {
+    fn name(&self) -> String {
+        self.label.clone()
+    }
+    fn reset(&mut self) {
+        self.cache = self.model.new_cache();
+    }
+    fn step(&mut self, ids: &[u32], _offset: usize) -> Result<Vec<f32>> {
+        let t = Tensor::from_slice(ids, (1, ids.len()), &Device::Cpu)?;
+        let l = self
+            .model
+            .forward(&t, Some(&mut self.cache), None, Logits::Last)?;
+        Ok(l.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?)
+    }
+}
+
+/// Prefill `prompt`, then decode greedily; returns (prefill s, decode s per token, first
+/// logits).
+fn time_one(d: &mut dyn Decoder, prompt: &[u32], steps: usize) -> Result<(f64, f64, Vec<f32>)> {
+    d.reset();
+    let clock = Instant::now();
+    let first = d.step(prompt, 0)?;
+    let prefill = clock.elapsed().as_secs_f64();
+    let mut logits = first.clone();
+    let clock = Instant::now();
+    for s in 0..steps {
+        let next = logits
+            .iter()
+            .enumerate()
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+            )
+            .0 as u32;
+        logits = d.step(&[next], prompt.len() + s)?;
+    }
+    let per = clock.elapsed().as_secs_f64() / steps.max(1) as f64;
+    Ok((prefill, per, first))
+}
+
+/// Runs every decoder `repeats` times, alternating; returns the runs and each decoder's first
+/// logits.
+pub fn compare(
+    decoders: &mut [&mut dyn Decoder],
+    prompt: &[u32],
+    steps: usize,
+    repeats: usize,
+) -> Result<(Vec<ModelRun>, Vec<Vec<f32>>)> {
+    let n = decoders.len();
+    let mut best = vec![(f64::INFINITY, f64::INFINITY); n];
+    let mut logits = vec![Vec::new(); n];
+    for _ in 0..repeats.max(1) {
+        for (i, d) in decoders.iter_mut().enumerate() {
+            let (p, s, l) = time_one(*d, prompt, steps)?;
+            best[i] = (best[i].0.min(p), best[i].1.min(s));
+            logits[i] = l;
+        }
+    }
+    let runs = decoders
+        .iter()
+        .zip(&best)
+        .map(|(d, &(p, s))| ModelRun {
+            implementation: d.name(),
+            prompt_tokens: prompt.len(),
+            prefill_s: p,
+            prefill_tokens_per_s: prompt.len() as f64 / p,
+            decode_tokens: steps,
+            decode_ms_per_token: 1e3 * s,
+        })
+        .collect();
+    Ok((runs, logits))
+}
+
+/// Random prompt ids below `vocab`.
+pub fn random_prompt(len: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..len).map(|_| r.random_range(0..vocab as u32)).collect()
+}
+
+/// Largest absolute difference, and the largest absolute value of `a`.
+pub fn max_diff(a: &[f32], b: &[f32]) -> (f32, f32) {
+    let d = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    (d, a.iter().map(|x| x.abs()).fold(0.0, f32::max))
+}
+
+pub fn run(a: ModelBenchArgs) -> Result<()> {
+    if a.prompt_len == 0 {
+        bail!("--prompt-len must be at least 1");
+    }
+    let ck = a.model.open()?;
+    let prompt = random_prompt(a.prompt_len, ck.cfg.vocab_size, a.seed);
+    let label = format!("occult ({:?})", a.model.mode()).to_lowercase();
+    let against = a.against;
+    let (runs, logits) = a.model.run(&ck, |m| {
+        let mut ours = Ours {
+            model: m,
+            cache: m.new_cache(),
+            label: label.clone(),
+        };
+        match against {
+            None => compare(&mut [&mut ours], &prompt, a.decode_tokens, a.repeats),
+            Some(Against::CandleTransformers) => {
+                let mut theirs = reference_impl::load(&ck)?;
+                compare(
+                    &mut [&mut ours, theirs.as_mut()],
+                    &prompt,
+                    a.decode_tokens,
+                    a.repeats,
+                )
+            }
+        }
+    })?;
+    let mut table = crate::table::Table::new(&[
+        "implementation",
+        "prompt",
+        "prefill s",
+        "prefill tok/s",
+        "decode ms/tok",
+    ]);
+    for r in &runs {
+        table.row(vec![
+            r.implementation.clone(),
+            r.prompt_tokens.to_string(),
+            format!("{:.3}", r.prefill_s),
+            format!("{:.1}", r.prefill_tokens_per_s),
+            format!("{:.2}", r.decode_ms_per_token),
+        ]);
+    }
+    println!("{}", table.render());
+    let mut report = serde_json::json!({"model": ck.name, "results": runs});
+    if logits.len() == 2 {
+        let (d, scale) = max_diff(&logits[0], &logits[1]);
+        println!(
+            "last-position logits: max |ours - theirs| = {d:.3e} (max |logit| {scale:.3}); \
+             prefill speed ratio ours/theirs = {:.3}, decode = {:.3}",
+            runs[0].prefill_tokens_per_s / runs[1].prefill_tokens_per_s,
+            runs[1].decode_ms_per_token / runs[0].decode_ms_per_token
+        );
+        report["max_abs_logit_diff"] = serde_json::json!(d);
+    }
+    if let Some(p) = &a.json {
+        crate::commands::write_json(p, &crate::commands::with_provenance(report))?;
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "candle-transformers"))]
+mod reference_impl {
+    use super::Decoder;
+    use anyhow::{bail, Result};
+    use occult_core::models::loader::Checkpoint;
+
+    pub fn load(_: &Checkpoint) -> Result<Box<dyn Decoder>> {
+        bail!(
+            "this build has no candle-transformers: rebuild with \
+             `cargo build --release -p occult-eval --features candle-transformers`"
+        )
+    }
+}
+
+#[cfg(feature = "candle-transformers")]
+mod reference_impl {
+    //! candle-transformers' qwen2_moe, mixtral and qwen3_moe, built from the same files. Their
+    //! configs need fields Hugging Face configs may lack; the defaults given here change
+    //! nothing for these checkpoints (no sliding window, SiLU).
+    use super::Decoder;
+    use anyhow::{bail, Result};
+    use candle::{DType, Device, Tensor};
+    use candle_transformers::models::{mixtral, qwen2_moe, qwen3_moe};
+    use occult_core::models::config::Family;
+    use occult_core::models::loader::Checkpoint;
+    use serde_json::Value;
+
+    enum Inner {
+        Qwen2(qwen2_moe::Model),
+        Mixtral(mixtral::Model),
+        Qwen3(qwen3_moe::ModelForCausalLM),
+    }
+
+    struct Theirs {
+        inner: Inner,
+        fresh: Box<dyn Fn() -> Result<Inner>>,
+    }
+
+    impl Decoder for Theirs {
+        fn name(&self) -> String {
+            "candle-transformers".into()
+        }
+        fn reset(&mut self) {
+            match &mut self.inner {
+                Inner::Qwen2(m) => m.clear_kv_cache(),
+                Inner::Qwen3(m) => m.clear_kv_cache(),
+                // Mixtral has no cache reset: rebuild it (weights are shared, not copied).
+                Inner::Mixtral(_) => {
+                    if let Ok(m) = (self.fresh)() {
+                        self.inner = m;
+                    }
+                }
+            }
+        }
+        fn step(&mut self, ids: &[u32], offset: usize) -> Result<Vec<f32>> {
+            let t = Tensor::from_slice(ids, (1, ids.len()), &Device::Cpu)?;
+            let l = match &mut self.inner {
+                Inner::Qwen2(m) => m.forward(&t, offset)?,
+                Inner::Mixtral(m) => m.forward(&t, offset)?,
+                Inner::Qwen3(m) => m.forward(&t, offset)?,
+            };
+            Ok(l.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?)
+        }
+    }
+
+    pub fn load(ck: &Checkpoint) -> Result<Box<dyn Decoder>> {
+        let text = std::fs::read_to_string(&ck.files.config)?;
+        let mut v: Value = serde_json::from_str(&text)?;
+        let c = &ck.cfg;
+        let o = v.as_object_mut().expect("config.json is an object");
+        let max = c.max_positions.unwrap_or(4096);
+        for (k, d) in [
+            ("sliding_window", Value::from(max)),
+            ("max_window_layers", Value::from(c.num_layers)),
+            ("use_sliding_window", Value::from(false)),
+            ("hidden_act", Value::from("silu")),
+            ("use_flash_attn", Value::from(false)),
+            ("attention_bias", Value::from(false)),
+            ("head_dim", Value::from(c.head_dim)),
+            ("max_position_embeddings", Value::from(max)),
+            ("rope_theta", Value::from(c.rope_theta)),
+            ("tie_word_embeddings", Value::from(c.tie_word_embeddings)),
+        ] {
+            if o.get(k).is_none_or(Value::is_null) {
+                o.insert(k.to_string(), d);
+            }
+        }
+        let files = ck.files.weights.clone();
+        let dtype = ck.weights.dtype();
+        // SAFETY: read-only mapping of the checkpoint, as for our own loader.
+        let vb =
+            unsafe { candle_nn::VarBuilder::from_mmaped_safetensors(&files, dtype, &Device::Cpu)? };
+        let (inner, fresh): (Inner, Box<dyn Fn() -> Result<Inner>>) = match c.family {
+            Family::Qwen2Moe => {
+                let cfg: qwen2_moe::Config = serde_json::from_value(v)?;
+                (
+                    Inner::Qwen2(qwen2_moe::Model::new(&cfg, vb)?),
+                    Box::new(|| bail!("unused")),
+                )
+            }
+            Family::Qwen3Moe => {
+                let cfg: qwen3_moe::Config = serde_json::from_value(v)?;
+                (
+                    Inner::Qwen3(qwen3_moe::ModelForCausalLM::new(&cfg, vb)?),
+                    Box::new(|| bail!("unused")),
+                )
+            }
+            Family::Mixtral => {
+                let cfg: mixtral::Config = serde_json::from_value(v)?;
+                let m = mixtral::Model::new(&cfg, vb.clone())?;
+                (
+                    Inner::Mixtral(m),
+                    Box::new(move || Ok(Inner::Mixtral(mixtral::Model::new(&cfg, vb.clone())?))),
+                )
+            }
+            other => bail!("candle-transformers has no {other:?} model to compare with"),
+        };
+        Ok(Box::new(Theirs { inner, fresh }))
+    }
+}
