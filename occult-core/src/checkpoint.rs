@@ -90,6 +90,10 @@ pub fn resolve_in(model: &str, revision: Option<&str>, cache: Option<&Path>) -> 
     if snapshot.join("config.json").is_file() {
         return from_folder(&snapshot);
     }
+    #[cfg(feature = "download")]
+    if std::env::var("HF_HUB_OFFLINE").map_or(true, |v| v != "1") {
+        return download(model, rev, cache);
+    }
     Err(Error::invalid(if folder.is_dir() {
         format!(
             "{model} is in the Hugging Face cache ({}), but not at revision {rev:?} with a config.json \
@@ -103,6 +107,56 @@ pub fn resolve_in(model: &str, revision: Option<&str>, cache: Option<&Path>) -> 
             cache.display()
         )
     }))
+}
+
+/// Downloads a model's config, safetensors weights (every shard the index names) and tokenizer
+/// into the cache, then reads them from there (feature `download`).
+#[cfg(feature = "download")]
+fn download(model: &str, rev: &str, cache: &Path) -> Result<ModelFiles> {
+    use hf_hub::api::sync::ApiBuilder;
+    let fail = |what: &str, e: hf_hub::api::sync::ApiError| {
+        Error::invalid(format!("downloading {what} of {model} at {rev:?}: {e}"))
+    };
+    let api = ApiBuilder::from_cache(Cache::new(cache.to_path_buf()))
+        .with_progress(true)
+        .build()
+        .map_err(|e| fail("(connecting)", e))?;
+    let repo = api.repo(Repo::with_revision(
+        model.to_string(),
+        RepoType::Model,
+        rev.to_string(),
+    ));
+    let config = repo
+        .get("config.json")
+        .map_err(|e| fail("config.json", e))?;
+    match repo.get("model.safetensors.index.json") {
+        Ok(index) => {
+            let dir = index.parent().unwrap_or(Path::new("."));
+            let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::bad_file(&index, format!("not valid JSON: {e}")))?;
+            let shards: BTreeSet<String> = v["weight_map"]
+                .as_object()
+                .map(|m| {
+                    m.values()
+                        .filter_map(|f| f.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            for shard in shards {
+                if !dir.join(&shard).is_file() {
+                    repo.get(&shard).map_err(|e| fail(&shard, e))?;
+                }
+            }
+        }
+        Err(_) => {
+            repo.get("model.safetensors")
+                .map_err(|e| fail("model.safetensors", e))?;
+        }
+    }
+    // Optional: some repositories ship only the slow tokenizer files.
+    let _ = repo.get("tokenizer.json");
+    from_folder(config.parent().unwrap_or(Path::new(".")))
 }
 
 /// The files of a model folder.

@@ -403,3 +403,63 @@ fn bad_model_inputs_are_named() {
         &["/nonexistent/model"],
     );
 }
+
+#[test]
+fn a_hub_id_resolves_offline_in_the_cache_at_a_revision() {
+    let t = tempfile::tempdir().unwrap();
+    let cache = t.path().join("hub");
+    let repo = cache.join("models--tiny-org--tiny-mixtral");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    copy_fixture("mixtral", &repo.join("snapshots"));
+    std::fs::rename(
+        repo.join("snapshots/mixtral"),
+        repo.join("snapshots").join(commit),
+    )
+    .unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(common::occult_bin())
+            .args(args)
+            .env("HF_HUB_CACHE", &cache)
+            .env("HF_HUB_OFFLINE", "1")
+            .current_dir(t.path())
+            .output()
+            .unwrap()
+    };
+    let args = |rev: Option<&'static str>| {
+        let mut a = vec![
+            "loglik",
+            "--model",
+            "tiny-org/tiny-mixtral",
+            "--context",
+            "The weather today is",
+            "--continuation",
+            " sunny and warm",
+        ];
+        if let Some(r) = rev {
+            a.extend(["--revision", r]);
+        }
+        a
+    };
+    let by_ref = run(&args(None));
+    assert!(
+        by_ref.status.success(),
+        "{}",
+        String::from_utf8_lossy(&by_ref.stderr)
+    );
+    let by_commit = run(&args(Some(commit)));
+    assert!(by_commit.status.success());
+    assert_eq!(by_ref.stdout, by_commit.stdout);
+    let v: Value = serde_json::from_slice(&by_ref.stdout).unwrap();
+    assert_eq!(v["tokens"], 8);
+    let missing = run(&args(Some("v2")));
+    assert_eq!(missing.status.code(), Some(1));
+    contains_all(
+        &String::from_utf8_lossy(&missing.stderr),
+        &[
+            "tiny-org/tiny-mixtral is in the Hugging Face cache",
+            "\"v2\"",
+        ],
+    );
+}
