@@ -59,6 +59,22 @@ struct Entry {
     info: safetensors::tensor::TensorInfo,
 }
 
+/// Drops the mapped pages of `from..to` (widened to a page boundary at the start).
+fn release(shard: &Shard, from: usize, to: usize) {
+    let page = 4096;
+    let from = from / page * page;
+    // SAFETY: no reference into the mapping outlives the caller's read (the view is gone and
+    // the tensor owns a copy); on a private read-only file mapping, MADV_DONTNEED only drops
+    // pages, which later reads fault back in from the file. Failure is harmless.
+    #[cfg(unix)]
+    unsafe {
+        let _ =
+            shard
+                .map
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from);
+    }
+}
+
 impl Weights {
     /// Maps the shards; tensors are read as f32.
     pub fn open(files: &[PathBuf], device: &Device) -> Result<Self> {
@@ -130,14 +146,20 @@ impl Weights {
         }
     }
 
+    /// Every tensor name in the checkpoint.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(String::as_str)
+    }
+
     /// Whether the checkpoint holds `name`.
     pub fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)
     }
 
-    /// Copies tensor `name` out of its mapping, then tells the kernel the mapped pages are no
-    /// longer needed, so that a loaded model costs its tensors once, not twice.
-    fn load(&self, name: &str) -> Result<Tensor> {
+    /// Copies tensor `name` (or, if `rows` is given, those rows of its first dimension, stacked
+    /// in that order) out of its mapping, then tells the kernel the mapped pages are no longer
+    /// needed, so that a loaded model costs its tensors once, not twice.
+    fn load(&self, name: &str, rows: Option<&[u32]>) -> Result<Tensor> {
         let e = self
             .index
             .get(name)
@@ -145,29 +167,40 @@ impl Weights {
         let shard = &self.shards[e.shard];
         let (a, b) = e.info.data_offsets;
         let (start, end) = (shard.data_start + a, shard.data_start + b);
-        let view = safetensors::tensor::TensorView::new(
-            e.info.dtype,
-            e.info.shape.clone(),
-            &shard.map[start..end],
-        )
-        .map_err(|err| Error::bad_file(self.origin(), format!("tensor {name}: {err}")))?;
-        let t = candle::safetensors::Load::load(&view, &self.device).map_err(|err| {
-            Error::bad_file(self.origin(), format!("reading tensor {name}: {err}"))
-        })?;
-        let page = 4096;
-        let from = start / page * page;
-        // SAFETY: no reference into the mapping outlives this call (the view is gone and the
-        // tensor owns a copy); on a private read-only file mapping, MADV_DONTNEED only drops
-        // the pages, which later reads fault back in from the file. Failure is harmless.
-        #[cfg(unix)]
-        unsafe {
-            let _ = shard.map.unchecked_advise_range(
-                memmap2::UncheckedAdvice::DontNeed,
-                from,
-                end - from,
-            );
+        let read = |from: usize, to: usize, shape: Vec<usize>| -> Result<Tensor> {
+            let view =
+                safetensors::tensor::TensorView::new(e.info.dtype, shape, &shard.map[from..to])
+                    .map_err(|err| {
+                        Error::bad_file(self.origin(), format!("tensor {name}: {err}"))
+                    })?;
+            let t = candle::safetensors::Load::load(&view, &self.device).map_err(|err| {
+                Error::bad_file(self.origin(), format!("reading tensor {name}: {err}"))
+            })?;
+            release(shard, from, to);
+            Ok(t)
+        };
+        let Some(rows) = rows else {
+            return read(start, end, e.info.shape.clone());
+        };
+        // Rows of the first dimension are contiguous byte ranges: read only those.
+        let n = e.info.shape.first().copied().unwrap_or(0);
+        let inner: Vec<usize> = e.info.shape.iter().skip(1).copied().collect();
+        let row_bytes = (end - start) / n.max(1);
+        let mut parts = Vec::with_capacity(rows.len());
+        for &r in rows {
+            let r = r as usize;
+            if r >= n {
+                return Err(Error::invalid(format!("row {r} of {name}, which has {n}")));
+            }
+            let from = start + r * row_bytes;
+            parts.push(read(from, from + row_bytes, inner.clone())?);
         }
-        Ok(t)
+        if parts.is_empty() {
+            let mut shape = vec![0];
+            shape.extend(&inner);
+            return Ok(Tensor::zeros(shape, self.dtype, &self.device)?);
+        }
+        Ok(Tensor::stack(&parts, 0)?)
     }
 
     /// The shape of `name`, if present.
@@ -196,6 +229,12 @@ impl Weights {
 
     /// Tensor `name` in the chosen dtype, which must have shape `expected`.
     pub fn get(&self, name: &str, expected: &[usize]) -> Result<Tensor> {
+        self.get_rows(name, expected, None)
+    }
+
+    /// Rows `rows` of tensor `name`'s first dimension (the whole tensor for `None`), which must
+    /// have shape `expected`; only those rows are read.
+    pub fn get_rows(&self, name: &str, expected: &[usize], rows: Option<&[u32]>) -> Result<Tensor> {
         let shape = self
             .shape(name)
             .ok_or_else(|| Error::bad_file(self.origin(), format!("tensor {name} is missing")))?;
@@ -205,7 +244,7 @@ impl Weights {
                 format!("tensor {name} has shape {shape:?}, expected {expected:?}"),
             ));
         }
-        let t = self.load(name)?;
+        let t = self.load(name, rows)?;
         self.leaf(t.to_dtype(self.dtype)?)
     }
 
@@ -249,7 +288,6 @@ impl Weights {
                 format!("no experts for {prefix}: neither {per_expert} nor {gate_up_name}"),
             ));
         };
-        let idx = Tensor::from_slice(ids, ids.len(), &self.device)?;
         // The layout follows from both shapes (one of them alone is ambiguous when H = 2I or
         // H = I).
         let down_shape = self.shape(&down_name).unwrap_or_default();
@@ -257,16 +295,12 @@ impl Weights {
         let transposed = gu_shape == [e, h, 2 * i] && down_shape == [e, i, h];
         // Only this rank's experts are copied out of the mapping.
         let (gate_up, down) = if standard {
-            let gu = self
-                .get(&gate_up_name, &[e, 2 * i, h])?
-                .index_select(&idx, 0)?;
-            (gu, self.get(&down_name, &[e, h, i])?.index_select(&idx, 0)?)
+            let gu = self.get_rows(&gate_up_name, &[e, 2 * i, h], Some(ids))?;
+            (gu, self.get_rows(&down_name, &[e, h, i], Some(ids))?)
         } else if transposed {
             // Transposed storage (in, out): bring it to (out, in).
-            let gu = self
-                .get(&gate_up_name, &[e, h, 2 * i])?
-                .index_select(&idx, 0)?;
-            let d = self.get(&down_name, &[e, i, h])?.index_select(&idx, 0)?;
+            let gu = self.get_rows(&gate_up_name, &[e, h, 2 * i], Some(ids))?;
+            let d = self.get_rows(&down_name, &[e, i, h], Some(ids))?;
             (
                 gu.transpose(1, 2)?.contiguous()?,
                 d.transpose(1, 2)?.contiguous()?,

@@ -7,7 +7,9 @@
 //! 4. the input is `(ctx + cont)[-(max_len + 1)..][..-1]`, and the score is the sum of the
 //!    continuation tokens' log-probabilities; `is_greedy` says every one is the argmax.
 //!
-//! `encode` adds no special tokens unless `add_bos` (lm-eval's `add_bos_token`).
+//! `encode` adds no special tokens unless `add_bos` (lm-eval's `add_bos_token`). With
+//! `add_bos` and an empty context, the continuation's own leading BOS serves as the context
+//! (lm-eval would feed the prefix token and then that BOS).
 
 use anyhow::{bail, Result};
 use candle::{Device, Tensor, D};
@@ -64,6 +66,10 @@ pub fn encode(
     let (context, continuation) = move_trailing_space(context, continuation);
     let whole = tok.encode(&format!("{context}{continuation}"), add_bos)?;
     let ctx = tok.encode(&context, add_bos)?;
+    if ctx.is_empty() {
+        // lm-eval asserts here too: only a truly empty context gets the prefix token.
+        bail!("the context {context:?} encodes to no tokens (a whitespace-only context?)");
+    }
     let cut = ctx.len().min(whole.len());
     Ok(Encoded {
         continuation: whole[cut..].to_vec(),
@@ -106,6 +112,9 @@ pub fn score_from_logits(logits: &Tensor, e: &Encoded, first: usize) -> Result<S
                 |b, (i, &v)| if v > b.1 { (i, v) } else { b },
             );
         greedy &= best.0 == tok as usize;
+    }
+    if !total.is_finite() {
+        bail!("the log-likelihood is {total}: the model's outputs are not finite");
     }
     Ok(Score {
         loglikelihood: total,

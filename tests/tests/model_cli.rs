@@ -271,6 +271,61 @@ fn bad_model_inputs_are_named() {
     std::fs::write(&cfg, v.to_string()).unwrap();
     contains_all(&ll(&d, &[]), &["\"gpt2\" is not supported"]);
 
+    // Impossible values, and a config that explains only part of the checkpoint.
+    for (key, value, want) in [
+        (
+            "rms_norm_eps",
+            serde_json::json!(-1.0),
+            "`rms_norm_eps` = -1.0 is not a finite number >= 0",
+        ),
+        (
+            "rope_theta",
+            serde_json::json!(0.0),
+            "rope_theta = 0 is not a positive number",
+        ),
+        (
+            "num_hidden_layers",
+            serde_json::json!(1),
+            "tensor(s) this configuration does not use",
+        ),
+    ] {
+        let d = copy_fixture("qwen3_moe", &t.path().join(key));
+        let cfg = d.join("config.json");
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+        v[key] = value;
+        if key == "rope_theta" {
+            v.as_object_mut().unwrap().remove("rope_parameters");
+        }
+        std::fs::write(&cfg, v.to_string()).unwrap();
+        contains_all(&ll(&d, &[]), &[want]);
+    }
+    let d = copy_fixture("olmoe", &t.path().join("clip"));
+    let cfg = d.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["clip_qkv"] = serde_json::json!(-1.0);
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    contains_all(
+        &ll(&d, &[]),
+        &["`clip_qkv` = -1.0 is not a positive number"],
+    );
+    // A whitespace-only context encodes to nothing.
+    let m = fixture("olmoe");
+    contains_all(
+        &occult_err(
+            t.path(),
+            &[
+                "loglik",
+                "--model",
+                &m,
+                "--context",
+                "   ",
+                "--continuation",
+                "sat",
+            ],
+        ),
+        &["encodes to no tokens"],
+    );
+
     // A missing tensor, and a misshapen one (name, expected and actual shape).
     let d = t.path().join("synth");
     occult_ok(
@@ -461,5 +516,42 @@ fn a_hub_id_resolves_offline_in_the_cache_at_a_revision() {
             "tiny-org/tiny-mixtral is in the Hugging Face cache",
             "\"v2\"",
         ],
+    );
+}
+
+#[test]
+fn special_tokens_follow_the_tokenizer_config_and_generation_config() {
+    let t = tempfile::tempdir().unwrap();
+    let d = copy_fixture("mixtral", t.path());
+    let open = || {
+        occult_core::models::loader::Checkpoint::open(d.to_str().unwrap(), None, candle::DType::F32)
+    };
+    let ck = open().unwrap();
+    let tok = ck.tokenizer().unwrap();
+    assert_eq!((tok.bos, tok.eos.clone()), (Some(0), vec![0]));
+    // The tokenizer has no BOS; generation also stops at id 5.
+    std::fs::write(
+        d.join("tokenizer_config.json"),
+        r#"{"bos_token": null, "eos_token": {"content": "<|endoftext|>"}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("generation_config.json"),
+        r#"{"eos_token_id": [0, 5]}"#,
+    )
+    .unwrap();
+    let ck = open().unwrap();
+    let tok = ck.tokenizer().unwrap();
+    assert_eq!((tok.bos, tok.eos.clone()), (None, vec![0, 5]));
+    assert_eq!(tok.prefix_token(), Some(0));
+    std::fs::write(
+        d.join("tokenizer_config.json"),
+        r#"{"eos_token": "<nope>"}"#,
+    )
+    .unwrap();
+    let e = open().err().unwrap().to_string();
+    assert!(
+        e.contains("\"<nope>\" is not in tokenizer.json's vocabulary"),
+        "{e}"
     );
 }

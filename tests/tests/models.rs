@@ -233,3 +233,102 @@ fn every_parameter_gets_a_gradient_from_a_next_token_loss() {
         }
     }
 }
+
+#[test]
+fn training_under_ep_on_several_ranks_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let cfg = write(Family::Mixtral, t.path());
+    let mut w = weights(t.path());
+    w.set_trainable(true);
+    let dense = DenseParts::load(&w, &cfg).unwrap();
+    let mut setup = MoeSetup::reference();
+    setup.mode = Some(DispatchMode::Occult);
+    setup.num_devices = 2;
+    let out = run_local(2, |comm: &Arc<dyn Communicator>| {
+        Model::assemble(dense.clone(), &w, &setup, Some(comm.clone())).map(|_| ())
+    });
+    for r in out {
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains("trainable weights under expert parallelism"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn pruned_expert_parallel_runs_match_the_pruned_reference() {
+    use occult_core::moe::PruneSpec;
+    use occult_core::pruning::PruneRule;
+    use occult_core::similarity::SimilarityTable;
+    let t = tempfile::tempdir().unwrap();
+    let f = Family::Qwen3Moe;
+    let cfg = write(f, t.path());
+    let w = weights(t.path());
+    let seq = tokens(13, cfg.vocab_size, 9);
+    let d = 4;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let moe: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.moe_layers[l]).collect();
+    let maps: BTreeMap<usize, Vec<u32>> = moe
+        .iter()
+        .map(|&l| {
+            let map = occult_core::placement::random_balanced(cfg.moe.num_experts, d, &mut rng);
+            (l, map)
+        })
+        .collect();
+    // A similarity table from the model's own routing.
+    let base = Model::load_reference(&w, &cfg).unwrap();
+    let mut rec = occult_core::models::model::RoutingRecorder::default();
+    base.forward(&ids(&seq), None, Some(&mut rec), Logits::Last)
+        .unwrap();
+    for rule in [PruneRule::Router, PruneRule::Similarity] {
+        let prune: BTreeMap<usize, PruneSpec> = moe
+            .iter()
+            .map(|&l| {
+                let similarity = (rule == PruneRule::Similarity).then(|| {
+                    SimilarityTable::from_logits(&rec.layers[&l].logits, cfg.moe.num_experts)
+                        .unwrap()
+                });
+                (
+                    l,
+                    PruneSpec {
+                        rule,
+                        max_devices: 2,
+                        similarity,
+                    },
+                )
+            })
+            .collect();
+        let reference = MoeSetup {
+            mode: None,
+            maps: maps.clone(),
+            num_devices: d,
+            prune: prune.clone(),
+        };
+        let m = Model::assemble(DenseParts::load(&w, &cfg).unwrap(), &w, &reference, None).unwrap();
+        let want = m.forward(&ids(&seq), None, None, Logits::All).unwrap();
+        let unpruned = base.forward(&ids(&seq), None, None, Logits::All).unwrap();
+        assert!(
+            max_abs_diff(&want, &unpruned) > 1e-3,
+            "{rule:?}: pruning changed nothing"
+        );
+        for mode in [DispatchMode::Occult, DispatchMode::Standard] {
+            let setup = MoeSetup {
+                mode: Some(mode),
+                ..reference.clone()
+            };
+            let dense = DenseParts::load(&w, &cfg).unwrap();
+            let out = run_local(d, |comm: &Arc<dyn Communicator>| {
+                let m = Model::assemble(dense.clone(), &w, &setup, Some(comm.clone()))?;
+                m.forward(&ids(&seq), None, None, Logits::All)
+            });
+            for (r, got) in out.into_iter().enumerate() {
+                let err = max_abs_diff(&want, &got.unwrap());
+                assert!(
+                    err <= 1e-5 * scale(&want).max(1.0),
+                    "{rule:?} {mode:?} rank {r}: {err}"
+                );
+            }
+        }
+    }
+}

@@ -298,6 +298,47 @@ impl ModelConfig {
         if sliding_window == Some(0) {
             return Err(f.bad("sliding_window", "a positive window"));
         }
+        if family == DeepseekMoe {
+            if let Some(sf) = v.get("scoring_func").and_then(Value::as_str) {
+                if sf != "softmax" {
+                    return Err(Error::bad_file(
+                        origin,
+                        format!("scoring_func {sf:?} is not DeepSeek-MoE v1's softmax"),
+                    ));
+                }
+            }
+        }
+        // transformers' defaults when the config is silent.
+        let eps_default = if matches!(family, Olmoe | Mixtral) {
+            1e-5
+        } else {
+            1e-6
+        };
+        let rms_norm_eps = f.f64_or("rms_norm_eps", eps_default)?;
+        if !(rms_norm_eps >= 0.0 && rms_norm_eps.is_finite()) {
+            return Err(f.bad("rms_norm_eps", "a finite number >= 0"));
+        }
+        let clip_qkv = if f.present("clip_qkv") {
+            let c = f.f64_or("clip_qkv", 0.0)?;
+            if !(c.is_finite() && c > 0.0) {
+                return Err(f.bad("clip_qkv", "a positive number or null"));
+            }
+            Some(c)
+        } else {
+            None
+        };
+        let rope_theta = match rope_params.and_then(|p| p.get("rope_theta")) {
+            Some(t) if !f.present("rope_theta") => t.as_f64().ok_or_else(|| {
+                Error::bad_file(origin, "rope_parameters.rope_theta is not a number")
+            })?,
+            _ => f.f64_or("rope_theta", if family == Mixtral { 1e6 } else { 10000.0 })?,
+        };
+        if !(rope_theta > 0.0 && rope_theta.is_finite()) {
+            return Err(Error::bad_file(
+                origin,
+                format!("rope_theta = {rope_theta} is not a positive number"),
+            ));
+        }
         if moe_layers.contains(&false) && dense_intermediate == 0 {
             return Err(f.missing("intermediate_size"));
         }
@@ -310,14 +351,8 @@ impl ModelConfig {
             num_kv_heads,
             head_dim,
             dense_intermediate,
-            rms_norm_eps: f.f64_or("rms_norm_eps", 1e-6)?,
-            rope_theta: match rope_params.and_then(|p| p.get("rope_theta")) {
-                Some(t) if !f.present("rope_theta") => t.as_f64().ok_or_else(|| {
-                    Error::bad_file(origin, "rope_parameters.rope_theta is not a number")
-                })?,
-                // transformers' defaults when the config is silent.
-                _ => f.f64_or("rope_theta", if family == Mixtral { 1e6 } else { 10000.0 })?,
-            },
+            rms_norm_eps,
+            rope_theta,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
             attention_bias: match family {
                 Qwen2Moe => f.bool_or("qkv_bias", true)?,
@@ -328,11 +363,7 @@ impl ModelConfig {
                 Qwen3Moe => QkNorm::PerHead,
                 _ => QkNorm::None,
             },
-            clip_qkv: if f.present("clip_qkv") {
-                Some(f.f64_or("clip_qkv", 0.0)?)
-            } else {
-                None
-            },
+            clip_qkv,
             sliding_window,
             max_positions: if f.present("max_position_embeddings") {
                 Some(f.usize("max_position_embeddings")?)
@@ -358,7 +389,8 @@ impl ModelConfig {
                 top_k,
                 expert_intermediate,
                 renormalize,
-                scaling_factor: f.f64_or("routed_scaling_factor", 1.0)? as f32,
+                // None of the five families scales routed outputs.
+                scaling_factor: 1.0,
                 shared,
             },
             moe_layers,

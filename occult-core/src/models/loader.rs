@@ -7,6 +7,8 @@ use crate::checkpoint::{resolve, ModelFiles};
 use crate::weights::Weights;
 use crate::{Error, Result};
 use candle::{DType, Device};
+use serde_json::Value;
+use std::path::Path;
 
 /// An opened checkpoint: its files, configuration, mapped weights and tokenizer.
 pub struct Checkpoint {
@@ -41,16 +43,28 @@ impl Checkpoint {
     pub fn from_files(name: &str, files: ModelFiles, dtype: DType) -> Result<Self> {
         let cfg = ModelConfig::read(&files.config)?;
         let weights = Weights::open_as(&files.weights, &Device::Cpu, dtype)?;
+        // A tensor the configuration does not explain means they disagree (fewer layers, no
+        // biases, another family...): refuse rather than run part of the model.
+        let extra = super::layout::unexplained(&cfg, weights.names());
+        if !extra.is_empty() {
+            return Err(Error::bad_file(
+                &files.config,
+                format!(
+                    "the checkpoint holds {} tensor(s) this configuration does not use, e.g. {}: \
+                     config.json and the weights disagree",
+                    extra.len(),
+                    extra.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
         let tokenizer = files
             .tokenizer
             .as_deref()
             .map(|p| {
-                TextTokenizer::read(
-                    p,
-                    cfg.vocab_size,
-                    cfg.bos_token_id,
-                    cfg.eos_token_ids.clone(),
-                )
+                let mut t = TextTokenizer::read(p, cfg.vocab_size)?;
+                let (bos, eos) = special_ids(&files.dir, &t, &cfg)?;
+                t.set_special(bos, eos)?;
+                Ok::<_, Error>(t)
             })
             .transpose()?;
         Ok(Checkpoint {
@@ -71,4 +85,74 @@ impl Checkpoint {
             )
         })
     }
+}
+
+/// A `tokenizer_config.json` token entry: a string or `{"content": ...}`.
+fn token_text(v: &Value) -> Option<&str> {
+    v.as_str()
+        .or_else(|| v.get("content").and_then(Value::as_str))
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| Error::bad_file(path, format!("not valid JSON: {e}")))
+}
+
+/// BOS and EOS ids as transformers' tokenizer sees them: `tokenizer_config.json`'s
+/// `bos_token`/`eos_token` when present (lm-eval's prefix token comes from there), else
+/// `config.json`'s ids. Generation also stops at `generation_config.json`'s `eos_token_id`s.
+fn special_ids(
+    dir: &Path,
+    tok: &TextTokenizer,
+    cfg: &ModelConfig,
+) -> Result<(Option<u32>, Vec<u32>)> {
+    let (mut bos, mut eos) = (cfg.bos_token_id, cfg.eos_token_ids.clone());
+    let tc_path = dir.join("tokenizer_config.json");
+    if let Some(tc) = read_json(&tc_path)? {
+        let id = |key: &str| -> Result<Option<Option<u32>>> {
+            match tc.get(key) {
+                None => Ok(None),
+                Some(Value::Null) => Ok(Some(None)),
+                Some(v) => {
+                    let text = token_text(v).ok_or_else(|| {
+                        Error::bad_file(&tc_path, format!("`{key}` is not a token"))
+                    })?;
+                    let id = tok.token_id(text).ok_or_else(|| {
+                        Error::bad_file(
+                            &tc_path,
+                            format!("`{key}` {text:?} is not in tokenizer.json's vocabulary"),
+                        )
+                    })?;
+                    Ok(Some(Some(id)))
+                }
+            }
+        };
+        if let Some(b) = id("bos_token")? {
+            bos = b;
+        }
+        if let Some(e) = id("eos_token")? {
+            eos = e.into_iter().collect();
+        }
+    }
+    if let Some(gc) = read_json(&dir.join("generation_config.json"))? {
+        let more: Vec<u32> = match gc.get("eos_token_id") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(|x| x.as_u64().map(|x| x as u32))
+                .collect(),
+            Some(v) => v.as_u64().map(|x| x as u32).into_iter().collect(),
+            None => Vec::new(),
+        };
+        for id in more {
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+    }
+    Ok((bos, eos))
 }

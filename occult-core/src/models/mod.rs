@@ -16,6 +16,7 @@ pub mod attention;
 pub mod config;
 pub mod deepseek;
 pub mod layers;
+pub mod layout;
 pub mod loader;
 pub mod mixtral;
 pub mod model;

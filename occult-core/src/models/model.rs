@@ -367,7 +367,15 @@ impl Model {
             comm,
             fused: true,
         };
-        m.fused = !m.params().iter().any(|(_, t)| t.is_variable());
+        let trainable = m.params().iter().any(|(_, t)| t.is_variable());
+        if trainable && m.comm.as_ref().is_some_and(|c| c.size() > 1) {
+            bail!(
+                "trainable weights under expert parallelism on more than one rank: this model's \
+                 EP path gathers MoE outputs without gradients (inference only); train on one \
+                 device"
+            );
+        }
+        m.fused = !trainable;
         Ok(m)
     }
 
@@ -449,11 +457,35 @@ impl Model {
     pub fn forward(
         &self,
         ids: &Tensor,
+        cache: Option<&mut KvCache>,
+        rec: Option<&mut RoutingRecorder>,
+        which: Logits,
+    ) -> Result<Tensor> {
+        match cache {
+            None => self.forward_inner(ids, None, rec, which),
+            Some(c) => {
+                // A failure part-way would leave some layers' caches extended: restore it.
+                let before = c.clone();
+                let r = self.forward_inner(ids, Some(c), rec, which);
+                if r.is_err() {
+                    *c = before;
+                }
+                r
+            }
+        }
+    }
+
+    fn forward_inner(
+        &self,
+        ids: &Tensor,
         mut cache: Option<&mut KvCache>,
         mut rec: Option<&mut RoutingRecorder>,
         which: Logits,
     ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
+        if b == 0 || t == 0 {
+            bail!("nothing to run: the batch has {b} sequences of {t} tokens");
+        }
         let v = self.cfg.vocab_size;
         let ids_host = ids.flatten_all()?.to_vec1::<u32>()?;
         if let Some(&bad) = ids_host.iter().find(|&&x| x as usize >= v) {

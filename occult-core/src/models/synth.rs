@@ -2,8 +2,7 @@
 //! the names real checkpoints use (per-expert or fused experts), written atomically. For tests,
 //! benchmarks and trying the tools without a download.
 
-use super::config::{Family, ModelConfig, QkNorm, SUPPORTED};
-use super::names_of;
+use super::config::{Family, ModelConfig, SUPPORTED};
 use crate::atomic::{write_atomic, write_json_atomic};
 use crate::{bail, Error, Result};
 use rand::SeedableRng;
@@ -159,80 +158,6 @@ impl SynthModel {
         Ok(c)
     }
 
-    /// Every tensor's name and shape, in the checkpoint's layout.
-    pub fn tensors(&self, cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
-        let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let names = names_of(cfg.family);
-        let mut out = vec![
-            ("model.embed_tokens.weight".to_string(), vec![v, h]),
-            ("model.norm.weight".to_string(), vec![h]),
-        ];
-        if !cfg.tie_word_embeddings {
-            out.push(("lm_head.weight".to_string(), vec![v, h]));
-        }
-        let mlp = |out: &mut Vec<(String, Vec<usize>)>, p: &str, i: usize, n: [&str; 3]| {
-            out.push((format!("{p}.{}.weight", n[0]), vec![i, h]));
-            out.push((format!("{p}.{}.weight", n[1]), vec![i, h]));
-            out.push((format!("{p}.{}.weight", n[2]), vec![h, i]));
-        };
-        let plain = ["gate_proj", "up_proj", "down_proj"];
-        for l in 0..cfg.num_layers {
-            let p = format!("model.layers.{l}");
-            out.push((format!("{p}.input_layernorm.weight"), vec![h]));
-            out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-            let a = format!("{p}.self_attn");
-            out.push((format!("{a}.q_proj.weight"), vec![nh * hd, h]));
-            out.push((format!("{a}.k_proj.weight"), vec![nkv * hd, h]));
-            out.push((format!("{a}.v_proj.weight"), vec![nkv * hd, h]));
-            out.push((format!("{a}.o_proj.weight"), vec![h, nh * hd]));
-            if cfg.attention_bias {
-                out.push((format!("{a}.q_proj.bias"), vec![nh * hd]));
-                out.push((format!("{a}.k_proj.bias"), vec![nkv * hd]));
-                out.push((format!("{a}.v_proj.bias"), vec![nkv * hd]));
-            }
-            match cfg.qk_norm {
-                QkNorm::None => {}
-                QkNorm::Full => {
-                    out.push((format!("{a}.q_norm.weight"), vec![nh * hd]));
-                    out.push((format!("{a}.k_norm.weight"), vec![nkv * hd]));
-                }
-                QkNorm::PerHead => {
-                    out.push((format!("{a}.q_norm.weight"), vec![hd]));
-                    out.push((format!("{a}.k_norm.weight"), vec![hd]));
-                }
-            }
-            if !cfg.moe_layers[l] {
-                mlp(&mut out, &format!("{p}.mlp"), cfg.dense_intermediate, plain);
-                continue;
-            }
-            let b = format!("{p}.{}", names.block);
-            let (e, i) = (cfg.moe.num_experts, cfg.moe.expert_intermediate);
-            out.push((format!("{b}.{}.weight", names.router), vec![e, h]));
-            if self.fused {
-                out.push((format!("{b}.experts.gate_up_proj"), vec![e, 2 * i, h]));
-                out.push((format!("{b}.experts.down_proj"), vec![e, h, i]));
-            } else {
-                let n = names.experts;
-                for j in 0..e {
-                    mlp(
-                        &mut out,
-                        &format!("{b}.experts.{j}"),
-                        i,
-                        [n.gate, n.up, n.down],
-                    );
-                }
-            }
-            if let (Some(s), Some(sn)) = (cfg.moe.shared, names.shared) {
-                mlp(&mut out, &format!("{b}.{sn}"), s.intermediate, plain);
-                if let (true, Some(g)) = (s.gated, names.shared_gate) {
-                    out.push((format!("{b}.{g}.weight"), vec![1, h]));
-                }
-            }
-        }
-        out
-    }
-
     /// Writes `config.json` and `model.safetensors` into `dir` (created if needed). Returns the
     /// configuration and the weights' size in bytes.
     pub fn write(&self, dir: &Path) -> Result<(ModelConfig, u64)> {
@@ -244,7 +169,7 @@ impl SynthModel {
             safetensors::Dtype::BF16 | safetensors::Dtype::F16 => 2,
             other => bail!("synthetic weights are f32, bf16 or f16, not {other:?}"),
         };
-        let shapes = self.tensors(&cfg);
+        let shapes = super::layout::tensors(&cfg, self.fused);
         let normal = Normal::new(0.0f32, self.std)
             .map_err(|e| Error::invalid(format!("weight std {}: {e}", self.std)))?;
         let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::with_capacity(shapes.len());

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 pub struct TextTokenizer {
     tok: tokenizers::Tokenizer,
     path: PathBuf,
+    vocab_size: usize,
     /// The beginning-of-sequence id, if the model has one.
     pub bos: Option<u32>,
     /// End-of-sequence ids (generation stops at any of them).
@@ -17,7 +18,7 @@ pub struct TextTokenizer {
 
 impl TextTokenizer {
     /// Reads `tokenizer.json`; every id it can produce must be below `vocab_size`.
-    pub fn read(path: &Path, vocab_size: usize, bos: Option<u32>, eos: Vec<u32>) -> Result<Self> {
+    pub fn read(path: &Path, vocab_size: usize) -> Result<Self> {
         let tok = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| Error::bad_file(path, format!("not a readable tokenizer.json: {e}")))?;
         let max_id = tok.get_vocab(true).values().copied().max();
@@ -30,20 +31,31 @@ impl TextTokenizer {
                 ),
             ));
         }
-        for &id in bos.iter().chain(eos.iter()) {
-            if id as usize >= vocab_size {
-                return Err(Error::bad_file(
-                    path,
-                    format!("special token id {id} is outside the vocabulary of {vocab_size}"),
-                ));
-            }
-        }
         Ok(TextTokenizer {
             tok,
             path: path.to_path_buf(),
-            bos,
-            eos,
+            vocab_size,
+            bos: None,
+            eos: Vec::new(),
         })
+    }
+
+    /// Sets the special ids, which must be inside the vocabulary.
+    pub fn set_special(&mut self, bos: Option<u32>, eos: Vec<u32>) -> Result<()> {
+        for &id in bos.iter().chain(eos.iter()) {
+            if id as usize >= self.vocab_size {
+                return Err(Error::bad_file(
+                    &self.path,
+                    format!(
+                        "special token id {id} is outside the vocabulary of {}",
+                        self.vocab_size
+                    ),
+                ));
+            }
+        }
+        self.bos = bos;
+        self.eos = eos;
+        Ok(())
     }
 
     /// Token ids of `text`; special tokens (such as BOS) only if `add_special`.

@@ -82,6 +82,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         bail!("--top-p must be in (0, 1], got {}", a.top_p);
     }
+    if !(a.temperature >= 0.0 && a.temperature.is_finite()) {
+        bail!("--temperature must be a number >= 0, got {}", a.temperature);
+    }
     let ck = a.model.open()?;
     let tok = ck.tokenizer()?;
     let prompt = tok.encode(&a.prompt, a.add_bos)?;
@@ -89,6 +92,20 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         bail!("the prompt encodes to no tokens");
     }
     let eos = tok.eos.clone();
+    let max_positions = ck.cfg.max_positions.unwrap_or(usize::MAX);
+    if prompt.len() >= max_positions {
+        bail!(
+            "the prompt has {} tokens; the model takes {max_positions} positions",
+            prompt.len()
+        );
+    }
+    // Stop at the model's last position rather than fail there.
+    let limit = a.max_new_tokens.min(max_positions - prompt.len());
+    if limit < a.max_new_tokens {
+        eprintln!(
+            "note: generating at most {limit} tokens (max_position_embeddings {max_positions})"
+        );
+    }
     let (new, prefill_s, decode_s) = a.model.run(&ck, |m| {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
         let mut cache = m.new_cache();
@@ -98,14 +115,14 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         let mut logits = m.forward(&ids, Some(&mut cache), None, Logits::Last)?;
         let prefill_s = clock.elapsed().as_secs_f64();
         let clock = Instant::now();
-        for step in 0..a.max_new_tokens {
+        for step in 0..limit {
             let row = logits
                 .flatten_all()?
                 .to_dtype(DType::F32)?
                 .to_vec1::<f32>()?;
             let next = pick(&row, a.temperature, a.top_p, &mut rng);
             out.push(next);
-            if eos.contains(&next) || step + 1 == a.max_new_tokens {
+            if eos.contains(&next) || step + 1 == limit {
                 break;
             }
             let ids = Tensor::from_slice(&[next], (1, 1), &Device::Cpu)?;
@@ -117,7 +134,13 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         let v = serde_json::json!({"prompt_ids": prompt, "new_ids": new});
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        println!("{}{}", a.prompt, tok.decode(&new)?);
+        // Decode prompt and continuation together (a decoder may drop a leading space of a
+        // lone continuation), then print the prompt as given and what follows it.
+        let all: Vec<u32> = prompt.iter().chain(&new).copied().collect();
+        let text = tok.decode(&all)?;
+        let head = tok.decode(&prompt)?;
+        let tail = text.strip_prefix(head.as_str()).map(str::to_string);
+        println!("{}{}", a.prompt, tail.unwrap_or(tok.decode(&new)?));
     }
     eprintln!(
         "prompt {} tokens: prefill {:.1} tokens/s; {} new tokens: {:.2} ms/token",

@@ -129,6 +129,15 @@ impl ModelOpts {
             }
         };
         let mut prune = BTreeMap::new();
+        if self.max_devices.is_some() && num_devices == 1 {
+            bail!(
+                "--max-devices prunes across devices: give --devices D > 1, or a --placement \
+                 to prune the one-device reference as that placement would"
+            );
+        }
+        if self.calibration.is_some() && self.prune_rule != PruneRuleArg::Similarity {
+            eprintln!("note: --calibration is only used by --prune-rule similarity");
+        }
         if let Some(n) = self.max_devices {
             let rule = match self.prune_rule {
                 PruneRuleArg::Router => PruneRule::Router,

@@ -23,7 +23,7 @@ pub struct ProfileArgs {
     /// Where to write the trace.
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Longest window of tokens run at once.
+    /// Longest window of tokens run at once (at most the model's max_position_embeddings).
     #[arg(long, default_value_t = 512)]
     pub seq_len: usize,
     /// Stop after this many tokens.
@@ -73,14 +73,19 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     if a.seq_len == 0 {
         bail!("--seq-len must be at least 1");
     }
+    if a.max_tokens == Some(0) {
+        bail!("--max-tokens must be at least 1");
+    }
     let ck = a.model.open()?;
+    // Windows never exceed the model's positions.
+    let seq_len = a.seq_len.min(ck.cfg.max_positions.unwrap_or(usize::MAX));
     let tok = ck.tokenizer()?;
     let docs = read_documents(&a.data)?;
     let mut windows: Vec<Vec<u32>> = Vec::new();
     let mut total = 0;
     'docs: for d in &docs {
         let ids = tok.encode(d, a.add_bos)?;
-        for w in ids.chunks(a.seq_len) {
+        for w in ids.chunks(seq_len) {
             let take = a.max_tokens.map_or(w.len(), |m| w.len().min(m - total));
             if take == 0 {
                 break 'docs;

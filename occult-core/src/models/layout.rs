@@ -1,0 +1,100 @@
+//! The tensors a checkpoint of a given configuration holds, by name and shape, in the names
+//! Hugging Face checkpoints use: what synthetic checkpoints write and what loading checks a
+//! checkpoint against (a tensor the configuration does not explain means the two disagree).
+
+use super::config::{ModelConfig, QkNorm};
+use super::names_of;
+use std::collections::BTreeSet;
+
+/// Every tensor's name and shape in a checkpoint of `cfg`, with experts per expert or fused.
+pub fn tensors(cfg: &ModelConfig, fused: bool) -> Vec<(String, Vec<usize>)> {
+    let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+    let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let names = names_of(cfg.family);
+    let mut out = vec![
+        ("model.embed_tokens.weight".to_string(), vec![v, h]),
+        ("model.norm.weight".to_string(), vec![h]),
+    ];
+    if !cfg.tie_word_embeddings {
+        out.push(("lm_head.weight".to_string(), vec![v, h]));
+    }
+    let mlp = |out: &mut Vec<(String, Vec<usize>)>, p: &str, i: usize, n: [&str; 3]| {
+        out.push((format!("{p}.{}.weight", n[0]), vec![i, h]));
+        out.push((format!("{p}.{}.weight", n[1]), vec![i, h]));
+        out.push((format!("{p}.{}.weight", n[2]), vec![h, i]));
+    };
+    let plain = ["gate_proj", "up_proj", "down_proj"];
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}");
+        out.push((format!("{p}.input_layernorm.weight"), vec![h]));
+        out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        let a = format!("{p}.self_attn");
+        out.push((format!("{a}.q_proj.weight"), vec![nh * hd, h]));
+        out.push((format!("{a}.k_proj.weight"), vec![nkv * hd, h]));
+        out.push((format!("{a}.v_proj.weight"), vec![nkv * hd, h]));
+        out.push((format!("{a}.o_proj.weight"), vec![h, nh * hd]));
+        if cfg.attention_bias {
+            out.push((format!("{a}.q_proj.bias"), vec![nh * hd]));
+            out.push((format!("{a}.k_proj.bias"), vec![nkv * hd]));
+            out.push((format!("{a}.v_proj.bias"), vec![nkv * hd]));
+        }
+        match cfg.qk_norm {
+            QkNorm::None => {}
+            QkNorm::Full => {
+                out.push((format!("{a}.q_norm.weight"), vec![nh * hd]));
+                out.push((format!("{a}.k_norm.weight"), vec![nkv * hd]));
+            }
+            QkNorm::PerHead => {
+                out.push((format!("{a}.q_norm.weight"), vec![hd]));
+                out.push((format!("{a}.k_norm.weight"), vec![hd]));
+            }
+        }
+        if !cfg.moe_layers[l] {
+            mlp(&mut out, &format!("{p}.mlp"), cfg.dense_intermediate, plain);
+            continue;
+        }
+        let b = format!("{p}.{}", names.block);
+        let (e, i) = (cfg.moe.num_experts, cfg.moe.expert_intermediate);
+        out.push((format!("{b}.{}.weight", names.router), vec![e, h]));
+        if fused {
+            out.push((format!("{b}.experts.gate_up_proj"), vec![e, 2 * i, h]));
+            out.push((format!("{b}.experts.down_proj"), vec![e, h, i]));
+        } else {
+            let n = names.experts;
+            for j in 0..e {
+                mlp(
+                    &mut out,
+                    &format!("{b}.experts.{j}"),
+                    i,
+                    [n.gate, n.up, n.down],
+                );
+            }
+        }
+        if let (Some(s), Some(sn)) = (cfg.moe.shared, names.shared) {
+            mlp(&mut out, &format!("{b}.{sn}"), s.intermediate, plain);
+            if let (true, Some(g)) = (s.gated, names.shared_gate) {
+                out.push((format!("{b}.{g}.weight"), vec![1, h]));
+            }
+        }
+    }
+    out
+}
+
+/// Tensors some checkpoints carry that no model reads.
+const IGNORED_SUFFIXES: [&str; 1] = ["rotary_emb.inv_freq"];
+
+/// The checkpoint's tensors that `cfg` does not explain (either expert layout is accepted), in
+/// name order.
+pub fn unexplained<'a>(cfg: &ModelConfig, names: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut known: BTreeSet<String> = tensors(cfg, false).into_iter().map(|t| t.0).collect();
+    known.extend(tensors(cfg, true).into_iter().map(|t| t.0));
+    if cfg.tie_word_embeddings {
+        known.insert("lm_head.weight".into());
+    }
+    let mut out: Vec<String> = names
+        .filter(|n| !known.contains(*n) && !IGNORED_SUFFIXES.iter().any(|s| n.ends_with(s)))
+        .map(String::from)
+        .collect();
+    out.sort();
+    out
+}
