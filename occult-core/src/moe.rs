@@ -157,25 +157,33 @@ pub fn reference_forward_routed(
     let (t, h) = x.dims2()?;
     let k = rule.top_k;
     let flat_w = routed.weights.flatten_all()?;
-    let mut out = Tensor::zeros((t, h), x.dtype(), x.device())?;
+    // Each expert's (token, slot) pairs, in token order.
+    let mut tok = vec![Vec::new(); w.experts.len()];
+    let mut pos = vec![Vec::new(); w.experts.len()];
+    for (i, &id) in routed.ids.iter().enumerate() {
+        tok[id as usize].push((i / k) as u32);
+        pos[id as usize].push(i as u32);
+    }
+    let mut ys = Vec::new();
+    let mut dest = Vec::new();
     for e in 0..w.experts.len() {
-        let mut tok = Vec::new();
-        let mut pos = Vec::new();
-        for (i, &id) in routed.ids.iter().enumerate() {
-            if id as usize == e {
-                tok.push((i / k) as u32);
-                pos.push(i as u32);
-            }
-        }
-        if tok.is_empty() {
+        if tok[e].is_empty() {
             continue;
         }
-        let ti = Tensor::from_slice(&tok, tok.len(), x.device())?;
-        let pi = Tensor::from_slice(&pos, pos.len(), x.device())?;
+        let ti = Tensor::from_slice(&tok[e], tok[e].len(), x.device())?;
+        let pi = Tensor::from_slice(&pos[e], pos[e].len(), x.device())?;
         let y = w.experts.expert(e, &x.index_select(&ti, 0)?)?;
         let g = flat_w.index_select(&pi, 0)?.unsqueeze(1)?;
-        out = out.index_add(&ti, &y.broadcast_mul(&g)?, 0)?;
+        ys.push(y.broadcast_mul(&g)?);
+        dest.push(ti);
     }
+    // One scatter of every expert's weighted rows back to their tokens.
+    let zeros = Tensor::zeros((t, h), x.dtype(), x.device())?;
+    let mut out = if ys.is_empty() {
+        zeros
+    } else {
+        zeros.index_add(&Tensor::cat(&dest, 0)?, &Tensor::cat(&ys, 0)?, 0)?
+    };
     if let Some(s) = &w.shared {
         out = (out + s.forward(x)?)?;
     }

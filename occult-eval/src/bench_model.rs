@@ -109,37 +109,64 @@ fn time_one(d: &mut dyn Decoder, prompt: &[u32], steps: usize) -> Result<(f64, f
     Ok((prefill, per, first))
 }
 
-/// Runs every decoder `repeats` times, alternating; returns the runs and each decoder's first
-/// logits.
+/// Timings of every decoder over the repeats: `prefill[decoder][repeat]`, likewise `decode`.
+pub struct Timings {
+    pub runs: Vec<ModelRun>,
+    pub logits: Vec<Vec<f32>>,
+    pub prefill: Vec<Vec<f64>>,
+    pub decode: Vec<Vec<f64>>,
+}
+
+/// Runs every decoder `repeats` times, alternating (ours, theirs, ours, theirs...), so that
+/// each repeat is a paired comparison under the same machine load.
 pub fn compare(
     decoders: &mut [&mut dyn Decoder],
     prompt: &[u32],
     steps: usize,
     repeats: usize,
-) -> Result<(Vec<ModelRun>, Vec<Vec<f32>>)> {
+) -> Result<Timings> {
     let n = decoders.len();
-    let mut best = vec![(f64::INFINITY, f64::INFINITY); n];
+    let mut prefill = vec![Vec::new(); n];
+    let mut decode = vec![Vec::new(); n];
     let mut logits = vec![Vec::new(); n];
     for _ in 0..repeats.max(1) {
         for (i, d) in decoders.iter_mut().enumerate() {
             let (p, s, l) = time_one(*d, prompt, steps)?;
-            best[i] = (best[i].0.min(p), best[i].1.min(s));
+            prefill[i].push(p);
+            decode[i].push(s);
             logits[i] = l;
         }
     }
+    let best = |v: &[f64]| v.iter().cloned().fold(f64::INFINITY, f64::min);
     let runs = decoders
         .iter()
-        .zip(&best)
-        .map(|(d, &(p, s))| ModelRun {
+        .enumerate()
+        .map(|(i, d)| ModelRun {
             implementation: d.name(),
             prompt_tokens: prompt.len(),
-            prefill_s: p,
-            prefill_tokens_per_s: prompt.len() as f64 / p,
+            prefill_s: best(&prefill[i]),
+            prefill_tokens_per_s: prompt.len() as f64 / best(&prefill[i]),
             decode_tokens: steps,
-            decode_ms_per_token: 1e3 * s,
+            decode_ms_per_token: 1e3 * best(&decode[i]),
         })
         .collect();
-    Ok((runs, logits))
+    Ok(Timings {
+        runs,
+        logits,
+        prefill,
+        decode,
+    })
+}
+
+/// The median over repeats of `a[r] / b[r]`.
+pub fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
+    let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    r.sort_by(f64::total_cmp);
+    match r.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => r[n / 2],
+        n => 0.5 * (r[n / 2 - 1] + r[n / 2]),
+    }
 }
 
 /// Random prompt ids below `vocab`.
@@ -166,7 +193,7 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
     let prompt = random_prompt(a.prompt_len, ck.cfg.vocab_size, a.seed);
     let label = format!("occult ({:?})", a.model.mode()).to_lowercase();
     let against = a.against;
-    let (runs, logits) = a.model.run(&ck, |m| {
+    let timings = a.model.run(&ck, |m| {
         let mut ours = Ours {
             model: m,
             cache: m.new_cache(),
@@ -192,7 +219,8 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
         "prefill tok/s",
         "decode ms/tok",
     ]);
-    for r in &runs {
+    let runs = &timings.runs;
+    for r in runs {
         table.row(vec![
             r.implementation.clone(),
             r.prompt_tokens.to_string(),
@@ -203,15 +231,20 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
     }
     println!("{}", table.render());
     let mut report = serde_json::json!({"model": ck.name, "results": runs});
-    if logits.len() == 2 {
-        let (d, scale) = max_diff(&logits[0], &logits[1]);
+    if timings.logits.len() == 2 {
+        let (d, scale) = max_diff(&timings.logits[0], &timings.logits[1]);
+        // Speed of ours relative to theirs (above 1: ours is faster), as the median of the
+        // paired repeats.
+        let prefill = median_ratio(&timings.prefill[1], &timings.prefill[0]);
+        let decode = median_ratio(&timings.decode[1], &timings.decode[0]);
         println!(
             "last-position logits: max |ours - theirs| = {d:.3e} (max |logit| {scale:.3}); \
-             prefill speed ratio ours/theirs = {:.3}, decode = {:.3}",
-            runs[0].prefill_tokens_per_s / runs[1].prefill_tokens_per_s,
-            runs[1].decode_ms_per_token / runs[0].decode_ms_per_token
+             speed ours/theirs (median of {} paired repeats): prefill {prefill:.3}, decode \
+             {decode:.3}",
+            a.repeats
         );
         report["max_abs_logit_diff"] = serde_json::json!(d);
+        report["speed_ratio"] = serde_json::json!({"prefill": prefill, "decode": decode});
     }
     if let Some(p) = &a.json {
         crate::commands::write_json(p, &crate::commands::with_provenance(report))?;

@@ -122,13 +122,7 @@ fn synth(a: SynthArgs) -> Result<()> {
 fn info(a: InfoArgs) -> Result<()> {
     let ck = a.model.open()?;
     let c = &ck.cfg;
-    let bytes: u64 = ck
-        .files
-        .weights
-        .iter()
-        .filter_map(|p| std::fs::metadata(p).ok())
-        .map(|m| m.len())
-        .sum();
+    let bytes = weight_bytes(&ck);
     let v = serde_json::json!({
         "model": ck.name,
         "folder": ck.files.dir,
@@ -156,13 +150,7 @@ fn info(a: InfoArgs) -> Result<()> {
 fn check(a: InfoArgs) -> Result<()> {
     let clock = std::time::Instant::now();
     let ck = a.model.open()?;
-    let bytes: u64 = ck
-        .files
-        .weights
-        .iter()
-        .filter_map(|p| std::fs::metadata(p).ok())
-        .map(|m| m.len())
-        .sum();
+    let bytes = weight_bytes(&ck);
     let params: usize = a.model.run(&ck, |m| {
         Ok(m.params()
             .iter()
@@ -200,4 +188,14 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// The size of a checkpoint's weight files.
+fn weight_bytes(ck: &occult_core::models::loader::Checkpoint) -> u64 {
+    ck.files
+        .weights
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
 }
