@@ -83,6 +83,7 @@ fn logits_at_every_position_match_transformers() {
             m.fused = fused;
             let got = m.forward(&ids(&input), None, None, Logits::All).unwrap();
             let err = max_err(&got, &want_logits(&r));
+            eprintln!("{arch} fused={fused}: max abs logit error {err:.2e}");
             assert!(
                 err <= 1e-4,
                 "{arch} fused={fused}: max abs logit error {err}"
