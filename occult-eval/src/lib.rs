@@ -4,6 +4,7 @@
 pub mod bench_layer;
 pub mod bench_model;
 pub mod commands;
+pub mod harness;
 pub mod loglik;
 pub mod progress;
 pub mod table;

@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use occult_eval::commands::{
-    bench, collab, generate, loglik, model, place, profile, prune, reproduce, trace,
+    bench, collab, eval, generate, loglik, model, place, profile, prune, reproduce, trace,
 };
 
 #[derive(Parser, Debug)]
@@ -43,6 +43,8 @@ enum Cmd {
     Generate(generate::GenerateArgs),
     /// Log-likelihood of a continuation, scored as lm-evaluation-harness does (JSON).
     Loglik(loglik::LoglikArgs),
+    /// Score multiple-choice tasks as lm-evaluation-harness does (MMLU, HellaSwag, ...).
+    Eval(eval::EvalArgs),
     /// Run calibration text through a model and write its routing trace.
     Profile(profile::ProfileArgs),
     /// Checkpoints: make a synthetic one, describe one.
@@ -62,6 +64,7 @@ fn main() {
         Cmd::Generate(a) => generate::run(a),
         Cmd::Loglik(a) => loglik::run(a),
         Cmd::Profile(a) => profile::run(a),
+        Cmd::Eval(a) => eval::run(a),
         Cmd::Model(c) => model::run(c),
     };
     if let Err(e) = result {

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod collab;
+pub mod eval;
 pub mod generate;
 pub mod loglik;
 pub mod model;

@@ -1,0 +1,340 @@
+//! `occult eval`: multiple-choice tasks scored as lm-evaluation-harness scores them, with the
+//! model options of every model command (so pruned routing can be scored without fine-tuning).
+//! Writes results as JSON (per task and metric with standard errors, the configuration, the
+//! version and the seed), prints a Markdown table, and with `--log-samples` writes
+//! `samples_TASK.jsonl` beside the results. A task that fails is reported and the others go on.
+
+use super::model_opts::ModelOpts;
+use crate::harness::data::{self, Source};
+use crate::harness::metrics::{item_metrics, mean_stderr, pooled, Estimate};
+use crate::harness::scorer::{ScoreOptions, Scorer};
+use crate::harness::task::{Item, Metric, TaskSpec};
+use crate::table::Table;
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    occult eval --model M --tasks piqa,arc_easy --samples          # the built-in sample data\n  \
+    occult eval --model M --tasks hellaswag --data hellaswag=hellaswag_val.jsonl --limit 200\n  \
+    occult eval --model M --tasks mmlu --data mmlu=mmlu_dir/ --devices 4 --max-devices 2 \\\n      \
+    --placement p.json --output results.json --log-samples")]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub model: ModelOpts,
+    /// Tasks, comma-separated: built-in names or paths to task files.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub tasks: Vec<String>,
+    /// A task's data: TASK=PATH, a JSONL/JSON file (the eval split) or a folder of split files.
+    #[arg(long)]
+    pub data: Vec<String>,
+    /// Use the built-in sample data for tasks without --data.
+    #[arg(long)]
+    pub samples: bool,
+    /// Few-shot examples per item (default: each task's own).
+    #[arg(long)]
+    pub num_fewshot: Option<usize>,
+    /// Score at most this many items per task.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Requests per forward pass when contexts are not reused.
+    #[arg(long, default_value_t = 8)]
+    pub batch_size: usize,
+    /// Run each request whole instead of running a shared context once.
+    #[arg(long)]
+    pub no_context_reuse: bool,
+    /// Seed of the few-shot draw.
+    #[arg(long, default_value_t = 1234)]
+    pub seed: u64,
+    /// Add BOS when encoding (lm-eval's add_bos_token).
+    #[arg(long)]
+    pub add_bos: bool,
+    /// Write the results JSON here.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Also write per-item log-likelihoods (samples_TASK.jsonl beside --output).
+    #[arg(long, requires = "output")]
+    pub log_samples: bool,
+}
+
+/// One task's items, ready to score.
+struct Prepared {
+    spec: TaskSpec,
+    items: Vec<Item>,
+    shots: usize,
+}
+
+/// One task's scores.
+struct Scored {
+    lls: Vec<Vec<f64>>,
+    forward_tokens: u64,
+    forward_passes: u64,
+    seconds: f64,
+}
+
+fn task_spec(name: &str) -> Result<TaskSpec> {
+    if let Some((_, text)) = data::TASKS.iter().find(|(n, _)| *n == name) {
+        return TaskSpec::parse(text, &format!("tasks/{name}.toml"));
+    }
+    let p = Path::new(name);
+    if p.extension().is_some_and(|e| e == "toml") && p.is_file() {
+        return TaskSpec::read(p);
+    }
+    bail!(
+        "unknown task {name:?}: the built-in tasks are {}; or give a path to a task file",
+        data::TASKS
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+fn prepare(a: &EvalArgs, name: &str, sources: &BTreeMap<String, PathBuf>) -> Result<Prepared> {
+    let spec = task_spec(name)?;
+    let source = match (sources.get(name).or(sources.get(&spec.name)), a.samples) {
+        (Some(p), _) => Source::Path(p.clone()),
+        (None, true) => Source::Samples,
+        (None, false) => bail!(
+            "no data for {}: give --data {}=PATH (JSONL/JSON with the hub's field names, or a \
+             folder of split files), or --samples for the built-in samples",
+            spec.name,
+            spec.name
+        ),
+    };
+    let origin = match &source {
+        Source::Path(p) => p.display().to_string(),
+        Source::Samples => format!("samples/{}", spec.name),
+    };
+    let (eval, few) = data::load(
+        &spec.name,
+        &source,
+        &spec.data.eval_split,
+        spec.data.fewshot_split.as_deref(),
+    )?;
+    let eval = spec.prepare(&eval, &origin)?;
+    let few = few.map(|f| spec.prepare(&f, &origin)).transpose()?;
+    let shots = a.num_fewshot.unwrap_or(spec.prompt.num_fewshot);
+    let n = a.limit.map_or(eval.len(), |l| l.min(eval.len()));
+    if n == 0 {
+        bail!("{origin}: no documents to score");
+    }
+    let items = (0..n)
+        .map(|i| {
+            spec.item(&eval, i, few.as_deref(), shots, a.seed)
+                .with_context(|| format!("{origin}: document {i}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Prepared { spec, items, shots })
+}
+
+/// Results of one task (and its groups) as the JSON `results` entry.
+fn summarise(p: &Prepared, s: &Scored) -> (Value, Vec<Value>) {
+    let mut acc = Vec::new();
+    let mut norm = Vec::new();
+    let mut by_group: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    let mut samples = Vec::new();
+    for (it, lls) in p.items.iter().zip(&s.lls) {
+        let (a, n) = item_metrics(lls, &it.choice_chars, it.gold);
+        acc.push(a);
+        norm.push(n);
+        if let Some(g) = &it.group {
+            let e = by_group.entry(g.clone()).or_default();
+            e.0.push(a);
+            e.1.push(n);
+        }
+        samples.push(
+            json!({"doc_id": it.doc_id, "target": it.gold, "loglikelihoods": lls,
+            "acc": a, "acc_norm": n}),
+        );
+    }
+    let put = |o: &mut serde_json::Map<String, Value>, key: &str, e: Estimate| {
+        o.insert(key.into(), json!(e.value));
+        o.insert(format!("{key}_stderr"), json!(e.stderr));
+    };
+    let mut o = serde_json::Map::new();
+    let (ea, en) = if by_group.is_empty() {
+        (mean_stderr(&acc), mean_stderr(&norm))
+    } else {
+        // Groups: each subtask's mean, then the size-weighted pool.
+        let mut subs = serde_json::Map::new();
+        let mut pa = Vec::new();
+        let mut pn = Vec::new();
+        for (g, (a, n)) in &by_group {
+            let (x, y) = (mean_stderr(a), mean_stderr(n));
+            let mut so = serde_json::Map::new();
+            for m in &p.spec.metrics {
+                match m {
+                    Metric::Acc => put(&mut so, "acc", x),
+                    Metric::AccNorm => put(&mut so, "acc_norm", y),
+                }
+            }
+            so.insert("n".into(), json!(x.n));
+            subs.insert(format!("{}_{g}", p.spec.name), Value::Object(so));
+            pa.push(x);
+            pn.push(y);
+        }
+        o.insert("subtasks".into(), Value::Object(subs));
+        (pooled(&pa), pooled(&pn))
+    };
+    for m in &p.spec.metrics {
+        match m {
+            Metric::Acc => put(&mut o, "acc", ea),
+            Metric::AccNorm => put(&mut o, "acc_norm", en),
+        }
+    }
+    o.insert("n".into(), json!(p.items.len()));
+    o.insert("num_fewshot".into(), json!(p.shots));
+    o.insert(
+        "speed".into(),
+        json!({
+            "seconds": s.seconds,
+            "items_per_s": p.items.len() as f64 / s.seconds.max(1e-9),
+            "forward_tokens": s.forward_tokens,
+            "forward_tokens_per_item": s.forward_tokens as f64 / p.items.len() as f64,
+            "forward_passes": s.forward_passes,
+        }),
+    );
+    (Value::Object(o), samples)
+}
+
+pub fn run(a: EvalArgs) -> Result<()> {
+    let mut sources = BTreeMap::new();
+    for d in &a.data {
+        let (t, p) = d
+            .split_once('=')
+            .with_context(|| format!("--data {d:?} is not TASK=PATH"))?;
+        sources.insert(t.to_string(), PathBuf::from(p));
+    }
+    if a.batch_size == 0 {
+        bail!("--batch-size must be at least 1");
+    }
+    // Tasks that cannot be prepared are reported; the others go on.
+    let mut errors: BTreeMap<String, String> = BTreeMap::new();
+    let mut prepared = Vec::new();
+    for name in &a.tasks {
+        match prepare(&a, name, &sources) {
+            Ok(p) => prepared.push(p),
+            Err(e) => {
+                eprintln!("error: task {name}: {e:#}");
+                errors.insert(name.clone(), format!("{e:#}"));
+            }
+        }
+    }
+    if prepared.is_empty() {
+        bail!("no task could be prepared");
+    }
+    let ck = a.model.open()?;
+    let tok = ck.tokenizer()?;
+    let opts = ScoreOptions {
+        reuse_context: !a.no_context_reuse,
+        batch: a.batch_size,
+        add_bos: a.add_bos,
+    };
+    let total: usize = prepared.iter().map(|p| p.items.len()).sum();
+    let scored: Vec<Result<Scored, String>> = a.model.run(&ck, |m| {
+        let bar = crate::progress::bar(total as u64, "items");
+        let out = prepared
+            .iter()
+            .map(|p| {
+                let clock = Instant::now();
+                let mut sc = Scorer::new(m, tok, opts);
+                let mut lls = Vec::with_capacity(p.items.len());
+                for chunk in p.items.chunks(16) {
+                    lls.extend(sc.score(chunk).map_err(|e| format!("{e:#}"))?);
+                    bar.inc(chunk.len() as u64);
+                }
+                Ok(Scored {
+                    lls,
+                    forward_tokens: sc.forward_tokens,
+                    forward_passes: sc.forward_passes,
+                    seconds: clock.elapsed().as_secs_f64(),
+                })
+            })
+            .collect();
+        bar.finish_and_clear();
+        Ok(out)
+    })?;
+    let mut results = serde_json::Map::new();
+    let mut table = Table::new(&["task", "n", "shots", "metric", "value", "stderr", "items/s"]);
+    let mut all_samples = Vec::new();
+    for (p, s) in prepared.iter().zip(scored) {
+        let s = match s {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("error: task {}: {e}", p.spec.name);
+                errors.insert(p.spec.name.clone(), e);
+                continue;
+            }
+        };
+        let (r, samples) = summarise(p, &s);
+        for m in &p.spec.metrics {
+            let key = match m {
+                Metric::Acc => "acc",
+                Metric::AccNorm => "acc_norm",
+            };
+            table.row(vec![
+                p.spec.name.clone(),
+                p.items.len().to_string(),
+                p.shots.to_string(),
+                key.into(),
+                format!("{:.4}", r[key].as_f64().unwrap_or(f64::NAN)),
+                r[format!("{key}_stderr")]
+                    .as_f64()
+                    .map_or("N/A".into(), |x| format!("{x:.4}")),
+                format!("{:.2}", r["speed"]["items_per_s"].as_f64().unwrap_or(0.0)),
+            ]);
+        }
+        results.insert(p.spec.name.clone(), r);
+        all_samples.push((p.spec.name.clone(), samples));
+    }
+    println!("{}", table.render());
+    let report = json!({
+        "results": results,
+        "errors": errors,
+        "config": {
+            "model": ck.name,
+            "tasks": a.tasks,
+            "num_fewshot": a.num_fewshot,
+            "limit": a.limit,
+            "batch_size": a.batch_size,
+            "context_reuse": !a.no_context_reuse,
+            "seed": a.seed,
+            "add_bos": a.add_bos,
+            "devices": a.model.devices,
+            "mode": a.model.mode(),
+            "placement": a.model.placement,
+            "max_devices": a.model.max_devices,
+            "prune_rule": a.model.max_devices.map(|_| a.model.prune_rule),
+            "dtype": a.model.dtype,
+        },
+    });
+    if let Some(out) = &a.output {
+        super::write_json(out, &super::with_provenance(report))?;
+        if a.log_samples {
+            let dir = out.parent().unwrap_or(Path::new("."));
+            for (task, samples) in &all_samples {
+                let path = dir.join(format!("samples_{task}.jsonl"));
+                occult_core::atomic::write_atomic(&path, |w| {
+                    for s in samples {
+                        serde_json::to_writer(&mut *w, s).map_err(std::io::Error::other)?;
+                        w.write_all(b"\n")?;
+                    }
+                    Ok(())
+                })?;
+            }
+        }
+    }
+    if !errors.is_empty() {
+        bail!(
+            "{} of {} task(s) failed: {}",
+            errors.len(),
+            a.tasks.len(),
+            errors.keys().cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! `occult eval` end to end on a fixture model: every built-in task scores its sample data;
+//! scores do not depend on context reuse, batch size or the number of expert-parallel ranks;
+//! reuse feeds fewer tokens; and bad tasks or data are reported while good tasks go on.
+
+mod common;
+
+use common::{occult, occult_ok};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+const ALL: &str =
+    "arc_challenge,arc_easy,boolq,copa,hellaswag,mmlu,openbookqa,piqa,rte,sciq,winogrande";
+
+fn model() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/models/qwen2_moe")
+        .display()
+        .to_string()
+}
+
+fn read(p: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// Runs eval on all tasks with extra flags; returns results and per-task samples.
+fn eval(dir: &Path, tag: &str, extra: &[&str]) -> (Value, Vec<(String, Vec<Value>)>) {
+    let out = dir.join(tag);
+    std::fs::create_dir_all(&out).unwrap();
+    let m = model();
+    let res = out.join("results.json");
+    let res_s = res.display().to_string();
+    let mut args = vec![
+        "eval",
+        "--model",
+        &m,
+        "--tasks",
+        ALL,
+        "--samples",
+        "--output",
+        &res_s,
+        "--log-samples",
+        "--num-fewshot",
+        "1",
+    ];
+    args.extend(extra);
+    occult_ok(dir, &args);
+    let r = read(&res);
+    let samples = ALL
+        .split(',')
+        .map(|t| {
+            let text = std::fs::read_to_string(out.join(format!("samples_{t}.jsonl"))).unwrap();
+            let rows = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            (t.to_string(), rows)
+        })
+        .collect();
+    (r, samples)
+}
+
+fn same_scores(a: &[(String, Vec<Value>)], b: &[(String, Vec<Value>)], what: &str) {
+    for ((t, x), (_, y)) in a.iter().zip(b) {
+        assert_eq!(x.len(), y.len(), "{what} {t}");
+        for (r, s) in x.iter().zip(y) {
+            assert_eq!(r["acc"], s["acc"], "{what} {t} doc {}", r["doc_id"]);
+            assert_eq!(
+                r["acc_norm"], s["acc_norm"],
+                "{what} {t} doc {}",
+                r["doc_id"]
+            );
+            let (l1, l2) = (
+                r["loglikelihoods"].as_array().unwrap(),
+                s["loglikelihoods"].as_array().unwrap(),
+            );
+            for (p, q) in l1.iter().zip(l2) {
+                let (p, q) = (p.as_f64().unwrap(), q.as_f64().unwrap());
+                assert!(
+                    (p - q).abs() < 1e-4,
+                    "{what} {t} doc {}: {p} vs {q}",
+                    r["doc_id"]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_task_scores_its_samples_the_same_every_way() {
+    let t = tempfile::tempdir().unwrap();
+    let (base, s_base) = eval(t.path(), "base", &[]);
+    for task in ALL.split(',') {
+        let r = &base["results"][task];
+        assert!(r["acc"].as_f64().is_some(), "{task}: {r}");
+        assert!(r["n"].as_u64().unwrap() >= 3, "{task}");
+    }
+    // MMLU reports its subjects and the pooled figure.
+    let subs = base["results"]["mmlu"]["subtasks"].as_object().unwrap();
+    assert!(
+        subs.contains_key("mmlu_high_school_physics") && subs.contains_key("mmlu_world_religions")
+    );
+    assert_eq!(base["config"]["seed"], 1234);
+    assert!(base["provenance"].is_object());
+
+    let (plain, s_plain) = eval(
+        t.path(),
+        "plain",
+        &["--no-context-reuse", "--batch-size", "1"],
+    );
+    same_scores(&s_base, &s_plain, "reuse vs plain batch 1");
+    let (_, s_b8) = eval(t.path(), "b8", &["--no-context-reuse", "--batch-size", "8"]);
+    same_scores(&s_base, &s_b8, "reuse vs plain batch 8");
+    let (_, s_d4) = eval(t.path(), "d4", &["--devices", "4", "--mode", "occult"]);
+    same_scores(&s_base, &s_d4, "D=1 vs D=4");
+
+    // Reusing the shared context feeds fewer tokens. (WinoGrande has no shared context, and
+    // 1-shot MMLU overflows the fixture's 128 positions, so both run whole.)
+    for task in ["arc_easy", "hellaswag", "piqa"] {
+        let with = base["results"][task]["speed"]["forward_tokens"]
+            .as_u64()
+            .unwrap();
+        let without = plain["results"][task]["speed"]["forward_tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(with < without, "{task}: {with} vs {without}");
+    }
+}
+
+#[test]
+fn bad_tasks_are_reported_and_good_ones_go_on() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    let m = model();
+    let run = |args: &[&str]| {
+        let mut a = vec!["eval", "--model", m.as_str(), "--output", "r.json"];
+        a.extend(args);
+        occult(d, &a)
+    };
+    // A data file with a document missing a field, beside a good task.
+    std::fs::write(
+        d.join("piqa.jsonl"),
+        "{\"goal\": \"Open a door.\", \"sol1\": \"Turn the handle.\", \"sol2\": \"Eat it.\", \"label\": 0}\n\
+         {\"goal\": \"Boil water.\", \"sol1\": \"Heat it.\", \"label\": 0}\n",
+    )
+    .unwrap();
+    let out = run(&[
+        "--tasks",
+        "piqa,rte,nosuch",
+        "--data",
+        "piqa=piqa.jsonl",
+        "--samples",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("piqa.jsonl: document 1") && err.contains("no field `sol2`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("unknown task \"nosuch\"") && err.contains("hellaswag"),
+        "{err}"
+    );
+    let r = read(&d.join("r.json"));
+    assert!(r["results"]["rte"]["acc"].is_number());
+    assert!(r["errors"]["piqa"].as_str().unwrap().contains("sol2"));
+
+    // Gold out of range, an empty choice list, a line that is not JSON.
+    std::fs::write(
+        d.join("arc.jsonl"),
+        "{\"question\": \"Q\", \"choices\": {\"text\": [\"a\", \"b\"], \"label\": [\"A\", \"B\"]}, \"answerKey\": \"C\"}\n",
+    )
+    .unwrap();
+    let out = run(&["--tasks", "arc_easy", "--data", "arc_easy=arc.jsonl"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"C\" is not one of"), "{err}");
+    std::fs::write(
+        d.join("arc.jsonl"),
+        "{\"question\": \"Q\", \"choices\": {\"text\": [], \"label\": []}, \"answerKey\": \"A\"}\n",
+    )
+    .unwrap();
+    let err = String::from_utf8_lossy(
+        &run(&["--tasks", "arc_easy", "--data", "arc_easy=arc.jsonl"]).stderr,
+    )
+    .to_string();
+    assert!(err.contains("no choices"), "{err}");
+    std::fs::write(d.join("boolq.jsonl"), "{\"passage\": \"x\"}\nnot json\n").unwrap();
+    let err =
+        String::from_utf8_lossy(&run(&["--tasks", "boolq", "--data", "boolq=boolq.jsonl"]).stderr)
+            .to_string();
+    assert!(err.contains("boolq.jsonl line 2: not valid JSON"), "{err}");
+    std::fs::write(
+        d.join("rte.jsonl"),
+        "{\"sentence1\": \"a\", \"sentence2\": \"b\", \"label\": 7}\n",
+    )
+    .unwrap();
+    let err = String::from_utf8_lossy(&run(&["--tasks", "rte", "--data", "rte=rte.jsonl"]).stderr)
+        .to_string();
+    assert!(
+        err.contains("gold index 7 is out of range for 2 choices"),
+        "{err}"
+    );
+    // A broken task file.
+    std::fs::write(d.join("mine.toml"), "name = \"mine\"\n[prompt]\ntext = 3\n").unwrap();
+    let err =
+        String::from_utf8_lossy(&run(&["--tasks", "mine.toml", "--samples"]).stderr).to_string();
+    assert!(err.contains("mine.toml: not a valid task file"), "{err}");
+}
