@@ -205,3 +205,53 @@ fn bad_tasks_are_reported_and_good_ones_go_on() {
         String::from_utf8_lossy(&run(&["--tasks", "mine.toml", "--samples"]).stderr).to_string();
     assert!(err.contains("mine.toml: not a valid task file"), "{err}");
 }
+
+#[test]
+fn cached_hub_datasets_in_parquet_score_like_the_samples() {
+    let t = tempfile::tempdir().unwrap();
+    let hub = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/datasets/hub");
+    let m = model();
+    let run = |tag: &str, extra: &[&str], cache: &Path| {
+        let dir = t.path().join(tag);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut args = vec![
+            "eval",
+            "--model",
+            m.as_str(),
+            "--tasks",
+            "arc_easy,hellaswag",
+            "--num-fewshot",
+            "1",
+            "--output",
+            "r.json",
+            "--log-samples",
+        ];
+        args.extend(extra);
+        let out = std::process::Command::new(common::occult_bin())
+            .args(&args)
+            .env("HF_HUB_CACHE", cache)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        (out, dir)
+    };
+    let (a, da) = run("hub", &[], &hub);
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    let (b, db) = run("samples", &["--samples"], &hub);
+    assert!(b.status.success());
+    for task in ["arc_easy", "hellaswag"] {
+        let f = format!("samples_{task}.jsonl");
+        assert_eq!(
+            std::fs::read_to_string(da.join(&f)).unwrap(),
+            std::fs::read_to_string(db.join(&f)).unwrap(),
+            "{task}"
+        );
+    }
+    let (c, _) = run("missing", &[], &t.path().join("empty"));
+    assert_eq!(c.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&c.stderr);
+    assert!(
+        err.contains("dataset allenai/ai2_arc is not in the Hugging Face cache"),
+        "{err}"
+    );
+}

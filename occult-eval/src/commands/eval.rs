@@ -28,7 +28,8 @@ pub struct EvalArgs {
     /// Tasks, comma-separated: built-in names or paths to task files.
     #[arg(long, value_delimiter = ',', required = true)]
     pub tasks: Vec<String>,
-    /// A task's data: TASK=PATH, a JSONL/JSON file (the eval split) or a folder of split files.
+    /// A task's data: TASK=PATH, a Parquet/JSONL/JSON file (the eval split) or a folder of
+    /// split files. Without it, the task's dataset is read from the Hugging Face cache.
     #[arg(long)]
     pub data: Vec<String>,
     /// Use the built-in sample data for tasks without --data.
@@ -98,23 +99,14 @@ fn prepare(a: &EvalArgs, name: &str, sources: &BTreeMap<String, PathBuf>) -> Res
     let source = match (sources.get(name).or(sources.get(&spec.name)), a.samples) {
         (Some(p), _) => Source::Path(p.clone()),
         (None, true) => Source::Samples,
-        (None, false) => bail!(
-            "no data for {}: give --data {}=PATH (JSONL/JSON with the hub's field names, or a \
-             folder of split files), or --samples for the built-in samples",
-            spec.name,
-            spec.name
-        ),
+        (None, false) => Source::Hub,
     };
     let origin = match &source {
         Source::Path(p) => p.display().to_string(),
         Source::Samples => format!("samples/{}", spec.name),
+        Source::Hub => format!("the cached dataset {}", spec.data.hub),
     };
-    let (eval, few) = data::load(
-        &spec.name,
-        &source,
-        &spec.data.eval_split,
-        spec.data.fewshot_split.as_deref(),
-    )?;
+    let (eval, few) = data::load(&spec, &source)?;
     let eval = spec.prepare(&eval, &origin)?;
     let few = few.map(|f| spec.prepare(&f, &origin)).transpose()?;
     let shots = a.num_fewshot.unwrap_or(spec.prompt.num_fewshot);

@@ -1,7 +1,10 @@
-//! Documents for a task: a JSONL file (one JSON object per line), a JSON file (a list of
-//! objects, or an object with a `data` list), or a folder holding one such file per split
-//! (`validation.jsonl`, `train.jsonl`, ...). The built-in tasks and their small hand-written
-//! samples (`tasks/`) are compiled in, so `occult eval --samples` runs anywhere.
+//! Documents for a task, in the formats the Hugging Face hub publishes: Parquet, a JSONL file
+//! (one JSON object per line), or a JSON file (a list of objects, or an object with a `data`
+//! list). They come from a file (the eval split), a folder with a file or shards per split
+//! (`validation.jsonl`, `test-00000-of-00001.parquet`, `ARC-Easy/test-....parquet`), or a
+//! dataset already in the Hugging Face cache (`datasets--org--name`, offline). The built-in
+//! tasks and their small hand-written samples (`tasks/`) are compiled in, so
+//! `occult eval --samples` runs anywhere.
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -95,20 +98,111 @@ pub fn parse_docs(text: &str, origin: &str, jsonl: bool) -> Result<Vec<Value>> {
     Ok(docs)
 }
 
-/// Reads one file of documents.
+/// Reads a Parquet file's rows as JSON objects (lists become arrays, structs objects).
+pub fn read_parquet(path: &Path) -> Result<Vec<Value>> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let f = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let r = SerializedFileReader::new(f)
+        .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
+    let rows = r
+        .get_row_iter(None)
+        .with_context(|| format!("{}: reading rows", path.display()))?;
+    rows.enumerate()
+        .map(|(i, row)| {
+            row.map(|r| r.to_json_value())
+                .with_context(|| format!("{}: row {i}", path.display()))
+        })
+        .collect()
+}
+
+/// Reads one file of documents (Parquet, JSONL or JSON, by extension).
 pub fn read_file(path: &Path) -> Result<Vec<Value>> {
+    if path.extension().is_some_and(|e| e == "parquet") {
+        return read_parquet(path);
+    }
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let jsonl = path.extension().is_some_and(|e| e == "jsonl");
     parse_docs(&text, &path.display().to_string(), jsonl)
 }
 
-/// The file of `split` in a folder, if any.
-fn split_file(dir: &Path, split: &str) -> Option<PathBuf> {
-    ["jsonl", "json"]
-        .iter()
-        .map(|e| dir.join(format!("{split}.{e}")))
-        .find(|p| p.is_file())
+/// Every file below `dir`.
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+}
+
+/// The files holding `split` below `dir`: named `split.EXT` or `split-*.EXT` (shards), with
+/// EXT parquet, jsonl or json; under a folder named `config` when one is given and exists.
+pub fn split_files(dir: &Path, split: &str, config: Option<&str>) -> Vec<PathBuf> {
+    let mut all = Vec::new();
+    walk(dir, &mut all);
+    let mut hits: Vec<PathBuf> = all
+        .into_iter()
+        .filter(|p| {
+            let ext_ok = p
+                .extension()
+                .is_some_and(|e| e == "parquet" || e == "jsonl" || e == "json");
+            let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+            ext_ok && (stem == split || stem.starts_with(&format!("{split}-")))
+        })
+        .collect();
+    if let Some(c) = config {
+        let under: Vec<PathBuf> = hits
+            .iter()
+            .filter(|p| {
+                p.strip_prefix(dir)
+                    .is_ok_and(|r| r.components().any(|x| x.as_os_str() == c))
+            })
+            .cloned()
+            .collect();
+        if !under.is_empty() {
+            hits = under;
+        }
+    }
+    hits.sort();
+    hits
+}
+
+/// The documents of `split` below `dir` (all its shards, in name order), if any.
+fn read_split(dir: &Path, split: &str, config: Option<&str>) -> Result<Option<Vec<Value>>> {
+    let files = split_files(dir, split, config);
+    if files.is_empty() {
+        return Ok(None);
+    }
+    let mut docs = Vec::new();
+    for f in files {
+        docs.extend(read_file(&f)?);
+    }
+    Ok(Some(docs))
+}
+
+/// The snapshot folder of dataset `repo` (`org/name`) in the Hugging Face cache.
+pub fn hub_dataset_dir(repo: &str, revision: Option<&str>) -> Result<PathBuf> {
+    let cache = occult_core::checkpoint::hub_cache_dir()
+        .context("no Hugging Face cache folder is known (set HF_HUB_CACHE or HF_HOME)")?;
+    let folder = cache.join(format!("datasets--{}", repo.replace('/', "--")));
+    let rev = revision.unwrap_or("main");
+    let commit = std::fs::read_to_string(folder.join("refs").join(rev))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| rev.to_string());
+    let snap = folder.join("snapshots").join(&commit);
+    if !snap.is_dir() {
+        bail!(
+            "dataset {repo} is not in the Hugging Face cache at {} (revision {rev:?}); fetch it \
+             with `huggingface-cli download --repo-type dataset {repo}`, or give --data TASK=PATH",
+            cache.display()
+        );
+    }
+    Ok(snap)
 }
 
 /// Where a task's documents come from.
@@ -118,16 +212,37 @@ pub enum Source {
     Path(PathBuf),
     /// The built-in samples.
     Samples,
+    /// The task's dataset in the Hugging Face cache.
+    Hub,
 }
 
 /// The eval documents and, if the task has a few-shot split there, its documents.
 pub fn load(
-    task: &str,
+    task: &super::task::TaskSpec,
     source: &Source,
-    eval_split: &str,
-    fewshot_split: Option<&str>,
 ) -> Result<(Vec<Value>, Option<Vec<Value>>)> {
+    let eval_split = task.data.eval_split.as_str();
+    let fewshot_split = task.data.fewshot_split.as_deref();
+    let config = task.data.config.as_deref();
+    let in_dir = |dir: &Path| -> Result<(Vec<Value>, Option<Vec<Value>>)> {
+        let eval = read_split(dir, eval_split, config)?.with_context(|| {
+            format!(
+                "{}: no {eval_split} split for {} ({eval_split}.jsonl, .json or \
+                 {eval_split}-*.parquet)",
+                dir.display(),
+                task.name
+            )
+        })?;
+        let few = match fewshot_split {
+            Some(s) => read_split(dir, s, config)?,
+            None => None,
+        };
+        Ok((eval, few))
+    };
+    let hub = task.data.hub.as_str();
+    let task = task.name.as_str();
     match source {
+        Source::Hub => in_dir(&hub_dataset_dir(hub, None)?),
         Source::Samples => {
             let find = |split: &str| {
                 SAMPLES
@@ -146,19 +261,7 @@ pub fn load(
             };
             Ok((eval, few))
         }
-        Source::Path(p) if p.is_dir() => {
-            let eval = split_file(p, eval_split).with_context(|| {
-                format!(
-                    "{}: no {eval_split}.jsonl or {eval_split}.json for {task}",
-                    p.display()
-                )
-            })?;
-            let few = fewshot_split
-                .and_then(|s| split_file(p, s))
-                .map(|f| read_file(&f))
-                .transpose()?;
-            Ok((read_file(&eval)?, few))
-        }
+        Source::Path(p) if p.is_dir() => in_dir(p),
         Source::Path(p) => Ok((read_file(p)?, None)),
     }
 }
