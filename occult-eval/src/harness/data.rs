@@ -25,12 +25,15 @@ builtin!(
     "boolq",
     "copa",
     "hellaswag",
+    "mathqa",
     "mmlu",
     "openbookqa",
     "piqa",
+    "race",
     "rte",
     "sciq",
     "winogrande",
+    "wsc",
 );
 
 macro_rules! samples {
@@ -53,18 +56,23 @@ samples!(
     ("copa", "train"),
     ("hellaswag", "validation"),
     ("hellaswag", "train"),
+    ("mathqa", "test"),
+    ("mathqa", "train"),
     ("mmlu", "test"),
     ("mmlu", "dev"),
     ("openbookqa", "test"),
     ("openbookqa", "train"),
     ("piqa", "validation"),
     ("piqa", "train"),
+    ("race", "test"),
     ("rte", "validation"),
     ("rte", "train"),
     ("sciq", "test"),
     ("sciq", "train"),
     ("winogrande", "validation"),
     ("winogrande", "train"),
+    ("wsc", "validation"),
+    ("wsc", "train"),
 );
 
 /// Parses JSONL or JSON text into documents; `origin` names the source in errors.

@@ -3,7 +3,11 @@
 //! - `hellaswag`: `query` and `endings_pre` (`hellaswag/utils.py`);
 //! - `winogrande`: `contexts` (the sentence up to the blank, with each option) and `target`
 //!   (the rest of the sentence);
-//! - `copa`: `text` (the premise with "because"/"therefore") and `choices_pre`.
+//! - `copa`: `text` (the premise with "because"/"therefore") and `choices_pre`;
+//! - `wsc`: `text_pre` (the passage with the pronoun starred, detokenised, and the question);
+//! - `mathqa`: `choices_pre` (the five options parsed out of `options`);
+//! - `race`: `text_pre` (the article with the earlier questions answered, then the last
+//!   question), `choices_pre` and `answer_pre` (the last question's options and answer).
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -16,6 +20,9 @@ pub enum Preprocess {
     Hellaswag,
     Winogrande,
     Copa,
+    Wsc,
+    Mathqa,
+    Race,
 }
 
 fn field<'a>(doc: &'a Value, key: &str) -> Result<&'a str> {
@@ -119,8 +126,258 @@ pub fn apply(p: Preprocess, doc: &Value) -> Result<Value> {
             ];
             obj.insert("choices_pre".into(), json!(choices));
         }
+        Preprocess::Wsc => {
+            let text = field(doc, "text")?;
+            let span2 = field(doc, "span2_text")?;
+            let span1 = field(doc, "span1_text")?;
+            let index = doc
+                .get("span2_index")
+                .and_then(Value::as_u64)
+                .context("no integer field `span2_index`")? as usize;
+            // Word indices, as the hub stores them; `post` slices characters after `pre`.
+            let pre = text
+                .split_whitespace()
+                .take(index)
+                .collect::<Vec<_>>()
+                .join(" ");
+            let skip = pre.chars().count() + span2.chars().count() + 1;
+            let post: String = text.chars().skip(skip).collect();
+            let passage = detokenize(&format!("{pre} *{span2}*{post}"));
+            obj.insert(
+                "text_pre".into(),
+                json!(format!(
+                    "Passage: {passage}\nQuestion: In the passage above, does the pronoun \
+                     \"*{span2}*\" refer to \"*{span1}*\"?\nAnswer:"
+                )),
+            );
+        }
+        Preprocess::Mathqa => {
+            let choices = mathqa_options(field(doc, "options")?);
+            obj.insert("choices_pre".into(), json!(choices));
+        }
+        Preprocess::Race => {
+            let problems = python_literal(field(doc, "problems")?)
+                .context("`problems` is not a Python literal list")?;
+            let problems = problems
+                .as_array()
+                .filter(|a| !a.is_empty())
+                .context("`problems` is not a non-empty list")?;
+            let answer_of = |p: &Value| -> Result<(usize, String)> {
+                let letter = p
+                    .get("answer")
+                    .and_then(Value::as_str)
+                    .context("a problem has no `answer`")?;
+                let i = ["A", "B", "C", "D", "E"]
+                    .iter()
+                    .position(|l| *l == letter)
+                    .with_context(|| format!("answer {letter:?} is not A-E"))?;
+                let opt = p
+                    .get("options")
+                    .and_then(|o| o.get(i))
+                    .and_then(Value::as_str)
+                    .with_context(|| format!("no option {letter}"))?;
+                Ok((i, opt.to_string()))
+            };
+            let question = |p: &Value| -> Result<String> {
+                p.get("question")
+                    .and_then(Value::as_str)
+                    .map(String::from)
+                    .context("a problem has no `question`")
+            };
+            let mut text = format!("Article: {}\n\n", field(doc, "article")?);
+            let (last, earlier) = problems.split_last().expect("non-empty");
+            for p in earlier {
+                let q = question(p)?;
+                let (_, answer) = answer_of(p)?;
+                if q.ends_with("  _  .") {
+                    // The harness appends the question's last five characters (sic).
+                    let tail: String = q
+                        .chars()
+                        .rev()
+                        .take(5)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect();
+                    text.push_str(&format!("{tail}{answer}\n"));
+                } else {
+                    text.push_str(&format!("Question: {q}\nAnswer: {answer}\n"));
+                }
+            }
+            text.push_str(&question(last)?);
+            let options: Vec<String> = (0..4)
+                .map(|i| {
+                    last.get("options")
+                        .and_then(|o| o.get(i))
+                        .and_then(Value::as_str)
+                        .map(String::from)
+                        .with_context(|| format!("the last problem has no option {i}"))
+                })
+                .collect::<Result<_>>()?;
+            obj.insert("text_pre".into(), json!(text));
+            obj.insert("choices_pre".into(), json!(options));
+            obj.insert("answer_pre".into(), json!(answer_of(last)?.0));
+        }
     }
     Ok(d)
+}
+
+/// The harness's `general_detokenize`.
+pub fn detokenize(s: &str) -> String {
+    let mut t = s
+        .replace(" n't", "n't")
+        .replace(" )", ")")
+        .replace("( ", "(")
+        .replace("\" ", "\"")
+        .replace(" \"", "\"");
+    for c in ["'", ".", ","] {
+        t = t.replace(&format!(" {c}"), c);
+    }
+    t
+}
+
+/// MathQA's options: the matches of `[abcd] \) .*?, ` and `e \) .*?$`, each without its first
+/// four characters and trailing spaces and commas.
+pub fn mathqa_options(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < s.len() {
+        let rest = &s[i..];
+        let head = rest.as_bytes();
+        let is_opt = head.len() >= 4 && &rest[1..4] == " ) ";
+        if is_opt && matches!(head[0], b'a'..=b'd') {
+            if let Some(j) = rest[4..].find(", ") {
+                let m = &rest[..4 + j + 2];
+                out.push(m[4..].trim_end_matches([' ', ',']).to_string());
+                i += m.len();
+                continue;
+            }
+        } else if is_opt && head[0] == b'e' {
+            out.push(rest[4..].trim_end_matches([' ', ',']).to_string());
+            break;
+        }
+        i += rest.chars().next().map_or(1, char::len_utf8);
+    }
+    out
+}
+
+/// Parses a Python literal of strings, numbers, booleans, None, lists and dicts (what
+/// `ast.literal_eval` reads in RACE's `problems`).
+pub fn python_literal(s: &str) -> Result<Value> {
+    let chars: Vec<char> = s.chars().collect();
+    let mut pos = 0;
+    let v = py_value(&chars, &mut pos)?;
+    skip_ws(&chars, &mut pos);
+    if pos != chars.len() {
+        bail!("trailing text at character {pos}");
+    }
+    Ok(v)
+}
+
+fn skip_ws(c: &[char], pos: &mut usize) {
+    while *pos < c.len() && c[*pos].is_whitespace() {
+        *pos += 1;
+    }
+}
+
+fn py_value(c: &[char], pos: &mut usize) -> Result<Value> {
+    skip_ws(c, pos);
+    let Some(&ch) = c.get(*pos) else {
+        bail!("unexpected end");
+    };
+    match ch {
+        '\'' | '"' => {
+            *pos += 1;
+            let mut out = String::new();
+            while let Some(&x) = c.get(*pos) {
+                *pos += 1;
+                if x == ch {
+                    return Ok(Value::String(out));
+                }
+                if x != '\\' {
+                    out.push(x);
+                    continue;
+                }
+                let e = *c.get(*pos).context("a string ends in a backslash")?;
+                *pos += 1;
+                match e {
+                    'n' => out.push('\n'),
+                    't' => out.push('\t'),
+                    'r' => out.push('\r'),
+                    'x' | 'u' => {
+                        let n = if e == 'x' { 2 } else { 4 };
+                        let hex: String = c
+                            .get(*pos..*pos + n)
+                            .context("a short escape")?
+                            .iter()
+                            .collect();
+                        *pos += n;
+                        let code = u32::from_str_radix(&hex, 16).context("a bad escape")?;
+                        out.push(char::from_u32(code).context("a bad escape")?);
+                    }
+                    other => out.push(other),
+                }
+            }
+            bail!("a string is never closed")
+        }
+        '[' | '{' => {
+            let close = if ch == '[' { ']' } else { '}' };
+            *pos += 1;
+            let mut list = Vec::new();
+            let mut map = serde_json::Map::new();
+            loop {
+                skip_ws(c, pos);
+                if c.get(*pos) == Some(&close) {
+                    *pos += 1;
+                    break;
+                }
+                let v = py_value(c, pos)?;
+                if ch == '{' {
+                    skip_ws(c, pos);
+                    if c.get(*pos) != Some(&':') {
+                        bail!("expected `:` at character {}", *pos);
+                    }
+                    *pos += 1;
+                    let key = v
+                        .as_str()
+                        .context("a dict key is not a string")?
+                        .to_string();
+                    map.insert(key, py_value(c, pos)?);
+                } else {
+                    list.push(v);
+                }
+                skip_ws(c, pos);
+                match c.get(*pos) {
+                    Some(',') => *pos += 1,
+                    Some(x) if *x == close => {}
+                    _ => bail!("expected `,` or `{close}` at character {}", *pos),
+                }
+            }
+            Ok(if ch == '[' {
+                Value::Array(list)
+            } else {
+                Value::Object(map)
+            })
+        }
+        _ => {
+            let start = *pos;
+            while *pos < c.len()
+                && !matches!(c[*pos], ',' | ']' | '}' | ':')
+                && !c[*pos].is_whitespace()
+            {
+                *pos += 1;
+            }
+            let word: String = c[start..*pos].iter().collect();
+            match word.as_str() {
+                "True" => Ok(Value::Bool(true)),
+                "False" => Ok(Value::Bool(false)),
+                "None" => Ok(Value::Null),
+                w => serde_json::from_str::<serde_json::Number>(w)
+                    .map(Value::Number)
+                    .with_context(|| format!("{w:?} is not a literal")),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -139,6 +396,42 @@ mod tests {
         let p = apply(Preprocess::Hellaswag, &d).unwrap();
         assert_eq!(p["query"], "Baking: A cook mixes flour. Then she");
         assert_eq!(p["endings_pre"], json!(["bakes it.", "pours it."]));
+    }
+
+    #[test]
+    fn wsc_mathqa_and_race_hand_checked() {
+        let d = json!({"text": "Mark told Pete many lies about himself , which Pete included in his book .",
+            "span1_index": 0, "span1_text": "Mark", "span2_index": 6, "span2_text": "himself",
+            "label": 1});
+        let p = apply(Preprocess::Wsc, &d).unwrap();
+        assert_eq!(
+            p["text_pre"],
+            "Passage: Mark told Pete many lies about *himself*, which Pete included in his book.\n\
+             Question: In the passage above, does the pronoun \"*himself*\" refer to \"*Mark*\"?\n\
+             Answer:"
+        );
+        assert_eq!(
+            detokenize("he did n't ( really ) say \" hi \" ."),
+            "he didn't (really) say\"hi\"."
+        );
+        assert_eq!(
+            mathqa_options("a ) 38 , b ) 27.6 , c ) 1,200 , d ) - 4 , e ) none"),
+            vec!["38", "27.6", "1,200", "- 4", "none"]
+        );
+        let r = json!({"article": "Tom has a cat.", "problems":
+            "[{'answer': 'B', 'options': ['a dog', 'a cat', 'a fish', 'a bird'], 'question': 'Tom has  _  .'}, {'answer': 'A', 'options': ['yes', 'no', \"don't know\", 'maybe'], 'question': 'Is it Tom\\'s?'}]"});
+        let p = apply(Preprocess::Race, &r).unwrap();
+        assert_eq!(
+            p["text_pre"],
+            "Article: Tom has a cat.\n\n _  .a cat\nIs it Tom's?"
+        );
+        assert_eq!(
+            p["choices_pre"],
+            json!(["yes", "no", "don't know", "maybe"])
+        );
+        assert_eq!(p["answer_pre"], 0);
+        assert!(python_literal("[{'a': 1, 'b': [True, None, -2.5]}]").is_ok());
+        assert!(python_literal("[{'a' 1}]").is_err());
     }
 
     #[test]
