@@ -255,3 +255,52 @@ fn cached_hub_datasets_in_parquet_score_like_the_samples() {
         "{err}"
     );
 }
+
+#[test]
+fn traced_evaluation_records_every_token_and_bench_compares_reuse() {
+    let t = tempfile::tempdir().unwrap();
+    let m = model();
+    occult_ok(
+        t.path(),
+        &[
+            "eval",
+            "--model",
+            &m,
+            "--tasks",
+            "copa,arc_easy",
+            "--samples",
+            "--output",
+            "r.json",
+            "--trace",
+            "t.safetensors",
+        ],
+    );
+    let r = read(&t.path().join("r.json"));
+    let fed: u64 = ["copa", "arc_easy"]
+        .iter()
+        .map(|k| r["results"][k]["speed"]["forward_tokens"].as_u64().unwrap())
+        .sum();
+    let trace = occult_core::trace::Trace::read(&t.path().join("t.safetensors")).unwrap();
+    // qwen2_moe's layer 0 is dense: MoE layers 1 and 2 each saw every token fed.
+    assert_eq!(trace.layer_ids(), vec![1, 2]);
+    for l in &trace.layers {
+        assert_eq!(l.tokens as u64, fed);
+        assert!(l.router_logits.is_some());
+    }
+    let out = occult_ok(
+        t.path(),
+        &[
+            "bench",
+            "eval",
+            "--model",
+            &m,
+            "--tasks",
+            "arc_easy,winogrande",
+            "--samples",
+        ],
+    );
+    assert!(
+        out.contains("tokens/item reuse") && out.contains("winogrande"),
+        "{out}"
+    );
+}

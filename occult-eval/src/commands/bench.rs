@@ -32,6 +32,10 @@ pub enum BenchCmd {
         occult model synth --family qwen2_moe --hidden 1024 --layers 8 --experts 32 -o mid\n  \
         occult bench model --model mid --against candle-transformers")]
     Model(crate::bench_model::ModelBenchArgs),
+    /// Evaluation speed with and without context reuse, side by side on the same items.
+    #[command(after_help = "Example:\n  \
+        occult bench eval --model tests/fixtures/models/olmoe --tasks hellaswag,arc_easy,mmlu --samples")]
+    Eval(super::eval::EvalArgs),
 }
 
 #[derive(Args, Debug)]
@@ -68,6 +72,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Place(a) => place(a),
         BenchCmd::Layer(a) => layer(a),
         BenchCmd::Model(a) => crate::bench_model::run(a),
+        BenchCmd::Eval(a) => super::eval::bench(a),
     }
 }
 

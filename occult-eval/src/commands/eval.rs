@@ -11,6 +11,7 @@ use crate::harness::scorer::{ScoreOptions, Scorer};
 use crate::harness::task::{Item, Metric, TaskSpec};
 use crate::table::Table;
 use anyhow::{bail, Context, Result};
+use occult_core::models::model::RoutingRecorder;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -59,6 +60,10 @@ pub struct EvalArgs {
     /// Also write per-item log-likelihoods (samples_TASK.jsonl beside --output).
     #[arg(long, requires = "output")]
     pub log_samples: bool,
+    /// Record the routing of every evaluated token into this trace (one device; requests run
+    /// one at a time, whole, so that no padding is recorded).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
 }
 
 /// One task's items, ready to score.
@@ -121,6 +126,35 @@ fn prepare(a: &EvalArgs, name: &str, sources: &BTreeMap<String, PathBuf>) -> Res
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Prepared { spec, items, shots })
+}
+
+/// Scores one task's items; `rec` records routing and is handed back.
+fn score_task(
+    m: &occult_core::models::model::Model,
+    tok: &occult_core::models::tokenizer::TextTokenizer,
+    opts: ScoreOptions,
+    p: &Prepared,
+    rec: Option<RoutingRecorder>,
+    progress: &dyn Fn(u64),
+) -> (Result<Scored, String>, Option<RoutingRecorder>) {
+    let clock = Instant::now();
+    let mut sc = Scorer::new(m, tok, opts);
+    sc.recorder = rec;
+    let mut lls = Vec::with_capacity(p.items.len());
+    for chunk in p.items.chunks(16) {
+        match sc.score(chunk) {
+            Ok(l) => lls.extend(l),
+            Err(e) => return (Err(format!("{e:#}")), sc.recorder.take()),
+        }
+        progress(chunk.len() as u64);
+    }
+    let s = Scored {
+        lls,
+        forward_tokens: sc.forward_tokens,
+        forward_passes: sc.forward_passes,
+        seconds: clock.elapsed().as_secs_f64(),
+    };
+    (Ok(s), sc.recorder.take())
 }
 
 /// Results of one task (and its groups) as the JSON `results` entry.
@@ -219,37 +253,43 @@ pub fn run(a: EvalArgs) -> Result<()> {
     if prepared.is_empty() {
         bail!("no task could be prepared");
     }
+    if a.trace.is_some() && a.model.devices != 1 {
+        bail!("--trace records on one device (routing does not depend on the device count)");
+    }
     let ck = a.model.open()?;
     let tok = ck.tokenizer()?;
     let opts = ScoreOptions {
-        reuse_context: !a.no_context_reuse,
-        batch: a.batch_size,
+        reuse_context: !a.no_context_reuse && a.trace.is_none(),
+        batch: if a.trace.is_some() { 1 } else { a.batch_size },
         add_bos: a.add_bos,
     };
     let total: usize = prepared.iter().map(|p| p.items.len()).sum();
-    let scored: Vec<Result<Scored, String>> = a.model.run(&ck, |m| {
+    let record = a.trace.is_some();
+    let (scored, routing) = a.model.run(&ck, |m| {
         let bar = crate::progress::bar(total as u64, "items");
+        let mut routing = record.then(RoutingRecorder::default);
         let out = prepared
             .iter()
             .map(|p| {
-                let clock = Instant::now();
-                let mut sc = Scorer::new(m, tok, opts);
-                let mut lls = Vec::with_capacity(p.items.len());
-                for chunk in p.items.chunks(16) {
-                    lls.extend(sc.score(chunk).map_err(|e| format!("{e:#}"))?);
-                    bar.inc(chunk.len() as u64);
-                }
-                Ok(Scored {
-                    lls,
-                    forward_tokens: sc.forward_tokens,
-                    forward_passes: sc.forward_passes,
-                    seconds: clock.elapsed().as_secs_f64(),
-                })
+                let (s, r) = score_task(m, tok, opts, p, routing.take(), &|n| bar.inc(n));
+                routing = r;
+                s
             })
-            .collect();
+            .collect::<Vec<_>>();
         bar.finish_and_clear();
-        Ok(out)
+        Ok((out, routing))
     })?;
+    if let (Some(path), Some(rec)) = (&a.trace, routing) {
+        let trace = crate::commands::profile::trace_of(
+            rec,
+            &ck.cfg,
+            &ck.name,
+            &format!("occult eval --tasks {}", a.tasks.join(",")),
+            true,
+        );
+        trace.write(path)?;
+        eprintln!("routing of the evaluated text -> {}", path.display());
+    }
     let mut results = serde_json::Map::new();
     let mut table = Table::new(&["task", "n", "shots", "metric", "value", "stderr", "items/s"]);
     let mut all_samples = Vec::new();
@@ -327,6 +367,96 @@ pub fn run(a: EvalArgs) -> Result<()> {
             a.tasks.len(),
             errors.keys().cloned().collect::<Vec<_>>().join(", ")
         );
+    }
+    Ok(())
+}
+
+/// `occult bench eval`: the same tasks scored with and without context reuse in one run, side
+/// by side: forward tokens per item, forward passes, items/s, and the largest difference in a
+/// log-likelihood between the two.
+pub fn bench(a: EvalArgs) -> Result<()> {
+    let mut sources = BTreeMap::new();
+    for d in &a.data {
+        let (t, p) = d
+            .split_once('=')
+            .with_context(|| format!("--data {d:?} is not TASK=PATH"))?;
+        sources.insert(t.to_string(), PathBuf::from(p));
+    }
+    let prepared = a
+        .tasks
+        .iter()
+        .map(|t| prepare(&a, t, &sources).with_context(|| format!("task {t}")))
+        .collect::<Result<Vec<_>>>()?;
+    let ck = a.model.open()?;
+    let tok = ck.tokenizer()?;
+    let mk = |reuse| ScoreOptions {
+        reuse_context: reuse,
+        batch: a.batch_size,
+        add_bos: a.add_bos,
+    };
+    let runs = a.model.run(&ck, |m| {
+        let mut out = Vec::new();
+        for p in &prepared {
+            let mut pair = Vec::new();
+            for reuse in [true, false] {
+                let (s, _) = score_task(m, tok, mk(reuse), p, None, &|_| {});
+                pair.push(s.map_err(anyhow::Error::msg)?);
+            }
+            out.push(pair);
+        }
+        Ok(out)
+    })?;
+    let mut table = Table::new(&[
+        "task",
+        "items",
+        "tokens/item reuse",
+        "tokens/item whole",
+        "ratio",
+        "passes reuse",
+        "passes whole",
+        "items/s reuse",
+        "items/s whole",
+        "max |dll|",
+    ]);
+    let mut rows = Vec::new();
+    for (p, pair) in prepared.iter().zip(&runs) {
+        let n = p.items.len() as f64;
+        let (r, w) = (&pair[0], &pair[1]);
+        let dll = r
+            .lls
+            .iter()
+            .flatten()
+            .zip(w.lls.iter().flatten())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        let row = json!({
+            "task": p.spec.name, "items": p.items.len(),
+            "forward_tokens_per_item": {"reuse": r.forward_tokens as f64 / n, "whole": w.forward_tokens as f64 / n},
+            "forward_passes": {"reuse": r.forward_passes, "whole": w.forward_passes},
+            "items_per_s": {"reuse": n / r.seconds.max(1e-9), "whole": n / w.seconds.max(1e-9)},
+            "max_abs_loglikelihood_diff": dll,
+        });
+        table.row(vec![
+            p.spec.name.clone(),
+            p.items.len().to_string(),
+            format!("{:.1}", r.forward_tokens as f64 / n),
+            format!("{:.1}", w.forward_tokens as f64 / n),
+            format!(
+                "{:.3}",
+                r.forward_tokens as f64 / w.forward_tokens.max(1) as f64
+            ),
+            r.forward_passes.to_string(),
+            w.forward_passes.to_string(),
+            format!("{:.2}", n / r.seconds.max(1e-9)),
+            format!("{:.2}", n / w.seconds.max(1e-9)),
+            format!("{dll:.1e}"),
+        ]);
+        rows.push(row);
+    }
+    println!("{}", table.render());
+    if let Some(out) = &a.output {
+        let report = json!({"model": ck.name, "batch_size": a.batch_size, "results": rows});
+        super::write_json(out, &super::with_provenance(report))?;
     }
     Ok(())
 }

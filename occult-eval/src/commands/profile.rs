@@ -109,11 +109,36 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         bar.finish_and_clear();
         Ok(rec)
     })?;
+    let trace = trace_of(
+        rec,
+        &cfg,
+        &ck.name,
+        &a.data.display().to_string(),
+        !a.no_logits,
+    );
+    trace.write(&a.output)?;
+    eprintln!(
+        "profiled {total} tokens in {} windows over {} MoE layers -> {}",
+        windows.len(),
+        trace.layers.len(),
+        a.output.display()
+    );
+    Ok(())
+}
+
+/// A routing trace of what a recorder saw.
+pub fn trace_of(
+    rec: RoutingRecorder,
+    cfg: &occult_core::models::config::ModelConfig,
+    model: &str,
+    data: &str,
+    logits: bool,
+) -> Trace {
     let meta = TraceMeta {
         num_experts: cfg.moe.num_experts,
         top_k: cfg.moe.top_k,
-        model: Some(ck.name.clone()),
-        data: Some(a.data.display().to_string()),
+        model: Some(model.to_string()),
+        data: Some(data.to_string()),
         num_ranks: None,
         extra: Default::default(),
     };
@@ -125,16 +150,8 @@ pub fn run(a: ProfileArgs) -> Result<()> {
             tokens: r.tokens,
             topk_ids: r.ids,
             topk_weights: Some(r.weights),
-            router_logits: (!a.no_logits).then_some(r.logits),
+            router_logits: logits.then_some(r.logits),
         })
         .collect();
-    let trace = Trace { meta, layers };
-    trace.write(&a.output)?;
-    eprintln!(
-        "profiled {total} tokens in {} windows over {} MoE layers -> {}",
-        windows.len(),
-        trace.layers.len(),
-        a.output.display()
-    );
-    Ok(())
+    Trace { meta, layers }
 }

@@ -12,7 +12,7 @@ use super::task::Item;
 use crate::loglik::{encode, input_window, score_from_logits, Encoded};
 use anyhow::{Context, Result};
 use candle::{DType, Device, Tensor};
-use occult_core::models::model::{Logits, Model};
+use occult_core::models::model::{Logits, Model, RoutingRecorder};
 use occult_core::models::tokenizer::TextTokenizer;
 
 /// How to score.
@@ -32,6 +32,9 @@ pub struct Scorer<'a> {
     /// Real (unpadded) tokens fed to the model.
     pub forward_tokens: u64,
     pub forward_passes: u64,
+    /// Records the routing of every token fed (use batch 1 without reuse so that no padding
+    /// is recorded).
+    pub recorder: Option<RoutingRecorder>,
 }
 
 impl<'a> Scorer<'a> {
@@ -42,6 +45,7 @@ impl<'a> Scorer<'a> {
             opts,
             forward_tokens: 0,
             forward_passes: 0,
+            recorder: None,
         }
     }
 
@@ -100,7 +104,7 @@ impl<'a> Scorer<'a> {
         let ids = Tensor::from_vec(ids, (reqs.len(), width), &Device::Cpu)?;
         let logits = self
             .model
-            .forward(&ids, None, None, Logits::All)?
+            .forward(&ids, None, self.recorder.as_mut(), Logits::All)?
             .to_dtype(DType::F32)?;
         self.forward_passes += 1;
         reqs.iter()
@@ -121,7 +125,7 @@ impl<'a> Scorer<'a> {
         let ids = Tensor::from_slice(ctx, (1, ctx.len()), &Device::Cpu)?;
         let last = self
             .model
-            .forward(&ids, Some(&mut cache), None, Logits::Last)?
+            .forward(&ids, Some(&mut cache), self.recorder.as_mut(), Logits::Last)?
             .to_dtype(DType::F32)?
             .squeeze(0)?; // [1, V]
         self.forward_tokens += ctx.len() as u64;
@@ -148,7 +152,12 @@ impl<'a> Scorer<'a> {
             self.forward_passes += 1;
             Some(
                 self.model
-                    .forward(&ids, Some(&mut batch_cache), None, Logits::All)?
+                    .forward(
+                        &ids,
+                        Some(&mut batch_cache),
+                        self.recorder.as_mut(),
+                        Logits::All,
+                    )?
                     .to_dtype(DType::F32)?,
             )
         };
