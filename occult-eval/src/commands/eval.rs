@@ -200,11 +200,51 @@ fn summarise(p: &Prepared, s: &Scored) -> (Value, Vec<Value>) {
             }
             so.insert("n".into(), json!(x.n));
             subs.insert(format!("{}_{g}", p.spec.name), Value::Object(so));
-            pa.push(x);
-            pn.push(y);
+            pa.push((g.clone(), x));
+            pn.push((g.clone(), y));
         }
+        let cats = &p.spec.data.categories;
+        let top = if cats.is_empty() {
+            (
+                pooled(&pa.iter().map(|e| e.1).collect::<Vec<_>>()),
+                pooled(&pn.iter().map(|e| e.1).collect::<Vec<_>>()),
+            )
+        } else {
+            // Categories pool their groups; the task pools the categories (and any group in
+            // no category), as the harness's nested groups do.
+            let mut ta = Vec::new();
+            let mut tn = Vec::new();
+            for (cat, members) in cats {
+                let pick = |v: &[(String, Estimate)]| -> Vec<Estimate> {
+                    v.iter()
+                        .filter(|(g, _)| members.contains(g))
+                        .map(|e| e.1)
+                        .collect()
+                };
+                let (ca, cn) = (pick(&pa), pick(&pn));
+                if ca.is_empty() {
+                    continue;
+                }
+                let (x, y) = (pooled(&ca), pooled(&cn));
+                let mut so = serde_json::Map::new();
+                for m in &p.spec.metrics {
+                    match m {
+                        Metric::Acc => put(&mut so, "acc", x),
+                        Metric::AccNorm => put(&mut so, "acc_norm", y),
+                    }
+                }
+                so.insert("n".into(), json!(x.n));
+                subs.insert(format!("{}_{cat}", p.spec.name), Value::Object(so));
+                ta.push(x);
+                tn.push(y);
+            }
+            let listed = |g: &String| cats.values().any(|m| m.contains(g));
+            ta.extend(pa.iter().filter(|(g, _)| !listed(g)).map(|e| e.1));
+            tn.extend(pn.iter().filter(|(g, _)| !listed(g)).map(|e| e.1));
+            (pooled(&ta), pooled(&tn))
+        };
         o.insert("subtasks".into(), Value::Object(subs));
-        (pooled(&pa), pooled(&pn))
+        top
     };
     for m in &p.spec.metrics {
         match m {

@@ -31,6 +31,10 @@ pub struct DataSpec {
     /// come from the same group, and results are reported per group and pooled.
     #[serde(default)]
     pub group_field: Option<String>,
+    /// Groups of groups (MMLU's four categories of subjects): each is reported, and the
+    /// task's figure pools the categories.
+    #[serde(default)]
+    pub categories: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// How the gold answer is found.
