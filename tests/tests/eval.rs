@@ -153,7 +153,7 @@ fn bad_tasks_are_reported_and_good_ones_go_on() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("piqa.jsonl: document 1") && err.contains("no field `sol2`"),
+        err.contains("piqa.jsonl row 1") && err.contains("no field `sol2`"),
         "{err}"
     );
     assert!(
@@ -199,6 +199,40 @@ fn bad_tasks_are_reported_and_good_ones_go_on() {
         err.contains("gold index 7 is out of range for 2 choices"),
         "{err}"
     );
+    // Few-shot examples need the declared few-shot split; a single file has none.
+    std::fs::write(
+        d.join("mm.jsonl"),
+        "{\"question\": \"Q\", \"subject\": \"anatomy\", \"choices\": [\"a\", \"b\", \"c\", \"d\"], \"answer\": 0}\n",
+    )
+    .unwrap();
+    let err = String::from_utf8_lossy(
+        &run(&[
+            "--tasks",
+            "mmlu",
+            "--data",
+            "mmlu=mm.jsonl",
+            "--num-fewshot",
+            "2",
+        ])
+        .stderr,
+    )
+    .to_string();
+    assert!(err.contains("2-shot mmlu needs its dev split"), "{err}");
+    let err = String::from_utf8_lossy(&run(&["--tasks", "rte", "--data", "piqa=x.jsonl"]).stderr)
+        .to_string();
+    assert!(
+        err.contains("--data names \"piqa\", which is not among --tasks"),
+        "{err}"
+    );
+    // --limit applies per MMLU subject.
+    let out = run(&["--tasks", "mmlu", "--samples", "--limit", "1"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = read(&d.join("r.json"));
+    assert_eq!(r["results"]["mmlu"]["n"], 2);
     // A broken task file.
     std::fs::write(d.join("mine.toml"), "name = \"mine\"\n[prompt]\ntext = 3\n").unwrap();
     let err =

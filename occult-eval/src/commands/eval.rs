@@ -106,23 +106,47 @@ fn prepare(a: &EvalArgs, name: &str, sources: &BTreeMap<String, PathBuf>) -> Res
         (None, true) => Source::Samples,
         (None, false) => Source::Hub,
     };
-    let origin = match &source {
-        Source::Path(p) => p.display().to_string(),
-        Source::Samples => format!("samples/{}", spec.name),
-        Source::Hub => format!("the cached dataset {}", spec.data.hub),
-    };
     let (eval, few) = data::load(&spec, &source)?;
-    let eval = spec.prepare(&eval, &origin)?;
-    let few = few.map(|f| spec.prepare(&f, &origin)).transpose()?;
     let shots = a.num_fewshot.unwrap_or(spec.prompt.num_fewshot);
-    let n = a.limit.map_or(eval.len(), |l| l.min(eval.len()));
-    if n == 0 {
-        bail!("{origin}: no documents to score");
+    let eval_split = &spec.data.eval_split;
+    if let Some(fs) = spec
+        .data
+        .fewshot_split
+        .as_ref()
+        .filter(|s| *s != eval_split)
+    {
+        if few.is_none() && shots > 0 {
+            bail!(
+                "{shots}-shot {} needs its {fs} split for the examples, and the data has none \
+                 (give --data {}=FOLDER with {eval_split} and {fs} files, or --num-fewshot 0)",
+                spec.name,
+                spec.name
+            );
+        }
     }
-    let items = (0..n)
+    let docs = spec.prepare(&eval.docs, &eval.origins)?;
+    let few = few.map(|f| spec.prepare(&f.docs, &f.origins)).transpose()?;
+    // --limit applies per group (each MMLU subject), as the harness limits each subtask.
+    let mut taken: BTreeMap<Option<String>, usize> = BTreeMap::new();
+    let selected: Vec<usize> = (0..docs.len())
+        .filter(|&i| {
+            let g = spec.data.group_field.as_ref().and_then(|f| {
+                crate::harness::template::lookup(&docs[i], f)
+                    .and_then(crate::harness::template::as_text)
+            });
+            let n = taken.entry(g).or_default();
+            *n += 1;
+            a.limit.is_none_or(|l| *n <= l)
+        })
+        .collect();
+    if selected.is_empty() {
+        bail!("no documents to score in {}", spec.name);
+    }
+    let items = selected
+        .into_iter()
         .map(|i| {
-            spec.item(&eval, i, few.as_deref(), shots, a.seed)
-                .with_context(|| format!("{origin}: document {i}"))
+            spec.item(&docs, i, few.as_deref(), shots, a.seed)
+                .with_context(|| eval.origins[i].clone())
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Prepared { spec, items, shots })
@@ -278,6 +302,15 @@ pub fn run(a: EvalArgs) -> Result<()> {
     if a.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
+    for t in sources.keys() {
+        let named = a
+            .tasks
+            .iter()
+            .any(|n| n == t || Path::new(n).file_stem().is_some_and(|s| s == t.as_str()));
+        if !named {
+            bail!("--data names {t:?}, which is not among --tasks");
+        }
+    }
     // Tasks that cannot be prepared are reported; the others go on.
     let mut errors: BTreeMap<String, String> = BTreeMap::new();
     let mut prepared = Vec::new();
@@ -372,8 +405,8 @@ pub fn run(a: EvalArgs) -> Result<()> {
             "tasks": a.tasks,
             "num_fewshot": a.num_fewshot,
             "limit": a.limit,
-            "batch_size": a.batch_size,
-            "context_reuse": !a.no_context_reuse,
+            "batch_size": opts.batch,
+            "context_reuse": opts.reuse_context,
             "seed": a.seed,
             "add_bos": a.add_bos,
             "devices": a.model.devices,

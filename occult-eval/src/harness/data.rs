@@ -172,23 +172,54 @@ pub fn split_files(dir: &Path, split: &str, config: Option<&str>) -> Vec<PathBuf
             })
             .cloned()
             .collect();
-        if !under.is_empty() {
-            hits = under;
-        }
+        hits = if under.is_empty() {
+            // No folder for this configuration: only files that belong to no other
+            // configuration (at the top, or under `data/`) will do.
+            hits.into_iter()
+                .filter(|p| {
+                    let rel = p.strip_prefix(dir).unwrap_or(p);
+                    let parts: Vec<_> = rel.components().collect();
+                    parts.len() == 1 || (parts.len() == 2 && parts[0].as_os_str() == "data")
+                })
+                .collect()
+        } else {
+            under
+        };
     }
     hits.sort();
     hits
 }
 
+/// Documents with where each came from (file and row), for error messages.
+#[derive(Clone, Debug, Default)]
+pub struct Docs {
+    pub docs: Vec<Value>,
+    pub origins: Vec<String>,
+}
+
+impl Docs {
+    fn add(&mut self, origin: &str, docs: Vec<Value>) {
+        self.origins
+            .extend((0..docs.len()).map(|r| format!("{origin} row {r}")));
+        self.docs.extend(docs);
+    }
+
+    fn of(origin: &str, docs: Vec<Value>) -> Self {
+        let mut d = Docs::default();
+        d.add(origin, docs);
+        d
+    }
+}
+
 /// The documents of `split` below `dir` (all its shards, in name order), if any.
-fn read_split(dir: &Path, split: &str, config: Option<&str>) -> Result<Option<Vec<Value>>> {
+fn read_split(dir: &Path, split: &str, config: Option<&str>) -> Result<Option<Docs>> {
     let files = split_files(dir, split, config);
     if files.is_empty() {
         return Ok(None);
     }
-    let mut docs = Vec::new();
+    let mut docs = Docs::default();
     for f in files {
-        docs.extend(read_file(&f)?);
+        docs.add(&f.display().to_string(), read_file(&f)?);
     }
     Ok(Some(docs))
 }
@@ -224,15 +255,16 @@ pub enum Source {
     Hub,
 }
 
-/// The eval documents and, if the task has a few-shot split there, its documents.
-pub fn load(
-    task: &super::task::TaskSpec,
-    source: &Source,
-) -> Result<(Vec<Value>, Option<Vec<Value>>)> {
+/// The eval documents and, if the task has a separate few-shot split there, its documents.
+pub fn load(task: &super::task::TaskSpec, source: &Source) -> Result<(Docs, Option<Docs>)> {
     let eval_split = task.data.eval_split.as_str();
-    let fewshot_split = task.data.fewshot_split.as_deref();
+    let fewshot_split = task
+        .data
+        .fewshot_split
+        .as_deref()
+        .filter(|s| *s != eval_split);
     let config = task.data.config.as_deref();
-    let in_dir = |dir: &Path| -> Result<(Vec<Value>, Option<Vec<Value>>)> {
+    let in_dir = |dir: &Path| -> Result<(Docs, Option<Docs>)> {
         let eval = read_split(dir, eval_split, config)?.with_context(|| {
             format!(
                 "{}: no {eval_split} split for {} ({eval_split}.jsonl, .json or \
@@ -267,9 +299,13 @@ pub fn load(
                 Some(s) => find(s)?,
                 None => None,
             };
-            Ok((eval, few))
+            let origin = |s: &str| format!("samples/{task}/{s}.jsonl");
+            Ok((
+                Docs::of(&origin(eval_split), eval),
+                few.map(|f| Docs::of(&origin(fewshot_split.unwrap_or_default()), f)),
+            ))
         }
         Source::Path(p) if p.is_dir() => in_dir(p),
-        Source::Path(p) => Ok((read_file(p)?, None)),
+        Source::Path(p) => Ok((Docs::of(&p.display().to_string(), read_file(p)?), None)),
     }
 }

@@ -58,7 +58,8 @@ pub fn pooled(parts: &[Estimate]) -> Estimate {
     let n: usize = parts.iter().map(|p| p.n).sum();
     let k = parts.len();
     let value = parts.iter().map(|p| p.value * p.n as f64).sum::<f64>() / n.max(1) as f64;
-    let stderr = (n > k).then(|| {
+    // The harness reports a group's stderr as N/A if any member's is.
+    let stderr = (n > k && parts.iter().all(|p| p.stderr.is_some())).then(|| {
         let s: f64 = parts
             .iter()
             .map(|p| (p.n as f64 - 1.0) * p.n as f64 * p.stderr.unwrap_or(0.0).powi(2))

@@ -37,14 +37,18 @@ pub fn hellaswag_pre(text: &str) -> String {
     let t = text.trim().replace(" [title]", ". ");
     let mut out = String::with_capacity(t.len());
     let mut rest = t.as_str();
-    // Non-greedy `\[.*?\]`: from each `[` to the next `]`.
+    // Non-greedy `\[.*?\]` (`.` stops at newlines): from a `[` to the next `]` on its line.
     while let Some(i) = rest.find('[') {
-        match rest[i..].find(']') {
+        let line_end = rest[i..].find('\n').map_or(rest.len(), |n| i + n);
+        match rest[i..line_end].find(']') {
             Some(j) => {
                 out.push_str(&rest[..i]);
                 rest = &rest[i + j + 1..];
             }
-            None => break,
+            None => {
+                out.push_str(&rest[..=i]);
+                rest = &rest[i + 1..];
+            }
         }
     }
     out.push_str(rest);
@@ -244,7 +248,7 @@ pub fn mathqa_options(s: &str) -> Vec<String> {
     while i < s.len() {
         let rest = &s[i..];
         let head = rest.as_bytes();
-        let is_opt = head.len() >= 4 && &rest[1..4] == " ) ";
+        let is_opt = head.len() >= 4 && &head[1..4] == b" ) ";
         if is_opt && matches!(head[0], b'a'..=b'd') {
             if let Some(j) = rest[4..].find(", ") {
                 let m = &rest[..4 + j + 2];
@@ -391,6 +395,8 @@ mod tests {
             "Cooking. Add salt then stir."
         );
         assert_eq!(capitalize("tHE man"), "The man");
+        // A `[` without a `]` on its line stays.
+        assert_eq!(hellaswag_pre("a [b\nc] d"), "a [b\nc] d");
         let d = json!({"activity_label": "Baking", "ctx_a": "A cook mixes flour.",
             "ctx_b": "tHEN she", "endings": ["bakes [x]it.", " pours  it."]});
         let p = apply(Preprocess::Hellaswag, &d).unwrap();
@@ -431,6 +437,7 @@ mod tests {
         );
         assert_eq!(p["answer_pre"], 0);
         assert!(python_literal("[{'a': 1, 'b': [True, None, -2.5]}]").is_ok());
+        assert_eq!(mathqa_options("é ) x , e ) y"), vec!["y"]);
         assert!(python_literal("[{'a' 1}]").is_err());
     }
 

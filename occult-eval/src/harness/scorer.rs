@@ -73,7 +73,8 @@ impl<'a> Scorer<'a> {
                 .iter()
                 .all(|r| r.context.len() + r.continuation.len() <= self.max_len() + 1);
             let same_ctx = e.windows(2).all(|w| w[0].context == w[1].context);
-            if self.opts.reuse_context && it.shared_context() && same_ctx && fits {
+            let has_tokens = e.iter().all(|r| !r.continuation.is_empty());
+            if self.opts.reuse_context && it.shared_context() && same_ctx && fits && has_tokens {
                 out[i] = self.reuse(e)?;
             } else {
                 plain.extend((0..e.len()).map(|j| (i, j)));

@@ -266,13 +266,11 @@ impl TaskSpec {
         ))
     }
 
-    /// Preprocesses documents (`origin` names their source in errors).
-    pub fn prepare(&self, docs: &[Value], origin: &str) -> Result<Vec<Value>> {
+    /// Preprocesses documents; `origins` name each one's file and row in errors.
+    pub fn prepare(&self, docs: &[Value], origins: &[String]) -> Result<Vec<Value>> {
         docs.iter()
-            .enumerate()
-            .map(|(i, d)| {
-                apply(self.prompt.preprocess, d).with_context(|| format!("{origin}: document {i}"))
-            })
+            .zip(origins)
+            .map(|(d, o)| apply(self.prompt.preprocess, d).with_context(|| o.clone()))
             .collect()
     }
 
@@ -441,7 +439,7 @@ gold = { field = "answer", among = ["1", "2"] }
             .prepare(
                 &[json!({"sentence": "Tom gave Al a pen because _ had two.",
                     "option1": "Tom", "option2": "Al", "answer": "1"})],
-                "w",
+                &["w row 0".to_string()],
             )
             .unwrap();
         let it = t.item(&docs, 0, None, 0, 0).unwrap();
