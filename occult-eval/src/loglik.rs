@@ -88,12 +88,15 @@ pub fn input_window(e: &Encoded, max_len: usize) -> Result<(Vec<u32>, usize)> {
             e.continuation.len()
         );
     }
+    if e.context.is_empty() {
+        bail!("the context has no tokens (an empty context takes the prefix token)");
+    }
     let all: Vec<u32> = e.context.iter().chain(&e.continuation).copied().collect();
     let start = all.len().saturating_sub(max_len + 1);
     let input = all[start..all.len() - 1].to_vec();
-    // The continuation's first token is predicted at this input position.
-    let first = input.len() + 1 - e.continuation.len();
-    Ok((input, first - 1))
+    // The continuation's first token is predicted at the position just before it.
+    let first = input.len() - (e.continuation.len() - 1) - 1;
+    Ok((input, first))
 }
 
 /// Scores one request from the logits `[T, V]` of its input window.

@@ -1,3 +1,4 @@
 //! Shared pieces of Occult's cross-crate tests; the tests themselves live in `tests/tests/`.
 
 pub mod parity;
+pub mod placements;

@@ -10,7 +10,7 @@ use occult_core::dispatch::DispatchMode;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
 use occult_eval::loglik;
-use rand::SeedableRng;
+use occult_tests::placements::random_maps;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -167,18 +167,9 @@ fn expert_parallel_logits_match_transformers_under_random_placements() {
         let cfg = ck.cfg.clone();
         let dense = DenseParts::load(&ck.weights, &cfg).unwrap();
         for d in [2usize, 4] {
-            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(d as u64);
-            let maps: BTreeMap<usize, Vec<u32>> = (0..cfg.num_layers)
-                .filter(|&l| cfg.moe_layers[l])
-                .map(|l| {
-                    let map =
-                        occult_core::placement::random_balanced(cfg.moe.num_experts, d, &mut rng);
-                    (l, map)
-                })
-                .collect();
             let setup = MoeSetup {
                 mode: Some(DispatchMode::Occult),
-                maps,
+                maps: random_maps(&cfg, d, d as u64),
                 num_devices: d,
                 prune: BTreeMap::new(),
             };

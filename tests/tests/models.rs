@@ -11,6 +11,7 @@ use occult_core::models::config::Family;
 use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
 use occult_core::models::synth::SynthModel;
 use occult_core::weights::Weights;
+use occult_tests::placements::random_maps;
 use rand::SeedableRng;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -117,19 +118,9 @@ fn ep_logits(dir: &Path, d: usize, mode: DispatchMode, seed: u64, seq: &[u32]) -
     let w = Arc::new(weights(dir));
     let cfg = occult_core::models::config::ModelConfig::read(&dir.join("config.json")).unwrap();
     let dense = DenseParts::load(&w, &cfg).unwrap();
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let maps: BTreeMap<usize, Vec<u32>> = (0..cfg.num_layers)
-        .filter(|&l| cfg.moe_layers[l])
-        .map(|l| {
-            (
-                l,
-                occult_core::placement::random_balanced(cfg.moe.num_experts, d, &mut rng),
-            )
-        })
-        .collect();
     let setup = MoeSetup {
         mode: Some(mode),
-        maps,
+        maps: random_maps(&cfg, d, seed),
         num_devices: d,
         prune: BTreeMap::new(),
     };
@@ -267,15 +258,8 @@ fn pruned_expert_parallel_runs_match_the_pruned_reference() {
     let w = weights(t.path());
     let seq = tokens(13, cfg.vocab_size, 9);
     let d = 4;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
-    let moe: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.moe_layers[l]).collect();
-    let maps: BTreeMap<usize, Vec<u32>> = moe
-        .iter()
-        .map(|&l| {
-            let map = occult_core::placement::random_balanced(cfg.moe.num_experts, d, &mut rng);
-            (l, map)
-        })
-        .collect();
+    let maps = random_maps(&cfg, d, 5);
+    let moe: Vec<usize> = maps.keys().copied().collect();
     // A similarity table from the model's own routing.
     let base = Model::load_reference(&w, &cfg).unwrap();
     let mut rec = occult_core::models::model::RoutingRecorder::default();

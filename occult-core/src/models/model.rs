@@ -12,7 +12,7 @@
 use super::attention::{Attention, LayerCache};
 use super::config::ModelConfig;
 use super::layers::{linear, rms_norm, Rope};
-use super::{names_of, MoeNames};
+use super::names_of;
 use crate::comm::Communicator;
 use crate::dispatch::DispatchMode;
 use crate::exchange::exchange_rows;
@@ -612,9 +612,4 @@ fn swiglu_3d(x: &Tensor, m: &DenseMlp) -> Result<Tensor> {
     let (b, t, h) = x.dims3()?;
     let y = swiglu(&x.reshape((b * t, h))?, &m.gate, &m.up, &m.down)?;
     Ok(y.reshape((b, t, h))?)
-}
-
-/// Looks up a model's MoE weight names (for callers outside the module).
-pub fn moe_names(cfg: &ModelConfig) -> MoeNames {
-    names_of(cfg.family)
 }

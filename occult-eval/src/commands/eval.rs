@@ -152,6 +152,28 @@ fn prepare(a: &EvalArgs, name: &str, sources: &BTreeMap<String, PathBuf>) -> Res
     Ok(Prepared { spec, items, shots })
 }
 
+/// The `--data TASK=PATH` sources, each naming one of `--tasks`; checks `--batch-size`.
+fn data_sources(a: &EvalArgs) -> Result<BTreeMap<String, PathBuf>> {
+    if a.batch_size == 0 {
+        bail!("--batch-size must be at least 1");
+    }
+    let mut sources = BTreeMap::new();
+    for d in &a.data {
+        let (t, p) = d
+            .split_once('=')
+            .with_context(|| format!("--data {d:?} is not TASK=PATH"))?;
+        let named = a
+            .tasks
+            .iter()
+            .any(|n| n == t || Path::new(n).file_stem().is_some_and(|s| s == t));
+        if !named {
+            bail!("--data names {t:?}, which is not among --tasks");
+        }
+        sources.insert(t.to_string(), PathBuf::from(p));
+    }
+    Ok(sources)
+}
+
 /// Scores one task's items; `rec` records routing and is handed back.
 fn score_task(
     m: &occult_core::models::model::Model,
@@ -201,82 +223,64 @@ fn summarise(p: &Prepared, s: &Scored) -> (Value, Vec<Value>) {
             "acc": a, "acc_norm": n}),
         );
     }
-    let put = |o: &mut serde_json::Map<String, Value>, key: &str, e: Estimate| {
-        o.insert(key.into(), json!(e.value));
-        o.insert(format!("{key}_stderr"), json!(e.stderr));
+    // A task's, group's or category's figures: its metrics with stderr, and its size.
+    let figures = |x: Estimate, y: Estimate| {
+        let mut o = serde_json::Map::new();
+        for m in &p.spec.metrics {
+            let (key, e) = match m {
+                Metric::Acc => ("acc", x),
+                Metric::AccNorm => ("acc_norm", y),
+            };
+            o.insert(key.into(), json!(e.value));
+            o.insert(format!("{key}_stderr"), json!(e.stderr));
+        }
+        o.insert("n".into(), json!(x.n));
+        o
     };
-    let mut o = serde_json::Map::new();
-    let (ea, en) = if by_group.is_empty() {
-        (mean_stderr(&acc), mean_stderr(&norm))
+    let (top, subs) = if by_group.is_empty() {
+        ((mean_stderr(&acc), mean_stderr(&norm)), None)
     } else {
         // Groups: each subtask's mean, then the size-weighted pool.
         let mut subs = serde_json::Map::new();
-        let mut pa = Vec::new();
-        let mut pn = Vec::new();
+        let mut groups: Vec<(&String, Estimate, Estimate)> = Vec::new();
         for (g, (a, n)) in &by_group {
             let (x, y) = (mean_stderr(a), mean_stderr(n));
-            let mut so = serde_json::Map::new();
-            for m in &p.spec.metrics {
-                match m {
-                    Metric::Acc => put(&mut so, "acc", x),
-                    Metric::AccNorm => put(&mut so, "acc_norm", y),
-                }
-            }
-            so.insert("n".into(), json!(x.n));
-            subs.insert(format!("{}_{g}", p.spec.name), Value::Object(so));
-            pa.push((g.clone(), x));
-            pn.push((g.clone(), y));
+            subs.insert(format!("{}_{g}", p.spec.name), Value::Object(figures(x, y)));
+            groups.push((g, x, y));
         }
+        // Categories pool their groups; the task pools the categories and any group in no
+        // category, as the harness's nested groups do.
         let cats = &p.spec.data.categories;
-        let top = if cats.is_empty() {
-            (
-                pooled(&pa.iter().map(|e| e.1).collect::<Vec<_>>()),
-                pooled(&pn.iter().map(|e| e.1).collect::<Vec<_>>()),
-            )
-        } else {
-            // Categories pool their groups; the task pools the categories (and any group in
-            // no category), as the harness's nested groups do.
-            let mut ta = Vec::new();
-            let mut tn = Vec::new();
-            for (cat, members) in cats {
-                let pick = |v: &[(String, Estimate)]| -> Vec<Estimate> {
-                    v.iter()
-                        .filter(|(g, _)| members.contains(g))
-                        .map(|e| e.1)
-                        .collect()
-                };
-                let (ca, cn) = (pick(&pa), pick(&pn));
-                if ca.is_empty() {
-                    continue;
-                }
-                let (x, y) = (pooled(&ca), pooled(&cn));
-                let mut so = serde_json::Map::new();
-                for m in &p.spec.metrics {
-                    match m {
-                        Metric::Acc => put(&mut so, "acc", x),
-                        Metric::AccNorm => put(&mut so, "acc_norm", y),
-                    }
-                }
-                so.insert("n".into(), json!(x.n));
-                subs.insert(format!("{}_{cat}", p.spec.name), Value::Object(so));
-                ta.push(x);
-                tn.push(y);
+        let mut parts: Vec<(Estimate, Estimate)> = Vec::new();
+        for (cat, members) in cats {
+            let (ca, cn): (Vec<Estimate>, Vec<Estimate>) = groups
+                .iter()
+                .filter(|(g, _, _)| members.contains(g))
+                .map(|&(_, x, y)| (x, y))
+                .unzip();
+            if ca.is_empty() {
+                continue;
             }
-            let listed = |g: &String| cats.values().any(|m| m.contains(g));
-            ta.extend(pa.iter().filter(|(g, _)| !listed(g)).map(|e| e.1));
-            tn.extend(pn.iter().filter(|(g, _)| !listed(g)).map(|e| e.1));
-            (pooled(&ta), pooled(&tn))
-        };
-        o.insert("subtasks".into(), Value::Object(subs));
-        top
-    };
-    for m in &p.spec.metrics {
-        match m {
-            Metric::Acc => put(&mut o, "acc", ea),
-            Metric::AccNorm => put(&mut o, "acc_norm", en),
+            let (x, y) = (pooled(&ca), pooled(&cn));
+            subs.insert(
+                format!("{}_{cat}", p.spec.name),
+                Value::Object(figures(x, y)),
+            );
+            parts.push((x, y));
         }
+        parts.extend(
+            groups
+                .iter()
+                .filter(|(g, _, _)| !cats.values().any(|m| m.contains(g)))
+                .map(|&(_, x, y)| (x, y)),
+        );
+        let (ta, tn): (Vec<Estimate>, Vec<Estimate>) = parts.into_iter().unzip();
+        ((pooled(&ta), pooled(&tn)), Some(subs))
+    };
+    let mut o = figures(top.0, top.1);
+    if let Some(subs) = subs {
+        o.insert("subtasks".into(), Value::Object(subs));
     }
-    o.insert("n".into(), json!(p.items.len()));
     o.insert("num_fewshot".into(), json!(p.shots));
     o.insert(
         "speed".into(),
@@ -292,25 +296,7 @@ fn summarise(p: &Prepared, s: &Scored) -> (Value, Vec<Value>) {
 }
 
 pub fn run(a: EvalArgs) -> Result<()> {
-    let mut sources = BTreeMap::new();
-    for d in &a.data {
-        let (t, p) = d
-            .split_once('=')
-            .with_context(|| format!("--data {d:?} is not TASK=PATH"))?;
-        sources.insert(t.to_string(), PathBuf::from(p));
-    }
-    if a.batch_size == 0 {
-        bail!("--batch-size must be at least 1");
-    }
-    for t in sources.keys() {
-        let named = a
-            .tasks
-            .iter()
-            .any(|n| n == t || Path::new(n).file_stem().is_some_and(|s| s == t.as_str()));
-        if !named {
-            bail!("--data names {t:?}, which is not among --tasks");
-        }
-    }
+    let sources = data_sources(&a)?;
     // Tasks that cannot be prepared are reported; the others go on.
     let mut errors: BTreeMap<String, String> = BTreeMap::new();
     let mut prepared = Vec::new();
@@ -448,13 +434,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
 /// by side: forward tokens per item, forward passes, items/s, and the largest difference in a
 /// log-likelihood between the two.
 pub fn bench(a: EvalArgs) -> Result<()> {
-    let mut sources = BTreeMap::new();
-    for d in &a.data {
-        let (t, p) = d
-            .split_once('=')
-            .with_context(|| format!("--data {d:?} is not TASK=PATH"))?;
-        sources.insert(t.to_string(), PathBuf::from(p));
-    }
+    let sources = data_sources(&a)?;
     let prepared = a
         .tasks
         .iter()
