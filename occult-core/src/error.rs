@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-/// Errors of the analysis core. Messages are written for the person who gave the input.
+/// Errors of `occult-core`. Messages are written for the person who gave the input.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Reading or writing a file failed at the operating-system level.

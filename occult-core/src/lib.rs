@@ -1,30 +1,39 @@
-//! Occult core: the exact, tensor-free analysis of expert-parallel MoE routing.
+//! Occult: collaboration-aware expert parallelism for mixture-of-experts models, on candle.
 //!
-//! - [`routing`]: router rules (softmax/sigmoid, top-k, renormalisation, group limits);
-//! - [`trace`]: routing traces on disk; [`synth`]: synthetic traces;
-//! - [`collab`]: co-activation, C_T, E[C_T], row counts; [`ranks`]: source ranks of tokens;
-//! - [`placement`]: expert -> device maps and the placement methods;
-//! - [`pruning`] and [`similarity`]: collaboration pruning to at most N devices per token.
+//! The crate has three parts; data flows from the first to the last.
+//!
+//! - [`analysis`]: host-side and tensor-free. Router rules, routing traces, co-activation and
+//!   E[C_T], expert placement, collaboration pruning. Behind `occult collab`, `place`, `prune`.
+//! - [`ep`]: expert parallelism on tensors. Dispatch plans, communicators (threads, MPI), the
+//!   differentiable row exchange, grouped expert compute, the EP MoE layer in named stages
+//!   (route, plan, dispatch, compute, combine), its single-device oracle, and link cost models.
+//! - [`models`]: Hugging Face MoE checkpoints. Resolving and reading them (`checkpoint`,
+//!   `weights`), one file per family with its own rules, the shared decoder whose MoE blocks run
+//!   the reference or the EP layer, tokenizers and synthetic checkpoints.
+//!
+//! Beside them: [`atomic`] (files written whole or not at all) and the crate's one [`Error`].
+//!
+//! # Notation
+//!
+//! Shapes in brackets and names in code follow one vocabulary:
+//!
+//! ```text
+//! T     tokens on this rank (rows of x)            H     hidden size
+//! E     routed experts of a layer                  k     experts per token (top-k)
+//! I     one expert's intermediate size             D     ranks (devices) in the EP group
+//! C_T   distinct ranks holding token T's experts   E[C_T] its mean over tokens
+//! rank  a device: a thread, an MPI process or a GPU
+//! slot  an expert's index among its rank's local experts (ascending global id)
+//! kpos  an expert's position in its token's top-k (where its gate weight sits)
+//! row   what one dispatch sends: standard, one per (token, expert); Occult, one per
+//!       (token, rank), carrying that rank's slots and the token's k gate weights
+//! pair  one (received row, local expert) unit of expert compute
+//! ```
 
 pub mod analysis;
 pub mod atomic;
-pub mod checkpoint;
-pub mod collab;
-pub mod comm;
-pub mod cost;
-pub mod dispatch;
+pub mod ep;
 mod error;
-pub mod exchange;
-pub mod experts;
 pub mod models;
-pub mod moe;
-pub mod placement;
-pub mod pruning;
-pub mod ranks;
-pub mod routing;
-pub mod similarity;
-pub mod synth;
-pub mod trace;
-pub mod weights;
 
 pub use error::{Error, Result};

@@ -9,16 +9,18 @@
 
 use anyhow::{bail, Result};
 use candle::{Device, Tensor};
-use occult_core::collab::CoActivation;
-use occult_core::comm::{Communicator, Exchange};
-use occult_core::cost::{project_step, swiglu_flops, LinkProfile, Projection, RankStep};
-use occult_core::dispatch::DispatchMode;
-use occult_core::experts::SwigluStack;
-use occult_core::moe::{reference_forward, route, EpMoe, MoeWeights, PruneSpec, StepStats};
-use occult_core::placement::{self, Method, SearchConfig};
-use occult_core::pruning::PruneRule;
-use occult_core::routing::RouterRule;
-use occult_core::similarity::SimilarityTable;
+use occult_core::analysis::collab::CoActivation;
+use occult_core::analysis::placement::{self, Method, SearchConfig};
+use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::routing::RouterRule;
+use occult_core::analysis::similarity::SimilarityTable;
+use occult_core::ep::comm::{Communicator, Exchange};
+use occult_core::ep::cost::{project_step, swiglu_flops, LinkProfile, Projection, RankStep};
+use occult_core::ep::dispatch::DispatchMode;
+use occult_core::ep::experts::SwigluStack;
+use occult_core::ep::{
+    reference_forward, route, EpMoe, EpSettings, MoeWeights, PruneSpec, StepStats,
+};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -103,7 +105,7 @@ fn normal(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
 
 impl LayerBench {
     pub fn validate(&self) -> Result<()> {
-        occult_core::trace::check_experts_top_k(self.experts, self.top_k)
+        occult_core::analysis::trace::check_experts_top_k(self.experts, self.top_k)
             .map_err(anyhow::Error::msg)?;
         placement::check_sizes(self.experts, self.devices)?;
         if self.hidden == 0 || self.intermediate == 0 || self.steps == 0 {
@@ -238,14 +240,13 @@ impl LayerBench {
         )?;
         let mut out = Vec::new();
         for (name, mode, prune) in self.modes(setup) {
-            let layer = EpMoe::from_full(
-                &setup.weights,
-                setup.rule.clone(),
-                &setup.map,
-                comm.clone(),
+            let settings = EpSettings {
+                rule: setup.rule.clone(),
+                device_of_expert: setup.map.clone(),
                 mode,
                 prune,
-            )?;
+            };
+            let layer = EpMoe::from_full(&setup.weights, settings, comm.clone())?;
             for _ in 0..self.warmup {
                 layer.forward(&x)?;
             }

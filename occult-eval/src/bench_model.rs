@@ -275,7 +275,6 @@ mod reference_impl {
     use anyhow::{bail, Result};
     use candle::{DType, Device, Tensor};
     use candle_transformers::models::{mixtral, qwen2_moe, qwen3_moe};
-    use occult_core::models::config::Family;
     use occult_core::models::loader::Checkpoint;
     use serde_json::Value;
 
@@ -344,22 +343,22 @@ mod reference_impl {
         // SAFETY: read-only mapping of the checkpoint, as for our own loader.
         let vb =
             unsafe { candle_nn::VarBuilder::from_mmaped_safetensors(&files, dtype, &Device::Cpu)? };
-        let (inner, fresh): (Inner, Box<dyn Fn() -> Result<Inner>>) = match c.family {
-            Family::Qwen2Moe => {
+        let (inner, fresh): (Inner, Box<dyn Fn() -> Result<Inner>>) = match c.family.model_type {
+            "qwen2_moe" => {
                 let cfg: qwen2_moe::Config = serde_json::from_value(v)?;
                 (
                     Inner::Qwen2(qwen2_moe::Model::new(&cfg, vb)?),
                     Box::new(|| bail!("unused")),
                 )
             }
-            Family::Qwen3Moe => {
+            "qwen3_moe" => {
                 let cfg: qwen3_moe::Config = serde_json::from_value(v)?;
                 (
                     Inner::Qwen3(qwen3_moe::ModelForCausalLM::new(&cfg, vb)?),
                     Box::new(|| bail!("unused")),
                 )
             }
-            Family::Mixtral => {
+            "mixtral" => {
                 let cfg: mixtral::Config = serde_json::from_value(v)?;
                 let m = mixtral::Model::new(&cfg, vb.clone())?;
                 (
@@ -367,7 +366,7 @@ mod reference_impl {
                     Box::new(move || Ok(Inner::Mixtral(mixtral::Model::new(&cfg, vb.clone())?))),
                 )
             }
-            other => bail!("candle-transformers has no {other:?} model to compare with"),
+            other => bail!("candle-transformers has no {other} model to compare with"),
         };
         Ok(Box::new(Theirs { inner, fresh }))
     }

@@ -3,14 +3,14 @@
 //! the single-device reference, one rank's EP forward and backward, and the comparisons.
 
 use candle::{Device, Tensor, Var};
-use occult_core::comm::{CommStats, Communicator};
-use occult_core::dispatch::DispatchMode;
-use occult_core::experts::{SharedExperts, SwigluStack};
-use occult_core::moe::{reference_forward, EpMoe, MoeWeights, PruneSpec, StepStats};
-use occult_core::placement::{contiguous, random_balanced};
-use occult_core::pruning::PruneRule;
-use occult_core::routing::RouterRule;
-use occult_core::similarity::SimilarityTable;
+use occult_core::analysis::placement::{contiguous, random_balanced};
+use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::routing::RouterRule;
+use occult_core::analysis::similarity::SimilarityTable;
+use occult_core::ep::comm::{CommStats, Communicator};
+use occult_core::ep::dispatch::DispatchMode;
+use occult_core::ep::experts::{SharedExperts, SwigluStack};
+use occult_core::ep::{reference_forward, EpMoe, EpSettings, MoeWeights, PruneSpec, StepStats};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
@@ -240,14 +240,13 @@ impl Fixture {
         let c = &self.case;
         let r = comm.rank();
         let (at, n) = (self.case.starts()[r], c.tokens[r]);
-        let layer = EpMoe::from_full(
-            &self.w,
-            self.rule.clone(),
-            &self.map,
-            comm.clone(),
-            c.mode,
-            self.prune.clone(),
-        )?;
+        let settings = EpSettings {
+            rule: self.rule.clone(),
+            device_of_expert: self.map.clone(),
+            mode: c.mode,
+            prune: self.prune.clone(),
+        };
+        let layer = EpMoe::from_full(&self.w, settings, comm.clone())?;
         // Count only the step's exchanges (a communicator may serve several cases).
         comm.reset_stats();
         let x = Var::from_slice(&self.x[at * H..(at + n) * H], (n, H), &Device::Cpu)?;

@@ -10,7 +10,8 @@ pub fn random_maps(cfg: &ModelConfig, d: usize, seed: u64) -> BTreeMap<usize, Ve
     (0..cfg.num_layers)
         .filter(|&l| cfg.moe_layers[l])
         .map(|l| {
-            let map = occult_core::placement::random_balanced(cfg.moe.num_experts, d, &mut rng);
+            let map =
+                occult_core::analysis::placement::random_balanced(cfg.moe.num_experts, d, &mut rng);
             (l, map)
         })
         .collect()

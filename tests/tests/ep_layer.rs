@@ -4,14 +4,14 @@
 //! the analysis core.
 
 use candle::{Device, Tensor};
-use occult_core::collab::{layer_stats, total_devices};
-use occult_core::comm::local::run_local;
-use occult_core::dispatch::{DispatchMode, ExpertLocations, SendPlan};
-use occult_core::moe::{reference_forward, route, EpMoe, MoeWeights};
-use occult_core::placement::{contiguous, random_balanced};
-use occult_core::pruning::PruneRule;
-use occult_core::ranks::RankSplit;
-use occult_core::routing::RouterRule;
+use occult_core::analysis::collab::{layer_stats, total_devices};
+use occult_core::analysis::placement::{contiguous, random_balanced};
+use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::ranks::RankSplit;
+use occult_core::analysis::routing::RouterRule;
+use occult_core::ep::comm::local::run_local;
+use occult_core::ep::dispatch::{DispatchMode, ExpertLocations, SendPlan};
+use occult_core::ep::{reference_forward, route, EpMoe, EpSettings, MoeWeights};
 use occult_tests::parity::{Case, Fixture, H};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -182,14 +182,13 @@ fn all_tokens_on_one_expert() {
         .to_vec1::<f32>()
         .unwrap();
     let out = run_local(4, |comm| {
-        let layer = EpMoe::from_full(
-            &w,
-            rule.clone(),
-            &map,
-            comm.clone(),
-            DispatchMode::Occult,
-            None,
-        )?;
+        let settings = EpSettings {
+            rule: rule.clone(),
+            device_of_expert: map.clone(),
+            mode: DispatchMode::Occult,
+            prune: None,
+        };
+        let layer = EpMoe::from_full(&w, settings, comm.clone())?;
         let mine = if comm.rank() == 2 {
             x.clone()
         } else {
@@ -263,8 +262,8 @@ type Stacked = (Vec<f32>, Option<Vec<f32>>, Vec<Option<Vec<f32>>>);
 /// `residual_add` keeps them.
 fn run_stacked(safe_add: bool, timeout: std::time::Duration) -> Vec<occult_core::Result<Stacked>> {
     use candle::Var;
-    use occult_core::comm::local::run_local_with_timeout;
-    use occult_core::moe::residual_add;
+    use occult_core::ep::comm::local::run_local_with_timeout;
+    use occult_core::ep::residual_add;
     let case = stacked_case();
     let a = Fixture::new(&case);
     let b = Fixture::new(&Case {
@@ -282,8 +281,14 @@ fn run_stacked(safe_add: bool, timeout: std::time::Duration) -> Vec<occult_core:
         };
         let r = comm.rank();
         let (at, n) = (starts[r], case.tokens[r]);
-        let l1 = EpMoe::from_full(&a.w, a.rule.clone(), &a.map, comm.clone(), case.mode, None)?;
-        let l2 = EpMoe::from_full(&b.w, b.rule.clone(), &b.map, comm.clone(), case.mode, None)?;
+        let settings = |p: &Fixture| EpSettings {
+            rule: p.rule.clone(),
+            device_of_expert: p.map.clone(),
+            mode: case.mode,
+            prune: None,
+        };
+        let l1 = EpMoe::from_full(&a.w, settings(&a), comm.clone())?;
+        let l2 = EpMoe::from_full(&b.w, settings(&b), comm.clone())?;
         let x = Var::from_slice(&a.x[at * H..(at + n) * H], (n, H), &Device::Cpu)?;
         let h1 = add(x.as_tensor(), &l1.forward(x.as_tensor())?.0)?;
         let h2 = add(&h1, &l2.forward(&h1)?.0)?;

@@ -314,7 +314,7 @@ fn traced_evaluation_records_every_token_and_bench_compares_reuse() {
         .iter()
         .map(|k| r["results"][k]["speed"]["forward_tokens"].as_u64().unwrap())
         .sum();
-    let trace = occult_core::trace::Trace::read(&t.path().join("t.safetensors")).unwrap();
+    let trace = occult_core::analysis::trace::Trace::read(&t.path().join("t.safetensors")).unwrap();
     // qwen2_moe's layer 0 is dense: MoE layers 1 and 2 each saw every token fed.
     assert_eq!(trace.layer_ids(), vec![1, 2]);
     for l in &trace.layers {

@@ -4,9 +4,9 @@
 //! logits on 2 and 4 expert-parallel ranks under random placements.
 
 use candle::{Device, Tensor};
-use occult_core::comm::local::run_local;
-use occult_core::comm::Communicator;
-use occult_core::dispatch::DispatchMode;
+use occult_core::ep::comm::local::run_local;
+use occult_core::ep::comm::Communicator;
+use occult_core::ep::dispatch::DispatchMode;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
 use occult_eval::loglik;

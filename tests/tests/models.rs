@@ -4,39 +4,31 @@
 //! (Parity with transformers itself is in `model_parity.rs`.)
 
 use candle::{DType, Device, Tensor, D};
-use occult_core::comm::local::run_local;
-use occult_core::comm::Communicator;
-use occult_core::dispatch::DispatchMode;
-use occult_core::models::config::Family;
+use occult_core::ep::comm::local::run_local;
+use occult_core::ep::comm::Communicator;
+use occult_core::ep::dispatch::DispatchMode;
 use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
 use occult_core::models::synth::SynthModel;
-use occult_core::weights::Weights;
+use occult_core::models::weights::Weights;
+use occult_core::models::{mixtral, qwen3_moe, Family, FAMILIES};
 use occult_tests::placements::random_maps;
 use rand::SeedableRng;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-const FAMILIES: [Family; 5] = [
-    Family::Olmoe,
-    Family::Qwen2Moe,
-    Family::DeepseekMoe,
-    Family::Mixtral,
-    Family::Qwen3Moe,
-];
-
-fn spec(f: Family) -> SynthModel {
+fn spec(f: &'static Family) -> SynthModel {
     let mut s = SynthModel::tiny(f);
     s.layers = 3;
-    s.seed = f as u64 + 7;
+    s.seed = FAMILIES.iter().position(|g| *g == f).unwrap() as u64 + 7;
     // Dense first layer where the family has them; fused experts for two families.
-    s.dense_layers = usize::from(matches!(f, Family::DeepseekMoe | Family::Qwen2Moe));
-    s.fused = matches!(f, Family::Qwen2Moe | Family::Mixtral);
-    s.top_k = if f == Family::Qwen3Moe { 3 } else { 2 };
+    s.dense_layers = usize::from(matches!(f.model_type, "deepseek" | "qwen2_moe"));
+    s.fused = matches!(f.model_type, "qwen2_moe" | "mixtral");
+    s.top_k = if f.model_type == "qwen3_moe" { 3 } else { 2 };
     s
 }
 
-fn write(f: Family, dir: &Path) -> occult_core::models::config::ModelConfig {
+fn write(f: &'static Family, dir: &Path) -> occult_core::models::config::ModelConfig {
     spec(f).write(dir).unwrap().0
 }
 
@@ -163,7 +155,7 @@ fn expert_parallel_modes_match_the_reference() {
 #[test]
 fn decoding_one_token_on_four_ranks_leaves_three_without_rows() {
     let t = tempfile::tempdir().unwrap();
-    let cfg = write(Family::Mixtral, t.path());
+    let cfg = write(&mixtral::FAMILY, t.path());
     let m = Model::load_reference(&weights(t.path()), &cfg).unwrap();
     let want = m.forward(&ids(&[5]), None, None, Logits::All).unwrap();
     for got in ep_logits(t.path(), 4, DispatchMode::Occult, 3, &[5]) {
@@ -184,7 +176,7 @@ fn every_parameter_gets_a_gradient_from_a_next_token_loss() {
                 Some(mode) => {
                     let mut s = MoeSetup::reference();
                     s.mode = Some(mode);
-                    let c = occult_core::comm::local::local_group(1).pop().unwrap();
+                    let c = occult_core::ep::comm::local::local_group(1).pop().unwrap();
                     (s, Some(Arc::new(c)))
                 }
             };
@@ -228,7 +220,7 @@ fn every_parameter_gets_a_gradient_from_a_next_token_loss() {
 #[test]
 fn training_under_ep_on_several_ranks_is_refused() {
     let t = tempfile::tempdir().unwrap();
-    let cfg = write(Family::Mixtral, t.path());
+    let cfg = write(&mixtral::FAMILY, t.path());
     let mut w = weights(t.path());
     w.set_trainable(true);
     let dense = DenseParts::load(&w, &cfg).unwrap();
@@ -249,11 +241,11 @@ fn training_under_ep_on_several_ranks_is_refused() {
 
 #[test]
 fn pruned_expert_parallel_runs_match_the_pruned_reference() {
-    use occult_core::moe::PruneSpec;
-    use occult_core::pruning::PruneRule;
-    use occult_core::similarity::SimilarityTable;
+    use occult_core::analysis::pruning::PruneRule;
+    use occult_core::analysis::similarity::SimilarityTable;
+    use occult_core::ep::PruneSpec;
     let t = tempfile::tempdir().unwrap();
-    let f = Family::Qwen3Moe;
+    let f = &qwen3_moe::FAMILY;
     let cfg = write(f, t.path());
     let w = weights(t.path());
     let seq = tokens(13, cfg.vocab_size, 9);

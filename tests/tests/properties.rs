@@ -1,15 +1,15 @@
 //! Property tests over random sizes and routings: the bounds on C_T, row counts, valid balanced
 //! placements, our search never worse than greedy, pruning invariants, and file round trips.
 
-use occult_core::collab::{layer_stats, token_devices, total_devices, CoActivation};
-use occult_core::placement::{
+use occult_core::analysis::collab::{layer_stats, token_devices, total_devices, CoActivation};
+use occult_core::analysis::placement::{
     capacities, contiguous, greedy, random_balanced, search, validate_map, Placement, SearchConfig,
 };
-use occult_core::pruning::{devices_of, PruneRule, Pruner};
-use occult_core::ranks::RankSplit;
-use occult_core::routing::RouterRule;
-use occult_core::similarity::SimilarityTable;
-use occult_core::trace::{LayerTrace, Trace, TraceMeta};
+use occult_core::analysis::pruning::{devices_of, PruneRule, Pruner};
+use occult_core::analysis::ranks::RankSplit;
+use occult_core::analysis::routing::RouterRule;
+use occult_core::analysis::similarity::SimilarityTable;
+use occult_core::analysis::trace::{LayerTrace, Trace, TraceMeta};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

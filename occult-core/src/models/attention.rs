@@ -5,7 +5,7 @@
 
 use super::config::{ModelConfig, QkNorm};
 use super::layers::{causal_mask, linear, repeat_kv, rms_norm, softmax_f32, Rope};
-use crate::weights::Weights;
+use crate::models::weights::Weights;
 use crate::{bail, Result};
 use candle::Tensor;
 

@@ -1,36 +1,12 @@
-//! `config.json` of the supported MoE families, normalised into one typed [`ModelConfig`]:
-//!
-//! | `model_type` | experts | top-k | expert size | renormalise | shared experts | MoE layers |
-//! |---|---|---|---|---|---|---|
-//! | `olmoe` | `num_experts` | `num_experts_per_tok` | `intermediate_size` | `norm_topk_prob` | none | all |
-//! | `qwen2_moe` | `num_experts` | `num_experts_per_tok` | `moe_intermediate_size` | `norm_topk_prob` | one, `shared_expert_intermediate_size`, sigmoid gate | `decoder_sparse_step`, `mlp_only_layers` |
-//! | `deepseek` (v1) | `n_routed_experts` | `num_experts_per_tok` | `moe_intermediate_size` | `norm_topk_prob` | `n_shared_experts` fused | `first_k_dense_replace`, `moe_layer_freq` |
-//! | `mixtral` | `num_local_experts` | `num_experts_per_tok` | `intermediate_size` | always | none | all |
-//! | `qwen3_moe` | `num_experts` (or `num_local_experts`) | `num_experts_per_tok` | `moe_intermediate_size` | `norm_topk_prob` | none | `decoder_sparse_step`, `mlp_only_layers` |
+//! `config.json` of the supported MoE families, normalised into one typed [`ModelConfig`]. The
+//! fields every family shares are read here; each family reads the rest in its own file (see
+//! [`super::family`]), with the field names and defaults transformers gives it.
 
-use crate::routing::RouterRule;
+use super::family::{self, Family, FamilyConfig};
+use crate::analysis::routing::RouterRule;
 use crate::{Error, Result};
 use serde_json::Value;
 use std::path::Path;
-
-/// The supported families.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Family {
-    Olmoe,
-    Qwen2Moe,
-    DeepseekMoe,
-    Mixtral,
-    Qwen3Moe,
-}
-
-/// `model_type` values and their families.
-pub const SUPPORTED: [(&str, Family); 5] = [
-    ("olmoe", Family::Olmoe),
-    ("qwen2_moe", Family::Qwen2Moe),
-    ("deepseek", Family::DeepseekMoe),
-    ("mixtral", Family::Mixtral),
-    ("qwen3_moe", Family::Qwen3Moe),
-];
 
 /// How queries and keys are normalised before RoPE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +40,7 @@ pub struct MoeConfig {
 /// One model's configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
-    pub family: Family,
+    pub family: &'static Family,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub num_layers: usize,
@@ -92,29 +68,35 @@ pub struct ModelConfig {
     pub moe_layers: Vec<bool>,
 }
 
-struct Fields<'a> {
-    v: &'a Value,
-    origin: &'a str,
-    model_type: &'a str,
+/// `config.json` being read, with typed accessors whose errors name the file and the field.
+pub struct ConfigFields<'a> {
+    pub v: &'a Value,
+    /// Names the file in errors.
+    pub origin: &'a str,
+    pub model_type: &'a str,
 }
 
-impl Fields<'_> {
-    fn missing(&self, key: &str) -> Error {
+impl ConfigFields<'_> {
+    /// The error for a required field that is absent.
+    pub fn missing(&self, key: &str) -> Error {
         Error::bad_file(
             self.origin,
             format!("missing field `{key}` ({})", self.model_type),
         )
     }
-    fn bad(&self, key: &str, want: &str) -> Error {
+    /// The error for a field whose value is not `want`.
+    pub fn bad(&self, key: &str, want: &str) -> Error {
         Error::bad_file(
             self.origin,
             format!("field `{key}` = {} is not {want}", self.v[key]),
         )
     }
-    fn present(&self, key: &str) -> bool {
+    /// Whether the field is there and not null.
+    pub fn present(&self, key: &str) -> bool {
         !self.v.get(key).is_none_or(Value::is_null)
     }
-    fn usize(&self, key: &str) -> Result<usize> {
+    /// A required non-negative integer.
+    pub fn usize(&self, key: &str) -> Result<usize> {
         if !self.present(key) {
             return Err(self.missing(key));
         }
@@ -123,14 +105,16 @@ impl Fields<'_> {
             .map(|x| x as usize)
             .ok_or_else(|| self.bad(key, "a non-negative integer"))
     }
-    fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
+    /// A non-negative integer, or `default` when absent.
+    pub fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
         if self.present(key) {
             self.usize(key)
         } else {
             Ok(default)
         }
     }
-    fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
+    /// A number, or `default` when absent.
+    pub fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
         if !self.present(key) {
             return Ok(default);
         }
@@ -138,7 +122,8 @@ impl Fields<'_> {
             .as_f64()
             .ok_or_else(|| self.bad(key, "a number"))
     }
-    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+    /// A boolean, or `default` when absent.
+    pub fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
         if !self.present(key) {
             return Ok(default);
         }
@@ -146,7 +131,8 @@ impl Fields<'_> {
             .as_bool()
             .ok_or_else(|| self.bad(key, "true or false"))
     }
-    fn usize_list(&self, key: &str) -> Result<Vec<usize>> {
+    /// A list of non-negative integers (empty when absent).
+    pub fn usize_list(&self, key: &str) -> Result<Vec<usize>> {
         if !self.present(key) {
             return Ok(Vec::new());
         }
@@ -172,25 +158,20 @@ impl ModelConfig {
             .get("model_type")
             .and_then(Value::as_str)
             .ok_or_else(|| Error::bad_file(origin, "missing field `model_type`"))?;
-        let family = SUPPORTED
-            .iter()
-            .find(|(t, _)| *t == model_type)
-            .map(|(_, f)| *f)
-            .ok_or_else(|| {
-                Error::bad_file(
-                    origin,
-                    format!(
-                        "model_type {model_type:?} is not supported (supported: {})",
-                        SUPPORTED.map(|(t, _)| t).join(", ")
-                    ),
-                )
-            })?;
-        let f = Fields {
+        let family = family::family(model_type).ok_or_else(|| {
+            Error::bad_file(
+                origin,
+                format!(
+                    "model_type {model_type:?} is not supported (supported: {})",
+                    family::supported()
+                ),
+            )
+        })?;
+        let f = ConfigFields {
             v,
             origin,
             model_type,
         };
-        use Family::*;
         let hidden_size = f.usize("hidden_size")?;
         let num_layers = f.usize("num_hidden_layers")?;
         let num_heads = f.usize("num_attention_heads")?;
@@ -201,11 +182,17 @@ impl ModelConfig {
                 format!("{num_heads} attention heads cannot share {num_kv_heads} key/value heads"),
             ));
         }
-        // Only Qwen3 (and newer Mixtral configs) decouple head_dim from hidden / heads.
-        let head_dim = match family {
-            Qwen3Moe | Mixtral => f.usize_or("head_dim", hidden_size / num_heads)?,
-            _ => hidden_size / num_heads,
-        };
+        let FamilyConfig {
+            head_dim,
+            num_experts,
+            expert_intermediate,
+            renormalize,
+            shared,
+            moe_layers,
+            sliding_window,
+            attention_bias,
+        } = (family.read_config)(&f, num_layers)?;
+        let head_dim = head_dim.unwrap_or(hidden_size / num_heads);
         if head_dim == 0 || head_dim % 2 == 1 {
             return Err(Error::bad_file(
                 origin,
@@ -213,60 +200,9 @@ impl ModelConfig {
             ));
         }
         let dense_intermediate = f.usize_or("intermediate_size", 0)?;
-        let (num_experts, expert_intermediate) = match family {
-            Olmoe => (f.usize("num_experts")?, f.usize("intermediate_size")?),
-            Mixtral => (f.usize("num_local_experts")?, f.usize("intermediate_size")?),
-            // transformers v5's Qwen3MoeConfig.to_dict() writes `num_local_experts`.
-            Qwen2Moe | Qwen3Moe if !f.present("num_experts") && f.present("num_local_experts") => (
-                f.usize("num_local_experts")?,
-                f.usize("moe_intermediate_size")?,
-            ),
-            Qwen2Moe | Qwen3Moe => (f.usize("num_experts")?, f.usize("moe_intermediate_size")?),
-            DeepseekMoe => (
-                f.usize("n_routed_experts")?,
-                f.usize("moe_intermediate_size")?,
-            ),
-        };
         let top_k = f.usize("num_experts_per_tok")?;
-        crate::trace::check_experts_top_k(num_experts, top_k)
+        crate::analysis::trace::check_experts_top_k(num_experts, top_k)
             .map_err(|m| Error::bad_file(origin, m))?;
-        // transformers' defaults: false for every family but Mixtral, which always renormalises
-        // (the released Qwen3-MoE checkpoints set it to true).
-        let renormalize = match family {
-            Mixtral => true,
-            _ => f.bool_or("norm_topk_prob", false)?,
-        };
-        let shared = match family {
-            Qwen2Moe => Some(SharedConfig {
-                intermediate: f.usize("shared_expert_intermediate_size")?,
-                gated: true,
-            }),
-            DeepseekMoe => match f.usize_or("n_shared_experts", 0)? {
-                0 => None,
-                n => Some(SharedConfig {
-                    intermediate: n * expert_intermediate,
-                    gated: false,
-                }),
-            },
-            _ => None,
-        };
-        let moe_layers: Vec<bool> = match family {
-            Olmoe | Mixtral => vec![true; num_layers],
-            Qwen2Moe | Qwen3Moe => {
-                let step = f.usize_or("decoder_sparse_step", 1)?.max(1);
-                let dense = f.usize_list("mlp_only_layers")?;
-                (0..num_layers)
-                    .map(|l| !dense.contains(&l) && (l + 1) % step == 0)
-                    .collect()
-            }
-            DeepseekMoe => {
-                let first = f.usize_or("first_k_dense_replace", 0)?;
-                let freq = f.usize_or("moe_layer_freq", 1)?.max(1);
-                (0..num_layers)
-                    .map(|l| l >= first && l % freq == 0)
-                    .collect()
-            }
-        };
         // transformers v5 moves RoPE settings into `rope_parameters`.
         let rope_params = v.get("rope_parameters").filter(|p| p.is_object());
         for (scaling, untyped) in [(v.get("rope_scaling"), "?"), (rope_params, "default")] {
@@ -285,36 +221,10 @@ impl ModelConfig {
                 ));
             }
         }
-        let sliding_window = match family {
-            Qwen2Moe | Qwen3Moe if f.bool_or("use_sliding_window", false)? => {
-                return Err(Error::bad_file(
-                    origin,
-                    "use_sliding_window = true is not supported for Qwen models",
-                ))
-            }
-            Mixtral if f.present("sliding_window") => Some(f.usize("sliding_window")?),
-            _ => None,
-        };
         if sliding_window == Some(0) {
             return Err(f.bad("sliding_window", "a positive window"));
         }
-        if family == DeepseekMoe {
-            if let Some(sf) = v.get("scoring_func").and_then(Value::as_str) {
-                if sf != "softmax" {
-                    return Err(Error::bad_file(
-                        origin,
-                        format!("scoring_func {sf:?} is not DeepSeek-MoE v1's softmax"),
-                    ));
-                }
-            }
-        }
-        // transformers' defaults when the config is silent.
-        let eps_default = if matches!(family, Olmoe | Mixtral) {
-            1e-5
-        } else {
-            1e-6
-        };
-        let rms_norm_eps = f.f64_or("rms_norm_eps", eps_default)?;
+        let rms_norm_eps = f.f64_or("rms_norm_eps", family.default_rms_norm_eps)?;
         if !(rms_norm_eps >= 0.0 && rms_norm_eps.is_finite()) {
             return Err(f.bad("rms_norm_eps", "a finite number >= 0"));
         }
@@ -331,12 +241,21 @@ impl ModelConfig {
             Some(t) if !f.present("rope_theta") => t.as_f64().ok_or_else(|| {
                 Error::bad_file(origin, "rope_parameters.rope_theta is not a number")
             })?,
-            _ => f.f64_or("rope_theta", if family == Mixtral { 1e6 } else { 10000.0 })?,
+            _ => f.f64_or("rope_theta", family.default_rope_theta)?,
         };
         if !(rope_theta > 0.0 && rope_theta.is_finite()) {
             return Err(Error::bad_file(
                 origin,
                 format!("rope_theta = {rope_theta} is not a positive number"),
+            ));
+        }
+        if moe_layers.len() != num_layers {
+            return Err(Error::bad_file(
+                origin,
+                format!(
+                    "{model_type} describes {} layers, the config has {num_layers}",
+                    moe_layers.len()
+                ),
             ));
         }
         if moe_layers.contains(&false) && dense_intermediate == 0 {
@@ -354,15 +273,8 @@ impl ModelConfig {
             rms_norm_eps,
             rope_theta,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
-            attention_bias: match family {
-                Qwen2Moe => f.bool_or("qkv_bias", true)?,
-                _ => f.bool_or("attention_bias", false)?,
-            },
-            qk_norm: match family {
-                Olmoe => QkNorm::Full,
-                Qwen3Moe => QkNorm::PerHead,
-                _ => QkNorm::None,
-            },
+            attention_bias,
+            qk_norm: family.qk_norm,
             clip_qkv,
             sliding_window,
             max_positions: if f.present("max_position_embeddings") {
@@ -397,12 +309,9 @@ impl ModelConfig {
         })
     }
 
-    /// The router rule of the model's MoE blocks.
+    /// The router rule of the model's MoE blocks (the family's).
     pub fn router_rule(&self) -> RouterRule {
-        let mut r =
-            RouterRule::softmax_topk(self.moe.num_experts, self.moe.top_k, self.moe.renormalize);
-        r.scaling_factor = self.moe.scaling_factor;
-        r
+        (self.family.router_rule)(self)
     }
 }
 

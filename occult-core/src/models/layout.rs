@@ -3,14 +3,14 @@
 //! checkpoint against (a tensor the configuration does not explain means the two disagree).
 
 use super::config::{ModelConfig, QkNorm};
-use super::names_of;
+
 use std::collections::BTreeSet;
 
 /// Every tensor's name and shape in a checkpoint of `cfg`, with experts per expert or fused.
 pub fn tensors(cfg: &ModelConfig, fused: bool) -> Vec<(String, Vec<usize>)> {
     let (v, h) = (cfg.vocab_size, cfg.hidden_size);
     let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-    let names = names_of(cfg.family);
+    let names = cfg.family.names;
     let mut out = vec![
         ("model.embed_tokens.weight".to_string(), vec![v, h]),
         ("model.norm.weight".to_string(), vec![h]),

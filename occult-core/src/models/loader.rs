@@ -3,8 +3,8 @@
 
 use super::config::ModelConfig;
 use super::tokenizer::TextTokenizer;
-use crate::checkpoint::{resolve, ModelFiles};
-use crate::weights::Weights;
+use crate::models::checkpoint::{resolve, ModelFiles};
+use crate::models::weights::Weights;
 use crate::{Error, Result};
 use candle::{DType, Device};
 use serde_json::Value;

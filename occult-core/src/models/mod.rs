@@ -1,5 +1,5 @@
-//! Hugging Face MoE models: configuration, the shared decoder, and one file per family with
-//! what is particular to it (weight names, routing details).
+//! Hugging Face MoE models: finding and reading checkpoints, one file per family with the rules
+//! particular to it, and the shared decoder whose MoE blocks run the reference or the EP layer.
 //!
 //! | family | file | MoE block | router | experts | shared experts |
 //! |---|---|---|---|---|---|
@@ -10,47 +10,33 @@
 //! | Qwen3-MoE | [`qwen3_moe`] | `mlp` | `gate` | same as OLMoE | none |
 //!
 //! Experts may also be stored fused (`experts.gate_up_proj`, `experts.down_proj`), as
-//! transformers v5 saves them; [`crate::weights::Weights::experts`] reads both.
+//! transformers v5 saves them; [`weights::Weights::experts`] reads both.
+//!
+//! The other modules, by concern:
+//! - files: [`checkpoint`] (a folder or a hub id in the local cache), [`weights`] (safetensors,
+//!   mapped, in the chosen dtype, a rank's experts only), [`tokenizer`], [`loader`] (all of it
+//!   opened and checked together), [`layout`] (the tensors a config implies), [`synth`]
+//!   (random checkpoints);
+//! - configuration: [`config`] (the fields every family shares) and [`family`] (the registry);
+//! - the decoder: [`layers`] (norms, RoPE, masks), [`attention`] (with its KV cache), [`model`].
 
 pub mod attention;
+pub mod checkpoint;
 pub mod config;
-pub mod deepseek;
+pub mod family;
 pub mod layers;
 pub mod layout;
 pub mod loader;
-pub mod mixtral;
 pub mod model;
+pub mod synth;
+pub mod tokenizer;
+pub mod weights;
+
+// The families, one file each; listed in [`family::FAMILIES`].
+pub mod deepseek;
+pub mod mixtral;
 pub mod olmoe;
 pub mod qwen2_moe;
 pub mod qwen3_moe;
-pub mod synth;
-pub mod tokenizer;
 
-use crate::weights::ExpertNames;
-use config::Family;
-
-/// Where a family keeps its MoE weights inside `model.layers.{l}`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MoeNames {
-    /// The MoE block (`mlp` or `block_sparse_moe`).
-    pub block: &'static str,
-    /// The router inside the block.
-    pub router: &'static str,
-    /// Per-expert projection names.
-    pub experts: ExpertNames,
-    /// The shared experts' MLP inside the block.
-    pub shared: Option<&'static str>,
-    /// The shared experts' sigmoid gate inside the block.
-    pub shared_gate: Option<&'static str>,
-}
-
-/// The weight names of a family.
-pub fn names_of(f: Family) -> MoeNames {
-    match f {
-        Family::Olmoe => olmoe::NAMES,
-        Family::Qwen2Moe => qwen2_moe::NAMES,
-        Family::DeepseekMoe => deepseek::NAMES,
-        Family::Mixtral => mixtral::NAMES,
-        Family::Qwen3Moe => qwen3_moe::NAMES,
-    }
-}
+pub use family::{family, Family, MoeNames, FAMILIES};

@@ -1,7 +1,7 @@
 //! The decoder shared by the five families: embeddings, pre-norm attention and MLP blocks, the
 //! final norm and the LM head, giving logits at every position. MLP blocks are dense SwiGLU or
 //! MoE; MoE blocks run the single-device reference or the expert-parallel layer
-//! ([`crate::moe::EpMoe`]) in either dispatch mode, with optional collaboration pruning.
+//! ([`crate::ep::EpMoe`]) in either dispatch mode, with optional collaboration pruning.
 //!
 //! Under expert parallelism every rank runs the dense parts on the whole batch; each MoE
 //! block's rows are split evenly and in order over the ranks (the split traces record as
@@ -12,15 +12,15 @@
 use super::attention::{Attention, LayerCache};
 use super::config::ModelConfig;
 use super::layers::{linear, rms_norm, Rope};
-use super::names_of;
-use crate::comm::Communicator;
-use crate::dispatch::DispatchMode;
-use crate::exchange::exchange_rows;
-use crate::experts::{swiglu, SharedExperts};
-use crate::moe::{reference_forward_routed, EpMoe, MoeWeights, PruneSpec, Routed};
-use crate::ranks::RankSplit;
-use crate::routing::RouterRule;
-use crate::weights::Weights;
+
+use crate::analysis::ranks::RankSplit;
+use crate::analysis::routing::RouterRule;
+use crate::ep::comm::Communicator;
+use crate::ep::dispatch::DispatchMode;
+use crate::ep::exchange::exchange_rows;
+use crate::ep::experts::{swiglu, SharedExperts};
+use crate::ep::{reference_forward_routed, EpMoe, EpSettings, MoeWeights, PruneSpec, Routed};
+use crate::models::weights::Weights;
 use crate::{bail, Result};
 use candle::{DType, Device, Tensor};
 use std::collections::BTreeMap;
@@ -196,7 +196,7 @@ impl DenseParts {
     /// Reads everything but the routed experts.
     pub fn load(w: &Weights, cfg: &ModelConfig) -> Result<Self> {
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
-        let names = names_of(cfg.family);
+        let names = cfg.family.names;
         let embed = w.get("model.embed_tokens.weight", &[v, h])?;
         let lm_head = if cfg.tie_word_embeddings {
             embed.clone()
@@ -295,10 +295,9 @@ impl MoeSetup {
     }
 
     fn map(&self, layer: usize, num_experts: usize) -> Vec<u32> {
-        self.maps
-            .get(&layer)
-            .cloned()
-            .unwrap_or_else(|| crate::placement::contiguous(num_experts, self.num_devices))
+        self.maps.get(&layer).cloned().unwrap_or_else(|| {
+            crate::analysis::placement::contiguous(num_experts, self.num_devices)
+        })
     }
 }
 
@@ -313,7 +312,7 @@ impl Model {
         comm: Option<Arc<dyn Communicator>>,
     ) -> Result<Self> {
         let cfg = dense.cfg.clone();
-        let names = names_of(cfg.family);
+        let names = cfg.family.names;
         let (e, h, i) = (
             cfg.moe.num_experts,
             cfg.hidden_size,
@@ -336,24 +335,25 @@ impl Model {
                 (None, Some(router)) => {
                     let prefix = format!("model.layers.{l}.{}", names.block);
                     let map = setup.map(l, e);
-                    crate::placement::validate_map(&map, e, setup.num_devices)
+                    crate::analysis::placement::validate_map(&map, e, setup.num_devices)
                         .map_err(|err| crate::Error::invalid(format!("layer {l}: {err}")))?;
                     let prune = setup.prune.get(&l).cloned();
                     let exec = match (setup.mode, &comm) {
                         (Some(mode), Some(c)) => {
-                            let locs = crate::dispatch::ExpertLocations::new(&map, c.size());
+                            let locs = crate::ep::dispatch::ExpertLocations::new(&map, c.size());
                             let mine = &locs.experts_of[c.rank()];
-                            let local = w.experts(&prefix, names.experts, mine, e, h, i)?;
-                            MoeExec::Parallel(EpMoe::new(
+                            let weights = MoeWeights {
                                 router,
-                                local,
-                                d.shared,
-                                rule.clone(),
-                                &map,
-                                c.clone(),
+                                experts: w.experts(&prefix, names.experts, mine, e, h, i)?,
+                                shared: d.shared,
+                            };
+                            let settings = EpSettings {
+                                rule: rule.clone(),
+                                device_of_expert: map,
                                 mode,
                                 prune,
-                            )?)
+                            };
+                            MoeExec::Parallel(EpMoe::new(weights, settings, c.clone())?)
                         }
                         _ => {
                             let all: Vec<u32> = (0..e as u32).collect();
@@ -421,7 +421,7 @@ impl Model {
     /// as `...experts.{gate,up,down}`).
     pub fn params(&self) -> Vec<(String, Tensor)> {
         let mut out = vec![("model.embed_tokens.weight".to_string(), self.embed.clone())];
-        let names = names_of(self.cfg.family);
+        let names = self.cfg.family.names;
         for (l, layer) in self.layers.iter().enumerate() {
             let p = format!("model.layers.{l}");
             out.push((format!("{p}.input_layernorm"), layer.input_norm.clone()));
@@ -439,11 +439,13 @@ impl Model {
                     }
                 }
                 Mlp::Moe(b) => {
-                    let (router, experts, shared) = match &b.exec {
-                        MoeExec::Reference { weights, .. } => {
-                            (&weights.router, &weights.experts, &weights.shared)
-                        }
-                        MoeExec::Parallel(ep) => (&ep.router, &ep.local, &ep.shared),
+                    let MoeWeights {
+                        router,
+                        experts,
+                        shared,
+                    } = match &b.exec {
+                        MoeExec::Reference { weights, .. } => weights,
+                        MoeExec::Parallel(ep) => &ep.weights,
                     };
                     let q = format!("{p}.{}", names.block);
                     out.push((format!("{q}.{}", names.router), router.clone()));

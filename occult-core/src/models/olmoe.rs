@@ -3,14 +3,51 @@
 //! RMSNorm over the *whole* projection (`q_norm` `[heads * head_dim]`, `k_norm`
 //! `[kv_heads * head_dim]`) before splitting heads, then clips q, k and v to `±clip_qkv` if set
 //! (after the norms, as transformers does).
+//!
+//! `config.json`: experts `num_experts`, expert size `intermediate_size`, every layer MoE.
 
-use super::MoeNames;
-use crate::weights::GATE_UP_DOWN;
+use super::config::{ConfigFields, QkNorm};
+use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames};
+use super::synth::SynthModel;
+use super::weights::GATE_UP_DOWN;
+use crate::Result;
+use serde_json::{json, Value};
 
-pub const NAMES: MoeNames = MoeNames {
-    block: "mlp",
-    router: "gate",
-    experts: GATE_UP_DOWN,
-    shared: None,
-    shared_gate: None,
+pub const FAMILY: Family = Family {
+    model_type: "olmoe",
+    names: MoeNames {
+        block: "mlp",
+        router: "gate",
+        experts: GATE_UP_DOWN,
+        shared: None,
+        shared_gate: None,
+    },
+    qk_norm: QkNorm::Full,
+    default_rms_norm_eps: 1e-5,
+    default_rope_theta: 10000.0,
+    read_config,
+    synth_config,
+    router_rule: softmax_top_k,
 };
+
+fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
+    Ok(FamilyConfig {
+        head_dim: None,
+        num_experts: f.usize("num_experts")?,
+        expert_intermediate: f.usize("intermediate_size")?,
+        renormalize: f.bool_or("norm_topk_prob", false)?,
+        shared: None,
+        moe_layers: vec![true; num_layers],
+        sliding_window: None,
+        attention_bias: f.bool_or("attention_bias", false)?,
+    })
+}
+
+fn synth_config(s: &SynthModel) -> Result<ConfigEntries> {
+    Ok(vec![
+        ("num_experts", json!(s.experts)),
+        ("intermediate_size", json!(s.expert_intermediate)),
+        ("norm_topk_prob", json!(false)),
+        ("clip_qkv", Value::Null),
+    ])
+}

@@ -1,14 +1,56 @@
 //! Qwen3-MoE (model_type `qwen3_moe`): softmax routing renormalised over the chosen experts when
 //! `norm_topk_prob` (as the released checkpoints set it), no shared experts, an explicit
 //! `head_dim`, and RMSNorm of q and k *per head* (`q_norm`, `k_norm` `[head_dim]`) before RoPE.
+//!
+//! `config.json`: read as Qwen2-MoE's for experts and MoE layers (see [`super::qwen2_moe`]),
+//! plus `head_dim`; no shared experts, no q/k/v biases unless `attention_bias`.
 
-use super::MoeNames;
-use crate::weights::GATE_UP_DOWN;
+use super::config::{ConfigFields, QkNorm};
+use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames};
+use super::qwen2_moe::{experts, moe_layers, no_sliding_window, synth_common};
+use super::synth::SynthModel;
+use super::weights::GATE_UP_DOWN;
+use crate::Result;
+use serde_json::json;
 
-pub const NAMES: MoeNames = MoeNames {
-    block: "mlp",
-    router: "gate",
-    experts: GATE_UP_DOWN,
-    shared: None,
-    shared_gate: None,
+pub const FAMILY: Family = Family {
+    model_type: "qwen3_moe",
+    names: MoeNames {
+        block: "mlp",
+        router: "gate",
+        experts: GATE_UP_DOWN,
+        shared: None,
+        shared_gate: None,
+    },
+    qk_norm: QkNorm::PerHead,
+    default_rms_norm_eps: 1e-6,
+    default_rope_theta: 10000.0,
+    read_config,
+    synth_config,
+    router_rule: softmax_top_k,
 };
+
+fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
+    let (num_experts, expert_intermediate) = experts(f)?;
+    Ok(FamilyConfig {
+        head_dim: f
+            .present("head_dim")
+            .then(|| f.usize("head_dim"))
+            .transpose()?,
+        num_experts,
+        expert_intermediate,
+        // transformers' default is false; the released checkpoints set it to true.
+        renormalize: f.bool_or("norm_topk_prob", false)?,
+        shared: None,
+        moe_layers: moe_layers(f, num_layers)?,
+        sliding_window: no_sliding_window(f)?,
+        attention_bias: f.bool_or("attention_bias", false)?,
+    })
+}
+
+fn synth_config(s: &SynthModel) -> Result<ConfigEntries> {
+    let mut c = synth_common(s);
+    c.push(("head_dim", json!(s.hidden / s.heads)));
+    c.push(("norm_topk_prob", json!(true)));
+    Ok(c)
+}

@@ -2,7 +2,8 @@
 //! the names real checkpoints use (per-expert or fused experts), written atomically. For tests,
 //! benchmarks and trying the tools without a download.
 
-use super::config::{Family, ModelConfig, SUPPORTED};
+use super::config::ModelConfig;
+use super::family::Family;
 use crate::atomic::{write_atomic, write_json_atomic};
 use crate::{bail, Error, Result};
 use rand::SeedableRng;
@@ -14,7 +15,7 @@ use std::path::Path;
 /// The shape of a synthetic model.
 #[derive(Clone, Debug)]
 pub struct SynthModel {
-    pub family: Family,
+    pub family: &'static Family,
     pub vocab: usize,
     pub hidden: usize,
     pub layers: usize,
@@ -41,7 +42,7 @@ pub struct SynthModel {
 
 impl SynthModel {
     /// A tiny model of `family` (hidden 64, 2 layers, 8 experts, top-2).
-    pub fn tiny(family: Family) -> Self {
+    pub fn tiny(family: &'static Family) -> Self {
         SynthModel {
             family,
             vocab: 128,
@@ -64,11 +65,7 @@ impl SynthModel {
 
     /// The family's `model_type`.
     pub fn model_type(&self) -> &'static str {
-        SUPPORTED
-            .iter()
-            .find(|(_, f)| *f == self.family)
-            .map(|(t, _)| *t)
-            .unwrap_or("?")
+        self.family.model_type
     }
 
     /// `config.json` in the family's own field names.
@@ -101,59 +98,8 @@ impl SynthModel {
             },
         });
         let o = c.as_object_mut().expect("an object");
-        let mut put = |k: &str, v: Value| {
-            o.insert(k.to_string(), v);
-        };
-        let dense_list: Vec<usize> = (0..self.dense_layers).collect();
-        match self.family {
-            Family::Olmoe => {
-                put("num_experts", json!(self.experts));
-                put("intermediate_size", json!(self.expert_intermediate));
-                put("norm_topk_prob", json!(false));
-                put("clip_qkv", Value::Null);
-            }
-            Family::Mixtral => {
-                put("num_local_experts", json!(self.experts));
-                put("intermediate_size", json!(self.expert_intermediate));
-                put("sliding_window", Value::Null);
-            }
-            Family::Qwen2Moe | Family::Qwen3Moe => {
-                put("num_experts", json!(self.experts));
-                put("moe_intermediate_size", json!(self.expert_intermediate));
-                put("intermediate_size", json!(self.dense_intermediate));
-                put("decoder_sparse_step", json!(1));
-                put("mlp_only_layers", json!(dense_list));
-                if self.family == Family::Qwen2Moe {
-                    put(
-                        "shared_expert_intermediate_size",
-                        json!(self.shared_intermediate),
-                    );
-                    put("norm_topk_prob", json!(false));
-                } else {
-                    put("head_dim", json!(self.hidden / self.heads));
-                    put("norm_topk_prob", json!(true));
-                }
-            }
-            Family::DeepseekMoe => {
-                if self.shared_intermediate % self.expert_intermediate != 0 {
-                    bail!(
-                        "DeepSeek's shared experts are whole experts: {} is not a multiple of {}",
-                        self.shared_intermediate,
-                        self.expert_intermediate
-                    );
-                }
-                put("n_routed_experts", json!(self.experts));
-                put(
-                    "n_shared_experts",
-                    json!(self.shared_intermediate / self.expert_intermediate),
-                );
-                put("moe_intermediate_size", json!(self.expert_intermediate));
-                put("intermediate_size", json!(self.dense_intermediate));
-                put("first_k_dense_replace", json!(self.dense_layers));
-                put("moe_layer_freq", json!(1));
-                put("norm_topk_prob", json!(false));
-                put("scoring_func", json!("softmax"));
-            }
+        for (key, value) in (self.family.synth_config)(self)? {
+            o.insert(key.to_string(), value);
         }
         Ok(c)
     }

@@ -6,7 +6,7 @@ use crate::table::Table;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use occult_core::analysis::place_trace;
-use occult_core::placement::{Method, SearchConfig};
+use occult_core::analysis::placement::{Method, SearchConfig};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -97,7 +97,7 @@ fn place(a: PlaceBenchArgs) -> Result<()> {
                     layers: infos.len(),
                     tokens: trace.layers.first().map_or(0, |l| l.tokens),
                     seconds,
-                    ect: occult_core::collab::token_weighted_mean(
+                    ect: occult_core::analysis::collab::token_weighted_mean(
                         infos.iter().map(|i| (i.ect, i.tokens)),
                     ),
                 };
@@ -200,7 +200,7 @@ pub enum Backend {
 
 fn layer(a: LayerBenchArgs) -> Result<()> {
     use crate::bench_layer::{LayerBench, ModeResult};
-    use occult_core::cost::LinkProfile;
+    use occult_core::ep::cost::LinkProfile;
     let bench = LayerBench {
         experts: a.experts,
         top_k: a.top_k,
@@ -215,8 +215,10 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
         placement: a.placement.into(),
         max_devices: a.max_devices,
         prune_rule: match a.prune_rule {
-            super::prune::RuleArg::Router => occult_core::pruning::PruneRule::Router,
-            super::prune::RuleArg::Similarity => occult_core::pruning::PruneRule::Similarity,
+            super::prune::RuleArg::Router => occult_core::analysis::pruning::PruneRule::Router,
+            super::prune::RuleArg::Similarity => {
+                occult_core::analysis::pruning::PruneRule::Similarity
+            }
         },
     };
     let link = a.link.as_deref().map(LinkProfile::load).transpose()?;
@@ -225,7 +227,7 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
             bench.validate()?;
             let setup = bench.setup()?;
             eprintln!("running {} local ranks", bench.devices);
-            let per_rank = occult_core::comm::local::run_local(bench.devices, |comm| {
+            let per_rank = occult_core::ep::comm::local::run_local(bench.devices, |comm| {
                 bench
                     .run_rank(&setup, comm)
                     .map_err(|e| occult_core::Error::invalid(e.to_string()))
@@ -286,8 +288,8 @@ type LayerRecords = (Option<(Vec<crate::bench_layer::RankRecord>, f64)>, bool);
 
 #[cfg(feature = "mpi")]
 fn mpi_layer(bench: &crate::bench_layer::LayerBench) -> Result<LayerRecords> {
-    use occult_core::comm::Communicator;
-    let comm = occult_core::comm::mpi::MpiComm::init()?;
+    use occult_core::ep::comm::Communicator;
+    let comm = occult_core::ep::comm::mpi::MpiComm::init()?;
     if comm.size() != bench.devices {
         anyhow::bail!(
             "--devices {} but mpirun started {} ranks; pass --devices {}",
@@ -326,7 +328,7 @@ fn mpi_layer(_: &crate::bench_layer::LayerBench) -> Result<LayerRecords> {
 fn render_layer(
     bench: &crate::bench_layer::LayerBench,
     results: &[crate::bench_layer::ModeResult],
-    link: Option<&occult_core::cost::LinkProfile>,
+    link: Option<&occult_core::ep::cost::LinkProfile>,
     backend: Backend,
 ) -> String {
     let ms = |s: f64| format!("{:.2}", s * 1e3);

@@ -3,19 +3,20 @@
 //! Writes results as JSON (per task and metric with standard errors, the configuration, the
 //! version and the seed), prints a Markdown table, and with `--log-samples` writes
 //! `samples_TASK.jsonl` beside the results. A task that fails is reported and the others go on.
+//! The command parses flags, runs the model and prints; the harness prepares and scores the
+//! tasks ([`crate::harness::evaluate`]) and aggregates their results
+//! ([`crate::harness::results`]).
 
 use super::model_opts::ModelOpts;
-use crate::harness::data::{self, Source};
-use crate::harness::metrics::{item_metrics, mean_stderr, pooled, Estimate};
-use crate::harness::scorer::{ScoreOptions, Scorer};
-use crate::harness::task::{Item, Metric, TaskSpec};
+use crate::harness::evaluate::{prepare, score_task, PrepareOptions};
+use crate::harness::results::{summarise, TaskResults};
+use crate::harness::scorer::ScoreOptions;
 use crate::table::Table;
 use anyhow::{bail, Context, Result};
 use occult_core::models::model::RoutingRecorder;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -66,94 +67,9 @@ pub struct EvalArgs {
     pub trace: Option<PathBuf>,
 }
 
-/// One task's items, ready to score.
-struct Prepared {
-    spec: TaskSpec,
-    items: Vec<Item>,
-    shots: usize,
-}
-
-/// One task's scores.
-struct Scored {
-    lls: Vec<Vec<f64>>,
-    forward_tokens: u64,
-    forward_passes: u64,
-    seconds: f64,
-}
-
-fn task_spec(name: &str) -> Result<TaskSpec> {
-    if let Some((_, text)) = data::TASKS.iter().find(|(n, _)| *n == name) {
-        return TaskSpec::parse(text, &format!("tasks/{name}.toml"));
-    }
-    let p = Path::new(name);
-    if p.extension().is_some_and(|e| e == "toml") && p.is_file() {
-        return TaskSpec::read(p);
-    }
-    bail!(
-        "unknown task {name:?}: the built-in tasks are {}; or give a path to a task file",
-        data::TASKS
-            .iter()
-            .map(|(n, _)| *n)
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
-}
-
-fn prepare(a: &EvalArgs, name: &str, sources: &BTreeMap<String, PathBuf>) -> Result<Prepared> {
-    let spec = task_spec(name)?;
-    let source = match (sources.get(name).or(sources.get(&spec.name)), a.samples) {
-        (Some(p), _) => Source::Path(p.clone()),
-        (None, true) => Source::Samples,
-        (None, false) => Source::Hub,
-    };
-    let (eval, few) = data::load(&spec, &source)?;
-    let shots = a.num_fewshot.unwrap_or(spec.prompt.num_fewshot);
-    let eval_split = &spec.data.eval_split;
-    if let Some(fs) = spec
-        .data
-        .fewshot_split
-        .as_ref()
-        .filter(|s| *s != eval_split)
-    {
-        if few.is_none() && shots > 0 {
-            bail!(
-                "{shots}-shot {} needs its {fs} split for the examples, and the data has none \
-                 (give --data {}=FOLDER with {eval_split} and {fs} files, or --num-fewshot 0)",
-                spec.name,
-                spec.name
-            );
-        }
-    }
-    let docs = spec.prepare(&eval.docs, &eval.origins)?;
-    let few = few.map(|f| spec.prepare(&f.docs, &f.origins)).transpose()?;
-    // --limit applies per group (each MMLU subject), as the harness limits each subtask.
-    let mut taken: BTreeMap<Option<String>, usize> = BTreeMap::new();
-    let selected: Vec<usize> = (0..docs.len())
-        .filter(|&i| {
-            let g = spec.data.group_field.as_ref().and_then(|f| {
-                crate::harness::template::lookup(&docs[i], f)
-                    .and_then(crate::harness::template::as_text)
-            });
-            let n = taken.entry(g).or_default();
-            *n += 1;
-            a.limit.is_none_or(|l| *n <= l)
-        })
-        .collect();
-    if selected.is_empty() {
-        bail!("no documents to score in {}", spec.name);
-    }
-    let items = selected
-        .into_iter()
-        .map(|i| {
-            spec.item(&docs, i, few.as_deref(), shots, a.seed)
-                .with_context(|| eval.origins[i].clone())
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Prepared { spec, items, shots })
-}
-
-/// The `--data TASK=PATH` sources, each naming one of `--tasks`; checks `--batch-size`.
-fn data_sources(a: &EvalArgs) -> Result<BTreeMap<String, PathBuf>> {
+/// The harness's options for preparing tasks: `--data TASK=PATH` sources, each naming one of
+/// `--tasks`, and the few-shot, limit and seed flags; checks `--batch-size`.
+fn prepare_options(a: &EvalArgs) -> Result<PrepareOptions> {
     if a.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
@@ -171,137 +87,23 @@ fn data_sources(a: &EvalArgs) -> Result<BTreeMap<String, PathBuf>> {
         }
         sources.insert(t.to_string(), PathBuf::from(p));
     }
-    Ok(sources)
+    Ok(PrepareOptions {
+        data: sources,
+        samples: a.samples,
+        num_fewshot: a.num_fewshot,
+        limit: a.limit,
+        seed: a.seed,
+    })
 }
 
-/// Scores one task's items; `rec` records routing and is handed back.
-fn score_task(
-    m: &occult_core::models::model::Model,
-    tok: &occult_core::models::tokenizer::TextTokenizer,
-    opts: ScoreOptions,
-    p: &Prepared,
-    rec: Option<RoutingRecorder>,
-    progress: &dyn Fn(u64),
-) -> (Result<Scored, String>, Option<RoutingRecorder>) {
-    let clock = Instant::now();
-    let mut sc = Scorer::new(m, tok, opts);
-    sc.recorder = rec;
-    let mut lls = Vec::with_capacity(p.items.len());
-    for chunk in p.items.chunks(16) {
-        match sc.score(chunk) {
-            Ok(l) => lls.extend(l),
-            Err(e) => return (Err(format!("{e:#}")), sc.recorder.take()),
-        }
-        progress(chunk.len() as u64);
-    }
-    let s = Scored {
-        lls,
-        forward_tokens: sc.forward_tokens,
-        forward_passes: sc.forward_passes,
-        seconds: clock.elapsed().as_secs_f64(),
-    };
-    (Ok(s), sc.recorder.take())
-}
-
-/// Results of one task (and its groups) as the JSON `results` entry.
-fn summarise(p: &Prepared, s: &Scored) -> (Value, Vec<Value>) {
-    let mut acc = Vec::new();
-    let mut norm = Vec::new();
-    let mut by_group: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
-    let mut samples = Vec::new();
-    for (it, lls) in p.items.iter().zip(&s.lls) {
-        let (a, n) = item_metrics(lls, &it.choice_chars, it.gold);
-        acc.push(a);
-        norm.push(n);
-        if let Some(g) = &it.group {
-            let e = by_group.entry(g.clone()).or_default();
-            e.0.push(a);
-            e.1.push(n);
-        }
-        samples.push(
-            json!({"doc_id": it.doc_id, "target": it.gold, "loglikelihoods": lls,
-            "acc": a, "acc_norm": n}),
-        );
-    }
-    // A task's, group's or category's figures: its metrics with stderr, and its size.
-    let figures = |x: Estimate, y: Estimate| {
-        let mut o = serde_json::Map::new();
-        for m in &p.spec.metrics {
-            let (key, e) = match m {
-                Metric::Acc => ("acc", x),
-                Metric::AccNorm => ("acc_norm", y),
-            };
-            o.insert(key.into(), json!(e.value));
-            o.insert(format!("{key}_stderr"), json!(e.stderr));
-        }
-        o.insert("n".into(), json!(x.n));
-        o
-    };
-    let (top, subs) = if by_group.is_empty() {
-        ((mean_stderr(&acc), mean_stderr(&norm)), None)
-    } else {
-        // Groups: each subtask's mean, then the size-weighted pool.
-        let mut subs = serde_json::Map::new();
-        let mut groups: Vec<(&String, Estimate, Estimate)> = Vec::new();
-        for (g, (a, n)) in &by_group {
-            let (x, y) = (mean_stderr(a), mean_stderr(n));
-            subs.insert(format!("{}_{g}", p.spec.name), Value::Object(figures(x, y)));
-            groups.push((g, x, y));
-        }
-        // Categories pool their groups; the task pools the categories and any group in no
-        // category, as the harness's nested groups do.
-        let cats = &p.spec.data.categories;
-        let mut parts: Vec<(Estimate, Estimate)> = Vec::new();
-        for (cat, members) in cats {
-            let (ca, cn): (Vec<Estimate>, Vec<Estimate>) = groups
-                .iter()
-                .filter(|(g, _, _)| members.contains(g))
-                .map(|&(_, x, y)| (x, y))
-                .unzip();
-            if ca.is_empty() {
-                continue;
-            }
-            let (x, y) = (pooled(&ca), pooled(&cn));
-            subs.insert(
-                format!("{}_{cat}", p.spec.name),
-                Value::Object(figures(x, y)),
-            );
-            parts.push((x, y));
-        }
-        parts.extend(
-            groups
-                .iter()
-                .filter(|(g, _, _)| !cats.values().any(|m| m.contains(g)))
-                .map(|&(_, x, y)| (x, y)),
-        );
-        let (ta, tn): (Vec<Estimate>, Vec<Estimate>) = parts.into_iter().unzip();
-        ((pooled(&ta), pooled(&tn)), Some(subs))
-    };
-    let mut o = figures(top.0, top.1);
-    if let Some(subs) = subs {
-        o.insert("subtasks".into(), Value::Object(subs));
-    }
-    o.insert("num_fewshot".into(), json!(p.shots));
-    o.insert(
-        "speed".into(),
-        json!({
-            "seconds": s.seconds,
-            "items_per_s": p.items.len() as f64 / s.seconds.max(1e-9),
-            "forward_tokens": s.forward_tokens,
-            "forward_tokens_per_item": s.forward_tokens as f64 / p.items.len() as f64,
-            "forward_passes": s.forward_passes,
-        }),
-    );
-    (Value::Object(o), samples)
-}
-
+/// `occult eval`: prepares, scores and reports every task; fails if any task failed.
 pub fn run(a: EvalArgs) -> Result<()> {
-    let sources = data_sources(&a)?;
+    let po = prepare_options(&a)?;
     // Tasks that cannot be prepared are reported; the others go on.
     let mut errors: BTreeMap<String, String> = BTreeMap::new();
     let mut prepared = Vec::new();
     for name in &a.tasks {
-        match prepare(&a, name, &sources) {
+        match prepare(name, &po) {
             Ok(p) => prepared.push(p),
             Err(e) => {
                 eprintln!("error: task {name}: {e:#}");
@@ -361,19 +163,19 @@ pub fn run(a: EvalArgs) -> Result<()> {
                 continue;
             }
         };
-        let (r, samples) = summarise(p, &s);
-        for m in &p.spec.metrics {
-            let key = match m {
-                Metric::Acc => "acc",
-                Metric::AccNorm => "acc_norm",
-            };
+        let TaskResults {
+            results: r,
+            samples,
+        } = summarise(p, &s);
+        for &m in &p.spec.metrics {
+            let key = m.key();
             table.row(vec![
                 p.spec.name.clone(),
                 p.items.len().to_string(),
                 p.shots.to_string(),
                 key.into(),
                 format!("{:.4}", r[key].as_f64().unwrap_or(f64::NAN)),
-                r[format!("{key}_stderr")]
+                r[m.stderr_key()]
                     .as_f64()
                     .map_or("N/A".into(), |x| format!("{x:.4}")),
                 format!("{:.2}", r["speed"]["items_per_s"].as_f64().unwrap_or(0.0)),
@@ -434,11 +236,11 @@ pub fn run(a: EvalArgs) -> Result<()> {
 /// by side: forward tokens per item, forward passes, items/s, and the largest difference in a
 /// log-likelihood between the two.
 pub fn bench(a: EvalArgs) -> Result<()> {
-    let sources = data_sources(&a)?;
+    let po = prepare_options(&a)?;
     let prepared = a
         .tasks
         .iter()
-        .map(|t| prepare(&a, t, &sources).with_context(|| format!("task {t}")))
+        .map(|t| prepare(t, &po).with_context(|| format!("task {t}")))
         .collect::<Result<Vec<_>>>()?;
     let ck = a.model.open()?;
     let tok = ck.tokenizer()?;

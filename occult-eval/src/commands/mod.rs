@@ -14,8 +14,8 @@ pub mod reproduce;
 pub mod trace;
 
 use anyhow::{bail, Context, Result};
-use occult_core::placement::{self, Placement};
-use occult_core::trace::Trace;
+use occult_core::analysis::placement::{self, Placement};
+use occult_core::analysis::trace::Trace;
 use std::path::Path;
 
 /// Reads and validates a trace.

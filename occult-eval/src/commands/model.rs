@@ -2,7 +2,7 @@
 
 use super::model_opts::ModelOpts;
 use anyhow::{bail, Result};
-use occult_core::models::config::SUPPORTED;
+use occult_core::models::family::{family, supported};
 use occult_core::models::synth::SynthModel;
 use std::path::PathBuf;
 
@@ -75,13 +75,8 @@ pub fn run(c: ModelCmd) -> Result<()> {
 }
 
 fn synth(a: SynthArgs) -> Result<()> {
-    let family = match SUPPORTED.iter().find(|(t, _)| *t == a.family) {
-        Some((_, f)) => *f,
-        None => bail!(
-            "unknown family {:?} (one of {})",
-            a.family,
-            SUPPORTED.map(|(t, _)| t).join(", ")
-        ),
+    let Some(family) = family(&a.family) else {
+        bail!("unknown family {:?} (one of {})", a.family, supported())
     };
     let dtype = match a.dtype.as_str() {
         "f32" => safetensors::Dtype::F32,
@@ -126,7 +121,7 @@ fn info(a: InfoArgs) -> Result<()> {
     let v = serde_json::json!({
         "model": ck.name,
         "folder": ck.files.dir,
-        "family": format!("{:?}", c.family),
+        "family": c.family.model_type,
         "layers": c.num_layers,
         "moe_layers": (0..c.num_layers).filter(|&l| c.moe_layers[l]).collect::<Vec<_>>(),
         "hidden_size": c.hidden_size,

@@ -4,16 +4,16 @@
 //! (threads) in the EP modes, each holding the dense weights once and only its own experts.
 
 use anyhow::{bail, Context, Result};
-use occult_core::comm::local::run_local;
-use occult_core::comm::Communicator;
-use occult_core::dispatch::DispatchMode;
+use occult_core::analysis::placement::Placement;
+use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::similarity::SimilarityTable;
+use occult_core::analysis::trace::Trace;
+use occult_core::ep::comm::local::run_local;
+use occult_core::ep::comm::Communicator;
+use occult_core::ep::dispatch::DispatchMode;
+use occult_core::ep::PruneSpec;
 use occult_core::models::loader::{parse_dtype, Checkpoint};
 use occult_core::models::model::{DenseParts, Model, MoeSetup};
-use occult_core::moe::PruneSpec;
-use occult_core::placement::Placement;
-use occult_core::pruning::PruneRule;
-use occult_core::similarity::SimilarityTable;
-use occult_core::trace::Trace;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -124,7 +124,7 @@ impl ModelOpts {
                 (maps, pl.num_devices)
             }
             None => {
-                occult_core::placement::check_sizes(e, self.devices)?;
+                occult_core::analysis::placement::check_sizes(e, self.devices)?;
                 (BTreeMap::new(), self.devices)
             }
         };

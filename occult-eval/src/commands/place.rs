@@ -4,8 +4,8 @@ use crate::progress::bar;
 use crate::table::{fmt_opt, Table};
 use anyhow::{Context, Result};
 use clap::Args;
+use occult_core::analysis::placement::{Method, Placement, SearchConfig};
 use occult_core::analysis::{place_trace, PlaceInfo};
-use occult_core::placement::{Method, Placement, SearchConfig};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -111,7 +111,8 @@ fn render(infos: &[PlaceInfo], p: &Placement) -> String {
             i.swaps.map_or("-".into(), |s| s.to_string()),
         ]);
     }
-    let mean = occult_core::collab::token_weighted_mean(infos.iter().map(|i| (i.ect, i.tokens)));
+    let mean =
+        occult_core::analysis::collab::token_weighted_mean(infos.iter().map(|i| (i.ect, i.tokens)));
     format!(
         "{}\nmethod {}: mean E[C_T] {mean:.3} on {} devices\n",
         t.render(),

@@ -9,8 +9,8 @@
 use super::model_opts::ModelOpts;
 use anyhow::{bail, Context, Result};
 use candle::{Device, Tensor};
+use occult_core::analysis::trace::{LayerTrace, Trace, TraceMeta};
 use occult_core::models::model::{Logits, RoutingRecorder};
-use occult_core::trace::{LayerTrace, Trace, TraceMeta};
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug)]

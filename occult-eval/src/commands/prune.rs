@@ -6,9 +6,9 @@ use crate::progress::bar;
 use crate::table::Table;
 use anyhow::{Context, Result};
 use clap::Args;
+use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::routing::{GroupLimit, GroupScore, RouterRule, Scoring};
 use occult_core::analysis::{check_router_matches, prune_trace, PruneReport};
-use occult_core::pruning::PruneRule;
-use occult_core::routing::{GroupLimit, GroupScore, RouterRule, Scoring};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]

@@ -7,12 +7,12 @@ use super::{with_provenance, write_json, RowDtype};
 use crate::table::{count, Table};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use occult_core::analysis::placement::{Method, Placement, SearchConfig};
+use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::routing::RouterRule;
+use occult_core::analysis::synth::{synth_trace, SynthConfig};
+use occult_core::analysis::trace::Trace;
 use occult_core::analysis::{place_trace, prune_trace, trace_stats, TraceStats};
-use occult_core::placement::{Method, Placement, SearchConfig};
-use occult_core::pruning::PruneRule;
-use occult_core::routing::RouterRule;
-use occult_core::synth::{synth_trace, SynthConfig};
-use occult_core::trace::Trace;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -199,7 +199,7 @@ pub fn run(a: ReproduceArgs) -> Result<()> {
     eprintln!("[3/4] statistics");
     let tokens: usize = trace.layers.iter().map(|l| l.tokens).sum();
     let per_tok = |x: u64| x as f64 / tokens.max(1) as f64;
-    let sum = |s: &TraceStats, f: fn(&occult_core::collab::LayerStats) -> u64| {
+    let sum = |s: &TraceStats, f: fn(&occult_core::analysis::collab::LayerStats) -> u64| {
         s.layers.iter().map(f).sum::<u64>()
     };
     let contiguous_stats = trace_stats(&trace, &placements[0].1, row_bytes, true)?;

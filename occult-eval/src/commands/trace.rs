@@ -4,7 +4,7 @@ use crate::progress::bar;
 use crate::table::{count, Table};
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use occult_core::synth::{synth_trace, SynthConfig};
+use occult_core::analysis::synth::{synth_trace, SynthConfig};
 use std::path::PathBuf;
 
 #[derive(Subcommand, Debug)]

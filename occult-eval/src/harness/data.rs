@@ -226,7 +226,7 @@ fn read_split(dir: &Path, split: &str, config: Option<&str>) -> Result<Option<Do
 
 /// The snapshot folder of dataset `repo` (`org/name`) in the Hugging Face cache.
 pub fn hub_dataset_dir(repo: &str, revision: Option<&str>) -> Result<PathBuf> {
-    let cache = occult_core::checkpoint::hub_cache_dir()
+    let cache = occult_core::models::checkpoint::hub_cache_dir()
         .context("no Hugging Face cache folder is known (set HF_HUB_CACHE or HF_HOME)")?;
     let folder = cache.join(format!("datasets--{}", repo.replace('/', "--")));
     let rev = revision.unwrap_or("main");

@@ -3,6 +3,7 @@
 //! its choice's length in characters), their mean over items with the sample standard error,
 //! and the pooled aggregate of a group of subtasks (MMLU).
 
+use super::task::Metric;
 use serde::Serialize;
 
 /// The first index of the largest value (numpy's `argmax`).
@@ -26,6 +27,29 @@ pub fn item_metrics(lls: &[f64], chars: &[usize], gold: usize) -> (f64, f64) {
         .collect();
     let acc_norm = (argmax_first(&norm) == gold) as u8 as f64;
     (acc, acc_norm)
+}
+
+/// One item's value of every metric.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ItemScores {
+    pub acc: f64,
+    pub acc_norm: f64,
+}
+
+impl ItemScores {
+    /// The scores of an item from its choices' log-likelihoods and lengths in characters.
+    pub fn of(lls: &[f64], chars: &[usize], gold: usize) -> Self {
+        let (acc, acc_norm) = item_metrics(lls, chars, gold);
+        ItemScores { acc, acc_norm }
+    }
+
+    /// The item's value of metric `m`.
+    pub fn get(self, m: Metric) -> f64 {
+        match m {
+            Metric::Acc => self.acc,
+            Metric::AccNorm => self.acc_norm,
+        }
+    }
 }
 
 /// A metric's value over items.
@@ -83,6 +107,8 @@ mod tests {
         assert_eq!(item_metrics(&lls, &[2, 10], 1), (1.0, 1.0));
         // Ties go to the first index.
         assert_eq!(item_metrics(&[-1.0, -1.0], &[1, 1], 0), (1.0, 1.0));
+        let s = ItemScores::of(&lls, &[12, 4], 0);
+        assert_eq!((s.get(Metric::Acc), s.get(Metric::AccNorm)), (0.0, 1.0));
     }
 
     #[test]

@@ -1,14 +1,20 @@
 //! The evaluation harness: lm-evaluation-harness-compatible multiple-choice scoring.
 //!
-//! - [`task`]: task files (`tasks/*.toml`) and the items they make of documents;
+//! - [`task`]: task files (`tasks/*.toml`), the items they make of documents, and the
+//!   metrics they report (each metric's name and JSON key);
 //! - [`template`] and [`preprocess`]: prompts, and the per-task document rules;
 //! - [`data`]: documents from JSONL/JSON files or folders, and the built-in samples;
 //! - [`scorer`]: log-likelihoods of the requests, with or without context reuse;
-//! - [`metrics`]: `acc`, `acc_norm`, standard errors, pooled groups.
+//! - [`evaluate`]: the steps of a task's evaluation: its items prepared, then scored;
+//! - [`metrics`]: `acc`, `acc_norm` of an item, means with standard errors, pooled groups;
+//! - [`results`]: a task's aggregation: per task, group and category, as the results JSON
+//!   and the samples lines.
 
 pub mod data;
+pub mod evaluate;
 pub mod metrics;
 pub mod preprocess;
+pub mod results;
 pub mod scorer;
 pub mod task;
 pub mod template;

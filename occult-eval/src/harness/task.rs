@@ -74,6 +74,25 @@ pub enum Metric {
     AccNorm,
 }
 
+impl Metric {
+    /// Every metric, in the order the samples lines list them.
+    pub const ALL: [Metric; 2] = [Metric::Acc, Metric::AccNorm];
+
+    /// The metric's name: as task files spell it, and its key in the results JSON, the
+    /// samples lines and the table.
+    pub fn key(self) -> &'static str {
+        match self {
+            Metric::Acc => "acc",
+            Metric::AccNorm => "acc_norm",
+        }
+    }
+
+    /// The key of the metric's standard error in the results JSON (`KEY_stderr`).
+    pub fn stderr_key(self) -> String {
+        format!("{}_stderr", self.key())
+    }
+}
+
 fn space() -> String {
     " ".into()
 }
@@ -453,6 +472,14 @@ gold = { field = "answer", among = ["1", "2"] }
         assert_eq!(it.continuations, vec![" had two."; 2]);
         assert_eq!((it.gold, it.choice_chars.clone()), (0, vec![29, 28]));
         assert!(!it.shared_context());
+    }
+
+    #[test]
+    fn metric_keys_are_the_task_file_names() {
+        for m in Metric::ALL {
+            assert_eq!(serde_json::to_value(m).unwrap(), json!(m.key()));
+        }
+        assert_eq!(Metric::AccNorm.stderr_key(), "acc_norm_stderr");
     }
 
     #[test]

@@ -6,8 +6,8 @@
 //! `--stall-rank R` keeps rank R alive but away from the collectives, so that the others' watchdog
 //! (`--timeout S` seconds, default 20) must end them (to check that nobody hangs).
 
-use occult_core::comm::mpi::MpiComm;
-use occult_core::comm::Communicator;
+use occult_core::ep::comm::mpi::MpiComm;
+use occult_core::ep::comm::Communicator;
 use occult_tests::parity::{Case, Fixture};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;

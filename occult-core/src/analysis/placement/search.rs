@@ -21,7 +21,7 @@
 //! every device within the limit are taken.
 
 use super::{greedy, random_balanced};
-use crate::collab::CoActivation;
+use crate::analysis::collab::CoActivation;
 use crate::{bail, Result};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -466,8 +466,8 @@ fn kl_pass(s: &mut State) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collab::total_devices;
-    use crate::placement::validate_map;
+    use crate::analysis::collab::total_devices;
+    use crate::analysis::placement::validate_map;
     use rand::seq::SliceRandom;
     use rand::Rng;
 
@@ -599,7 +599,7 @@ mod tests {
 
     #[test]
     fn reaches_the_planted_partition_on_clustered_routing() {
-        use crate::synth::{latent_clusters, layer_rng, synth_trace, SynthConfig};
+        use crate::analysis::synth::{latent_clusters, layer_rng, synth_trace, SynthConfig};
         // 8 clusters of 4 experts over 4 devices of 8: the planted partition puts two whole
         // clusters on each device. Greedy misses it on some layers; the search must not.
         let cfg = SynthConfig {

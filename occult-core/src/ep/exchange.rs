@@ -4,7 +4,7 @@
 //! keeping dispatch and combine on one chain of the graph (gate weights travel as extra columns
 //! of the dispatched rows).
 
-use crate::comm::Communicator;
+use crate::ep::comm::Communicator;
 use crate::{Error, Result};
 use candle::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use std::sync::{Arc, Mutex};
@@ -128,7 +128,7 @@ impl CustomOp1 for Exchange {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::comm::local::run_local;
+    use crate::ep::comm::local::run_local;
     use candle::{Device, Var};
 
     #[test]

@@ -6,7 +6,7 @@
 //!   full router (selection) scores.
 //! - **Similarity rule**: keep the chosen experts on allowed devices; replace each other one,
 //!   best first, by the most similar expert (cosine of router-logit columns, see
-//!   [`crate::similarity`]) that is on an allowed device and not yet selected.
+//!   [`crate::analysis::similarity`]) that is on an allowed device and not yet selected.
 //!
 //! The rewritten selection is ordered by selection score, best first (ties: lower id). Gate
 //! weights follow the model's rule: each selected expert keeps its own router score,
@@ -14,9 +14,9 @@
 //! Under group-limited routing the device limit takes the place of the group limit when a token
 //! is rewritten.
 
-use crate::placement::{capacities, validate_map};
-use crate::routing::{sort_by_score, top_k_ids, RouterRule, Selection};
-use crate::similarity::SimilarityTable;
+use crate::analysis::placement::{capacities, validate_map};
+use crate::analysis::routing::{sort_by_score, top_k_ids, RouterRule, Selection};
+use crate::analysis::similarity::SimilarityTable;
 use crate::{bail, Result};
 use serde::{Deserialize, Serialize};
 
@@ -189,7 +189,7 @@ mod tests {
         let out = p.prune_logits(&logits(), &sel.ids);
         // Allowed devices 1 and 2: experts 2,3,4,5; top-3: 2, 4, 3.
         assert_eq!(out.ids, vec![2, 4, 3]);
-        let probs = crate::routing::softmax(&logits());
+        let probs = crate::analysis::routing::softmax(&logits());
         assert_eq!(out.weights, vec![probs[2], probs[4], probs[3]]);
         assert_eq!(devices_of(&out.ids, &MAP), 2);
         assert_eq!(changed_choices(&sel.ids, &out.ids), 1);

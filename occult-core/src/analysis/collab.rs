@@ -8,12 +8,12 @@
 //! - standard dispatch: one row per (token, expert) pair, k per token;
 //! - Occult dispatch: one row per (token, device) pair, C_T per token;
 //! - a *remote* row is one whose destination device differs from the token's source rank
-//!   (see [`crate::ranks::RankSplit`]); rows to the source device never cross a link.
+//!   (see [`crate::analysis::ranks::RankSplit`]); rows to the source device never cross a link.
 //!
 //! These functions are the project's one definition of C_T and of row counts: dispatch plans
 //! are checked against them.
 
-use crate::ranks::RankSplit;
+use crate::analysis::ranks::RankSplit;
 use serde::Serialize;
 
 /// Co-activation counts and expert loads of one layer.

@@ -250,7 +250,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::comm::all_to_all_v;
+    use crate::ep::comm::all_to_all_v;
 
     #[test]
     fn variable_all_to_all_with_empty_peers_and_exact_stats() {

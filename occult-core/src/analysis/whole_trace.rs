@@ -1,14 +1,18 @@
 //! Whole-trace drivers behind the `occult collab`, `place` and `prune` commands: they apply the
-//! per-layer functions of [`crate::collab`], [`crate::placement`] and [`crate::pruning`] to every
+//! per-layer functions of [`crate::analysis::collab`], [`crate::analysis::placement`] and [`crate::analysis::pruning`] to every
 //! layer of a trace (layers in parallel) and gather the results.
 
-use crate::collab::{layer_stats, token_weighted_mean, total_devices, CoActivation, LayerStats};
-use crate::placement::{self, LayerPlacement, Method, Placement, PlacementMetrics, SearchConfig};
-use crate::pruning::{changed_choices, PruneRule, Pruner};
-use crate::ranks::RankSplit;
-use crate::routing::RouterRule;
-use crate::similarity::{SimilarityAccumulator, SimilarityTable};
-use crate::trace::{LayerTrace, Trace};
+use crate::analysis::collab::{
+    layer_stats, token_weighted_mean, total_devices, CoActivation, LayerStats,
+};
+use crate::analysis::placement::{
+    self, LayerPlacement, Method, Placement, PlacementMetrics, SearchConfig,
+};
+use crate::analysis::pruning::{changed_choices, PruneRule, Pruner};
+use crate::analysis::ranks::RankSplit;
+use crate::analysis::routing::RouterRule;
+use crate::analysis::similarity::{SimilarityAccumulator, SimilarityTable};
+use crate::analysis::trace::{LayerTrace, Trace};
 use crate::{bail, Error, Result};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -91,7 +95,7 @@ pub fn trace_stats(
         num_devices: d,
         row_bytes,
         mean_ect: token_weighted_mean(layers.iter().map(|s| (s.ect, s.tokens))),
-        uniform_ect: crate::collab::uniform_ect(trace.meta.num_experts, k, d),
+        uniform_ect: crate::analysis::collab::uniform_ect(trace.meta.num_experts, k, d),
         layers,
     })
 }

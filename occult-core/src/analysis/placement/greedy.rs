@@ -9,7 +9,7 @@
 //! Ties go to the lower expert id. Device sizes follow [`super::capacities`].
 
 use super::capacities;
-use crate::collab::CoActivation;
+use crate::analysis::collab::CoActivation;
 
 /// Greedy placement of `co.num_experts` experts on `num_devices` devices
 /// (sizes must have been checked with [`super::check_sizes`]).
@@ -76,7 +76,7 @@ pub fn greedy(co: &CoActivation, num_devices: usize) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placement::validate_map;
+    use crate::analysis::placement::validate_map;
 
     #[test]
     fn recovers_planted_pairs() {

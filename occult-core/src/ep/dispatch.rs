@@ -10,11 +10,11 @@
 //!
 //! Rows are grouped by destination rank (ascending) and, inside a group, in token order, so
 //! a send buffer is one `index_select` of the token rows and one contiguous block per peer.
-//! The row counts are those of [`crate::collab`] (the plan is built with its
+//! The row counts are those of [`crate::analysis::collab`] (the plan is built with its
 //! [`DeviceCounter`]), which tests hold together.
 
-use crate::collab::DeviceCounter;
-use crate::placement::experts_by_device;
+use crate::analysis::collab::DeviceCounter;
+use crate::analysis::placement::experts_by_device;
 use crate::{bail, Result};
 
 /// Marks an unused slot in `row_slots`.
@@ -107,62 +107,68 @@ impl SendPlan {
                 ids.len()
             );
         }
-        let e = loc.rank_of.len();
-        let d = loc.num_ranks;
-        let s = match mode {
+        let num_experts = loc.rank_of.len();
+        let slots_per_row = match mode {
             DispatchMode::Standard => 1,
             DispatchMode::Occult => k.min(loc.max_local()),
         };
-        let mut seen = vec![u32::MAX; e];
-        // (destination, token, slots, kpos) gathered per destination, then concatenated.
-        let mut per_dest: Vec<Vec<PlannedRow>> = vec![Vec::new(); d];
-        let mut counter = DeviceCounter::new(d);
-        for (t, row) in ids.chunks_exact(k).enumerate() {
-            for &x in row {
-                if x as usize >= e {
-                    bail!("token {t}: expert id {x} is out of range for {e} experts");
+        // The last token that chose each expert, to catch an expert chosen twice.
+        let mut last_token = vec![u32::MAX; num_experts];
+        // Rows gathered per destination rank, then concatenated.
+        let mut per_rank: Vec<Vec<PlannedRow>> = vec![Vec::new(); loc.num_ranks];
+        let mut counter = DeviceCounter::new(loc.num_ranks);
+        for (token, chosen) in ids.chunks_exact(k).enumerate() {
+            let token = token as u32;
+            for &expert in chosen {
+                if expert as usize >= num_experts {
+                    bail!(
+                        "token {token}: expert id {expert} is out of range for {num_experts} \
+                         experts"
+                    );
                 }
-                if seen[x as usize] == t as u32 {
-                    bail!("token {t}: expert {x} is chosen twice");
+                if last_token[expert as usize] == token {
+                    bail!("token {token}: expert {expert} is chosen twice");
                 }
-                seen[x as usize] = t as u32;
+                last_token[expert as usize] = token;
             }
+            // (slot on the destination, kpos) of each expert of the token.
+            let carried = |kpos: usize, expert: u32| (loc.slot_of[expert as usize], kpos as u32);
             match mode {
                 DispatchMode::Standard => {
-                    for (j, &x) in row.iter().enumerate() {
-                        let r = loc.rank_of[x as usize] as usize;
-                        per_dest[r].push((t as u32, vec![(loc.slot_of[x as usize], j as u32)]));
+                    for (kpos, &expert) in chosen.iter().enumerate() {
+                        let rank = loc.rank_of[expert as usize] as usize;
+                        per_rank[rank].push((token, vec![carried(kpos, expert)]));
                     }
                 }
                 DispatchMode::Occult => {
-                    counter.load(row, &loc.rank_of);
-                    for &r in counter.devices() {
-                        let carried: Vec<(u32, u32)> = row
+                    counter.load(chosen, &loc.rank_of);
+                    for &rank in counter.devices() {
+                        let on_rank: Vec<(u32, u32)> = chosen
                             .iter()
                             .enumerate()
-                            .filter(|(_, &x)| loc.rank_of[x as usize] == r)
-                            .map(|(j, &x)| (loc.slot_of[x as usize], j as u32))
+                            .filter(|(_, &expert)| loc.rank_of[expert as usize] == rank)
+                            .map(|(kpos, &expert)| carried(kpos, expert))
                             .collect();
-                        per_dest[r as usize].push((t as u32, carried));
+                        per_rank[rank as usize].push((token, on_rank));
                     }
                 }
             }
         }
-        let rows: usize = per_dest.iter().map(Vec::len).sum();
+        let rows: usize = per_rank.iter().map(Vec::len).sum();
         let mut plan = SendPlan {
             mode,
             top_k: k,
-            slots_per_row: s,
+            slots_per_row,
             row_token: Vec::with_capacity(rows),
-            send_counts: per_dest.iter().map(Vec::len).collect(),
-            row_slots: vec![NO_SLOT; rows * s],
-            row_kpos: vec![NO_SLOT; rows * s],
+            send_counts: per_rank.iter().map(Vec::len).collect(),
+            row_slots: vec![NO_SLOT; rows * slots_per_row],
+            row_kpos: vec![NO_SLOT; rows * slots_per_row],
         };
-        for (i, (t, carried)) in per_dest.into_iter().flatten().enumerate() {
-            plan.row_token.push(t);
+        for (row, (token, carried)) in per_rank.into_iter().flatten().enumerate() {
+            plan.row_token.push(token);
             for (j, (slot, kpos)) in carried.into_iter().enumerate() {
-                plan.row_slots[i * s + j] = slot;
-                plan.row_kpos[i * s + j] = kpos;
+                plan.row_slots[row * slots_per_row + j] = slot;
+                plan.row_kpos[row * slots_per_row + j] = kpos;
             }
         }
         Ok(plan)
@@ -180,16 +186,20 @@ impl SendPlan {
     /// The metadata each row carries to its destination, `[rows, width]`: the local expert
     /// slots, then (occult mode) the k positions of their gate weights.
     pub fn metadata(&self) -> (Vec<u32>, usize) {
-        let s = self.slots_per_row;
+        let width = self.slots_per_row;
         match self.mode {
-            DispatchMode::Standard => (self.row_slots.clone(), s),
+            DispatchMode::Standard => (self.row_slots.clone(), width),
             DispatchMode::Occult => {
-                let mut m = Vec::with_capacity(self.rows() * 2 * s);
-                for i in 0..self.rows() {
-                    m.extend_from_slice(&self.row_slots[i * s..(i + 1) * s]);
-                    m.extend_from_slice(&self.row_kpos[i * s..(i + 1) * s]);
+                let mut meta = Vec::with_capacity(self.rows() * 2 * width);
+                for (slots, kpos) in self
+                    .row_slots
+                    .chunks_exact(width)
+                    .zip(self.row_kpos.chunks_exact(width))
+                {
+                    meta.extend_from_slice(slots);
+                    meta.extend_from_slice(kpos);
                 }
-                (m, 2 * s)
+                (meta, 2 * width)
             }
         }
     }
@@ -200,19 +210,17 @@ impl SendPlan {
         let k = self.top_k as u32;
         self.row_token
             .iter()
-            .enumerate()
-            .flat_map(|(i, &t)| {
-                let s = self.slots_per_row;
-                self.row_kpos[i * s..(i + 1) * s]
-                    .iter()
-                    .map(move |&p| (p != NO_SLOT).then(|| t * k + p))
+            .zip(self.row_kpos.chunks_exact(self.slots_per_row))
+            .flat_map(|(&token, kpos)| {
+                kpos.iter()
+                    .map(move |&p| (p != NO_SLOT).then(|| token * k + p))
             })
             .collect()
     }
 }
 
-/// The expert work of the received rows, grouped by local expert: for expert slot `x`, pairs
-/// `offsets[x]..offsets[x + 1]` name the received row (`pair_row`) and, when rows carry gate
+/// The expert work of the received rows, grouped by local expert: for expert slot `s`, pairs
+/// `offsets[s]..offsets[s + 1]` name the received row (`pair_row`) and, when rows carry gate
 /// weights, the flat index `row * k + kpos` of the pair's weight in the received `[rows, k]`
 /// weight block (`pair_weight`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -233,8 +241,11 @@ impl ComputePlan {
         top_k: Option<usize>,
         num_local: usize,
     ) -> Result<Self> {
-        let s = slots_per_row;
-        let width = if top_k.is_some() { 2 * s } else { s };
+        let width = if top_k.is_some() {
+            2 * slots_per_row
+        } else {
+            slots_per_row
+        };
         if width == 0 || meta.len() % width != 0 {
             bail!(
                 "received metadata of {} values is not whole rows of {width}",
@@ -242,43 +253,45 @@ impl ComputePlan {
             );
         }
         let rows = meta.len() / width;
-        let slot = |r: usize, j: usize| meta[r * width + j];
+        // Entry j of row r's metadata.
+        let entry = |row: usize, j: usize| meta[row * width + j];
+        // Pairs per slot, shifted by one, then summed into each slot's first pair.
         let mut counts = vec![0usize; num_local + 1];
-        for r in 0..rows {
-            for j in 0..s {
-                let sl = slot(r, j);
-                if sl == NO_SLOT {
+        for row in 0..rows {
+            for j in 0..slots_per_row {
+                let slot = entry(row, j);
+                if slot == NO_SLOT {
                     continue;
                 }
-                if sl as usize >= num_local {
-                    bail!("received expert slot {sl}, but this rank holds {num_local} experts");
+                if slot as usize >= num_local {
+                    bail!("received expert slot {slot}, but this rank holds {num_local} experts");
                 }
-                counts[sl as usize + 1] += 1;
+                counts[slot as usize + 1] += 1;
             }
         }
-        for x in 0..num_local {
-            counts[x + 1] += counts[x];
+        for slot in 0..num_local {
+            counts[slot + 1] += counts[slot];
         }
         let offsets = counts.clone();
         let pairs = counts[num_local];
         let mut next = counts;
         let mut pair_row = vec![0u32; pairs];
         let mut pair_weight = vec![0u32; pairs];
-        for r in 0..rows {
-            for j in 0..s {
-                let sl = slot(r, j);
-                if sl == NO_SLOT {
+        for row in 0..rows {
+            for j in 0..slots_per_row {
+                let slot = entry(row, j);
+                if slot == NO_SLOT {
                     continue;
                 }
-                let at = next[sl as usize];
-                next[sl as usize] += 1;
-                pair_row[at] = r as u32;
+                let at = next[slot as usize];
+                next[slot as usize] += 1;
+                pair_row[at] = row as u32;
                 if let Some(k) = top_k {
-                    let kpos = slot(r, s + j);
+                    let kpos = entry(row, slots_per_row + j);
                     if kpos as usize >= k {
                         bail!("received k position {kpos} for top-{k} routing");
                     }
-                    pair_weight[at] = u32::try_from(r * k + kpos as usize).map_err(|_| {
+                    pair_weight[at] = u32::try_from(row * k + kpos as usize).map_err(|_| {
                         crate::Error::invalid(format!(
                             "{rows} received rows x top-{k} overflow u32"
                         ))
@@ -298,9 +311,9 @@ impl ComputePlan {
         self.pair_row.len()
     }
 
-    /// Pairs of local expert `x`.
-    pub fn range(&self, x: usize) -> std::ops::Range<usize> {
-        self.offsets[x]..self.offsets[x + 1]
+    /// Pairs of the local expert in `slot`.
+    pub fn range(&self, slot: usize) -> std::ops::Range<usize> {
+        self.offsets[slot]..self.offsets[slot + 1]
     }
 }
 

@@ -7,8 +7,8 @@
 //! softmax-then-top-k rule. `strength = 0` and `skew = 0` give uniform-random routing: every
 //! k-subset of experts is equally likely (the null case for placement).
 
-use crate::routing::RouterRule;
-use crate::trace::{LayerTrace, Trace, TraceMeta};
+use crate::analysis::routing::RouterRule;
+use crate::analysis::trace::{LayerTrace, Trace, TraceMeta};
 use crate::{bail, Result};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -61,7 +61,7 @@ impl SynthConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
-        crate::trace::check_experts_top_k(self.num_experts, self.top_k)
+        crate::analysis::trace::check_experts_top_k(self.num_experts, self.top_k)
             .map_err(|m| crate::Error::invalid(format!("synthetic trace: {m}")))?;
         let values = self
             .tokens

@@ -1,8 +1,8 @@
-//! Expert MLPs: a rank's local experts stored stacked (`[n, I, H]` gate and up, `[n, H, I]`
-//! down) with their grouped compute over received rows, and the dense SwiGLU MLP of shared
-//! experts. Every op here is differentiable in candle.
+//! Expert MLPs: experts stored stacked (`[n, I, H]` gate and up, `[n, H, I]` down) with their
+//! grouped compute over received rows, the dense SwiGLU MLP of shared experts, and the weights
+//! of one MoE layer. Every op here is differentiable in candle.
 
-use crate::dispatch::ComputePlan;
+use crate::ep::dispatch::ComputePlan;
 use crate::{bail, Result};
 use candle::Tensor;
 
@@ -17,6 +17,16 @@ pub fn swiglu(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<T
 /// `sigmoid(z)` from differentiable primitives.
 pub fn sigmoid(z: &Tensor) -> Result<Tensor> {
     Ok((z.neg()?.exp()? + 1.0)?.recip()?)
+}
+
+/// The weights of one MoE layer: every expert (the reference), or one rank's experts in slot
+/// order (the EP layer).
+#[derive(Clone, Debug)]
+pub struct MoeWeights {
+    /// `[E, H]`, replicated on every rank.
+    pub router: Tensor,
+    pub experts: SwigluStack,
+    pub shared: Option<SharedExperts>,
 }
 
 /// SwiGLU experts stored stacked along the first dimension.
@@ -92,41 +102,41 @@ impl SwigluStack {
         weights: Option<&Tensor>,
         plan: &ComputePlan,
     ) -> Result<Tensor> {
-        let r = rows.dims2()?.0;
-        let h = self.hidden();
+        let num_rows = rows.dims2()?.0;
+        let hidden = self.hidden();
         let dev = rows.device();
-        if r == 0 {
+        if num_rows == 0 {
             // Nothing received. The (empty) result must stay on the graph through both the
             // received rows and the expert weights, as it would with rows: this rank's backward
             // must run the reverse exchanges that its peers wait in, whether the input or only
             // the experts are trained. (candle drops empty operands from binary ops, so join
             // them with `cat`.)
             let no_rows = self.gate.get(0)?.narrow(0, 0, 0)?;
-            return Ok(Tensor::cat(&[&rows.narrow(1, 0, h)?, &no_rows], 0)?);
+            return Ok(Tensor::cat(&[&rows.narrow(1, 0, hidden)?, &no_rows], 0)?);
         }
         let rows = rows.contiguous()?;
         let weights = weights.map(|w| w.contiguous()).transpose()?;
-        let mut outs = Vec::new();
+        let mut outputs = Vec::new();
         let mut dest = Vec::new();
-        for x in 0..plan.num_local {
-            let range = plan.range(x);
+        for slot in 0..plan.num_local {
+            let range = plan.range(slot);
             if range.is_empty() {
                 continue;
             }
             let n = range.len();
-            let ri = Tensor::from_slice(&plan.pair_row[range.clone()], n, dev)?;
+            let pair_rows = Tensor::from_slice(&plan.pair_row[range.clone()], n, dev)?;
             // Gather the rows first, then drop the extra columns: no full-width copy.
-            let xs = rows.index_select(&ri, 0)?.narrow(1, 0, h)?;
-            let mut y = self.expert(x, &xs)?;
+            let xs = rows.index_select(&pair_rows, 0)?.narrow(1, 0, hidden)?;
+            let mut y = self.expert(slot, &xs)?;
             if let Some(w) = &weights {
-                let wi = Tensor::from_slice(&plan.pair_weight[range], n, dev)?;
-                y = y.broadcast_mul(&w.index_select(&wi, 0)?.unsqueeze(1)?)?;
+                let at = Tensor::from_slice(&plan.pair_weight[range], n, dev)?;
+                y = y.broadcast_mul(&w.index_select(&at, 0)?.unsqueeze(1)?)?;
             }
-            outs.push(y);
-            dest.push(ri);
+            outputs.push(y);
+            dest.push(pair_rows);
         }
-        let zeros = Tensor::zeros((r, h), rows.dtype(), dev)?;
-        Ok(zeros.index_add(&Tensor::cat(&dest, 0)?, &Tensor::cat(&outs, 0)?, 0)?)
+        let zeros = Tensor::zeros((num_rows, hidden), rows.dtype(), dev)?;
+        Ok(zeros.index_add(&Tensor::cat(&dest, 0)?, &Tensor::cat(&outputs, 0)?, 0)?)
     }
 }
 

@@ -9,7 +9,7 @@
 //! that link's bandwidth plus one latency per non-empty message; its compute time is its expert
 //! FLOPs over the device throughput. CPU-measured time never enters a projection.
 
-use crate::comm::Exchange;
+use crate::ep::comm::Exchange;
 use crate::{bail, Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -48,12 +48,12 @@ fn two() -> f64 {
 
 /// The profiles that ship with Occult, by name.
 pub const BUILT_IN: [(&str, &str); 3] = [
-    ("pcie4", include_str!("../../configs/links/pcie4.toml")),
+    ("pcie4", include_str!("../../../configs/links/pcie4.toml")),
     (
         "nvlink-h100",
-        include_str!("../../configs/links/nvlink-h100.toml"),
+        include_str!("../../../configs/links/nvlink-h100.toml"),
     ),
-    ("ib-ndr", include_str!("../../configs/links/ib-ndr.toml")),
+    ("ib-ndr", include_str!("../../../configs/links/ib-ndr.toml")),
 ];
 
 impl LinkProfile {

@@ -1,0 +1,35 @@
+//! The host-side, tensor-free half of Occult: what routing does to traffic, and how to change it.
+//!
+//! | module | holds |
+//! |---|---|
+//! | [`routing`] | router rules: softmax/sigmoid scores, top-k, renormalisation, group limits |
+//! | [`trace`] | routing traces on disk (`occult.trace.v1`) |
+//! | [`synth`] | synthetic traces with latent expert clusters |
+//! | [`ranks`] | which source rank each token of a trace belongs to |
+//! | [`collab`] | co-activation matrices, C_T and E[C_T], row and byte counts per link |
+//! | [`placement`] | expert -> device maps, their JSON file, and the placement methods |
+//! | [`pruning`] | device-limited routing (router-score and similarity rules) |
+//! | [`similarity`] | the expert-similarity tables the similarity rule reads |
+//! | [`whole_trace`] | drivers that apply the per-layer functions to every layer of a trace |
+//!
+//! Nothing here touches a tensor: the functions take ids, logits and maps as plain slices, so
+//! they are cheap, deterministic and tested by properties over random routings.
+
+pub mod collab;
+pub mod placement;
+pub mod pruning;
+pub mod ranks;
+pub mod routing;
+pub mod similarity;
+pub mod synth;
+pub mod trace;
+pub mod whole_trace;
+
+pub use placement::{Method, Placement};
+pub use pruning::{PruneRule, Pruner};
+pub use routing::RouterRule;
+pub use trace::Trace;
+pub use whole_trace::{
+    check_placement_fits, check_router_matches, layer_similarity, place_trace, prune_trace,
+    source_split, trace_stats, PlaceInfo, PruneLayer, PruneReport, TraceStats,
+};

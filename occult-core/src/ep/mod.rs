@@ -1,0 +1,31 @@
+//! Expert parallelism: one MoE layer spread over D ranks, each holding E/D experts.
+//!
+//! | module | holds | stage of [`EpMoe::forward`] |
+//! |---|---|---|
+//! | [`router`] | router logits on the graph, top-k ids on the host, gate weights gathered back | route |
+//! | [`dispatch`] | index maps: which rows go where and what each carries (standard or Occult) | plan |
+//! | [`comm`] | the [`Communicator`] trait, its statistics, and its backends (threads, MPI) | dispatch, combine |
+//! | [`exchange`] | the all-to-all of tensor rows as a differentiable op | dispatch, combine |
+//! | [`experts`] | a rank's stacked SwiGLU experts, their grouped compute, shared experts | compute |
+//! | [`moe`] | the EP layer: settings, the named stages, per-step statistics | all |
+//! | [`reference`] | the plain single-device MoE forward: the oracle every EP mode must match | - |
+//! | [`cost`] | link profiles, and a step's projection onto a cluster's links | - |
+//!
+//! Plans are plain index arithmetic (tested without tensors); the layer sees only the
+//! [`Communicator`] trait, never a backend.
+
+pub mod comm;
+pub mod cost;
+pub mod dispatch;
+pub mod exchange;
+pub mod experts;
+pub mod moe;
+pub mod reference;
+pub mod router;
+
+pub use comm::Communicator;
+pub use dispatch::{ComputePlan, DispatchMode, ExpertLocations, SendPlan};
+pub use experts::{MoeWeights, SharedExperts, SwigluStack};
+pub use moe::{residual_add, EpMoe, EpSettings, StepStats};
+pub use reference::{reference_forward, reference_forward_routed};
+pub use router::{route, PruneSpec, Routed};

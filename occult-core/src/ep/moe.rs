@@ -1,0 +1,340 @@
+//! The expert-parallel MoE layer: one rank's part of a layer whose experts are spread over the
+//! ranks of a [`Communicator`] group.
+//!
+//! [`EpMoe::forward`] runs five named stages, as Megatron-Core's `MoELayer.forward` names
+//! router, dispatch, experts and combine, and as DeepEP separates the layout from the
+//! exchange:
+//!
+//! ```text
+//! route     x [T, H] -> ids [T, k] (host), gate weights [T, k] (graph)     router.rs
+//! plan      ids + placement -> SendPlan: rows per rank, their slots        dispatch.rs
+//! dispatch  gather rows, exchange metadata and rows -> received rows
+//!           + DispatchHandle (plan, receive counts, compute plan)          exchange.rs
+//! compute   received rows -> grouped experts -> one output per row         experts.rs
+//! combine   DispatchHandle + outputs -> reverse exchange -> [T, H]
+//!           (+ gate weights in standard mode, + shared experts)
+//! ```
+//!
+//! A new stage is one private method here and one line in [`EpMoe::forward_routed`]. The
+//! single-device oracle is [`super::reference`]; nothing here is shared with it but the router.
+
+use super::comm::{all_to_all_v, Communicator};
+use super::dispatch::{ComputePlan, DispatchMode, ExpertLocations, SendPlan};
+use super::exchange::exchange_rows;
+use super::experts::MoeWeights;
+use super::router::{route, PruneSpec, Routed};
+use crate::analysis::collab::total_devices;
+use crate::analysis::placement::validate_map;
+use crate::analysis::routing::RouterRule;
+use crate::{bail, Result};
+use candle::Tensor;
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// `h + y` for a residual connection around an EP layer, safe on ranks without tokens.
+///
+/// On empty tensors candle's `+` returns its left operand and drops the right one from the
+/// graph. A rank without tokens would then lose the EP layer from its backward, although its
+/// experts processed other ranks' rows, and its peers would wait for its reverse exchanges.
+/// For two empty tensors, concatenation along rows is the sum and keeps both on the graph.
+pub fn residual_add(h: &Tensor, y: &Tensor) -> Result<Tensor> {
+    if h.elem_count() == 0 && y.elem_count() == 0 && h.dims() == y.dims() {
+        Ok(Tensor::cat(&[h, y], 0)?)
+    } else {
+        Ok((h + y)?)
+    }
+}
+
+/// Time and traffic of one EP forward on one rank.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct StepStats {
+    pub tokens: usize,
+    /// Rows this rank sent (to itself included) and those that left it.
+    pub rows_sent: usize,
+    pub remote_rows_sent: usize,
+    /// Rows received for expert compute, and the (row, expert) pairs computed.
+    pub rows_received: usize,
+    pub pairs: usize,
+    /// Sum of C_T over this rank's tokens (under the routing actually used).
+    pub devices_touched: usize,
+    /// Seconds in each stage.
+    pub route_s: f64,
+    pub plan_s: f64,
+    pub dispatch_s: f64,
+    pub compute_s: f64,
+    pub combine_s: f64,
+}
+
+/// What every rank of the group must agree on (checked when the layer is built).
+#[derive(Clone, Debug)]
+pub struct EpSettings {
+    pub rule: RouterRule,
+    /// `[E]`: the rank of each expert.
+    pub device_of_expert: Vec<u32>,
+    pub mode: DispatchMode,
+    /// Collaboration pruning, if on.
+    pub prune: Option<PruneSpec>,
+}
+
+impl EpSettings {
+    /// A 64-bit FNV-1a digest of everything in the settings that changes what ranks exchange.
+    fn signature(&self) -> u64 {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |v: u64| {
+            for b in v.to_le_bytes() {
+                hash = (hash ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+        };
+        eat(self.rule.num_experts as u64);
+        eat(self.rule.top_k as u64);
+        eat(self.mode as u64);
+        self.device_of_expert.iter().for_each(|&d| eat(d as u64));
+        if let Some(p) = &self.prune {
+            eat(p.rule as u64 + 1);
+            eat(p.max_devices as u64);
+        }
+        hash
+    }
+}
+
+/// What [`EpMoe::dispatch`] hands to [`EpMoe::combine`] (DeepEP's handle): how to send the
+/// expert outputs back and where they land.
+struct DispatchHandle {
+    plan: SendPlan,
+    /// `[rows]`: the local token of each sent row, on the device.
+    row_token: Tensor,
+    /// Rows received from each source rank: combine sends this many back to each.
+    recv_counts: Vec<usize>,
+    /// The received rows grouped by local expert.
+    compute: ComputePlan,
+}
+
+/// One rank's part of an expert-parallel MoE layer.
+pub struct EpMoe {
+    /// The router, this rank's experts in slot order (ascending global id), shared experts.
+    pub weights: MoeWeights,
+    pub settings: EpSettings,
+    /// Where each expert lives, from `settings.device_of_expert`.
+    pub locations: ExpertLocations,
+    comm: Arc<dyn Communicator>,
+}
+
+/// Runs `stage`; returns its result and its wall time in seconds.
+fn timed<T>(stage: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
+    let clock = Instant::now();
+    let out = stage()?;
+    Ok((out, clock.elapsed().as_secs_f64()))
+}
+
+impl EpMoe {
+    /// Builds this rank's layer from the full weights (every expert): it keeps its own.
+    pub fn from_full(
+        full: &MoeWeights,
+        settings: EpSettings,
+        comm: Arc<dyn Communicator>,
+    ) -> Result<Self> {
+        let locations = ExpertLocations::new(&settings.device_of_expert, comm.size());
+        let weights = MoeWeights {
+            router: full.router.clone(),
+            experts: full.experts.select(&locations.experts_of[comm.rank()])?,
+            shared: full.shared.clone(),
+        };
+        Self::new(weights, settings, comm)
+    }
+
+    /// Builds the layer from this rank's weights (`weights.experts` in ascending global id
+    /// order). Collective: the ranks compare their settings and all fail if they differ.
+    pub fn new(
+        weights: MoeWeights,
+        settings: EpSettings,
+        comm: Arc<dyn Communicator>,
+    ) -> Result<Self> {
+        let rule = &settings.rule;
+        rule.validate()?;
+        let ranks = comm.size();
+        validate_map(&settings.device_of_expert, rule.num_experts, ranks)?;
+        let locations = ExpertLocations::new(&settings.device_of_expert, ranks);
+        let mine = locations.experts_of[comm.rank()].len();
+        if weights.experts.len() != mine {
+            bail!(
+                "rank {} holds {} experts, the placement gives it {mine}",
+                comm.rank(),
+                weights.experts.len()
+            );
+        }
+        let hidden = weights.experts.hidden();
+        if weights.router.dims() != [rule.num_experts, hidden] {
+            bail!(
+                "router weight has shape {:?}, expected [{}, {hidden}]",
+                weights.router.dims(),
+                rule.num_experts,
+            );
+        }
+        if let Some(p) = &settings.prune {
+            // Fail early, with the reason, rather than on the first batch.
+            p.pruner(rule, &settings.device_of_expert, ranks)?;
+        }
+        // Ranks that disagree on the layout would exchange garbage: compare signatures.
+        let sig = settings.signature().to_le_bytes();
+        let all = comm.all_gather_bytes(&sig)?;
+        if all.chunks(8).any(|c| c != sig) {
+            bail!(
+                "rank {}: the ranks disagree on the layer's layout (placement, experts, top-k, \
+                 dispatch mode or pruning)",
+                comm.rank()
+            );
+        }
+        Ok(EpMoe {
+            weights,
+            settings,
+            locations,
+            comm,
+        })
+    }
+
+    pub fn comm(&self) -> &Arc<dyn Communicator> {
+        &self.comm
+    }
+
+    fn occult(&self) -> bool {
+        self.settings.mode == DispatchMode::Occult
+    }
+
+    /// Forward of this rank's tokens `x` `[T, H]`. Collective: every rank of the group must call
+    /// it (a rank with no tokens passes `[0, H]`).
+    pub fn forward(&self, x: &Tensor) -> Result<(Tensor, StepStats)> {
+        let (y, stats, _) = self.forward_routed(x)?;
+        Ok((y, stats))
+    }
+
+    /// [`EpMoe::forward`], also returning this rank's routing.
+    pub fn forward_routed(&self, x: &Tensor) -> Result<(Tensor, StepStats, Routed)> {
+        let mut st = StepStats {
+            tokens: x.dims2()?.0,
+            ..StepStats::default()
+        };
+        let (routed, route_s) = timed(|| self.route(x))?;
+        let (plan, plan_s) = timed(|| self.plan(&routed, &mut st))?;
+        let ((received, handle), dispatch_s) = timed(|| self.dispatch(x, &routed, plan, &mut st))?;
+        let (outputs, compute_s) = timed(|| self.compute(&received, &handle))?;
+        let (y, combine_s) = timed(|| self.combine(x, outputs, &routed, handle))?;
+        st.route_s = route_s;
+        st.plan_s = plan_s;
+        st.dispatch_s = dispatch_s;
+        st.compute_s = compute_s;
+        st.combine_s = combine_s;
+        Ok((y, st, routed))
+    }
+
+    /// Route: top-k ids on the host (pruned if asked), gate weights on the graph.
+    fn route(&self, x: &Tensor) -> Result<Routed> {
+        let s = &self.settings;
+        let pruner = s
+            .prune
+            .as_ref()
+            .map(|p| p.pruner(&s.rule, &self.locations.rank_of, self.locations.num_ranks))
+            .transpose()?;
+        route(x, &self.weights.router, &s.rule, pruner.as_ref())
+    }
+
+    /// Plan: which rows go to which rank, carrying which slots. Counts the traffic.
+    fn plan(&self, routed: &Routed, st: &mut StepStats) -> Result<SendPlan> {
+        let k = self.settings.rule.top_k;
+        let plan = SendPlan::new(&routed.ids, k, &self.locations, self.settings.mode)?;
+        st.rows_sent = plan.rows();
+        st.remote_rows_sent = plan.remote_rows(self.comm.rank());
+        st.devices_touched = if self.occult() {
+            plan.rows()
+        } else {
+            let loc = &self.locations;
+            total_devices(&routed.ids, k, &loc.rank_of, loc.num_ranks) as usize
+        };
+        Ok(plan)
+    }
+
+    /// Dispatch: gather the rows of the plan and exchange them, with their metadata. Occult rows
+    /// carry the token's k gate weights as extra columns (the receiver pre-reduces); standard
+    /// rows carry the hidden state only (the source applies the weight after combine).
+    fn dispatch(
+        &self,
+        x: &Tensor,
+        routed: &Routed,
+        plan: SendPlan,
+        st: &mut StepStats,
+    ) -> Result<(Tensor, DispatchHandle)> {
+        let row_token = Tensor::from_slice(&plan.row_token, plan.rows(), x.device())?;
+        // Join the small [T, k] weights to the tokens first, then gather rows: one pass over
+        // the rows.
+        let payload = if self.occult() {
+            Tensor::cat(&[x, &routed.weights], 1)?.index_select(&row_token, 0)?
+        } else {
+            x.index_select(&row_token, 0)?
+        };
+        let comm = self.comm.as_ref();
+        let (meta, meta_width) = plan.metadata();
+        let (recv_meta, _) = all_to_all_v(comm, &meta, &plan.send_counts, meta_width)?;
+        let (received, recv_counts) = exchange_rows(&self.comm, &payload, &plan.send_counts)?;
+        let k = self.settings.rule.top_k;
+        let compute = ComputePlan::new(
+            &recv_meta,
+            plan.slots_per_row,
+            self.occult().then_some(k),
+            self.weights.experts.len(),
+        )?;
+        st.rows_received = recv_counts.iter().sum();
+        st.pairs = compute.pairs();
+        let handle = DispatchHandle {
+            plan,
+            row_token,
+            recv_counts,
+            compute,
+        };
+        Ok((received, handle))
+    }
+
+    /// Compute: every received (row, local expert) pair through its expert, grouped by expert;
+    /// in Occult mode gate-weighted and summed per row (the pre-reduction). `[rows, H]`.
+    fn compute(&self, received: &Tensor, handle: &DispatchHandle) -> Result<Tensor> {
+        let gate_weights = if self.occult() {
+            let hidden = self.weights.experts.hidden();
+            let k = self.settings.rule.top_k;
+            Some(received.narrow(1, hidden, k)?.flatten_all()?)
+        } else {
+            None
+        };
+        self.weights
+            .experts
+            .grouped(received, gate_weights.as_ref(), &handle.compute)
+    }
+
+    /// Combine: send each row's output back to its source, weight standard rows by their gate
+    /// weights, sum into token order, and add the shared experts. `[T, H]`.
+    fn combine(
+        &self,
+        x: &Tensor,
+        outputs: Tensor,
+        routed: &Routed,
+        handle: DispatchHandle,
+    ) -> Result<Tensor> {
+        let (mut back, _) = exchange_rows(&self.comm, &outputs, &handle.recv_counts)?;
+        if !self.occult() {
+            // Standard rows return unweighted: apply each (token, expert) row's gate weight.
+            let weight_at: Vec<u32> = handle
+                .plan
+                .weight_index()
+                .into_iter()
+                .map(|i| i.unwrap_or(0))
+                .collect();
+            let weight_at = Tensor::from_slice(&weight_at, handle.plan.rows(), x.device())?;
+            let gate = routed.weights.flatten_all()?.index_select(&weight_at, 0)?;
+            back = back.broadcast_mul(&gate.unsqueeze(1)?)?;
+        }
+        let zeros = Tensor::zeros(x.dims2()?, x.dtype(), x.device())?;
+        let mut out = zeros.index_add(&handle.row_token, &back, 0)?;
+        if let Some(shared) = &self.weights.shared {
+            out = (out + shared.forward(x)?)?;
+        }
+        Ok(out)
+    }
+}

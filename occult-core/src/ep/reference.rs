@@ -1,0 +1,69 @@
+//! The plain single-device MoE forward: for each expert, its tokens, its MLP, the gate weights,
+//! summed back into token order; plus shared experts. It shares nothing with the EP layer but
+//! the router, and is the oracle every EP mode, backend and placement is checked against.
+
+use super::experts::MoeWeights;
+use super::router::{route, PruneSpec, Routed};
+use crate::analysis::routing::RouterRule;
+use crate::Result;
+use candle::Tensor;
+
+/// The reference forward of tokens `x` `[T, H]`. `prune` (with the placement `[E]` and the
+/// device count it refers to) rewrites routing as the EP layer would.
+pub fn reference_forward(
+    w: &MoeWeights,
+    rule: &RouterRule,
+    x: &Tensor,
+    prune: Option<(&PruneSpec, &[u32], usize)>,
+) -> Result<Tensor> {
+    Ok(reference_forward_routed(w, rule, x, prune)?.0)
+}
+
+/// [`reference_forward`], also returning the routing it used.
+pub fn reference_forward_routed(
+    w: &MoeWeights,
+    rule: &RouterRule,
+    x: &Tensor,
+    prune: Option<(&PruneSpec, &[u32], usize)>,
+) -> Result<(Tensor, Routed)> {
+    let pruner = prune
+        .map(|(spec, map, devices)| spec.pruner(rule, map, devices))
+        .transpose()?;
+    let routed = route(x, &w.router, rule, pruner.as_ref())?;
+    let (tokens, hidden) = x.dims2()?;
+    let k = rule.top_k;
+    let flat_weights = routed.weights.flatten_all()?;
+    // Each expert's tokens and the flat (token, kpos) index of their gate weights, in token
+    // order.
+    let mut token_of = vec![Vec::new(); w.experts.len()];
+    let mut weight_at = vec![Vec::new(); w.experts.len()];
+    for (i, &id) in routed.ids.iter().enumerate() {
+        token_of[id as usize].push((i / k) as u32);
+        weight_at[id as usize].push(i as u32);
+    }
+    let mut outputs = Vec::new();
+    let mut dest = Vec::new();
+    for expert in 0..w.experts.len() {
+        if token_of[expert].is_empty() {
+            continue;
+        }
+        let n = token_of[expert].len();
+        let tok = Tensor::from_slice(&token_of[expert], n, x.device())?;
+        let at = Tensor::from_slice(&weight_at[expert], n, x.device())?;
+        let y = w.experts.expert(expert, &x.index_select(&tok, 0)?)?;
+        let gate = flat_weights.index_select(&at, 0)?.unsqueeze(1)?;
+        outputs.push(y.broadcast_mul(&gate)?);
+        dest.push(tok);
+    }
+    // One scatter of every expert's weighted rows back to their tokens.
+    let zeros = Tensor::zeros((tokens, hidden), x.dtype(), x.device())?;
+    let mut out = if outputs.is_empty() {
+        zeros
+    } else {
+        zeros.index_add(&Tensor::cat(&dest, 0)?, &Tensor::cat(&outputs, 0)?, 0)?
+    };
+    if let Some(s) = &w.shared {
+        out = (out + s.forward(x)?)?;
+    }
+    Ok((out, routed))
+}

@@ -1,0 +1,162 @@
+//! The steps of evaluating a task, as lm-evaluation-harness's `api/task.py` runs them: the
+//! task file is found ([`task_spec`]), its data loaded and its items built, with their
+//! few-shot examples and the limit per group ([`prepare`]), then the items are scored by a
+//! model ([`score_task`]). Aggregating the scores is [`super::results`]'s part.
+
+use super::data::{self, Source};
+use super::scorer::{ScoreOptions, Scorer};
+use super::task::{Item, TaskSpec};
+use super::template::{as_text, lookup};
+use anyhow::{bail, Context, Result};
+use occult_core::models::model::{Model, RoutingRecorder};
+use occult_core::models::tokenizer::TextTokenizer;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Where tasks' documents come from, and how their items are built.
+#[derive(Clone, Debug)]
+pub struct PrepareOptions {
+    /// A task's data (a file, or a folder of split files) by task name: the name given, or
+    /// the task file's `name`. Tasks without one read the built-in samples or the Hugging
+    /// Face cache.
+    pub data: BTreeMap<String, PathBuf>,
+    /// Use the built-in sample data for tasks without `data`.
+    pub samples: bool,
+    /// Few-shot examples per item (default: each task's own).
+    pub num_fewshot: Option<usize>,
+    /// Score at most this many items per task (per group in grouped tasks).
+    pub limit: Option<usize>,
+    /// Seed of the few-shot draw.
+    pub seed: u64,
+}
+
+/// One task's items, ready to score.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    /// The task file.
+    pub spec: TaskSpec,
+    /// The items to score, in document order.
+    pub items: Vec<Item>,
+    /// Few-shot examples per item.
+    pub shots: usize,
+}
+
+/// One task's scores, and what scoring them cost.
+#[derive(Clone, Debug)]
+pub struct Scored {
+    /// Log-likelihoods of each item's requests, in the order of [`Prepared::items`].
+    pub lls: Vec<Vec<f64>>,
+    /// Real (unpadded) tokens fed to the model.
+    pub forward_tokens: u64,
+    /// Forward passes run.
+    pub forward_passes: u64,
+    /// Wall-clock time of the scoring.
+    pub seconds: f64,
+}
+
+/// A task by name: a built-in task, or the path of a task file (`*.toml`).
+pub fn task_spec(name: &str) -> Result<TaskSpec> {
+    if let Some((_, text)) = data::TASKS.iter().find(|(n, _)| *n == name) {
+        return TaskSpec::parse(text, &format!("tasks/{name}.toml"));
+    }
+    let p = Path::new(name);
+    if p.extension().is_some_and(|e| e == "toml") && p.is_file() {
+        return TaskSpec::read(p);
+    }
+    bail!(
+        "unknown task {name:?}: the built-in tasks are {}; or give a path to a task file",
+        data::TASKS
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// Task `name`'s items: its documents loaded and preprocessed, at most `limit` per group,
+/// each with its few-shot examples.
+pub fn prepare(name: &str, o: &PrepareOptions) -> Result<Prepared> {
+    let spec = task_spec(name)?;
+    let source = match (o.data.get(name).or(o.data.get(&spec.name)), o.samples) {
+        (Some(p), _) => Source::Path(p.clone()),
+        (None, true) => Source::Samples,
+        (None, false) => Source::Hub,
+    };
+    let (eval, few) = data::load(&spec, &source)?;
+    let shots = o.num_fewshot.unwrap_or(spec.prompt.num_fewshot);
+    let eval_split = &spec.data.eval_split;
+    if let Some(fs) = spec
+        .data
+        .fewshot_split
+        .as_ref()
+        .filter(|s| *s != eval_split)
+    {
+        if few.is_none() && shots > 0 {
+            bail!(
+                "{shots}-shot {} needs its {fs} split for the examples, and the data has none \
+                 (give --data {}=FOLDER with {eval_split} and {fs} files, or --num-fewshot 0)",
+                spec.name,
+                spec.name
+            );
+        }
+    }
+    let docs = spec.prepare(&eval.docs, &eval.origins)?;
+    let few = few.map(|f| spec.prepare(&f.docs, &f.origins)).transpose()?;
+    // The limit applies per group (each MMLU subject), as the harness limits each subtask.
+    let mut taken: BTreeMap<Option<String>, usize> = BTreeMap::new();
+    let selected: Vec<usize> = (0..docs.len())
+        .filter(|&i| {
+            let g = spec
+                .data
+                .group_field
+                .as_ref()
+                .and_then(|f| lookup(&docs[i], f).and_then(as_text));
+            let n = taken.entry(g).or_default();
+            *n += 1;
+            o.limit.is_none_or(|l| *n <= l)
+        })
+        .collect();
+    if selected.is_empty() {
+        bail!("no documents to score in {}", spec.name);
+    }
+    let items = selected
+        .into_iter()
+        .map(|i| {
+            spec.item(&docs, i, few.as_deref(), shots, o.seed)
+                .with_context(|| eval.origins[i].clone())
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Prepared { spec, items, shots })
+}
+
+/// Scores one task's items, 16 at a time, calling `progress` with the number done after each
+/// batch. `rec` records routing and is handed back, also when scoring fails (the error is
+/// then the message, with its causes).
+pub fn score_task(
+    m: &Model,
+    tok: &TextTokenizer,
+    opts: ScoreOptions,
+    p: &Prepared,
+    rec: Option<RoutingRecorder>,
+    progress: &dyn Fn(u64),
+) -> (Result<Scored, String>, Option<RoutingRecorder>) {
+    let clock = Instant::now();
+    let mut sc = Scorer::new(m, tok, opts);
+    sc.recorder = rec;
+    let mut lls = Vec::with_capacity(p.items.len());
+    for chunk in p.items.chunks(16) {
+        match sc.score(chunk) {
+            Ok(l) => lls.extend(l),
+            Err(e) => return (Err(format!("{e:#}")), sc.recorder.take()),
+        }
+        progress(chunk.len() as u64);
+    }
+    let s = Scored {
+        lls,
+        forward_tokens: sc.forward_tokens,
+        forward_passes: sc.forward_passes,
+        seconds: clock.elapsed().as_secs_f64(),
+    };
+    (Ok(s), sc.recorder.take())
+}
