@@ -118,6 +118,9 @@ pub struct EpMoe {
     /// Where each expert lives, from `settings.device_of_expert`.
     pub locations: ExpertLocations,
     comm: Arc<dyn Communicator>,
+    /// An empty trainable tensor joined to every exchanged buffer when training, so that every
+    /// rank runs every reverse exchange (see [`EpMoe::anchor_reverse_exchanges`]).
+    anchor: Option<Tensor>,
 }
 
 /// Runs `stage`; returns its result and its wall time in seconds.
@@ -190,7 +193,36 @@ impl EpMoe {
             settings,
             locations,
             comm,
+            anchor: None,
         })
+    }
+
+    /// Makes every exchange of this layer take part in the backward pass on every rank.
+    ///
+    /// candle's backward visits only ops between a trainable tensor and the loss. Whether a
+    /// rank's dispatched rows lie on such a path depends on what it computed before: a rank
+    /// with tokens reaches them through its embeddings and attention, a rank without tokens
+    /// does not, and ranks that disagree on which reverse exchanges to run wait for each other
+    /// forever. Joining an empty trainable tensor to every buffer this layer sends puts every
+    /// exchange on such a path on every rank. Costs a copy of each buffer, so it is for
+    /// training only.
+    pub fn anchor_reverse_exchanges(&mut self) -> Result<()> {
+        let width = self.weights.experts.hidden() + self.settings.rule.top_k;
+        let router = &self.weights.router;
+        let anchor = candle::Var::zeros((0, width), router.dtype(), router.device())?;
+        self.anchor = Some(anchor.as_tensor().clone());
+        Ok(())
+    }
+
+    /// `rows` `[n, W]`, joined to the anchor when training.
+    fn anchored(&self, rows: Tensor) -> Result<Tensor> {
+        match &self.anchor {
+            Some(a) => {
+                let width = rows.dims2()?.1;
+                Ok(Tensor::cat(&[&rows, &a.narrow(1, 0, width)?], 0)?)
+            }
+            None => Ok(rows),
+        }
     }
 
     pub fn comm(&self) -> &Arc<dyn Communicator> {
@@ -266,11 +298,11 @@ impl EpMoe {
         let row_token = Tensor::from_slice(&plan.row_token, plan.rows(), x.device())?;
         // Join the small [T, k] weights to the tokens first, then gather rows: one pass over
         // the rows.
-        let payload = if self.occult() {
+        let payload = self.anchored(if self.occult() {
             Tensor::cat(&[x, &routed.weights], 1)?.index_select(&row_token, 0)?
         } else {
             x.index_select(&row_token, 0)?
-        };
+        })?;
         let comm = self.comm.as_ref();
         let (meta, meta_width) = plan.metadata();
         let (recv_meta, _) = all_to_all_v(comm, &meta, &plan.send_counts, meta_width)?;
@@ -317,6 +349,7 @@ impl EpMoe {
         routed: &Routed,
         handle: DispatchHandle,
     ) -> Result<Tensor> {
+        let outputs = self.anchored(outputs)?;
         let (mut back, _) = exchange_rows(&self.comm, &outputs, &handle.recv_counts)?;
         if !self.occult() {
             // Standard rows return unweighted: apply each (token, expert) row's gate weight.

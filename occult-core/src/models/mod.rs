@@ -23,6 +23,7 @@
 pub mod attention;
 pub mod checkpoint;
 pub mod config;
+pub mod data_parallel;
 pub mod family;
 pub mod layers;
 pub mod layout;

@@ -3,21 +3,19 @@
 //! MoE; MoE blocks run the single-device reference or the expert-parallel layer
 //! ([`crate::ep::EpMoe`]) in either dispatch mode, with optional collaboration pruning.
 //!
-//! Under expert parallelism every rank runs the dense parts on the whole batch; each MoE
-//! block's rows are split evenly and in order over the ranks (the split traces record as
-//! `num_ranks`), go through the EP layer, and are gathered back, so every rank ends with the
-//! same outputs. That path is for inference: its gathered outputs carry no gradient. With one
-//! device every path is differentiable.
+//! Under expert parallelism each rank runs its own sequences through the whole model (data +
+//! expert parallel, DESIGN 3.1): it holds the dense weights and only its own experts, and only
+//! the MoE blocks talk to other ranks. Every path is differentiable. Forwards are collective;
+//! [`super::data_parallel`] keeps ranks with different amounts of work in step and reduces
+//! gradients.
 
 use super::attention::{Attention, LayerCache};
 use super::config::ModelConfig;
 use super::layers::{linear, rms_norm, Rope};
 
-use crate::analysis::ranks::RankSplit;
 use crate::analysis::routing::RouterRule;
 use crate::ep::comm::Communicator;
 use crate::ep::dispatch::DispatchMode;
-use crate::ep::exchange::exchange_rows;
 use crate::ep::experts::{swiglu, SharedExperts};
 use crate::ep::{reference_forward_routed, EpMoe, EpSettings, MoeWeights, PruneSpec, Routed};
 use crate::models::weights::Weights;
@@ -394,14 +392,17 @@ impl Model {
             fused: true,
         };
         let trainable = m.params().iter().any(|(_, t)| t.is_variable());
-        if trainable && m.comm.as_ref().is_some_and(|c| c.size() > 1) {
-            bail!(
-                "trainable weights under expert parallelism on more than one rank: this model's \
-                 EP path gathers MoE outputs without gradients (inference only); train on one \
-                 device"
-            );
-        }
         m.fused = !trainable;
+        if trainable {
+            // Ranks must agree on which reverse exchanges to run, whatever they computed.
+            for layer in &mut m.layers {
+                if let Mlp::Moe(block) = &mut layer.mlp {
+                    if let MoeExec::Parallel(ep) = &mut block.exec {
+                        ep.anchor_reverse_exchanges()?;
+                    }
+                }
+            }
+        }
         Ok(m)
     }
 
@@ -420,7 +421,25 @@ impl Model {
     /// Every trainable tensor of this rank, named as in the checkpoint (routed experts stacked
     /// as `...experts.{gate,up,down}`).
     pub fn params(&self) -> Vec<(String, Tensor)> {
+        self.tagged_params()
+            .into_iter()
+            .map(|(name, t, _)| (name, t))
+            .collect()
+    }
+
+    /// The tensors every rank holds in full: all but the routed experts.
+    pub fn replicated_params(&self) -> Vec<(String, Tensor)> {
+        self.tagged_params()
+            .into_iter()
+            .filter(|(_, _, expert)| !expert)
+            .map(|(name, t, _)| (name, t))
+            .collect()
+    }
+
+    /// [`Model::params`], each marked `true` if it holds routed experts.
+    fn tagged_params(&self) -> Vec<(String, Tensor, bool)> {
         let mut out = vec![("model.embed_tokens.weight".to_string(), self.embed.clone())];
+        let mut experts_at = Vec::new();
         let names = self.cfg.family.names;
         for (l, layer) in self.layers.iter().enumerate() {
             let p = format!("model.layers.{l}");
@@ -454,6 +473,7 @@ impl Model {
                         ("up", &experts.up),
                         ("down", &experts.down),
                     ] {
+                        experts_at.push(out.len());
                         out.push((format!("{q}.experts.{n}"), t.clone()));
                     }
                     if let Some(s) = shared {
@@ -475,13 +495,17 @@ impl Model {
         if !self.cfg.tie_word_embeddings {
             out.push(("lm_head.weight".into(), self.lm_head.clone()));
         }
-        out
+        out.into_iter()
+            .enumerate()
+            .map(|(i, (name, t))| (name, t, experts_at.contains(&i)))
+            .collect()
     }
 
     /// Logits `[B, T, V]` (or `[B, 1, V]` for [`Logits::Last`]) of token ids `[B, T]`. With a
     /// cache, the ids continue the cached positions and the cache is extended. `rec` collects
-    /// the routing. Collective under expert parallelism: every rank must call it with the same
-    /// ids.
+    /// this rank's routing. Collective under expert parallelism: each rank brings its own ids
+    /// (any batch and length), and a rank without work takes part through
+    /// [`Model::finish`] or [`Model::forward_empty`].
     pub fn forward(
         &self,
         ids: &Tensor,
@@ -489,6 +513,17 @@ impl Model {
         rec: Option<&mut RoutingRecorder>,
         which: Logits,
     ) -> Result<Tensor> {
+        // Check before announcing: a rank that fails here must not leave its peers in a step.
+        let (b, t) = ids.dims2()?;
+        if b == 0 || t == 0 {
+            bail!("nothing to run: the batch has {b} sequences of {t} tokens");
+        }
+        let v = self.cfg.vocab_size;
+        let ids_host = ids.flatten_all()?.to_vec1::<u32>()?;
+        if let Some(&bad) = ids_host.iter().find(|&&x| x as usize >= v) {
+            bail!("token id {bad} is outside the vocabulary of {v}");
+        }
+        self.announce(true)?;
         match cache {
             None => self.forward_inner(ids, None, rec, which),
             Some(c) => {
@@ -511,14 +546,6 @@ impl Model {
         which: Logits,
     ) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
-        if b == 0 || t == 0 {
-            bail!("nothing to run: the batch has {b} sequences of {t} tokens");
-        }
-        let v = self.cfg.vocab_size;
-        let ids_host = ids.flatten_all()?.to_vec1::<u32>()?;
-        if let Some(&bad) = ids_host.iter().find(|&&x| x as usize >= v) {
-            bail!("token id {bad} is outside the vocabulary of {v}");
-        }
         if let Some(c) = cache.as_deref_mut() {
             if c.layers.len() != self.layers.len() {
                 *c = self.new_cache();
@@ -576,30 +603,11 @@ impl Model {
                 Ok(y)
             }
             MoeExec::Parallel(ep) => {
-                let comm = ep.comm();
-                let d = comm.size();
-                if d == 1 {
-                    let (y, _, routed) = ep.forward_routed(x)?;
-                    if let Some(r) = rec {
-                        r.add(block.layer, &routed, n)?;
-                    }
-                    return Ok(y);
-                }
-                let split = RankSplit::new(n, d);
-                let mine = split.range(comm.rank());
-                let (y, _, routed) = ep.forward_routed(&x.narrow(0, mine.start, mine.len())?)?;
+                let (y, _, routed) = ep.forward_routed(x)?;
                 if let Some(r) = rec {
-                    r.add(block.layer, &routed, mine.len())?;
+                    r.add(block.layer, &routed, n)?;
                 }
-                // Gather every rank's rows: send ours to each peer. Detached: see the module
-                // docs.
-                let y = y.detach().contiguous()?;
-                let copies = Tensor::cat(&vec![&y; d], 0)?;
-                let (all, counts) = exchange_rows(comm, &copies, &vec![mine.len(); d])?;
-                if counts.iter().enumerate().any(|(r, &c)| c != split.len(r)) {
-                    bail!("ranks disagree on the batch: received {counts:?} rows");
-                }
-                Ok(all.detach())
+                Ok(y)
             }
         }
     }

@@ -1,0 +1,137 @@
+//! Data + expert parallelism for whole models: every rank holds the dense weights and its own
+//! experts, and runs its own sequences; only the MoE blocks talk, through the EP layer's two
+//! all-to-alls. This module holds what keeps D ranks in step and makes their gradients those of
+//! one device on the union of their batches.
+//!
+//! **Lockstep.** Every forward of an EP model on more than one rank is collective. It opens with
+//! a one-byte all-gather ("this rank brings a step"); then each MoE block exchanges rows. A rank
+//! whose work is done calls [`Model::finish`]: it keeps answering its peers' steps with zero
+//! rows (each MoE block in order, on `[0, H]`) until every rank has announced that it is done.
+//! So ranks may run different numbers of forwards (uneven shards, different decode lengths,
+//! context reuse) and still meet in every exchange.
+//!
+//! **Training.** A rank with no sequences in a step calls [`Model::forward_empty`] and
+//! backpropagates from the (zero) scalar it returns, so that it runs its reverse exchanges as
+//! its peers do. After the backward pass, [`Model::all_reduce_grads`] sums the gradients of the
+//! replicated trainable tensors (everything but the routed experts) over the ranks; expert
+//! gradients stay with the expert's owner. With each rank's loss divided by the global token
+//! count ([`Model::global_count`]), the result equals one device's gradients on the whole
+//! batch.
+
+use super::model::{Mlp, Model, MoeExec};
+use crate::ep::residual_add;
+use crate::{bail, Result};
+use candle::backprop::GradStore;
+use candle::{DType, Tensor};
+
+impl Model {
+    /// Whether forwards are collective over more than one rank.
+    pub fn is_distributed(&self) -> bool {
+        self.comm().is_some_and(|c| c.size() > 1)
+    }
+
+    /// Opens one lockstep round: says whether this rank brings a step, and returns whether
+    /// any rank does. A no-op `true` on one rank.
+    pub(crate) fn announce(&self, active: bool) -> Result<bool> {
+        match self.comm() {
+            Some(c) if c.size() > 1 => {
+                let all = c.all_gather_bytes(&[active as u8])?;
+                Ok(all.iter().any(|&b| b != 0))
+            }
+            _ => Ok(true),
+        }
+    }
+
+    /// This rank's part of a step in which it has no tokens: every MoE block in order, on
+    /// `[0, H]`, chained as the layers chain (so that a backward pass runs the same reverse
+    /// exchanges). Returns the final empty hidden state.
+    fn idle_step(&self) -> Result<Tensor> {
+        let h = self.cfg.hidden_size;
+        let mut x = Tensor::zeros((0, h), self.embed.dtype(), self.embed.device())?;
+        for layer in &self.layers {
+            if let Mlp::Moe(block) = &layer.mlp {
+                if let MoeExec::Parallel(ep) = &block.exec {
+                    let (y, _) = ep.forward(&x)?;
+                    x = residual_add(&x, &y)?;
+                }
+            }
+        }
+        Ok(x)
+    }
+
+    /// Takes part in the peers' remaining forwards with no tokens until every rank has called
+    /// `finish`. Call it once a rank's own work is done (inference). Returns at once on one
+    /// rank.
+    pub fn finish(&self) -> Result<()> {
+        if !self.is_distributed() {
+            return Ok(());
+        }
+        while self.announce(false)? {
+            self.idle_step()?;
+        }
+        Ok(())
+    }
+
+    /// A forward step with no tokens on this rank, for training: returns a zero scalar whose
+    /// backward runs this rank's reverse exchanges. Collective, like [`Model::forward`].
+    pub fn forward_empty(&self) -> Result<Tensor> {
+        self.announce(true)?;
+        let x = self.idle_step()?;
+        // The sum of an empty tensor, kept on the graph: candle's binary and unary ops return
+        // an empty operand as it is, but a matmul with an empty inner dimension records itself.
+        let zero = x.t()?.matmul(&x)?.to_dtype(DType::F32)?.sum_all()?;
+        Ok(zero)
+    }
+
+    /// `local` summed over the ranks (for example the token count that normalises the loss).
+    pub fn global_count(&self, local: usize) -> Result<usize> {
+        let Some(c) = self.comm().filter(|c| c.size() > 1) else {
+            return Ok(local);
+        };
+        let all = c.all_gather_bytes(&(local as u64).to_le_bytes())?;
+        Ok(all
+            .chunks_exact(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+            .sum())
+    }
+
+    /// Sums the gradients of the replicated trainable tensors over the ranks, in place (a
+    /// tensor without a gradient on some rank counts as zeros there). Routed experts keep their
+    /// owner's gradient. Collective; one all-reduce for all tensors.
+    pub fn all_reduce_grads(&self, grads: &mut GradStore) -> Result<()> {
+        let Some(c) = self.comm().filter(|c| c.size() > 1) else {
+            return Ok(());
+        };
+        let replicated: Vec<Tensor> = self
+            .replicated_params()
+            .into_iter()
+            .map(|(_, t)| t)
+            .filter(|t| t.is_variable())
+            .collect();
+        let mut flat = Vec::new();
+        for t in &replicated {
+            match grads.get(t) {
+                Some(g) => {
+                    if g.dims() != t.dims() {
+                        bail!(
+                            "a gradient of shape {:?} for a tensor of shape {:?}",
+                            g.dims(),
+                            t.dims()
+                        );
+                    }
+                    flat.extend(g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+                }
+                None => flat.extend(std::iter::repeat_n(0.0, t.elem_count())),
+            }
+        }
+        c.all_reduce_sum_f32(&mut flat)?;
+        let mut at = 0;
+        for t in &replicated {
+            let n = t.elem_count();
+            let g = Tensor::from_slice(&flat[at..at + n], t.dims(), t.device())?;
+            grads.insert(t, g.to_dtype(t.dtype())?);
+            at += n;
+        }
+        Ok(())
+    }
+}
