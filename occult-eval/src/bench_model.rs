@@ -193,7 +193,7 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
     let prompt = random_prompt(a.prompt_len, ck.cfg.vocab_size, a.seed);
     let label = format!("occult ({:?})", a.model.mode()).to_lowercase();
     let against = a.against;
-    let timings = a.model.run(&ck, |m| {
+    let Some(timings) = a.model.run(&ck, |m| {
         let mut ours = Ours {
             model: m,
             cache: m.new_cache(),
@@ -211,7 +211,10 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
                 )
             }
         }
-    })?;
+    })?
+    else {
+        return Ok(());
+    };
     let mut table = crate::table::Table::new(&[
         "implementation",
         "prompt",

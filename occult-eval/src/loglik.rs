@@ -15,7 +15,7 @@ use anyhow::{bail, Result};
 use candle::{Device, Tensor, D};
 use occult_core::models::model::{Logits, Model};
 use occult_core::models::tokenizer::TextTokenizer;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A request's tokens: the context and the continuation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub struct Encoded {
 }
 
 /// The score of one request (`occult loglik`'s JSON).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Score {
     pub loglikelihood: f64,
     pub is_greedy: bool,

@@ -13,3 +13,12 @@ pub fn bar(len: u64, what: &str) -> ProgressBar {
     pb.set_message(what.to_string());
     pb
 }
+
+/// [`bar`] on rank 0; a hidden bar on the other ranks (one bar per run, not one per rank).
+pub fn rank_bar(rank: usize, len: u64, what: &str) -> ProgressBar {
+    if rank == 0 {
+        bar(len, what)
+    } else {
+        ProgressBar::hidden()
+    }
+}

@@ -18,13 +18,73 @@
 //! count ([`Model::global_count`]), the result equals one device's gradients on the whole
 //! batch.
 
-use super::model::{Mlp, Model, MoeExec};
+use super::model::{Mlp, Model, MoeExec, RoutingRecorder};
+use crate::analysis::ranks::RankSplit;
 use crate::ep::residual_add;
-use crate::{bail, Result};
+use crate::{bail, Error, Result};
 use candle::backprop::GradStore;
 use candle::{DType, Tensor};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::ops::Range;
 
 impl Model {
+    /// This rank and the number of ranks (0 of 1 without a communicator).
+    pub fn rank_and_size(&self) -> (usize, usize) {
+        self.comm().map_or((0, 1), |c| (c.rank(), c.size()))
+    }
+
+    /// This rank's share of `n` items: contiguous, in order, as even as can be (the first
+    /// `n % D` ranks take one more). Gathering the shares in rank order restores the order.
+    pub fn shard(&self, n: usize) -> Range<usize> {
+        let (rank, size) = self.rank_and_size();
+        RankSplit::new(n, size).range(rank)
+    }
+
+    /// Ends this rank's work ([`Model::finish`]) and gathers every rank's byte block in rank
+    /// order, on every rank.
+    pub fn finish_and_gather_bytes(&self, mine: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        self.finish()?;
+        match self.comm().filter(|c| c.size() > 1) {
+            Some(c) => c.all_gather_v_bytes(&mine),
+            None => Ok(vec![mine]),
+        }
+    }
+
+    /// Ends this rank's work and gathers every rank's items (JSON on the wire), concatenated
+    /// in rank order: with [`Model::shard`], the items in their original order.
+    pub fn finish_and_gather<T: Serialize + DeserializeOwned>(
+        &self,
+        mine: Vec<T>,
+    ) -> Result<Vec<T>> {
+        if !self.is_distributed() {
+            return Ok(mine);
+        }
+        let bytes = serde_json::to_vec(&mine)
+            .map_err(|e| Error::invalid(format!("encoding results to gather: {e}")))?;
+        let mut out = Vec::new();
+        for (rank, block) in self.finish_and_gather_bytes(bytes)?.into_iter().enumerate() {
+            let items: Vec<T> = serde_json::from_slice(&block).map_err(|e| {
+                Error::Comm(format!("rank {rank}'s gathered results do not decode: {e}"))
+            })?;
+            out.extend(items);
+        }
+        Ok(out)
+    }
+
+    /// Ends this rank's work and gathers every rank's routing into one recorder, in rank
+    /// order (with [`Model::shard`], the token order of one device).
+    pub fn finish_and_gather_routing(&self, mine: RoutingRecorder) -> Result<RoutingRecorder> {
+        if !self.is_distributed() {
+            return Ok(mine);
+        }
+        let mut all = RoutingRecorder::default();
+        for block in self.finish_and_gather_bytes(mine.to_bytes())? {
+            all.append(RoutingRecorder::from_bytes(&block)?);
+        }
+        Ok(all)
+    }
+
     /// Whether forwards are collective over more than one rank.
     pub fn is_distributed(&self) -> bool {
         self.comm().is_some_and(|c| c.size() > 1)

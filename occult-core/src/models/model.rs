@@ -125,6 +125,91 @@ pub struct RoutingRecorder {
 }
 
 impl RoutingRecorder {
+    /// Appends `other`'s tokens after this recorder's, layer by layer.
+    pub fn append(&mut self, other: RoutingRecorder) {
+        for (layer, r) in other.layers {
+            let mine = self.layers.entry(layer).or_default();
+            mine.tokens += r.tokens;
+            mine.ids.extend(r.ids);
+            mine.weights.extend(r.weights);
+            mine.logits.extend(r.logits);
+        }
+    }
+
+    /// A compact little-endian encoding, to move a recorder between ranks.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut put = |v: u64| out.extend_from_slice(&v.to_le_bytes());
+        put(self.layers.len() as u64);
+        for (&layer, r) in &self.layers {
+            put(layer as u64);
+            put(r.tokens as u64);
+            put(r.ids.len() as u64);
+            put(r.weights.len() as u64);
+            put(r.logits.len() as u64);
+        }
+        for r in self.layers.values() {
+            out.extend(r.ids.iter().flat_map(|x| x.to_le_bytes()));
+            out.extend(r.weights.iter().flat_map(|x| x.to_le_bytes()));
+            out.extend(r.logits.iter().flat_map(|x| x.to_le_bytes()));
+        }
+        out
+    }
+
+    /// Reads [`RoutingRecorder::to_bytes`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let bad = || crate::Error::Comm("a routing record that does not decode".into());
+        let mut at = 0;
+        let mut word = || -> Result<u64> {
+            let b = bytes.get(at..at + 8).ok_or_else(bad)?;
+            at += 8;
+            Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        };
+        let n = word()? as usize;
+        let mut heads = Vec::new();
+        for _ in 0..n.min(bytes.len() / 40) {
+            let h: Vec<usize> = (0..5)
+                .map(|_| word().map(|w| w as usize))
+                .collect::<Result<_>>()?;
+            heads.push(h);
+        }
+        if heads.len() != n {
+            return Err(bad());
+        }
+        let mut rec = RoutingRecorder::default();
+        let mut take4 = |len: usize| -> Result<&[u8]> {
+            let b = bytes
+                .get(at..at + len.checked_mul(4).ok_or_else(bad)?)
+                .ok_or_else(bad)?;
+            at += len * 4;
+            Ok(b)
+        };
+        for h in heads {
+            let ids = take4(h[2])?
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes(b.try_into().expect("4")))
+                .collect();
+            let weights = take4(h[3])?
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().expect("4")))
+                .collect();
+            let logits = take4(h[4])?
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().expect("4")))
+                .collect();
+            rec.layers.insert(
+                h[0],
+                LayerRouting {
+                    tokens: h[1],
+                    ids,
+                    weights,
+                    logits,
+                },
+            );
+        }
+        Ok(rec)
+    }
+
     fn add(&mut self, layer: usize, routed: &Routed, tokens: usize) -> Result<()> {
         let r = self.layers.entry(layer).or_default();
         r.tokens += tokens;

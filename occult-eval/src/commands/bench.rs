@@ -1,6 +1,7 @@
 //! `occult bench`: benchmarks as commands. `bench place` times each placement method on the same
 //! traces and device counts in one run and reports E[C_T] side by side.
 
+use super::Backend;
 use super::{load_trace, with_provenance, write_json};
 use crate::table::Table;
 use anyhow::Result;
@@ -191,13 +192,6 @@ pub struct LayerBenchArgs {
     pub json: Option<PathBuf>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    Local,
-    Mpi,
-}
-
 fn layer(a: LayerBenchArgs) -> Result<()> {
     use crate::bench_layer::{LayerBench, ModeResult};
     use occult_core::ep::cost::LinkProfile;
@@ -286,21 +280,10 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
 
 type LayerRecords = (Option<(Vec<crate::bench_layer::RankRecord>, f64)>, bool);
 
-#[cfg(feature = "mpi")]
 fn mpi_layer(bench: &crate::bench_layer::LayerBench) -> Result<LayerRecords> {
-    use occult_core::ep::comm::Communicator;
-    let comm = occult_core::ep::comm::mpi::MpiComm::init()?;
-    if comm.size() != bench.devices {
-        anyhow::bail!(
-            "--devices {} but mpirun started {} ranks; pass --devices {}",
-            bench.devices,
-            comm.size(),
-            comm.size()
-        );
-    }
+    let comm = super::mpi_world(bench.devices, occult_core::ep::comm::DEFAULT_TIMEOUT)?;
     bench.validate()?;
     let setup = bench.setup()?;
-    let comm: std::sync::Arc<dyn Communicator> = std::sync::Arc::new(comm);
     let mine = bench.run_rank(&setup, &comm)?;
     // Every rank sends its records to rank 0.
     let bytes = serde_json::to_vec(&mine)?;
@@ -318,11 +301,6 @@ fn mpi_layer(bench: &crate::bench_layer::LayerBench) -> Result<LayerRecords> {
         at += n;
     }
     Ok((Some((records, bench.run_reference(&setup)?)), true))
-}
-
-#[cfg(not(feature = "mpi"))]
-fn mpi_layer(_: &crate::bench_layer::LayerBench) -> Result<LayerRecords> {
-    anyhow::bail!("this occult was built without MPI; rebuild with `--features occult-eval/mpi`")
 }
 
 fn render_layer(

@@ -124,22 +124,24 @@ pub fn run(a: EvalArgs) -> Result<()> {
         batch: if a.trace.is_some() { 1 } else { a.batch_size },
         add_bos: a.add_bos,
     };
-    let total: usize = prepared.iter().map(|p| p.items.len()).sum();
     let record = a.trace.is_some();
-    let (scored, routing) = a.model.run(&ck, |m| {
-        let bar = crate::progress::bar(total as u64, "items");
+    let Some((scored, routing)) = a.model.run(&ck, |m| {
+        // Rank 0 shows the progress of its share.
+        let mine: usize = prepared.iter().map(|p| m.shard(p.items.len()).len()).sum();
+        let bar = crate::progress::rank_bar(m.rank_and_size().0, mine as u64, "items");
         let mut routing = record.then(RoutingRecorder::default);
-        let out = prepared
-            .iter()
-            .map(|p| {
-                let (s, r) = score_task(m, tok, opts, p, routing.take(), &|n| bar.inc(n));
-                routing = r;
-                s
-            })
-            .collect::<Vec<_>>();
+        let mut out = Vec::new();
+        for p in &prepared {
+            let (s, r) = score_task(m, tok, opts, p, routing.take(), &|n| bar.inc(n))?;
+            routing = r;
+            out.push(s);
+        }
         bar.finish_and_clear();
         Ok((out, routing))
-    })?;
+    })?
+    else {
+        return Ok(());
+    };
     if let (Some(path), Some(rec)) = (&a.trace, routing) {
         let trace = crate::commands::profile::trace_of(
             rec,
@@ -249,18 +251,21 @@ pub fn bench(a: EvalArgs) -> Result<()> {
         batch: a.batch_size,
         add_bos: a.add_bos,
     };
-    let runs = a.model.run(&ck, |m| {
+    let Some(runs) = a.model.run(&ck, |m| {
         let mut out = Vec::new();
         for p in &prepared {
             let mut pair = Vec::new();
             for reuse in [true, false] {
-                let (s, _) = score_task(m, tok, mk(reuse), p, None, &|_| {});
+                let (s, _) = score_task(m, tok, mk(reuse), p, None, &|_| {})?;
                 pair.push(s.map_err(anyhow::Error::msg)?);
             }
             out.push(pair);
         }
         Ok(out)
-    })?;
+    })?
+    else {
+        return Ok(());
+    };
     let mut table = Table::new(&[
         "task",
         "items",

@@ -1,10 +1,12 @@
-//! `occult generate`: continue a prompt, greedily or by sampling (temperature, top-p), with the
-//! key/value cache; prints the text on stdout and the speed on stderr.
+//! `occult generate`: continue a prompt, or every line of a prompts file, greedily or by
+//! sampling (temperature, top-p), with the key/value cache; prints the text on stdout and the
+//! speed on stderr. On D ranks the prompts are spread over the ranks (each rank decodes its
+//! own, in step with the others), and the results come back in the file's order.
 
 use super::model_opts::ModelOpts;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle::{DType, Device, Tensor};
-use occult_core::models::model::Logits;
+use occult_core::models::model::{Logits, Model};
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
 
@@ -13,8 +15,16 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelOpts,
     /// The prompt.
-    #[arg(long, allow_hyphen_values = true)]
-    pub prompt: String,
+    #[arg(
+        long,
+        allow_hyphen_values = true,
+        required_unless_present = "prompts",
+        conflicts_with = "prompts"
+    )]
+    pub prompt: Option<String>,
+    /// A file of prompts, one per non-empty line, spread over the ranks.
+    #[arg(long)]
+    pub prompts: Option<std::path::PathBuf>,
     /// Most new tokens (generation also stops at an end-of-sequence token).
     #[arg(long, default_value_t = 32)]
     pub max_new_tokens: usize,
@@ -24,7 +34,7 @@ pub struct GenerateArgs {
     /// Sample from the smallest set of tokens whose probability reaches this (with temperature).
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f64,
-    /// Seed of the sampler.
+    /// Seed of the sampler (prompt i of a file uses seed + i).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Add the tokenizer's special tokens (BOS) to the prompt.
@@ -78,6 +88,72 @@ pub fn pick(logits: &[f32], temperature: f64, top_p: f64, rng: &mut impl Rng) ->
     p[kept - 1].0 as u32
 }
 
+/// One prompt's generation.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+struct Generated {
+    new: Vec<u32>,
+    prefill_s: f64,
+    decode_s: f64,
+}
+
+/// Generates at most `limit` tokens after `prompt` (stopping at an EOS token).
+fn generate_one(
+    m: &Model,
+    prompt: &[u32],
+    limit: usize,
+    eos: &[u32],
+    a: &GenerateArgs,
+    seed: u64,
+) -> Result<Generated> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let mut cache = m.new_cache();
+    let mut new = Vec::new();
+    let clock = Instant::now();
+    let ids = Tensor::from_slice(prompt, (1, prompt.len()), &Device::Cpu)?;
+    let mut logits = m.forward(&ids, Some(&mut cache), None, Logits::Last)?;
+    let prefill_s = clock.elapsed().as_secs_f64();
+    let clock = Instant::now();
+    for step in 0..limit {
+        let row = logits
+            .flatten_all()?
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>()?;
+        let next = pick(&row, a.temperature, a.top_p, &mut rng);
+        new.push(next);
+        if eos.contains(&next) || step + 1 == limit {
+            break;
+        }
+        let ids = Tensor::from_slice(&[next], (1, 1), &Device::Cpu)?;
+        logits = m.forward(&ids, Some(&mut cache), None, Logits::Last)?;
+    }
+    Ok(Generated {
+        new,
+        prefill_s,
+        decode_s: clock.elapsed().as_secs_f64(),
+    })
+}
+
+/// The prompts: `--prompt`, or the non-empty lines of `--prompts`.
+fn prompts(a: &GenerateArgs) -> Result<Vec<String>> {
+    match (&a.prompt, &a.prompts) {
+        (Some(p), _) => Ok(vec![p.clone()]),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let lines: Vec<String> = text
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(String::from)
+                .collect();
+            if lines.is_empty() {
+                bail!("{}: no prompts", path.display());
+            }
+            Ok(lines)
+        }
+        (None, None) => bail!("give --prompt TEXT or --prompts FILE"),
+    }
+}
+
 pub fn run(a: GenerateArgs) -> Result<()> {
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         bail!("--top-p must be in (0, 1], got {}", a.top_p);
@@ -85,69 +161,92 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if !(a.temperature >= 0.0 && a.temperature.is_finite()) {
         bail!("--temperature must be a number >= 0, got {}", a.temperature);
     }
+    let texts = prompts(&a)?;
     let ck = a.model.open()?;
     let tok = ck.tokenizer()?;
-    let prompt = tok.encode(&a.prompt, a.add_bos)?;
-    if prompt.is_empty() {
-        bail!("the prompt encodes to no tokens");
-    }
     let eos = tok.eos.clone();
     let max_positions = ck.cfg.max_positions.unwrap_or(usize::MAX);
-    if prompt.len() >= max_positions {
-        bail!(
-            "the prompt has {} tokens; the model takes {max_positions} positions",
-            prompt.len()
-        );
-    }
-    // Stop at the model's last position rather than fail there.
-    let limit = a.max_new_tokens.min(max_positions - prompt.len());
-    if limit < a.max_new_tokens {
-        eprintln!(
-            "note: generating at most {limit} tokens (max_position_embeddings {max_positions})"
-        );
-    }
-    let (new, prefill_s, decode_s) = a.model.run(&ck, |m| {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
-        let mut cache = m.new_cache();
-        let mut out = Vec::new();
-        let clock = Instant::now();
-        let ids = Tensor::from_slice(&prompt, (1, prompt.len()), &Device::Cpu)?;
-        let mut logits = m.forward(&ids, Some(&mut cache), None, Logits::Last)?;
-        let prefill_s = clock.elapsed().as_secs_f64();
-        let clock = Instant::now();
-        for step in 0..limit {
-            let row = logits
-                .flatten_all()?
-                .to_dtype(DType::F32)?
-                .to_vec1::<f32>()?;
-            let next = pick(&row, a.temperature, a.top_p, &mut rng);
-            out.push(next);
-            if eos.contains(&next) || step + 1 == limit {
-                break;
-            }
-            let ids = Tensor::from_slice(&[next], (1, 1), &Device::Cpu)?;
-            logits = m.forward(&ids, Some(&mut cache), None, Logits::Last)?;
+    let mut encoded = Vec::with_capacity(texts.len());
+    for (i, text) in texts.iter().enumerate() {
+        let prompt = tok.encode(text, a.add_bos)?;
+        let which = if texts.len() > 1 {
+            format!("prompt {}", i + 1)
+        } else {
+            "the prompt".into()
+        };
+        if prompt.is_empty() {
+            bail!("{which} encodes to no tokens");
         }
-        Ok((out, prefill_s, clock.elapsed().as_secs_f64()))
-    })?;
-    if a.json {
-        let v = serde_json::json!({"prompt_ids": prompt, "new_ids": new});
-        println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
+        if prompt.len() >= max_positions {
+            bail!(
+                "{which} has {} tokens; the model takes {max_positions} positions",
+                prompt.len()
+            );
+        }
+        // Stop at the model's last position rather than fail there.
+        let limit = a.max_new_tokens.min(max_positions - prompt.len());
+        if limit < a.max_new_tokens {
+            eprintln!(
+                "note: {which}: generating at most {limit} tokens (max_position_embeddings \
+                 {max_positions})"
+            );
+        }
+        encoded.push((prompt, limit));
+    }
+    let Some(results) = a.model.run(&ck, |m| {
+        let mut mine = Vec::new();
+        for i in m.shard(encoded.len()) {
+            let (prompt, limit) = &encoded[i];
+            mine.push(generate_one(
+                m,
+                prompt,
+                *limit,
+                &eos,
+                &a,
+                a.seed + i as u64,
+            )?);
+        }
+        Ok(m.finish_and_gather(mine)?)
+    })?
+    else {
+        return Ok(());
+    };
+    let mut outputs = Vec::new();
+    for ((text, (prompt, _)), g) in texts.iter().zip(&encoded).zip(&results) {
         // Decode prompt and continuation together (a decoder may drop a leading space of a
         // lone continuation), then print the prompt as given and what follows it.
-        let all: Vec<u32> = prompt.iter().chain(&new).copied().collect();
-        let text = tok.decode(&all)?;
-        let head = tok.decode(&prompt)?;
-        let tail = text.strip_prefix(head.as_str()).map(str::to_string);
-        println!("{}{}", a.prompt, tail.unwrap_or(tok.decode(&new)?));
+        let all: Vec<u32> = prompt.iter().chain(&g.new).copied().collect();
+        let full = tok.decode(&all)?;
+        let head = tok.decode(prompt)?;
+        let tail = full.strip_prefix(head.as_str()).map(str::to_string);
+        let completion = format!("{text}{}", tail.unwrap_or(tok.decode(&g.new)?));
+        outputs.push(serde_json::json!({
+            "prompt": text, "prompt_ids": prompt, "new_ids": g.new, "text": completion,
+        }));
     }
+    match (a.json, a.prompts.is_some()) {
+        (true, false) => {
+            let o = &outputs[0];
+            let v = serde_json::json!({"prompt_ids": o["prompt_ids"], "new_ids": o["new_ids"]});
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        (true, true) => println!("{}", serde_json::to_string_pretty(&outputs)?),
+        (false, _) => {
+            let texts: Vec<&str> = outputs.iter().filter_map(|o| o["text"].as_str()).collect();
+            println!("{}", texts.join("\n\n"));
+        }
+    }
+    let prompt_tokens: usize = encoded.iter().map(|(p, _)| p.len()).sum();
+    let new_tokens: usize = results.iter().map(|g| g.new.len()).sum();
+    let prefill_s: f64 = results.iter().map(|g| g.prefill_s).sum();
+    let decode_s: f64 = results.iter().map(|g| g.decode_s).sum();
+    let steps: usize = results.iter().map(|g| g.new.len().saturating_sub(1)).sum();
     eprintln!(
-        "prompt {} tokens: prefill {:.1} tokens/s; {} new tokens: {:.2} ms/token",
-        prompt.len(),
-        prompt.len() as f64 / prefill_s.max(1e-9),
-        new.len(),
-        1e3 * decode_s / (new.len().saturating_sub(1).max(1)) as f64
+        "{} prompt(s), {prompt_tokens} tokens: prefill {:.1} tokens/s; {new_tokens} new tokens: \
+         {:.2} ms/token",
+        encoded.len(),
+        prompt_tokens as f64 / prefill_s.max(1e-9),
+        1e3 * decode_s / steps.max(1) as f64
     );
     Ok(())
 }

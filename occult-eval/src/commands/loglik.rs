@@ -23,7 +23,16 @@ pub struct LoglikArgs {
 pub fn run(a: LoglikArgs) -> Result<()> {
     let ck = a.model.open()?;
     let enc = encode(ck.tokenizer()?, &a.context, &a.continuation, a.add_bos)?;
-    let s = a.model.run(&ck, |m| score(m, &enc))?;
-    println!("{}", serde_json::to_string_pretty(&s)?);
+    // One request: the first rank scores it, the others take part in its exchanges.
+    let scores = a.model.run(&ck, |m| {
+        let mine = m
+            .shard(1)
+            .map(|_| score(m, &enc))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(m.finish_and_gather(mine)?)
+    })?;
+    if let Some(s) = scores.and_then(|s| s.into_iter().next()) {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    }
     Ok(())
 }

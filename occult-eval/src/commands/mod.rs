@@ -50,6 +50,43 @@ pub fn resolve_placement(
     }
 }
 
+/// Where ranks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Ranks as threads of this process.
+    Local,
+    /// One process per rank under mpirun (feature `mpi`).
+    Mpi,
+}
+
+/// This process's rank among those mpirun started, checked against `--devices`.
+#[cfg(feature = "mpi")]
+pub fn mpi_world(
+    devices: usize,
+    timeout: std::time::Duration,
+) -> Result<std::sync::Arc<dyn occult_core::ep::comm::Communicator>> {
+    use occult_core::ep::comm::Communicator;
+    let comm = occult_core::ep::comm::mpi::MpiComm::init_with_timeout(timeout)?;
+    if comm.size() != devices {
+        bail!(
+            "--devices {devices} but mpirun started {} ranks; pass --devices {}",
+            comm.size(),
+            comm.size()
+        );
+    }
+    Ok(std::sync::Arc::new(comm))
+}
+
+/// Without the `mpi` feature: a clear error.
+#[cfg(not(feature = "mpi"))]
+pub fn mpi_world(
+    _devices: usize,
+    _timeout: std::time::Duration,
+) -> Result<std::sync::Arc<dyn occult_core::ep::comm::Communicator>> {
+    bail!("this occult was built without MPI; rebuild with `--features occult-eval/mpi`")
+}
+
 /// Element sizes of the dtypes a hidden-state row may travel in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

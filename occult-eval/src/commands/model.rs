@@ -146,12 +146,15 @@ fn check(a: InfoArgs) -> Result<()> {
     let clock = std::time::Instant::now();
     let ck = a.model.open()?;
     let bytes = weight_bytes(&ck);
-    let params: usize = a.model.run(&ck, |m| {
+    let Some(params) = a.model.run(&ck, |m| {
         Ok(m.params()
             .iter()
             .map(|(_, t)| t.elem_count())
             .sum::<usize>())
-    })?;
+    })?
+    else {
+        return Ok(());
+    };
     let peak = peak_rss_bytes();
     println!(
         "{}: ok ({:?}, {params} parameters on rank 0, tokenizer {}, weights {:.1} MB, loaded in \

@@ -1,14 +1,17 @@
 //! The options every model command shares (`--model`, `--dtype`, and the expert-parallel ones
-//! `--devices`, `--mode`, `--placement`, `--max-devices`, `--prune-rule`), and running a
-//! function on the model's ranks: one in-process model in the reference mode, or D local ranks
-//! (threads) in the EP modes, each holding the dense weights once and only its own experts.
+//! `--devices`, `--backend`, `--mode`, `--placement`, `--max-devices`, `--prune-rule`), and
+//! running a function on the model's ranks: one in-process model in the reference mode, or D
+//! ranks in the EP modes (threads in this process, or one process each under `mpirun`), each
+//! holding the dense weights and only its own experts, and each running its own share of the
+//! work (data + expert parallel: see `occult_core::models::data_parallel`).
 
+use super::Backend;
 use anyhow::{bail, Context, Result};
 use occult_core::analysis::placement::Placement;
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::analysis::similarity::SimilarityTable;
 use occult_core::analysis::trace::Trace;
-use occult_core::ep::comm::local::run_local;
+use occult_core::ep::comm::local::run_local_with_timeout;
 use occult_core::ep::comm::Communicator;
 use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::PruneSpec;
@@ -17,6 +20,7 @@ use occult_core::models::model::{DenseParts, Model, MoeSetup};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// How MoE blocks compute.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -49,9 +53,17 @@ pub struct ModelOpts {
     /// Compute dtype: f32, bf16 or f16 (f32 is fastest on CPU).
     #[arg(long, default_value = "f32")]
     pub dtype: String,
-    /// Expert-parallel ranks (local threads).
+    /// Expert-parallel ranks: threads (`--backend local`), or the processes mpirun started
+    /// (`--backend mpi`, where it must equal mpirun's -np).
     #[arg(long, default_value_t = 1)]
     pub devices: usize,
+    /// local: ranks as threads of this process; mpi: one process per rank under mpirun (each
+    /// loads the dense weights and only its own experts; feature `mpi`).
+    #[arg(long, value_enum, default_value_t = Backend::Local)]
+    pub backend: Backend,
+    /// Seconds a rank waits in one exchange for its peers before it gives up (a peer died).
+    #[arg(long, default_value_t = 30.0)]
+    pub comm_timeout: f64,
     /// MoE computation; default `reference` on one device, `occult` on more.
     #[arg(long, value_enum)]
     pub mode: Option<ModeArg>,
@@ -192,23 +204,48 @@ impl ModelOpts {
         })
     }
 
-    /// Runs `f` on every rank's model and returns rank 0's result; any rank's error is
-    /// reported with its rank.
-    pub fn run<T, F>(&self, ck: &Checkpoint, f: F) -> Result<T>
+    /// How long a rank waits for its peers in one exchange.
+    fn timeout(&self) -> Result<Duration> {
+        if !(self.comm_timeout > 0.0 && self.comm_timeout.is_finite()) {
+            bail!("--comm-timeout must be a positive number of seconds");
+        }
+        Ok(Duration::from_secs_f64(self.comm_timeout))
+    }
+
+    /// Runs `f` on every rank's model. Returns rank 0's result; under `--backend mpi` the other
+    /// processes get `None` (they print and write nothing). Any rank's error is reported with
+    /// its rank.
+    pub fn run<T, F>(&self, ck: &Checkpoint, f: F) -> Result<Option<T>>
     where
         T: Send,
         F: Fn(&Model) -> Result<T> + Sync,
     {
         let setup = self.setup(ck)?;
+        let timeout = self.timeout()?;
+        if self.backend == Backend::Mpi {
+            let comm = super::mpi_world(self.devices, timeout)?;
+            let rank = comm.rank();
+            if setup.mode.is_none() {
+                bail!(
+                    "--backend mpi runs the expert-parallel modes: give --mode occult or standard"
+                );
+            }
+            let dense = DenseParts::load(&ck.weights, &ck.cfg)?;
+            let m = Model::assemble(dense, &ck.weights, &setup, Some(comm))
+                .with_context(|| format!("rank {rank}"))?;
+            let v = f(&m).with_context(|| format!("rank {rank}"))?;
+            return Ok((rank == 0).then_some(v));
+        }
         let dense = DenseParts::load(&ck.weights, &ck.cfg)?;
         if setup.mode.is_none() {
             let m = Model::assemble(dense, &ck.weights, &setup, None)?;
-            return f(&m);
+            return f(&m).map(Some);
         }
-        let results = run_local(self.devices, |comm: &Arc<dyn Communicator>| {
-            let m = Model::assemble(dense.clone(), &ck.weights, &setup, Some(comm.clone()))?;
-            f(&m).map_err(|e| occult_core::Error::invalid(format!("{e:#}")))
-        });
+        let results =
+            run_local_with_timeout(self.devices, timeout, |comm: &Arc<dyn Communicator>| {
+                let m = Model::assemble(dense.clone(), &ck.weights, &setup, Some(comm.clone()))?;
+                f(&m).map_err(|e| occult_core::Error::invalid(format!("{e:#}")))
+            });
         let mut first = None;
         for (rank, r) in results.into_iter().enumerate() {
             match r {
@@ -217,6 +254,6 @@ impl ModelOpts {
                 Err(e) => return Err(anyhow::Error::from(e).context(format!("rank {rank}"))),
             }
         }
-        first.context("rank 0 returned nothing")
+        first.context("rank 0 returned nothing").map(Some)
     }
 }

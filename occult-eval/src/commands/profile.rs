@@ -5,6 +5,10 @@
 //! Data: a `.jsonl` file of objects with a `text` field, or a plain text file with one
 //! document per non-empty line. Each document is tokenised on its own (no special tokens
 //! unless `--add-bos`) and cut into windows of at most `--seq-len` tokens.
+//!
+//! On D ranks each rank runs a contiguous share of the windows, and the trace holds every
+//! rank's routing in rank order: the windows' order, the token order of one device. (The
+//! trace's `num_ranks` stays unset: the shares are whole windows, not even token splits.)
 
 use super::model_opts::ModelOpts;
 use anyhow::{bail, Context, Result};
@@ -67,9 +71,6 @@ pub fn read_documents(path: &Path) -> Result<Vec<String>> {
 }
 
 pub fn run(a: ProfileArgs) -> Result<()> {
-    if a.model.devices != 1 {
-        bail!("profile runs on one device (routing does not depend on the device count without pruning)");
-    }
     if a.seq_len == 0 {
         bail!("--seq-len must be at least 1");
     }
@@ -98,17 +99,22 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         bail!("{}: the documents hold no tokens", a.data.display());
     }
     let cfg = ck.cfg.clone();
-    let rec = a.model.run(&ck, |m| {
-        let bar = crate::progress::bar(total as u64, "tokens");
+    let Some(rec) = a.model.run(&ck, |m| {
+        let share = &windows[m.shard(windows.len())];
+        let mine = share.iter().map(Vec::len).sum::<usize>() as u64;
+        let bar = crate::progress::rank_bar(m.rank_and_size().0, mine, "tokens");
         let mut rec = RoutingRecorder::default();
-        for w in &windows {
+        for w in share {
             let ids = Tensor::from_slice(w, (1, w.len()), &Device::Cpu)?;
             m.forward(&ids, None, Some(&mut rec), Logits::Last)?;
             bar.inc(w.len() as u64);
         }
         bar.finish_and_clear();
-        Ok(rec)
-    })?;
+        Ok(m.finish_and_gather_routing(rec)?)
+    })?
+    else {
+        return Ok(());
+    };
     let trace = trace_of(
         rec,
         &cfg,

@@ -1,7 +1,8 @@
 //! The steps of evaluating a task, as lm-evaluation-harness's `api/task.py` runs them: the
 //! task file is found ([`task_spec`]), its data loaded and its items built, with their
 //! few-shot examples and the limit per group ([`prepare`]), then the items are scored by a
-//! model ([`score_task`]). Aggregating the scores is [`super::results`]'s part.
+//! model ([`score_task`]; on D ranks each scores its share and the scores are gathered in item
+//! order). Aggregating the scores is [`super::results`]'s part.
 
 use super::data::{self, Source};
 use super::scorer::{ScoreOptions, Scorer};
@@ -43,7 +44,7 @@ pub struct Prepared {
 }
 
 /// One task's scores, and what scoring them cost.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Scored {
     /// Log-likelihoods of each item's requests, in the order of [`Prepared::items`].
     pub lls: Vec<Vec<f64>>,
@@ -51,8 +52,27 @@ pub struct Scored {
     pub forward_tokens: u64,
     /// Forward passes run.
     pub forward_passes: u64,
-    /// Wall-clock time of the scoring.
+    /// Wall-clock time of the scoring (the slowest rank's).
     pub seconds: f64,
+}
+
+impl Scored {
+    /// Ranks' scores of consecutive shares of a task, joined in rank order.
+    fn join(parts: Vec<Scored>) -> Scored {
+        let mut all = Scored {
+            lls: Vec::new(),
+            forward_tokens: 0,
+            forward_passes: 0,
+            seconds: 0.0,
+        };
+        for p in parts {
+            all.lls.extend(p.lls);
+            all.forward_tokens += p.forward_tokens;
+            all.forward_passes += p.forward_passes;
+            all.seconds = all.seconds.max(p.seconds);
+        }
+        all
+    }
 }
 
 /// A task by name: a built-in task, or the path of a task file (`*.toml`).
@@ -130,9 +150,10 @@ pub fn prepare(name: &str, o: &PrepareOptions) -> Result<Prepared> {
     Ok(Prepared { spec, items, shots })
 }
 
-/// Scores one task's items, 16 at a time, calling `progress` with the number done after each
-/// batch. `rec` records routing and is handed back, also when scoring fails (the error is
-/// then the message, with its causes).
+/// Scores a task's items with `m`: on D ranks, this rank's share of them (see
+/// [`Model::shard`]), then every rank's scores are gathered in item order. `rec` records this
+/// rank's routing and is handed back. A scoring error is the task's (the other tasks go on);
+/// a failure to gather is the run's.
 pub fn score_task(
     m: &Model,
     tok: &TextTokenizer,
@@ -140,12 +161,31 @@ pub fn score_task(
     p: &Prepared,
     rec: Option<RoutingRecorder>,
     progress: &dyn Fn(u64),
+) -> Result<(Result<Scored, String>, Option<RoutingRecorder>)> {
+    let share = &p.items[m.shard(p.items.len())];
+    let (mine, rec) = score_items(m, tok, opts, share, rec, progress);
+    let all = m.finish_and_gather(vec![mine])?;
+    let joined = all
+        .into_iter()
+        .collect::<Result<Vec<_>, String>>()
+        .map(Scored::join);
+    Ok((joined, rec))
+}
+
+/// Scores `items` on this rank alone.
+fn score_items(
+    m: &Model,
+    tok: &TextTokenizer,
+    opts: ScoreOptions,
+    items: &[Item],
+    rec: Option<RoutingRecorder>,
+    progress: &dyn Fn(u64),
 ) -> (Result<Scored, String>, Option<RoutingRecorder>) {
     let clock = Instant::now();
     let mut sc = Scorer::new(m, tok, opts);
     sc.recorder = rec;
-    let mut lls = Vec::with_capacity(p.items.len());
-    for chunk in p.items.chunks(16) {
+    let mut lls = Vec::with_capacity(items.len());
+    for chunk in items.chunks(16) {
         match sc.score(chunk) {
             Ok(l) => lls.extend(l),
             Err(e) => return (Err(format!("{e:#}")), sc.recorder.take()),

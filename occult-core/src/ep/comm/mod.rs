@@ -204,6 +204,30 @@ pub trait Communicator: Send + Sync {
         Ok(recv)
     }
 
+    /// Gathers one block of any size from every rank, in rank order.
+    fn all_gather_v_bytes(&self, block: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let n = self.size();
+        let lens = self.all_gather_bytes(&(block.len() as u64).to_le_bytes())?;
+        let lens: Vec<usize> = lens
+            .chunks_exact(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+            .collect();
+        let send: Vec<u8> = (0..n).flat_map(|_| block.iter().copied()).collect();
+        let (recv, counts) = self.all_to_all_v_bytes(&send, &vec![block.len(); n], 1)?;
+        if counts != lens {
+            return Err(Error::Comm(format!(
+                "all_gather_v: announced blocks of {lens:?} bytes, received {counts:?}"
+            )));
+        }
+        let mut out = Vec::with_capacity(n);
+        let mut at = 0;
+        for len in counts {
+            out.push(recv[at..at + len].to_vec());
+            at += len;
+        }
+        Ok(out)
+    }
+
     /// Element-wise sum of `x` over all ranks, in place (summed in rank order on every rank,
     /// so all ranks get bit-identical results).
     fn all_reduce_sum_f32(&self, x: &mut [f32]) -> Result<()> {
