@@ -1,4 +1,5 @@
 //! Shared pieces of Occult's cross-crate tests; the tests themselves live in `tests/tests/`.
 
+pub mod data_parallel;
 pub mod parity;
 pub mod placements;

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{occult, occult_ok};
+use common::{occult, occult_ok, read_samples, same_scores};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -44,45 +44,7 @@ fn eval(dir: &Path, tag: &str, extra: &[&str]) -> (Value, Vec<(String, Vec<Value
     ];
     args.extend(extra);
     occult_ok(dir, &args);
-    let r = read(&res);
-    let samples = ALL
-        .split(',')
-        .map(|t| {
-            let text = std::fs::read_to_string(out.join(format!("samples_{t}.jsonl"))).unwrap();
-            let rows = text
-                .lines()
-                .map(|l| serde_json::from_str(l).unwrap())
-                .collect();
-            (t.to_string(), rows)
-        })
-        .collect();
-    (r, samples)
-}
-
-fn same_scores(a: &[(String, Vec<Value>)], b: &[(String, Vec<Value>)], what: &str) {
-    for ((t, x), (_, y)) in a.iter().zip(b) {
-        assert_eq!(x.len(), y.len(), "{what} {t}");
-        for (r, s) in x.iter().zip(y) {
-            assert_eq!(r["acc"], s["acc"], "{what} {t} doc {}", r["doc_id"]);
-            assert_eq!(
-                r["acc_norm"], s["acc_norm"],
-                "{what} {t} doc {}",
-                r["doc_id"]
-            );
-            let (l1, l2) = (
-                r["loglikelihoods"].as_array().unwrap(),
-                s["loglikelihoods"].as_array().unwrap(),
-            );
-            for (p, q) in l1.iter().zip(l2) {
-                let (p, q) = (p.as_f64().unwrap(), q.as_f64().unwrap());
-                assert!(
-                    (p - q).abs() < 1e-4,
-                    "{what} {t} doc {}: {p} vs {q}",
-                    r["doc_id"]
-                );
-            }
-        }
-    }
+    (read(&res), read_samples(&out, ALL))
 }
 
 #[test]

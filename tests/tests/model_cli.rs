@@ -122,6 +122,48 @@ fn generate_is_greedy_by_default_and_matches_transformers() {
 }
 
 #[test]
+fn generate_spreads_a_prompts_file_over_ranks_with_the_results_of_one_device() {
+    let t = tempfile::tempdir().unwrap();
+    let m = fixture("qwen2_moe");
+    // Five prompts of different lengths on three ranks: shares of 2, 2 and 1, each decoding
+    // a different number of steps until the ranks meet in `finish`.
+    std::fs::write(
+        t.path().join("prompts.txt"),
+        "Rain\nThe cat sat\n\nOnce upon a time there\nA\nexperts and devices\n",
+    )
+    .unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            &m,
+            "--prompts",
+            "prompts.txt",
+            "--max-new-tokens",
+            "6",
+            "--json",
+            "--temperature",
+            "0.8",
+        ];
+        args.extend(extra);
+        let v: Value = serde_json::from_str(&occult_ok(t.path(), &args)).unwrap();
+        v
+    };
+    let one = run(&[]);
+    let three = run(&["--devices", "3", "--mode", "standard"]);
+    assert_eq!(one.as_array().unwrap().len(), 5);
+    for (a, b) in one
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(three.as_array().unwrap())
+    {
+        assert_eq!(a["prompt"], b["prompt"]);
+        assert_eq!(a["new_ids"], b["new_ids"], "{}", a["prompt"]);
+    }
+}
+
+#[test]
 fn profile_writes_a_trace_the_analysis_commands_read() {
     let t = tempfile::tempdir().unwrap();
     let data = t.path().join("cal.jsonl");

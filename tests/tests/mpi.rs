@@ -1,7 +1,13 @@
 //! Multi-rank runs under a real `mpirun` (feature `mpi`): EP-layer parity on 2 and 4 ranks with
-//! MPI's own all-to-all, and a rank that dies making the others fail instead of hanging.
+//! MPI's own all-to-all; whole models data + expert parallel on 2, 3 and 4 processes (logits and
+//! gradients of all five fixture families, `occult eval` and `occult profile` equal to one
+//! device); and ranks that die or stall making the others fail instead of hanging.
 #![cfg(feature = "mpi")]
 
+mod common;
+
+use common::{occult_bin, occult_ok, read_samples, same_scores};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -33,21 +39,226 @@ fn mpirun(np: usize, args: &[&str]) -> std::process::Output {
     )
 }
 
-/// Runs a job that must fail, soon; returns everything it printed.
-fn failing_run(np: usize, args: &[&str]) -> String {
+/// Runs a job that must fail within `within`; returns everything it printed.
+fn must_fail(out: impl FnOnce() -> std::process::Output, within: Duration) -> String {
     let start = Instant::now();
-    let out = mpirun(np, args);
-    assert!(!out.status.success());
-    assert!(
-        start.elapsed() < Duration::from_secs(60),
-        "took {:?}",
-        start.elapsed()
-    );
-    format!(
+    let out = out();
+    let all = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{all}");
+    assert!(start.elapsed() < within, "took {:?}", start.elapsed());
+    all
+}
+
+/// Runs an `mpi-parity` job that must fail, soon; returns everything it printed.
+fn failing_run(np: usize, args: &[&str]) -> String {
+    must_fail(|| mpirun(np, args), Duration::from_secs(60))
+}
+
+fn mpi_model(np: usize, args: &[&str]) -> std::process::Output {
+    mpirun_bin(np, Path::new(env!("CARGO_BIN_EXE_mpi-model")), args)
+}
+
+/// `mpirun -np N occult ARGS` in `dir`.
+fn mpirun_occult(np: usize, dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("mpirun")
+        .current_dir(dir)
+        .args([
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "--mca",
+            "btl",
+            "self,vader",
+        ])
+        .args(["-np", &np.to_string()])
+        .arg(occult_bin())
+        .args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("mpirun must be installed")
+}
+
+fn fixture(arch: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/models")
+        .join(arch)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn whole_models_under_mpirun_match_one_device_on_2_3_and_4_ranks() {
+    for np in [2, 3, 4] {
+        let out = mpi_model(np, &[]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "np {np}:\n{stdout}\n{stderr}");
+        for r in 0..np {
+            assert!(
+                stdout.contains(&format!("rank {r} of {np}: ok")),
+                "np {np}: rank {r} did not report:\n{stdout}\n{stderr}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_rank_dying_mid_forward_or_mid_backward_fails_the_job_within_30_s() {
+    for at in ["forward", "backward"] {
+        let all = must_fail(
+            || mpi_model(3, &["--die-rank", "1", "--die-at", at, "--timeout", "10"]),
+            Duration::from_secs(30),
+        );
+        assert!(
+            all.contains(&format!("rank 1: exiting on purpose before the {at}")),
+            "{all}"
+        );
+    }
+}
+
+#[test]
+fn eval_and_profile_under_mpirun_equal_one_device() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let model = fixture("qwen3_moe");
+    let tasks = "arc_easy,hellaswag,piqa,mmlu";
+    let eval_args = |out: &str| {
+        vec![
+            "eval".to_string(),
+            "--model".into(),
+            model.clone(),
+            "--tasks".into(),
+            tasks.into(),
+            "--samples".into(),
+            "--output".into(),
+            format!("{out}/results.json"),
+            "--log-samples".into(),
+        ]
+    };
+    std::fs::create_dir_all(dir.join("one")).unwrap();
+    std::fs::create_dir_all(dir.join("four")).unwrap();
+    let one = eval_args("one");
+    occult_ok(dir, &one.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut four = eval_args("four");
+    four.extend(["--backend", "mpi", "--devices", "4", "--mode", "occult"].map(String::from));
+    let out = mpirun_occult(4, dir, &four.iter().map(String::as_str).collect::<Vec<_>>());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Only rank 0 prints the table (one header line).
+    assert_eq!(stdout.matches("| task").count(), 1, "{stdout}");
+    let read = |p: PathBuf| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let (r1, r4) = (
+        read(dir.join("one/results.json")),
+        read(dir.join("four/results.json")),
+    );
+    for task in tasks.split(',') {
+        for key in ["acc", "acc_norm", "n"] {
+            assert_eq!(
+                r1["results"][task][key], r4["results"][task][key],
+                "{task} {key}"
+            );
+        }
+    }
+    same_scores(
+        &read_samples(&dir.join("one"), tasks),
+        &read_samples(&dir.join("four"), tasks),
+        "1 device vs mpirun -np 4",
+    );
+
+    // profile: the same routing, in the same token order.
+    let data = dir.join("calib.txt");
+    std::fs::write(
+        &data,
+        "the cat sat on the mat\nexperts route tokens to devices\na b c d e f g\nhello world\n",
     )
+    .unwrap();
+    let data = data.display().to_string();
+    let profile = |extra: &[&str], out: &str| {
+        let mut a = vec![
+            "profile",
+            "--model",
+            &model,
+            "--data",
+            &data,
+            "-o",
+            out,
+            "--seq-len",
+            "4",
+        ];
+        a.extend(extra);
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    occult_ok(
+        dir,
+        &profile(&[], "one.safetensors")
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let args = profile(
+        &["--backend", "mpi", "--devices", "3", "--mode", "occult"],
+        "three.safetensors",
+    );
+    let out = mpirun_occult(3, dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let info = |f: &str| occult_ok(dir, &["trace", "info", f]).replace(f, "TRACE");
+    assert_eq!(info("one.safetensors"), info("three.safetensors"));
+    let ids = |f: &str| {
+        let bytes = std::fs::read(dir.join(f)).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+        names.sort();
+        names
+            .into_iter()
+            .filter(|n| n.ends_with("topk_ids"))
+            .map(|n| st.tensor(&n).unwrap().data().to_vec())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids("one.safetensors"), ids("three.safetensors"));
+}
+
+#[test]
+fn a_device_count_that_disagrees_with_mpirun_is_named() {
+    let t = tempfile::tempdir().unwrap();
+    let model = fixture("mixtral");
+    let out = mpirun_occult(
+        2,
+        t.path(),
+        &[
+            "loglik",
+            "--model",
+            &model,
+            "--context",
+            "a b",
+            "--continuation",
+            " c",
+            "--backend",
+            "mpi",
+            "--devices",
+            "3",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--devices 3 but mpirun started 2 ranks"),
+        "{stderr}"
+    );
 }
 
 fn parity_on(np: usize) {

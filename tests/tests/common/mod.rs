@@ -107,3 +107,51 @@ pub fn meta(e: &'static str, k: &'static str) -> Vec<(&'static str, &'static str
         ("top_k", k),
     ]
 }
+
+/// The `samples_TASK.jsonl` lines `occult eval --log-samples` wrote in `dir`, per task of the
+/// comma-separated `tasks`.
+pub fn read_samples(dir: &Path, tasks: &str) -> Vec<(String, Vec<serde_json::Value>)> {
+    tasks
+        .split(',')
+        .map(|t| {
+            let text = std::fs::read_to_string(dir.join(format!("samples_{t}.jsonl"))).unwrap();
+            let rows = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            (t.to_string(), rows)
+        })
+        .collect()
+}
+
+/// Two runs' samples agree: the same acc and acc_norm for every item, and log-likelihoods
+/// within 1e-4.
+pub fn same_scores(
+    a: &[(String, Vec<serde_json::Value>)],
+    b: &[(String, Vec<serde_json::Value>)],
+    what: &str,
+) {
+    for ((t, x), (_, y)) in a.iter().zip(b) {
+        assert_eq!(x.len(), y.len(), "{what} {t}");
+        for (r, s) in x.iter().zip(y) {
+            assert_eq!(r["acc"], s["acc"], "{what} {t} doc {}", r["doc_id"]);
+            assert_eq!(
+                r["acc_norm"], s["acc_norm"],
+                "{what} {t} doc {}",
+                r["doc_id"]
+            );
+            let (l1, l2) = (
+                r["loglikelihoods"].as_array().unwrap(),
+                s["loglikelihoods"].as_array().unwrap(),
+            );
+            for (p, q) in l1.iter().zip(l2) {
+                let (p, q) = (p.as_f64().unwrap(), q.as_f64().unwrap());
+                assert!(
+                    (p - q).abs() < 1e-4,
+                    "{what} {t} doc {}: {p} vs {q}",
+                    r["doc_id"]
+                );
+            }
+        }
+    }
+}
