@@ -340,3 +340,85 @@ fn a_stalled_rank_trips_the_watchdog_instead_of_hanging() {
         "{all}"
     );
 }
+
+/// `mpirun` with one `occult ARGS` per rank (MPMD), so that ranks can be given different inputs.
+fn mpirun_per_rank(dir: &Path, per_rank: &[Vec<String>]) -> std::process::Output {
+    let mut cmd = Command::new("mpirun");
+    cmd.current_dir(dir)
+        .args([
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "--mca",
+            "btl",
+            "self,vader",
+        ])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    for (r, args) in per_rank.iter().enumerate() {
+        if r > 0 {
+            cmd.arg(":");
+        }
+        cmd.args(["-np", "1"]).arg(occult_bin()).args(args);
+    }
+    cmd.output().expect("mpirun must be installed")
+}
+
+#[test]
+fn ranks_with_different_checkpoints_or_placements_are_named() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let loglik = |model: &str, extra: &[&str]| {
+        let mut a: Vec<String> = [
+            "loglik",
+            "--model",
+            model,
+            "--context",
+            "a b",
+            "--continuation",
+            " c",
+            "--backend",
+            "mpi",
+            "--devices",
+            "2",
+            "--mode",
+            "occult",
+        ]
+        .map(String::from)
+        .to_vec();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let (olmoe, mixtral) = (fixture("olmoe"), fixture("mixtral"));
+    let out = mpirun_per_rank(dir, &[loglik(&olmoe, &[]), loglik(&mixtral, &[])]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("rank(s) [1] differ from rank 0 in the model: rank 0 has olmoe"),
+        "{stderr}"
+    );
+    // The same checkpoint under two placements of its 8 experts on 2 devices.
+    let placement = |name: &str, first: [u32; 8]| {
+        let layers: Vec<serde_json::Value> = (0..3)
+            .map(|l| serde_json::json!({"layer": l, "device_of_expert": first}))
+            .collect();
+        let v = serde_json::json!({"format": "occult.placement.v1", "num_experts": 8,
+            "num_devices": 2, "method": "contiguous", "layers": layers});
+        std::fs::write(dir.join(name), v.to_string()).unwrap();
+    };
+    placement("a.json", [0, 0, 0, 0, 1, 1, 1, 1]);
+    placement("b.json", [1, 1, 1, 1, 0, 0, 0, 0]);
+    let out = mpirun_per_rank(
+        dir,
+        &[
+            loglik(&olmoe, &["--placement", "a.json"]),
+            loglik(&olmoe, &["--placement", "b.json"]),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("differ from rank 0 in the placement"),
+        "{stderr}"
+    );
+}

@@ -411,6 +411,9 @@ impl Model {
             ),
             _ => {}
         }
+        if let (Some(_), Some(c)) = (setup.mode, &comm) {
+            super::data_parallel::check_same_layout(c.as_ref(), &dense, setup)?;
+        }
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (l, d) in dense.layers.into_iter().enumerate() {
             let mlp = match (d.dense, d.router) {
