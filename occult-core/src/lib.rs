@@ -21,7 +21,8 @@
 //! T     tokens on this rank (rows of x)            H     hidden size
 //! E     routed experts of a layer                  k     experts per token (top-k)
 //! I     one expert's intermediate size             D     ranks (devices) in the EP group
-//! C_T   distinct ranks holding token T's experts   E[C_T] its mean over tokens
+//! C_T   for one token, the distinct ranks holding  E[C_T] its mean over tokens
+//!       its experts
 //! rank  a device: a thread, an MPI process or a GPU
 //! slot  an expert's index among its rank's local experts (ascending global id)
 //! kpos  an expert's position in its token's top-k (where its gate weight sits)

@@ -2,7 +2,8 @@
 //! and, with the `candle-transformers` feature, of candle-transformers' own implementation
 //! (qwen2_moe, mixtral, qwen3_moe) on the same weights and tokens in the same run, with the
 //! agreement of their last-position logits. Runs alternate between the two so that machine
-//! noise hits both alike; each figure is the best of the repeats.
+//! noise hits both alike; each figure is the best of the repeats. With `--devices D > 1` it
+//! compares the expert-parallel modes instead ([`crate::bench_model_ep`]).
 
 use crate::commands::model_opts::ModelOpts;
 use anyhow::{bail, Result};
@@ -41,6 +42,10 @@ pub struct ModelBenchArgs {
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// With --devices D > 1: project the prefill onto this machine (pcie4, nvlink-h100,
+    /// ib-ndr, or a TOML file).
+    #[arg(long)]
+    pub link: Option<String>,
 }
 
 /// One implementation's timings.
@@ -190,6 +195,9 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
         bail!("--prompt-len must be at least 1");
     }
     let ck = a.model.open()?;
+    if a.model.devices > 1 {
+        return run_parallel(&a, &ck);
+    }
     let prompt = random_prompt(a.prompt_len, ck.cfg.vocab_size, a.seed);
     let label = format!("occult ({:?})", a.model.mode()).to_lowercase();
     let against = a.against;
@@ -251,6 +259,112 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
     }
     if let Some(p) = &a.json {
         crate::commands::write_json(p, &crate::commands::with_provenance(report))?;
+    }
+    Ok(())
+}
+
+/// `bench model --devices D`: the expert-parallel modes side by side.
+fn run_parallel(a: &ModelBenchArgs, ck: &occult_core::models::loader::Checkpoint) -> Result<()> {
+    use crate::bench_model_ep::{run, EpModelBench};
+    if a.against.is_some() {
+        bail!("--against compares implementations on one device; drop --devices");
+    }
+    let link = a
+        .link
+        .as_deref()
+        .map(occult_core::ep::cost::LinkProfile::load)
+        .transpose()?;
+    let bench = EpModelBench {
+        devices: a.model.devices,
+        prompt_len: a.prompt_len,
+        decode_tokens: a.decode_tokens,
+        repeats: a.repeats,
+        max_devices: a.model.max_devices.unwrap_or(2),
+        seed: a.seed,
+    };
+    let Some(results) = run(&a.model, ck, &bench, link.as_ref())? else {
+        return Ok(());
+    };
+    let ms = |s: f64| format!("{:.1}", s * 1e3);
+    let mut header = vec![
+        "mode",
+        "E[C_T]",
+        "rows",
+        "remote rows",
+        "remote MB",
+        "prefill tok/s",
+        "prefill ms",
+        "decode ms/tok",
+        "route",
+        "plan",
+        "dispatch",
+        "compute",
+        "combine",
+    ];
+    if link.is_some() {
+        header.push("projected ms");
+    }
+    let mut table = crate::table::Table::new(&header);
+    for r in &results {
+        let mut row = vec![
+            r.mode.clone(),
+            format!("{:.3}", r.ect),
+            r.rows_sent.to_string(),
+            r.remote_rows_sent.to_string(),
+            format!("{:.2}", r.bytes_sent as f64 / 1e6),
+            format!("{:.1}", r.tokens_per_s),
+            ms(r.seconds),
+            format!("{:.2}", r.decode_ms_per_token),
+            ms(r.route_s),
+            ms(r.plan_s),
+            ms(r.dispatch_s),
+            ms(r.compute_s),
+            ms(r.combine_s),
+        ];
+        if link.is_some() {
+            row.push(
+                r.projected_seconds
+                    .map_or("-".into(), |s| format!("{:.3}", s * 1e3)),
+            );
+        }
+        table.row(row);
+    }
+    println!("{}", table.render());
+    let find = |m: &str| results.iter().find(|r| r.mode == m);
+    if let (Some(s), Some(o)) = (find("standard"), find("occult")) {
+        println!(
+            "occult / standard: rows {:.3}, remote bytes {:.3}, prefill time {:.3}{}",
+            o.rows_sent as f64 / s.rows_sent.max(1) as f64,
+            o.bytes_sent as f64 / s.bytes_sent.max(1) as f64,
+            o.seconds / s.seconds.max(1e-12),
+            match (o.projected_seconds, s.projected_seconds) {
+                (Some(x), Some(y)) => format!(", projected {:.3}", x / y.max(1e-12)),
+                _ => String::new(),
+            }
+        );
+    }
+    println!(
+        "({} backend, {} ranks, {} prompt tokens each; stage times are the slowest rank's, \
+         summed over MoE layers)",
+        match a.model.backend {
+            crate::commands::Backend::Local => "local",
+            crate::commands::Backend::Mpi => "mpi",
+        },
+        bench.devices,
+        bench.prompt_len
+    );
+    if let Some(p) = &a.json {
+        let v = serde_json::json!({
+            "bench": "model",
+            "model": ck.name,
+            "backend": a.model.backend,
+            "config": bench,
+            "link": link,
+            "projected_with_link_model": link.is_some(),
+            "results": results,
+        });
+        crate::commands::write_json(p, &crate::commands::with_provenance(v))?;
+        eprintln!("wrote {}", p.display());
     }
     Ok(())
 }

@@ -597,3 +597,51 @@ fn special_tokens_follow_the_tokenizer_config_and_generation_config() {
         "{e}"
     );
 }
+
+#[test]
+fn bench_model_compares_the_expert_parallel_modes_on_the_same_prompts() {
+    let t = tempfile::tempdir().unwrap();
+    let m = fixture("olmoe");
+    occult_ok(
+        t.path(),
+        &[
+            "bench",
+            "model",
+            "--model",
+            &m,
+            "--devices",
+            "4",
+            "--prompt-len",
+            "12",
+            "--decode-tokens",
+            "2",
+            "--repeats",
+            "1",
+            "--link",
+            "pcie4",
+            "--json",
+            "b.json",
+        ],
+    );
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(t.path().join("b.json")).unwrap()).unwrap();
+    let r = v["results"].as_array().unwrap();
+    let modes: Vec<&str> = r.iter().map(|x| x["mode"].as_str().unwrap()).collect();
+    assert_eq!(
+        modes,
+        [
+            "reference (1 device)",
+            "standard",
+            "occult",
+            "occult, pruned to 2"
+        ]
+    );
+    let get = |i: usize, k: &str| r[i][k].as_f64().unwrap();
+    // 4 ranks x 12 tokens x top-2 x 3 MoE layers: standard sends k rows per token and layer.
+    assert_eq!(get(1, "rows_sent"), (4 * 12 * 2 * 3) as f64);
+    // Occult sends one row per (token, device): sum C_T = E[C_T] x tokens x layers.
+    assert!((get(2, "rows_sent") - get(2, "ect") * (4 * 12 * 3) as f64).abs() < 0.5);
+    assert!(get(2, "bytes_sent") < get(1, "bytes_sent"));
+    assert!(get(3, "ect") <= 2.0 && get(3, "rows_sent") <= get(2, "rows_sent"));
+    assert!(r[1]["projected_seconds"].as_f64().unwrap() > 0.0);
+}

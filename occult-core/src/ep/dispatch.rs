@@ -108,6 +108,9 @@ impl SendPlan {
             );
         }
         let num_experts = loc.rank_of.len();
+        if num_experts == 0 {
+            bail!("no experts to dispatch to");
+        }
         let slots_per_row = match mode {
             DispatchMode::Standard => 1,
             DispatchMode::Occult => k.min(loc.max_local()),

@@ -6,7 +6,7 @@
 //! | [`dispatch`] | index maps: which rows go where and what each carries (standard or Occult) | plan |
 //! | [`comm`] | the [`Communicator`] trait, its statistics, and its backends (threads, MPI) | dispatch, combine |
 //! | [`exchange`] | the all-to-all of tensor rows as a differentiable op | dispatch, combine |
-//! | [`experts`] | a rank's stacked SwiGLU experts, their grouped compute, shared experts | compute |
+//! | [`experts`] | a layer's weights ([`MoeWeights`]), stacked SwiGLU experts and their grouped compute, shared experts | compute |
 //! | [`moe`] | the EP layer: settings, the named stages, per-step statistics | all |
 //! | [`reference`] | the plain single-device MoE forward: the oracle every EP mode must match | - |
 //! | [`cost`] | link profiles, and a step's projection onto a cluster's links | - |

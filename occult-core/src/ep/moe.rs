@@ -9,14 +9,16 @@
 //! route     x [T, H] -> ids [T, k] (host), gate weights [T, k] (graph)     router.rs
 //! plan      ids + placement -> SendPlan: rows per rank, their slots        dispatch.rs
 //! dispatch  gather rows, exchange metadata and rows -> received rows
-//!           + DispatchHandle (plan, receive counts, compute plan)          exchange.rs
+//!           + DispatchHandle (plan, row tokens, receive counts,
+//!             compute plan)                                                exchange.rs
 //! compute   received rows -> grouped experts -> one output per row         experts.rs
 //! combine   DispatchHandle + outputs -> reverse exchange -> [T, H]
 //!           (+ gate weights in standard mode, + shared experts)
 //! ```
 //!
-//! A new stage is one private method here and one line in [`EpMoe::forward_routed`]. The
-//! single-device oracle is [`super::reference`]; nothing here is shared with it but the router.
+//! A new stage is one private method here, one line in [`EpMoe::forward_routed`] and, if it is
+//! timed apart, a field of [`StepStats`]. The single-device oracle is [`super::reference`]; it
+//! shares the router and the expert weights with this layer, not the exchange or grouping.
 
 use super::comm::{all_to_all_v, Communicator};
 use super::dispatch::{ComputePlan, DispatchMode, ExpertLocations, SendPlan};
@@ -64,6 +66,23 @@ pub struct StepStats {
     pub dispatch_s: f64,
     pub compute_s: f64,
     pub combine_s: f64,
+}
+
+impl StepStats {
+    /// Adds another step's counts and times (for example every MoE layer of a forward).
+    pub fn add(&mut self, o: &StepStats) {
+        self.tokens += o.tokens;
+        self.rows_sent += o.rows_sent;
+        self.remote_rows_sent += o.remote_rows_sent;
+        self.rows_received += o.rows_received;
+        self.pairs += o.pairs;
+        self.devices_touched += o.devices_touched;
+        self.route_s += o.route_s;
+        self.plan_s += o.plan_s;
+        self.dispatch_s += o.dispatch_s;
+        self.compute_s += o.compute_s;
+        self.combine_s += o.combine_s;
+    }
 }
 
 /// What every rank of the group must agree on (checked when the layer is built).

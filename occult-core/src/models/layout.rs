@@ -3,7 +3,6 @@
 //! checkpoint against (a tensor the configuration does not explain means the two disagree).
 
 use super::config::{ModelConfig, QkNorm};
-
 use std::collections::BTreeSet;
 
 /// Every tensor's name and shape in a checkpoint of `cfg`, with experts per expert or fused.

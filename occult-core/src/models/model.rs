@@ -12,17 +12,18 @@
 use super::attention::{Attention, LayerCache};
 use super::config::ModelConfig;
 use super::layers::{linear, rms_norm, Rope};
-
 use crate::analysis::routing::RouterRule;
 use crate::ep::comm::Communicator;
 use crate::ep::dispatch::DispatchMode;
 use crate::ep::experts::{swiglu, SharedExperts};
-use crate::ep::{reference_forward_routed, EpMoe, EpSettings, MoeWeights, PruneSpec, Routed};
+use crate::ep::{
+    reference_forward_routed, EpMoe, EpSettings, MoeWeights, PruneSpec, Routed, StepStats,
+};
 use crate::models::weights::Weights;
 use crate::{bail, Result};
 use candle::{DType, Device, Tensor};
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A dense SwiGLU MLP.
 #[derive(Clone, Debug)]
@@ -247,6 +248,8 @@ pub struct Model {
     comm: Option<Arc<dyn Communicator>>,
     /// Use candle's fused kernels (no backward); false as soon as a weight is trainable.
     pub fused: bool,
+    /// The EP layers' statistics, summed over layers and forwards since the last take.
+    ep_stats: Mutex<StepStats>,
 }
 
 /// The parts every rank holds in full: everything but the routed experts.
@@ -478,6 +481,7 @@ impl Model {
             rope: dense.rope,
             comm,
             fused: true,
+            ep_stats: Mutex::new(StepStats::default()),
         };
         let trainable = m.params().iter().any(|(_, t)| t.is_variable());
         m.fused = !trainable;
@@ -691,13 +695,25 @@ impl Model {
                 Ok(y)
             }
             MoeExec::Parallel(ep) => {
-                let (y, _, routed) = ep.forward_routed(x)?;
+                let (y, stats, routed) = ep.forward_routed(x)?;
+                if let Ok(mut all) = self.ep_stats.lock() {
+                    all.add(&stats);
+                }
                 if let Some(r) = rec {
                     r.add(block.layer, &routed, n)?;
                 }
                 Ok(y)
             }
         }
+    }
+
+    /// The EP layers' statistics (rows, pairs, C_T, stage times) summed over every MoE layer
+    /// and forward since the last call; resets them.
+    pub fn take_ep_stats(&self) -> StepStats {
+        self.ep_stats
+            .lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default()
     }
 
     /// The communicator under expert parallelism.

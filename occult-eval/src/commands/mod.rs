@@ -60,14 +60,29 @@ pub enum Backend {
     Mpi,
 }
 
-/// This process's rank among those mpirun started, checked against `--devices`.
+/// This process's rank among those mpirun started, checked against `--devices`. MPI is
+/// initialised once per process (with the first call's timeout); later calls share it.
 #[cfg(feature = "mpi")]
 pub fn mpi_world(
     devices: usize,
     timeout: std::time::Duration,
 ) -> Result<std::sync::Arc<dyn occult_core::ep::comm::Communicator>> {
     use occult_core::ep::comm::Communicator;
-    let comm = occult_core::ep::comm::mpi::MpiComm::init_with_timeout(timeout)?;
+    use std::sync::{Arc, Mutex};
+    static WORLD: Mutex<Option<Arc<dyn Communicator>>> = Mutex::new(None);
+    let mut world = WORLD
+        .lock()
+        .map_err(|_| anyhow::anyhow!("the MPI communicator's lock is poisoned"))?;
+    let comm = match &*world {
+        Some(c) => c.clone(),
+        None => {
+            let c: Arc<dyn Communicator> = Arc::new(
+                occult_core::ep::comm::mpi::MpiComm::init_with_timeout(timeout)?,
+            );
+            *world = Some(c.clone());
+            c
+        }
+    };
     if comm.size() != devices {
         bail!(
             "--devices {devices} but mpirun started {} ranks; pass --devices {}",
@@ -75,7 +90,7 @@ pub fn mpi_world(
             comm.size()
         );
     }
-    Ok(std::sync::Arc::new(comm))
+    Ok(comm)
 }
 
 /// Without the `mpi` feature: a clear error.

@@ -1,0 +1,308 @@
+//! `occult bench model --devices D` (D > 1): a whole model data + expert parallel, every MoE
+//! mode side by side in one run on the same prompts. Each of the D ranks prefills its own
+//! random prompt and decodes greedily from it; the single-device reference runs the D prompts
+//! as one batch. Reported per mode: prefill tokens/s over all ranks, decode ms/token, the
+//! prefill's exact traffic (rows, remote rows, remote bytes), E[C_T], the slowest rank's time
+//! in each EP stage (summed over MoE layers), and with a link profile the projected prefill
+//! time of that machine.
+
+use crate::commands::model_opts::{ModeArg, ModelOpts, PruneRuleArg};
+use anyhow::{bail, Context, Result};
+use candle::{DType, Device, Tensor};
+use occult_core::ep::comm::Exchange;
+use occult_core::ep::cost::{project_step, swiglu_flops, LinkProfile, Projection, RankStep};
+use occult_core::ep::StepStats;
+use occult_core::models::loader::Checkpoint;
+use occult_core::models::model::{Logits, Model};
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// The bench's settings.
+#[derive(Clone, Debug, Serialize)]
+pub struct EpModelBench {
+    pub devices: usize,
+    pub prompt_len: usize,
+    pub decode_tokens: usize,
+    pub repeats: usize,
+    /// Devices per token in the pruned run (0: no pruned run).
+    pub max_devices: usize,
+    pub seed: u64,
+}
+
+/// One rank's measurements of one mode.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RankRun {
+    pub rank: usize,
+    /// Best prefill time of the repeats, and the mean decode step time of that repeat's decode.
+    pub prefill_s: f64,
+    pub decode_step_s: f64,
+    /// The prefill's EP statistics, summed over MoE layers.
+    pub stats: StepStats,
+    /// The prefill's all-to-alls, in order (lockstep announcement, then per MoE layer: slot
+    /// metadata, rows out, rows back).
+    pub exchanges: Vec<Exchange>,
+    /// Expert FLOPs of the prefill on this rank.
+    pub flops: f64,
+}
+
+/// One mode's results over all ranks.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModeResult {
+    pub mode: String,
+    pub devices: usize,
+    /// Prompt tokens over all ranks.
+    pub tokens: usize,
+    pub rows_sent: usize,
+    pub remote_rows_sent: usize,
+    /// Bytes sent to other ranks during the prefill.
+    pub bytes_sent: u64,
+    pub ect: f64,
+    /// The slowest rank's prefill.
+    pub seconds: f64,
+    pub tokens_per_s: f64,
+    pub decode_ms_per_token: f64,
+    /// Each EP stage's slowest rank during the prefill (summed over MoE layers).
+    pub route_s: f64,
+    pub plan_s: f64,
+    pub dispatch_s: f64,
+    pub compute_s: f64,
+    pub combine_s: f64,
+    /// With a link profile: the projected prefill time and its parts.
+    pub projected_seconds: Option<f64>,
+    pub projected: Option<Projection>,
+}
+
+/// A random prompt for rank `rank`.
+fn prompt(b: &EpModelBench, vocab: usize, rank: usize) -> Vec<u32> {
+    crate::bench_model::random_prompt(b.prompt_len, vocab, b.seed + rank as u64)
+}
+
+/// Prefill then greedy decode of `ids` `[B, T]`: (prefill seconds, seconds per decode step).
+fn prefill_and_decode(m: &Model, ids: &[u32], batch: usize, steps: usize) -> Result<(f64, f64)> {
+    let t = ids.len() / batch;
+    let mut cache = m.new_cache();
+    let clock = Instant::now();
+    let x = Tensor::from_slice(ids, (batch, t), &Device::Cpu)?;
+    let mut logits = m.forward(&x, Some(&mut cache), None, Logits::Last)?;
+    let prefill_s = clock.elapsed().as_secs_f64();
+    let clock = Instant::now();
+    for _ in 0..steps {
+        let next = logits
+            .squeeze(1)?
+            .to_dtype(DType::F32)?
+            .argmax(candle::D::Minus1)?
+            .to_dtype(DType::U32)?;
+        logits = m.forward(&next.unsqueeze(1)?, Some(&mut cache), None, Logits::Last)?;
+    }
+    Ok((
+        prefill_s,
+        clock.elapsed().as_secs_f64() / steps.max(1) as f64,
+    ))
+}
+
+/// This rank's runs of one mode: `repeats` times prefill and decode, keeping the best prefill.
+fn rank_run(m: &Model, b: &EpModelBench, ck: &Checkpoint) -> Result<RankRun> {
+    let (rank, _) = m.rank_and_size();
+    let ids = prompt(b, ck.cfg.vocab_size, rank);
+    let comm = m.comm().context("the EP modes have a communicator")?;
+    let mut best = RankRun {
+        rank,
+        prefill_s: f64::INFINITY,
+        ..RankRun::default()
+    };
+    for _ in 0..b.repeats.max(1) {
+        comm.barrier()?;
+        comm.reset_stats();
+        m.take_ep_stats();
+        let clock = Instant::now();
+        let x = Tensor::from_slice(&ids, (1, ids.len()), &Device::Cpu)?;
+        let mut cache = m.new_cache();
+        let logits = m.forward(&x, Some(&mut cache), None, Logits::Last)?;
+        let prefill_s = clock.elapsed().as_secs_f64();
+        let stats = m.take_ep_stats();
+        let exchanges = comm.stats().exchanges;
+        let clock = Instant::now();
+        let mut last = logits;
+        for _ in 0..b.decode_tokens {
+            let next = last
+                .squeeze(1)?
+                .to_dtype(DType::F32)?
+                .argmax(candle::D::Minus1)?
+                .to_dtype(DType::U32)?;
+            last = m.forward(&next.unsqueeze(1)?, Some(&mut cache), None, Logits::Last)?;
+        }
+        let decode_step_s = clock.elapsed().as_secs_f64() / b.decode_tokens.max(1) as f64;
+        if prefill_s < best.prefill_s {
+            let (h, i) = (ck.cfg.hidden_size, ck.cfg.moe.expert_intermediate);
+            best = RankRun {
+                rank,
+                prefill_s,
+                decode_step_s,
+                flops: swiglu_flops(stats.pairs, h, i),
+                stats,
+                exchanges,
+            };
+        }
+    }
+    Ok(best)
+}
+
+/// The modes to run: (label, mode, pruning to this many devices).
+fn modes(b: &EpModelBench) -> Vec<(String, ModeArg, Option<usize>)> {
+    let mut out = vec![
+        ("standard".to_string(), ModeArg::Standard, None),
+        ("occult".to_string(), ModeArg::Occult, None),
+    ];
+    if b.max_devices > 0 && b.max_devices < b.devices {
+        out.push((
+            format!("occult, pruned to {}", b.max_devices),
+            ModeArg::Occult,
+            Some(b.max_devices),
+        ));
+    }
+    out
+}
+
+/// Runs every EP mode on D ranks (threads, or this process's rank under mpirun) and, on rank 0,
+/// the single-device reference; returns the results on rank 0 (`None` on other processes).
+pub fn run(
+    opts: &ModelOpts,
+    ck: &Checkpoint,
+    b: &EpModelBench,
+    link: Option<&LinkProfile>,
+) -> Result<Option<Vec<ModeResult>>> {
+    if b.devices < 2 {
+        bail!("the expert-parallel model bench needs --devices 2 or more");
+    }
+    if b.prompt_len == 0 {
+        bail!("--prompt-len must be at least 1");
+    }
+    let mut results = Vec::new();
+    for (label, mode, prune) in modes(b) {
+        let mut o = opts.clone();
+        o.mode = Some(mode);
+        o.max_devices = prune;
+        if prune.is_some() && o.prune_rule == PruneRuleArg::Similarity && o.calibration.is_none() {
+            o.prune_rule = PruneRuleArg::Router;
+        }
+        eprintln!("{label}: {} ranks", b.devices);
+        let runs = o.run(ck, |m| {
+            let mine = rank_run(m, b, ck)?;
+            Ok(m.finish_and_gather(vec![mine])?)
+        })?;
+        if let Some(runs) = runs {
+            results.push(combine(&label, b, &runs, link));
+        }
+    }
+    if results.is_empty() {
+        return Ok(None);
+    }
+    // The single-device reference on the union of the ranks' prompts, one batch.
+    eprintln!("reference: 1 device, {} prompts in one batch", b.devices);
+    let mut o = opts.clone();
+    o.devices = 1;
+    o.mode = Some(ModeArg::Reference);
+    o.max_devices = None;
+    o.backend = crate::commands::Backend::Local;
+    let ids: Vec<u32> = (0..b.devices)
+        .flat_map(|r| prompt(b, ck.cfg.vocab_size, r))
+        .collect();
+    let (prefill_s, step_s) = o
+        .run(ck, |m| {
+            let mut best = (f64::INFINITY, 0.0);
+            for _ in 0..b.repeats.max(1) {
+                let (p, s) = prefill_and_decode(m, &ids, b.devices, b.decode_tokens)?;
+                if p < best.0 {
+                    best = (p, s);
+                }
+            }
+            Ok(best)
+        })?
+        .context("the reference runs in this process")?;
+    let tokens = b.devices * b.prompt_len;
+    results.insert(
+        0,
+        ModeResult {
+            mode: "reference (1 device)".into(),
+            devices: 1,
+            tokens,
+            rows_sent: 0,
+            remote_rows_sent: 0,
+            bytes_sent: 0,
+            ect: 1.0,
+            seconds: prefill_s,
+            tokens_per_s: tokens as f64 / prefill_s.max(1e-12),
+            decode_ms_per_token: step_s * 1e3,
+            route_s: 0.0,
+            plan_s: 0.0,
+            dispatch_s: 0.0,
+            compute_s: prefill_s,
+            combine_s: 0.0,
+            projected_seconds: None,
+            projected: None,
+        },
+    );
+    Ok(Some(results))
+}
+
+/// One mode's result from every rank's run.
+fn combine(
+    label: &str,
+    b: &EpModelBench,
+    runs: &[RankRun],
+    link: Option<&LinkProfile>,
+) -> ModeResult {
+    let max = |f: fn(&RankRun) -> f64| runs.iter().map(f).fold(0.0, f64::max);
+    let tokens = b.devices * b.prompt_len;
+    let seconds = max(|r| r.prefill_s);
+    let bytes_sent = runs
+        .iter()
+        .map(|r| {
+            r.exchanges
+                .iter()
+                .flat_map(|e| {
+                    e.bytes_to
+                        .iter()
+                        .enumerate()
+                        .filter(|(p, _)| *p != r.rank)
+                        .map(|(_, b)| *b)
+                })
+                .sum::<u64>()
+        })
+        .sum();
+    // Exchanges of a forward: the lockstep announcement, then per MoE layer slot metadata, rows
+    // out and rows back; rows carry f32 activations.
+    let projected = link.map(|p| {
+        let n = runs.iter().map(|r| r.exchanges.len()).min().unwrap_or(0);
+        let activations: Vec<usize> = (1..n).filter(|j| (j - 1) % 3 != 0).collect();
+        let steps: Vec<RankStep> = runs
+            .iter()
+            .map(|r| RankStep {
+                flops: r.flops,
+                exchanges: &r.exchanges,
+            })
+            .collect();
+        project_step(p, &steps, &activations)
+    });
+    ModeResult {
+        mode: label.to_string(),
+        devices: b.devices,
+        tokens,
+        rows_sent: runs.iter().map(|r| r.stats.rows_sent).sum(),
+        remote_rows_sent: runs.iter().map(|r| r.stats.remote_rows_sent).sum(),
+        bytes_sent,
+        // Token-layer pairs on both sides: the mean over MoE layers.
+        ect: runs.iter().map(|r| r.stats.devices_touched).sum::<usize>() as f64
+            / runs.iter().map(|r| r.stats.tokens).sum::<usize>().max(1) as f64,
+        seconds,
+        tokens_per_s: tokens as f64 / seconds.max(1e-12),
+        decode_ms_per_token: max(|r| r.decode_step_s) * 1e3,
+        route_s: max(|r| r.stats.route_s),
+        plan_s: max(|r| r.stats.plan_s),
+        dispatch_s: max(|r| r.stats.dispatch_s),
+        compute_s: max(|r| r.stats.compute_s),
+        combine_s: max(|r| r.stats.combine_s),
+        projected_seconds: projected.as_ref().map(|p| p.total_s),
+        projected,
+    }
+}
