@@ -330,18 +330,26 @@ fn run_parallel(a: &ModelBenchArgs, ck: &occult_core::models::loader::Checkpoint
         table.row(row);
     }
     println!("{}", table.render());
-    let find = |m: &str| results.iter().find(|r| r.mode == m);
-    if let (Some(s), Some(o)) = (find("standard"), find("occult")) {
-        println!(
-            "occult / standard: rows {:.3}, remote bytes {:.3}, prefill time {:.3}{}",
-            o.rows_sent as f64 / s.rows_sent.max(1) as f64,
-            o.bytes_sent as f64 / s.bytes_sent.max(1) as f64,
-            o.seconds / s.seconds.max(1e-12),
-            match (o.projected_seconds, s.projected_seconds) {
-                (Some(x), Some(y)) => format!(", projected {:.3}", x / y.max(1e-12)),
-                _ => String::new(),
-            }
-        );
+    // Each mode against standard dispatch, measured in this run beside the projection.
+    if let Some(s) = results.iter().find(|r| r.mode == "standard") {
+        for o in results
+            .iter()
+            .filter(|r| r.devices > 1 && r.mode != "standard")
+        {
+            println!(
+                "{} / standard: rows {:.3}, remote bytes {:.3}, prefill time {:.3} (speed-up \
+                 {:.2}x){}",
+                o.mode,
+                o.rows_sent as f64 / s.rows_sent.max(1) as f64,
+                o.bytes_sent as f64 / s.bytes_sent.max(1) as f64,
+                o.seconds / s.seconds.max(1e-12),
+                s.seconds / o.seconds.max(1e-12),
+                match (o.projected_seconds, s.projected_seconds) {
+                    (Some(x), Some(y)) => format!(", projected time {:.3}", x / y.max(1e-12)),
+                    _ => String::new(),
+                }
+            );
+        }
     }
     println!(
         "({} backend, {} ranks, {} prompt tokens each; stage times are the slowest rank's, \

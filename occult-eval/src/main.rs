@@ -67,6 +67,7 @@ fn main() {
         Cmd::Eval(a) => eval::run(a),
         Cmd::Model(c) => model::run(c),
     };
+    occult_eval::commands::finalize_mpi();
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);

@@ -60,16 +60,21 @@ pub enum Backend {
     Mpi,
 }
 
+/// The process's MPI communicator once initialised (MPI allows one initialisation per process).
+#[cfg(feature = "mpi")]
+static WORLD: std::sync::Mutex<Option<std::sync::Arc<dyn occult_core::ep::comm::Communicator>>> =
+    std::sync::Mutex::new(None);
+
 /// This process's rank among those mpirun started, checked against `--devices`. MPI is
-/// initialised once per process (with the first call's timeout); later calls share it.
+/// initialised once per process (with the first call's timeout); later calls share it, and
+/// [`finalize_mpi`] ends it.
 #[cfg(feature = "mpi")]
 pub fn mpi_world(
     devices: usize,
     timeout: std::time::Duration,
 ) -> Result<std::sync::Arc<dyn occult_core::ep::comm::Communicator>> {
     use occult_core::ep::comm::Communicator;
-    use std::sync::{Arc, Mutex};
-    static WORLD: Mutex<Option<Arc<dyn Communicator>>> = Mutex::new(None);
+    use std::sync::Arc;
     let mut world = WORLD
         .lock()
         .map_err(|_| anyhow::anyhow!("the MPI communicator's lock is poisoned"))?;
@@ -91,6 +96,15 @@ pub fn mpi_world(
         );
     }
     Ok(comm)
+}
+
+/// Finalises MPI if this process initialised it (statics are never dropped, so without this
+/// mpirun would see ranks exit without finalising). Call it once the command is done.
+pub fn finalize_mpi() {
+    #[cfg(feature = "mpi")]
+    if let Ok(mut w) = WORLD.lock() {
+        w.take();
+    }
 }
 
 /// Without the `mpi` feature: a clear error.

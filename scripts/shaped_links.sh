@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Runs an occult model command on N MPI ranks over real slow links: one network namespace per
+# rank, each joined to a hub bridge by a veth pair whose two ends are shaped with tc HTB to RATE
+# (the rank's send side and its receive side). Latency is not added (netem is not available on
+# these machines): the generated link profile models the veth's own ~0.1 ms.
+#
+#   sudo scripts/shaped_links.sh [-n RANKS] [-r RATE] [-f FLOPS] [-o DIR] -- OCCULT_ARGS...
+#
+# Example (the issue's benchmark): a synthetic OLMoE-shaped model, 4 ranks at 80 Mbit/s:
+#   target/release/occult model synth --family olmoe --hidden 256 --layers 4 --experts 64 \
+#       --top-k 8 --intermediate 128 -o /tmp/olmoe-256
+#   sudo scripts/shaped_links.sh -n 4 -r 80mbit -- bench model --model /tmp/olmoe-256 \
+#       --prompt-len 256 --decode-tokens 4
+#
+# The script appends `--backend mpi --devices RANKS`, and for `bench model` also `--link` (a
+# profile of this emulated machine: RATE per link, f32 rows, FLOPS of expert compute per rank)
+# and `--json DIR/shaped.json`; `bench model` then prints each mode's measured prefill-time
+# ratio to standard dispatch beside the projected one. Everything it creates (namespaces, the
+# bridge, temporary files) is removed on exit, whether the run succeeded or not.
+#
+# Needs: root, iproute2 (ip, tc), OpenMPI, and occult built with MPI
+# (`cargo build --release --features occult-eval/mpi`).
+set -euo pipefail
+
+RANKS=4
+RATE=80mbit
+FLOPS=2e10
+OUT=.
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+while getopts "n:r:f:o:h" opt; do
+  case $opt in
+    n) RANKS=$OPTARG ;;
+    r) RATE=$OPTARG ;;
+    f) FLOPS=$OPTARG ;;
+    o) OUT=$OPTARG ;;
+    h) usage 0 ;;
+    *) usage 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+[ "${1:-}" = "--" ] && shift
+[ $# -gt 0 ] || { echo "error: give the occult command after --" >&2; usage 2; }
+[ "$(id -u)" = 0 ] || { echo "error: run as root (network namespaces need it)" >&2; exit 1; }
+for tool in ip tc mpirun; do
+  command -v $tool >/dev/null || { echo "error: $tool is not installed" >&2; exit 1; }
+done
+[[ $RANKS =~ ^[0-9]+$ ]] && [ "$RANKS" -ge 2 ] && [ "$RANKS" -le 200 ] ||
+  { echo "error: -n takes 2 to 200 ranks" >&2; exit 1; }
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=$ROOT/target/release/occult
+[ -x "$BIN" ] || { echo "error: $BIN is missing: cargo build --release --features occult-eval/mpi" >&2; exit 1; }
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+# Link bandwidth in bytes/s from tc's rate notation (bit, kbit, mbit, gbit).
+rate_bytes() {
+  local n unit
+  n=$(sed -E 's/^([0-9.]+).*/\1/' <<<"$1"); unit=$(sed -E 's/^[0-9.]+//' <<<"$1" | tr A-Z a-z)
+  case $unit in
+    bit) awk -v n="$n" 'BEGIN{print n/8}' ;;
+    kbit) awk -v n="$n" 'BEGIN{print n*1e3/8}' ;;
+    mbit) awk -v n="$n" 'BEGIN{print n*1e6/8}' ;;
+    gbit) awk -v n="$n" 'BEGIN{print n*1e9/8}' ;;
+    *) echo "error: rate $1: use bit, kbit, mbit or gbit" >&2; exit 1 ;;
+  esac
+}
+BANDWIDTH=$(rate_bytes "$RATE")
+
+PREFIX=occ$$
+TMP=$(mktemp -d)
+teardown() {
+  local status=$?
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${PREFIX}_" || true); do
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  rm -rf "$TMP"
+  exit $status
+}
+trap teardown EXIT INT TERM
+
+HUB=${PREFIX}_hub
+ip netns add "$HUB"
+ip -n "$HUB" link set lo up
+ip -n "$HUB" link add br0 type bridge
+ip -n "$HUB" addr add 10.77.1.254/24 dev br0
+ip -n "$HUB" link set br0 up
+shape() {
+  ip netns exec "$1" tc qdisc add dev "$2" root handle 1: htb default 10
+  ip netns exec "$1" tc class add dev "$2" parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE" quantum 60000
+}
+: >"$TMP/hostfile"
+for i in $(seq 1 "$RANKS"); do
+  ns=${PREFIX}_r$i
+  ip netns add "$ns"
+  ip -n "$ns" link set lo up
+  ip link add "${PREFIX}h$i" netns "$HUB" type veth peer name eth0 netns "$ns"
+  ip -n "$HUB" link set "${PREFIX}h$i" master br0
+  ip -n "$HUB" link set "${PREFIX}h$i" up
+  ip -n "$ns" addr add "10.77.1.$i/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  shape "$ns" eth0               # what the rank sends
+  shape "$HUB" "${PREFIX}h$i"    # what the rank receives
+  echo "10.77.1.$i slots=1" >>"$TMP/hostfile"
+done
+# mpirun reaches each "host" by entering its namespace (in place of ssh).
+cat >"$TMP/netns-rsh" <<EOF
+#!/bin/bash
+host=\$1; shift; n=\${host##*.}
+exec ip netns exec ${PREFIX}_r\$n unshare --uts /bin/sh -c "hostname rank\$n; \$*"
+EOF
+chmod +x "$TMP/netns-rsh"
+
+# This emulated machine as a link profile: f32 rows, RATE per link, veth latency.
+cat >"$TMP/shaped.toml" <<EOF
+name = "shaped-$RATE"
+description = "$RANKS MPI ranks in network namespaces, veth links shaped with tc HTB to $RATE"
+device_flops = $FLOPS
+activation_bytes = 4
+ranks_per_node = 1
+[intra]
+bandwidth = $BANDWIDTH
+latency = 1.0e-4
+[inter]
+bandwidth = $BANDWIDTH
+latency = 1.0e-4
+EOF
+
+ARGS=("$@" --backend mpi --devices "$RANKS")
+if [ "${1:-}" = bench ] && [ "${2:-}" = model ]; then
+  ARGS+=(--link "$TMP/shaped.toml" --json "$OUT/shaped.json")
+fi
+echo "$RANKS ranks over $RATE links (HTB, both directions); occult ${ARGS[*]}" >&2
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ip netns exec "$HUB" mpirun --hostfile "$TMP/hostfile" -np "$RANKS" \
+  --mca plm_rsh_agent "$TMP/netns-rsh" \
+  --mca oob_tcp_if_include 10.77.1.0/24 --mca btl self,tcp --mca btl_tcp_if_include 10.77.1.0/24 \
+  --mca btl_tcp_links 2 --mca mpi_yield_when_idle 1 \
+  -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
+  "$BIN" "${ARGS[@]}"
