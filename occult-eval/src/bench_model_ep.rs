@@ -185,8 +185,10 @@ pub fn run(
         if prune.is_some() && o.prune_rule == PruneRuleArg::Similarity && o.calibration.is_none() {
             o.prune_rule = PruneRuleArg::Router;
         }
-        eprintln!("{label}: {} ranks", b.devices);
         let runs = o.run(ck, |m| {
+            if m.rank_and_size().0 == 0 {
+                eprintln!("{label}: {} ranks", b.devices);
+            }
             let mine = rank_run(m, b, ck)?;
             Ok(m.finish_and_gather(vec![mine])?)
         })?;
