@@ -118,6 +118,8 @@ fn a_rank_dying_mid_forward_or_mid_backward_fails_the_job_within_30_s() {
             all.contains(&format!("rank 1: exiting on purpose before the {at}")),
             "{all}"
         );
+        // mpirun names the lost rank (its process name ends in the rank).
+        assert!(all.contains("Process name: [[") && all.contains("],1]"), "{all}");
     }
 }
 
