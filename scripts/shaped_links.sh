@@ -12,7 +12,8 @@
 #   sudo scripts/shaped_links.sh -n 4 -r 80mbit -- bench model --model /tmp/olmoe-256 \
 #       --prompt-len 256 --decode-tokens 4
 #
-# The script appends `--backend mpi --devices RANKS`, and for `bench model` also `--link` (a
+# The script appends `--backend mpi --devices RANKS` (so do not pass them), and for `bench
+# model` also `--link` (a
 # profile of this emulated machine: RATE per link, f32 rows, FLOPS of expert compute per rank)
 # and `--json DIR/shaped.json`; `bench model` then prints each mode's measured prefill-time
 # ratio to standard dispatch beside the projected one. Everything it creates (namespaces, the
@@ -72,6 +73,8 @@ TMP=$(mktemp -d)
 teardown() {
   local status=$?
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${PREFIX}_" || true); do
+    # Processes left inside (after an abnormal mpirun exit) would keep its links alive.
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
     ip netns del "$ns" 2>/dev/null || true
   done
   rm -rf "$TMP"

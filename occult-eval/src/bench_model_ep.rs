@@ -177,6 +177,14 @@ pub fn run(
     if b.prompt_len == 0 {
         bail!("--prompt-len must be at least 1");
     }
+    if b.prompt_len + b.decode_tokens > ck.cfg.positions() {
+        bail!(
+            "--prompt-len {} plus --decode-tokens {} exceed the model's {} positions",
+            b.prompt_len,
+            b.decode_tokens,
+            ck.cfg.positions()
+        );
+    }
     let mut results = Vec::new();
     for (label, mode, prune) in modes(b) {
         let mut o = opts.clone();
@@ -185,7 +193,11 @@ pub fn run(
         if prune.is_some() && o.prune_rule == PruneRuleArg::Similarity && o.calibration.is_none() {
             o.prune_rule = PruneRuleArg::Router;
         }
+        let work = occult_core::models::data_parallel::fingerprint(
+            serde_json::to_vec(b).unwrap_or_default(),
+        );
         let runs = o.run(ck, |m| {
+            m.check_same_work("bench settings", work)?;
             if m.rank_and_size().0 == 0 {
                 eprintln!("{label}: {} ranks", b.devices);
             }

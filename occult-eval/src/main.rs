@@ -67,9 +67,13 @@ fn main() {
         Cmd::Eval(a) => eval::run(a),
         Cmd::Model(c) => model::run(c),
     };
-    occult_eval::commands::finalize_mpi();
-    if let Err(e) = result {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
+    match result {
+        Ok(()) => occult_eval::commands::finalize_mpi(),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            // Without finalising MPI: finalising waits for every peer, while exiting at once
+            // lets mpirun end the whole job now.
+            std::process::exit(1);
+        }
     }
 }

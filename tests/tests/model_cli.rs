@@ -645,3 +645,45 @@ fn bench_model_compares_the_expert_parallel_modes_on_the_same_prompts() {
     assert!(get(3, "ect") <= 2.0 && get(3, "rows_sent") <= get(2, "rows_sent"));
     assert!(r[1]["projected_seconds"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn profile_on_three_ranks_records_the_routing_of_one_device_in_its_order() {
+    let t = tempfile::tempdir().unwrap();
+    let m = fixture("qwen2_moe");
+    std::fs::write(
+        t.path().join("calib.txt"),
+        "the cat sat on the mat\nexperts route tokens\na b c d e f g h\nhello\n",
+    )
+    .unwrap();
+    let profile = |out: &str, extra: &[&str]| {
+        let mut a = vec![
+            "profile",
+            "--model",
+            &m,
+            "--data",
+            "calib.txt",
+            "-o",
+            out,
+            "--seq-len",
+            "5",
+        ];
+        a.extend(extra);
+        occult_ok(t.path(), &a);
+        let bytes = std::fs::read(t.path().join(out)).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+        names.sort();
+        names
+            .into_iter()
+            .filter(|n| n.ends_with("topk_ids"))
+            .map(|n| st.tensor(&n).unwrap().data().to_vec())
+            .collect::<Vec<_>>()
+    };
+    let one = profile("one.safetensors", &[]);
+    let three = profile(
+        "three.safetensors",
+        &["--devices", "3", "--mode", "standard"],
+    );
+    assert!(!one.is_empty() && one.iter().all(|ids| !ids.is_empty()));
+    assert_eq!(one, three);
+}

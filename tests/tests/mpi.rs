@@ -119,7 +119,10 @@ fn a_rank_dying_mid_forward_or_mid_backward_fails_the_job_within_30_s() {
             "{all}"
         );
         // mpirun names the lost rank (its process name ends in the rank).
-        assert!(all.contains("Process name: [[") && all.contains("],1]"), "{all}");
+        assert!(
+            all.contains("Process name: [[") && all.contains("],1]"),
+            "{all}"
+        );
     }
 }
 
@@ -422,5 +425,51 @@ fn ranks_with_different_checkpoints_or_placements_are_named() {
     assert!(
         stderr.contains("differ from rank 0 in the placement"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn a_rank_that_fails_or_reads_other_inputs_ends_the_job_with_its_reason() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let olmoe = fixture("olmoe");
+    let generate = |model: &str, prompt: &str| -> Vec<String> {
+        [
+            "generate",
+            "--model",
+            model,
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "2",
+            "--backend",
+            "mpi",
+            "--devices",
+            "2",
+            "--mode",
+            "occult",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    // Rank 1 cannot load its model: its error is printed and the job ends at once.
+    let all = must_fail(
+        || {
+            mpirun_per_rank(
+                dir,
+                &[generate(&olmoe, "Rain"), generate("/no/such/model", "Rain")],
+            )
+        },
+        Duration::from_secs(20),
+    );
+    assert!(all.contains("loading model /no/such/model"), "{all}");
+    // Ranks given different prompts say so instead of pairing the wrong results.
+    let all = must_fail(
+        || mpirun_per_rank(dir, &[generate(&olmoe, "Rain"), generate(&olmoe, "Snow")]),
+        Duration::from_secs(20),
+    );
+    assert!(
+        all.contains("rank(s) [1] hold different prompts or sampling flags from rank 0"),
+        "{all}"
     );
 }

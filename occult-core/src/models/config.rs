@@ -143,7 +143,16 @@ impl ConfigFields<'_> {
     }
 }
 
+/// Positions a model covers when its config does not say (`max_position_embeddings`).
+pub const DEFAULT_MAX_POSITIONS: usize = 4096;
+
 impl ModelConfig {
+    /// The positions the model's RoPE tables cover: `max_position_embeddings`, or
+    /// [`DEFAULT_MAX_POSITIONS`].
+    pub fn positions(&self) -> usize {
+        self.max_positions.unwrap_or(DEFAULT_MAX_POSITIONS)
+    }
+
     /// Reads and checks `config.json`.
     pub fn read(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;

@@ -42,18 +42,19 @@ impl Model {
         RankSplit::new(n, size).range(rank)
     }
 
-    /// Ends this rank's work ([`Model::finish`]) and gathers every rank's byte block in rank
-    /// order, on every rank.
+    /// Ends this rank's work ([`Model::finish`]) and gathers every rank's byte block on rank 0,
+    /// in rank order (other ranks get an empty list).
     pub fn finish_and_gather_bytes(&self, mine: Vec<u8>) -> Result<Vec<Vec<u8>>> {
         self.finish()?;
         match self.comm().filter(|c| c.size() > 1) {
-            Some(c) => c.all_gather_v_bytes(&mine),
+            Some(c) => c.gather_v_bytes_to_root(&mine),
             None => Ok(vec![mine]),
         }
     }
 
-    /// Ends this rank's work and gathers every rank's items (JSON on the wire), concatenated
-    /// in rank order: with [`Model::shard`], the items in their original order.
+    /// Ends this rank's work and gathers every rank's items (JSON on the wire) on rank 0,
+    /// concatenated in rank order: with [`Model::shard`], the items in their original order.
+    /// Other ranks get an empty list.
     pub fn finish_and_gather<T: Serialize + DeserializeOwned>(
         &self,
         mine: Vec<T>,
@@ -73,8 +74,9 @@ impl Model {
         Ok(out)
     }
 
-    /// Ends this rank's work and gathers every rank's routing into one recorder, in rank
-    /// order (with [`Model::shard`], the token order of one device).
+    /// Ends this rank's work and gathers every rank's routing into one recorder on rank 0, in
+    /// rank order (with [`Model::shard`], the token order of one device). Other ranks get an
+    /// empty recorder.
     pub fn finish_and_gather_routing(&self, mine: RoutingRecorder) -> Result<RoutingRecorder> {
         if !self.is_distributed() {
             return Ok(mine);
@@ -84,6 +86,28 @@ impl Model {
             all.append(RoutingRecorder::from_bytes(&block)?);
         }
         Ok(all)
+    }
+
+    /// Checks that every rank brings the same work (its `fingerprint`): ranks that read
+    /// different task lists, prompts or files would otherwise pair the wrong results or wait for
+    /// each other forever. The error names `what` and the ranks that differ from rank 0.
+    /// Collective.
+    pub fn check_same_work(&self, what: &str, fingerprint: u64) -> Result<()> {
+        let Some(c) = self.comm().filter(|c| c.size() > 1) else {
+            return Ok(());
+        };
+        let all = c.all_gather_bytes(&fingerprint.to_le_bytes())?;
+        let prints: Vec<&[u8]> = all.chunks_exact(8).collect();
+        let differ: Vec<usize> = (1..prints.len())
+            .filter(|&r| prints[r] != prints[0])
+            .collect();
+        if !differ.is_empty() {
+            bail!(
+                "rank(s) {differ:?} hold different {what} from rank 0 (each process reads its \
+                 own inputs: give every rank the same files and flags)"
+            );
+        }
+        Ok(())
     }
 
     /// Whether forwards are collective over more than one rank.
@@ -197,8 +221,8 @@ impl Model {
     }
 }
 
-/// A 64-bit FNV-1a digest.
-fn digest(bytes: impl IntoIterator<Item = u8>) -> u64 {
+/// A 64-bit FNV-1a digest of bytes (to compare what ranks hold without moving it).
+pub fn fingerprint(bytes: impl IntoIterator<Item = u8>) -> u64 {
     bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
     })
@@ -217,10 +241,10 @@ fn layout(dense: &DenseParts, setup: &MoeSetup) -> Result<Vec<(String, String)>>
             weights.extend(r.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
         }
     }
-    let maps: Vec<u8> = setup
-        .maps
-        .iter()
-        .flat_map(|(l, m)| std::iter::once(*l as u32).chain(m.iter().copied()))
+    // The maps in effect (a file's, or the default contiguous ones) of every MoE layer.
+    let maps: Vec<u8> = (0..c.num_layers)
+        .filter(|&l| c.moe_layers[l])
+        .flat_map(|l| std::iter::once(l as u32).chain(setup.map(l, c.moe.num_experts)))
         .flat_map(u32::to_le_bytes)
         .collect();
     let prune: Vec<String> = setup
@@ -230,7 +254,7 @@ fn layout(dense: &DenseParts, setup: &MoeSetup) -> Result<Vec<(String, String)>>
             let table = p
                 .similarity
                 .as_ref()
-                .map(|t| digest(t.cos.iter().flat_map(|x| x.to_le_bytes())));
+                .map(|t| fingerprint(t.cos.iter().flat_map(|x| x.to_le_bytes())));
             format!(
                 "layer {l}: {:?} to {} devices, table {table:x?}",
                 p.rule, p.max_devices
@@ -245,17 +269,18 @@ fn layout(dense: &DenseParts, setup: &MoeSetup) -> Result<Vec<(String, String)>>
                 c.family, c.hidden_size, c.num_layers, c.moe.num_experts, c.moe.top_k, c.vocab_size
             ),
         ),
+        ("dtype".into(), format!("{:?}", dense.embed.dtype())),
         (
-            "checkpoint weights (digest of routers and embeddings)".into(),
+            "checkpoint weights (digest of the routers and the embeddings' first row)".into(),
             format!(
                 "{:016x}",
-                digest(weights.iter().flat_map(|x| x.to_le_bytes()))
+                fingerprint(weights.iter().flat_map(|x| x.to_le_bytes()))
             ),
         ),
         ("dispatch mode".into(), format!("{:?}", setup.mode)),
         (
             "placement (digest)".into(),
-            format!("{} devices, {:016x}", setup.num_devices, digest(maps)),
+            format!("{} devices, {:016x}", setup.num_devices, fingerprint(maps)),
         ),
         ("pruning".into(), format!("{prune:?}")),
     ])
@@ -293,4 +318,44 @@ pub(crate) fn check_same_layout(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::model::{LayerRouting, RoutingRecorder};
+
+    #[test]
+    fn routing_records_round_trip_and_refuse_garbage() {
+        let mut rec = RoutingRecorder::default();
+        rec.layers.insert(
+            1,
+            LayerRouting {
+                tokens: 2,
+                ids: vec![3, 1, 0, 2],
+                weights: vec![0.5, 0.25, 0.75, 0.125],
+                logits: vec![1.0; 8],
+            },
+        );
+        rec.layers.insert(4, LayerRouting::default());
+        let bytes = rec.to_bytes();
+        let back = RoutingRecorder::from_bytes(&bytes).unwrap();
+        assert_eq!(back.layers.len(), 2);
+        assert_eq!(back.layers[&1].ids, rec.layers[&1].ids);
+        assert_eq!(back.layers[&1].weights, rec.layers[&1].weights);
+        assert_eq!(back.layers[&1].tokens, 2);
+        // Truncated, extended, or claiming huge sizes: an error, never a panic.
+        assert!(RoutingRecorder::from_bytes(&bytes[..bytes.len() - 1]).is_err());
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(RoutingRecorder::from_bytes(&longer).is_err());
+        let mut huge = bytes.clone();
+        huge[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(RoutingRecorder::from_bytes(&huge).is_err());
+        assert!(RoutingRecorder::from_bytes(&u64::MAX.to_le_bytes()).is_err());
+        // Appending keeps layer order and concatenates tokens.
+        let mut both = rec.clone();
+        both.append(back);
+        assert_eq!(both.layers[&1].tokens, 4);
+        assert_eq!(both.layers[&1].ids.len(), 8);
+    }
 }

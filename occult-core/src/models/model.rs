@@ -160,9 +160,9 @@ impl RoutingRecorder {
     /// Reads [`RoutingRecorder::to_bytes`].
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let bad = || crate::Error::Comm("a routing record that does not decode".into());
-        let mut at = 0;
+        let mut at = 0usize;
         let mut word = || -> Result<u64> {
-            let b = bytes.get(at..at + 8).ok_or_else(bad)?;
+            let b = bytes.get(at..at.saturating_add(8)).ok_or_else(bad)?;
             at += 8;
             Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")))
         };
@@ -179,10 +179,12 @@ impl RoutingRecorder {
         }
         let mut rec = RoutingRecorder::default();
         let mut take4 = |len: usize| -> Result<&[u8]> {
-            let b = bytes
-                .get(at..at + len.checked_mul(4).ok_or_else(bad)?)
+            let end = len
+                .checked_mul(4)
+                .and_then(|n| at.checked_add(n))
                 .ok_or_else(bad)?;
-            at += len * 4;
+            let b = bytes.get(at..end).ok_or_else(bad)?;
+            at = end;
             Ok(b)
         };
         for h in heads {
@@ -207,6 +209,10 @@ impl RoutingRecorder {
                     logits,
                 },
             );
+        }
+        // Every byte read, every layer once, and no more logits than a row per token allows.
+        if at != bytes.len() || rec.layers.len() != n {
+            return Err(bad());
         }
         Ok(rec)
     }
@@ -275,9 +281,6 @@ pub struct DenseLayer {
     pub shared: Option<SharedExperts>,
 }
 
-/// Positions the RoPE tables cover when the config does not say.
-const DEFAULT_MAX_POSITIONS: usize = 4096;
-
 impl DenseParts {
     /// Reads everything but the routed experts.
     pub fn load(w: &Weights, cfg: &ModelConfig) -> Result<Self> {
@@ -341,7 +344,7 @@ impl DenseParts {
         let rope = Rope::new(
             cfg.head_dim,
             cfg.rope_theta,
-            cfg.max_positions.unwrap_or(DEFAULT_MAX_POSITIONS),
+            cfg.positions(),
             w.dtype(),
             &Device::Cpu,
         )?;
@@ -380,7 +383,8 @@ impl MoeSetup {
         }
     }
 
-    fn map(&self, layer: usize, num_experts: usize) -> Vec<u32> {
+    /// The map of `layer`: the given one, or contiguous blocks.
+    pub fn map(&self, layer: usize, num_experts: usize) -> Vec<u32> {
         self.maps.get(&layer).cloned().unwrap_or_else(|| {
             crate::analysis::placement::contiguous(num_experts, self.num_devices)
         })
@@ -614,6 +618,14 @@ impl Model {
         let ids_host = ids.flatten_all()?.to_vec1::<u32>()?;
         if let Some(&bad) = ids_host.iter().find(|&&x| x as usize >= v) {
             bail!("token id {bad} is outside the vocabulary of {v}");
+        }
+        let offset = cache.as_ref().map_or(0, |c| c.len());
+        if offset + t > self.cfg.positions() {
+            bail!(
+                "sequence of {} positions exceeds the model's {} (max_position_embeddings)",
+                offset + t,
+                self.cfg.positions()
+            );
         }
         self.announce(true)?;
         match cache {

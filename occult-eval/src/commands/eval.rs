@@ -125,7 +125,9 @@ pub fn run(a: EvalArgs) -> Result<()> {
         add_bos: a.add_bos,
     };
     let record = a.trace.is_some();
+    let work = work_fingerprint(&prepared);
     let Some((scored, routing)) = a.model.run(&ck, |m| {
+        m.check_same_work("tasks or items", work)?;
         // Rank 0 shows the progress of its share.
         let mine: usize = prepared.iter().map(|p| m.shard(p.items.len()).len()).sum();
         let bar = crate::progress::rank_bar(m.rank_and_size().0, mine as u64, "items");
@@ -251,7 +253,9 @@ pub fn bench(a: EvalArgs) -> Result<()> {
         batch: a.batch_size,
         add_bos: a.add_bos,
     };
+    let work = work_fingerprint(&prepared);
     let Some(runs) = a.model.run(&ck, |m| {
+        m.check_same_work("tasks or items", work)?;
         let mut out = Vec::new();
         for p in &prepared {
             let mut pair = Vec::new();
@@ -319,4 +323,18 @@ pub fn bench(a: EvalArgs) -> Result<()> {
         super::write_json(out, &super::with_provenance(report))?;
     }
     Ok(())
+}
+
+/// What ranks must agree on before they score: each task's name and its items' documents and
+/// requests.
+fn work_fingerprint(prepared: &[crate::harness::evaluate::Prepared]) -> u64 {
+    let mut text = String::new();
+    for p in prepared {
+        text.push_str(&p.spec.name);
+        for it in &p.items {
+            text.push_str(&format!("|{}|{}|{:?}", it.doc_id, it.gold, it.contexts));
+            text.push_str(&it.continuations.join("|"));
+        }
+    }
+    occult_core::models::data_parallel::fingerprint(text.into_bytes())
 }

@@ -165,7 +165,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let ck = a.model.open()?;
     let tok = ck.tokenizer()?;
     let eos = tok.eos.clone();
-    let max_positions = ck.cfg.max_positions.unwrap_or(usize::MAX);
+    let max_positions = ck.cfg.positions();
     let mut encoded = Vec::with_capacity(texts.len());
     for (i, text) in texts.iter().enumerate() {
         let prompt = tok.encode(text, a.add_bos)?;
@@ -193,7 +193,11 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         }
         encoded.push((prompt, limit));
     }
+    let work = occult_core::models::data_parallel::fingerprint(
+        format!("{encoded:?} {} {} {}", a.seed, a.temperature, a.top_p).into_bytes(),
+    );
     let Some(results) = a.model.run(&ck, |m| {
+        m.check_same_work("prompts or sampling flags", work)?;
         let mut mine = Vec::new();
         for i in m.shard(encoded.len()) {
             let (prompt, limit) = &encoded[i];

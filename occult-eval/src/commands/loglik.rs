@@ -24,7 +24,9 @@ pub fn run(a: LoglikArgs) -> Result<()> {
     let ck = a.model.open()?;
     let enc = encode(ck.tokenizer()?, &a.context, &a.continuation, a.add_bos)?;
     // One request: the first rank scores it, the others take part in its exchanges.
+    let work = occult_core::models::data_parallel::fingerprint(format!("{enc:?}").into_bytes());
     let scores = a.model.run(&ck, |m| {
+        m.check_same_work("request", work)?;
         let mine = m
             .shard(1)
             .map(|_| score(m, &enc))

@@ -61,8 +61,9 @@ pub struct ModelOpts {
     /// loads the dense weights and only its own experts; feature `mpi`).
     #[arg(long, value_enum, default_value_t = Backend::Local)]
     pub backend: Backend,
-    /// Seconds a rank waits in one exchange for its peers before it gives up (a peer died).
-    #[arg(long, default_value_t = 30.0)]
+    /// Seconds a rank waits in one exchange for its peers before it gives up (a peer stalled;
+    /// a peer that exits ends the job at once). Covers peers that load or compute slower.
+    #[arg(long, default_value_t = 120.0)]
     pub comm_timeout: f64,
     /// MoE computation; default `reference` on one device, `occult` on more.
     #[arg(long, value_enum)]

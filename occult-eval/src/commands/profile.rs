@@ -79,7 +79,7 @@ pub fn run(a: ProfileArgs) -> Result<()> {
     }
     let ck = a.model.open()?;
     // Windows never exceed the model's positions.
-    let seq_len = a.seq_len.min(ck.cfg.max_positions.unwrap_or(usize::MAX));
+    let seq_len = a.seq_len.min(ck.cfg.positions());
     let tok = ck.tokenizer()?;
     let docs = read_documents(&a.data)?;
     let mut windows: Vec<Vec<u32>> = Vec::new();
@@ -99,7 +99,11 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         bail!("{}: the documents hold no tokens", a.data.display());
     }
     let cfg = ck.cfg.clone();
+    let work = occult_core::models::data_parallel::fingerprint(
+        windows.iter().flatten().flat_map(|x| x.to_le_bytes()),
+    );
     let Some(rec) = a.model.run(&ck, |m| {
+        m.check_same_work("calibration windows", work)?;
         let share = &windows[m.shard(windows.len())];
         let mine = share.iter().map(Vec::len).sum::<usize>() as u64;
         let bar = crate::progress::rank_bar(m.rank_and_size().0, mine, "tokens");

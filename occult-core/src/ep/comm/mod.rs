@@ -228,14 +228,60 @@ pub trait Communicator: Send + Sync {
         Ok(out)
     }
 
+    /// Gathers one block of any size from every rank on rank 0, in rank order (other ranks get
+    /// an empty list). Moves at most 1 GiB per exchange, in as many rounds as it takes.
+    fn gather_v_bytes_to_root(&self, block: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let n = self.size();
+        let lens = self.all_gather_bytes(&(block.len() as u64).to_le_bytes())?;
+        let lens: Vec<usize> = lens
+            .chunks_exact(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+            .collect();
+        let piece = ((1usize << 30) / n.max(1)).max(1);
+        let rounds = lens.iter().map(|l| l.div_ceil(piece)).max().unwrap_or(0);
+        let root = self.rank() == 0;
+        let mut out: Vec<Vec<u8>> = lens
+            .iter()
+            .map(|&l| Vec::with_capacity(if root { l } else { 0 }))
+            .collect();
+        for round in 0..rounds {
+            let at = (round * piece).min(block.len());
+            let part = &block[at..(at + piece).min(block.len())];
+            let mut counts = vec![0; n];
+            counts[0] = part.len();
+            let (recv, from) = self.all_to_all_v_bytes(part, &counts, 1)?;
+            let mut off = 0;
+            for (src, len) in from.into_iter().enumerate() {
+                out[src].extend_from_slice(&recv[off..off + len]);
+                off += len;
+            }
+        }
+        if !root {
+            return Ok(Vec::new());
+        }
+        if out.iter().zip(&lens).any(|(o, &l)| o.len() != l) {
+            return Err(Error::Comm(
+                "gather: received blocks of the wrong size".into(),
+            ));
+        }
+        Ok(out)
+    }
+
     /// Element-wise sum of `x` over all ranks, in place (summed in rank order on every rank,
     /// so all ranks get bit-identical results).
     fn all_reduce_sum_f32(&self, x: &mut [f32]) -> Result<()> {
-        let all: Vec<f32> = bytes_to_vec(&self.all_gather_bytes(bytemuck::cast_slice(x))?);
-        x.iter_mut().for_each(|v| *v = 0.0);
-        for block in all.chunks_exact(x.len().max(1)).take(self.size()) {
-            for (v, b) in x.iter_mut().zip(block) {
-                *v += b;
+        // In pieces, so that one exchange moves at most 1 GiB (MPI counts are 32-bit).
+        let piece = ((1usize << 28) / self.size().max(1)).max(1);
+        let n = x.len();
+        let pieces = n.div_ceil(piece).max(1);
+        for p in 0..pieces {
+            let part = &mut x[(p * piece).min(n)..((p + 1) * piece).min(n)];
+            let all: Vec<f32> = bytes_to_vec(&self.all_gather_bytes(bytemuck::cast_slice(part))?);
+            part.iter_mut().for_each(|v| *v = 0.0);
+            for block in all.chunks_exact(part.len().max(1)).take(self.size()) {
+                for (v, b) in part.iter_mut().zip(block) {
+                    *v += b;
+                }
             }
         }
         Ok(())
