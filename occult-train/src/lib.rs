@@ -1,3 +1,15 @@
-//! Occult fine-tuning (standard and collaboration-pruned). This crate is a placeholder in the
-//! workspace layout: fine-tuning builds on the expert-parallel layer and the model loaders,
-//! which arrive in later issues. It exports nothing yet, so no user can reach unbuilt code.
+//! Occult fine-tuning: standard and collaboration-pruned fine-tuning of MoE models on the data +
+//! expert parallel path (`occult_core::models::data_parallel`).
+//!
+//! What is here so far (the fine-tuning loop and its command build on these):
+//! - [`optim`]: AdamW with decoupled weight decay, whose moments can be saved and restored so
+//!   that a resumed run continues bit-identically;
+//! - [`schedule`]: linear warm-up and cosine decay of the learning rate;
+//! - [`grad_norm`]: the global gradient norm over all ranks, and clipping by it.
+
+mod error;
+pub mod grad_norm;
+pub mod optim;
+pub mod schedule;
+
+pub use error::{Error, Result};

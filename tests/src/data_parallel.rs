@@ -147,43 +147,45 @@ pub enum Die {
     BeforeBackward,
 }
 
-/// One training step on the union of the ranks' batches (`shares[r]`: rank r's sequences;
-/// empty shares take part through [`Model::forward_empty`]): each rank's loss is divided by the
-/// global token count, replicated gradients are all-reduced, and every trainable tensor's
-/// gradient must equal one device's on the whole batch (a rank's experts: those rows of the
-/// full expert gradients). `die` makes this rank exit there, with status 7.
-pub fn check_gradients(
+/// The one-device reference's gradients for the union batch of `n_seq` sequences of `len`
+/// tokens (seeded), with the loss normalised by the whole batch's tokens.
+pub fn reference_step(
+    ck: &Checkpoint,
+    n_seq: usize,
+    seed: u64,
+) -> Result<(Model, candle::backprop::GradStore), String> {
+    let len = 9;
+    let seqs = sequences(&vec![len; n_seq], ck.cfg.vocab_size, seed);
+    let reference = Model::load_reference(&ck.weights, &ck.cfg).map_err(err)?;
+    let grads = loss(
+        &reference,
+        &seqs.iter().collect::<Vec<_>>(),
+        n_seq * (len - 1),
+    )
+    .and_then(|l| l.backward())
+    .map_err(err)?;
+    Ok((reference, grads))
+}
+
+/// This rank's part of one training step on the union batch (`shares[r]`: rank r's
+/// sequences; empty shares take part through [`Model::forward_empty`]): its loss divided by the
+/// global token count, backward, and the replicated gradients all-reduced. `die` makes this
+/// rank exit there, with status 7.
+pub fn rank_step(
     ck: &Checkpoint,
     comm: &Arc<dyn Communicator>,
-    mode: DispatchMode,
+    setup: &MoeSetup,
     seed: u64,
     shares: &[Vec<usize>],
     die: Option<Die>,
-) -> Result<(), String> {
-    let (d, rank) = (comm.size(), comm.rank());
+) -> Result<(Model, candle::backprop::GradStore), String> {
+    let rank = comm.rank();
     let n_seq = shares.iter().map(Vec::len).sum::<usize>();
     let len = 9;
     let seqs = sequences(&vec![len; n_seq], ck.cfg.vocab_size, seed);
     let global = n_seq * (len - 1);
-    let reference = Model::load_reference(&ck.weights, &ck.cfg).map_err(err)?;
-    let grads = loss(&reference, &seqs.iter().collect::<Vec<_>>(), global)
-        .and_then(|l| l.backward())
-        .map_err(err)?;
-    let want: BTreeMap<String, Tensor> = reference
-        .params()
-        .into_iter()
-        .map(|(name, t)| {
-            // A tensor the loss does not reach (an expert no token chose) has gradient 0.
-            let g = grads
-                .get(&t)
-                .cloned()
-                .unwrap_or(t.zeros_like().expect("zeros"));
-            (name, g)
-        })
-        .collect();
     let dense = DenseParts::load(&ck.weights, &ck.cfg).map_err(err)?;
-    let setup = setup(ck, d, mode, seed);
-    let m = Model::assemble(dense, &ck.weights, &setup, Some(comm.clone())).map_err(err)?;
+    let m = Model::assemble(dense, &ck.weights, setup, Some(comm.clone())).map_err(err)?;
     if die == Some(Die::BeforeForward) {
         eprintln!("rank {rank}: exiting on purpose before the forward");
         std::process::exit(7);
@@ -204,6 +206,37 @@ pub fn check_gradients(
     }
     let mut grads = l.backward().map_err(err)?;
     m.all_reduce_grads(&mut grads).map_err(err)?;
+    Ok((m, grads))
+}
+
+/// One training step on the union of the ranks' batches ([`rank_step`]): every trainable
+/// tensor's gradient must equal one device's on the whole batch (a rank's experts: those rows
+/// of the full expert gradients).
+pub fn check_gradients(
+    ck: &Checkpoint,
+    comm: &Arc<dyn Communicator>,
+    mode: DispatchMode,
+    seed: u64,
+    shares: &[Vec<usize>],
+    die: Option<Die>,
+) -> Result<(), String> {
+    let (d, rank) = (comm.size(), comm.rank());
+    let n_seq = shares.iter().map(Vec::len).sum::<usize>();
+    let (reference, grads) = reference_step(ck, n_seq, seed)?;
+    let want: BTreeMap<String, Tensor> = reference
+        .params()
+        .into_iter()
+        .map(|(name, t)| {
+            // A tensor the loss does not reach (an expert no token chose) has gradient 0.
+            let g = grads
+                .get(&t)
+                .cloned()
+                .unwrap_or(t.zeros_like().expect("zeros"));
+            (name, g)
+        })
+        .collect();
+    let setup = setup(ck, d, mode, seed);
+    let (m, grads) = rank_step(ck, comm, &setup, seed, shares, die)?;
     for (name, t) in m.params() {
         let full = &want[&name];
         let expected = if name.contains(".experts.") {

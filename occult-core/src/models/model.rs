@@ -532,6 +532,15 @@ impl Model {
             .collect()
     }
 
+    /// This rank's routed experts (its own, under expert parallelism).
+    pub fn expert_params(&self) -> Vec<(String, Tensor)> {
+        self.tagged_params()
+            .into_iter()
+            .filter(|(_, _, expert)| *expert)
+            .map(|(name, t, _)| (name, t))
+            .collect()
+    }
+
     /// [`Model::params`], each marked `true` if it holds routed experts.
     fn tagged_params(&self) -> Vec<(String, Tensor, bool)> {
         let mut out = vec![("model.embed_tokens.weight".to_string(), self.embed.clone())];

@@ -1,0 +1,59 @@
+//! The global gradient norm of a model trained on D ranks, and clipping by it. Replicated
+//! tensors hold the same (all-reduced) gradient on every rank and count once; each expert's
+//! gradient lives on its owner and counts there. So the norm is that of one device's gradients
+//! on the whole batch, and every rank computes the same value.
+
+use crate::Result;
+use candle::backprop::GradStore;
+use candle::{DType, Tensor};
+use occult_core::models::model::Model;
+
+fn sum_of_squares(grads: &GradStore, params: &[(String, Tensor)]) -> Result<f64> {
+    let mut total = 0.0;
+    for (_, p) in params {
+        if let Some(g) = grads.get(p) {
+            total += g
+                .to_dtype(DType::F64)?
+                .sqr()?
+                .sum_all()?
+                .to_scalar::<f64>()?;
+        }
+    }
+    Ok(total)
+}
+
+/// The global L2 norm of the gradients of `model`'s trainable tensors. Call it after
+/// [`Model::all_reduce_grads`]. Collective on D ranks.
+pub fn global_norm(model: &Model, grads: &GradStore) -> Result<f64> {
+    let trainable = |ps: Vec<(String, Tensor)>| -> Vec<(String, Tensor)> {
+        ps.into_iter().filter(|(_, t)| t.is_variable()).collect()
+    };
+    let replicated = sum_of_squares(grads, &trainable(model.replicated_params()))?;
+    let experts = sum_of_squares(grads, &trainable(model.expert_params()))?;
+    let experts = match model.comm().filter(|c| c.size() > 1) {
+        Some(c) => {
+            let all = c.all_gather_bytes(&experts.to_le_bytes())?;
+            all.chunks_exact(8)
+                .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .sum()
+        }
+        None => experts,
+    };
+    Ok((replicated + experts).sqrt())
+}
+
+/// Scales every gradient by `max_norm / (norm + 1e-6)` when the global norm exceeds
+/// `max_norm` (PyTorch's `clip_grad_norm_`). Returns the norm before clipping. Collective.
+pub fn clip_global_norm(model: &Model, grads: &mut GradStore, max_norm: f64) -> Result<f64> {
+    let norm = global_norm(model, grads)?;
+    let scale = max_norm / (norm + 1e-6);
+    if scale < 1.0 {
+        for (_, p) in model.params() {
+            if let Some(g) = grads.get(&p) {
+                let clipped = (g * scale)?;
+                grads.insert(&p, clipped);
+            }
+        }
+    }
+    Ok(norm)
+}
