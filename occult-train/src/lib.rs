@@ -5,11 +5,14 @@
 //! - [`optim`]: AdamW with decoupled weight decay, whose moments can be saved and restored so
 //!   that a resumed run continues bit-identically;
 //! - [`schedule`]: linear warm-up and cosine decay of the learning rate;
-//! - [`grad_norm`]: the global gradient norm over all ranks, and clipping by it.
+//! - [`grad_norm`]: the global gradient norm over all ranks, and clipping by it;
+//! - [`records`]: records from the hub's file formats (Parquet, JSONL, JSON), from files,
+//!   split folders or the Hugging Face cache (shared with the evaluation harness).
 
 mod error;
 pub mod grad_norm;
 pub mod optim;
+pub mod records;
 pub mod schedule;
 
 pub use error::{Error, Result};
