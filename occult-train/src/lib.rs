@@ -7,9 +7,14 @@
 //! - [`schedule`]: linear warm-up and cosine decay of the learning rate;
 //! - [`grad_norm`]: the global gradient norm over all ranks, and clipping by it;
 //! - [`records`]: records from the hub's file formats (Parquet, JSONL, JSON), from files,
-//!   split folders or the Hugging Face cache (shared with the evaluation harness).
+//!   split folders or the Hugging Face cache (shared with the evaluation harness);
+//! - [`examples`]: Alpaca instruction examples (loss on the response and EOS) and packed
+//!   plain text;
+//! - [`batches`]: the seeded order of examples, global batches and each rank's share.
 
+pub mod batches;
 mod error;
+pub mod examples;
 pub mod grad_norm;
 pub mod optim;
 pub mod records;

@@ -50,3 +50,51 @@ fn the_global_gradient_norm_of_d_ranks_is_one_devices() {
         }
     }
 }
+
+
+#[test]
+fn instruction_examples_train_on_the_response_and_eos_only() {
+    use occult_train::examples::Instruction;
+    let ck = open("qwen3_moe", false);
+    let tok = ck.tokenizer().unwrap();
+    let eos = tok.eos[0];
+    let r = Instruction {
+        instruction: "Name a colour.".into(),
+        input: String::new(),
+        output: " Blue is a colour.".into(),
+    };
+    let ex = r.encode(tok, 512, false).unwrap().unwrap();
+    let prompt = tok.encode(&r.prompt(), false).unwrap();
+    // The prompt's tokens carry no loss; everything after, EOS included, does.
+    assert_eq!(ex.target.iter().position(|&t| t), Some(prompt.len()));
+    assert!(ex.target[prompt.len()..].iter().all(|&t| t));
+    assert_eq!(*ex.ids.last().unwrap(), eos);
+    assert_eq!(&ex.ids[..prompt.len()], &prompt[..]);
+    // Cut at the sequence length; a prompt that fills it leaves nothing to train on.
+    let cut = r.encode(tok, prompt.len() + 2, false).unwrap().unwrap();
+    assert_eq!((cut.ids.len(), cut.targets()), (prompt.len() + 2, 2));
+    assert!(r.encode(tok, prompt.len(), false).unwrap().is_none());
+}
+
+#[test]
+fn plain_text_packs_into_windows_with_eos_between_documents() {
+    use occult_train::examples::pack_text;
+    let ck = open("qwen3_moe", false);
+    let tok = ck.tokenizer().unwrap();
+    let docs = vec!["the cat sat".to_string(), "on the mat".to_string()];
+    let all: usize = docs
+        .iter()
+        .map(|d| tok.encode(d, false).unwrap().len() + 1)
+        .sum();
+    let windows = pack_text(&docs, tok, 4, false).unwrap();
+    assert_eq!(
+        windows.iter().map(|w| w.ids.len()).sum::<usize>(),
+        all - (all % 4 == 1) as usize
+    );
+    assert!(windows.iter().all(|w| w.ids.len() <= 4 && !w.target[0]));
+    assert!(windows
+        .iter()
+        .flat_map(|w| &w.ids)
+        .any(|&t| t == tok.eos[0]));
+    assert!(pack_text(&docs, tok, 1, false).is_err());
+}
