@@ -10,7 +10,9 @@
 //!   split folders or the Hugging Face cache (shared with the evaluation harness);
 //! - [`examples`]: Alpaca instruction examples (loss on the response and EOS) and packed
 //!   plain text;
-//! - [`batches`]: the seeded order of examples, global batches and each rank's share.
+//! - [`batches`]: the seeded order of examples, global batches and each rank's share;
+//! - [`step`]: one optimiser step on D ranks (masked loss over the global batch, backward,
+//!   gradient reduction, clipping, AdamW).
 
 pub mod batches;
 mod error;
@@ -19,5 +21,6 @@ pub mod grad_norm;
 pub mod optim;
 pub mod records;
 pub mod schedule;
+pub mod step;
 
 pub use error::{Error, Result};

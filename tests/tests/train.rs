@@ -51,7 +51,6 @@ fn the_global_gradient_norm_of_d_ranks_is_one_devices() {
     }
 }
 
-
 #[test]
 fn instruction_examples_train_on_the_response_and_eos_only() {
     use occult_train::examples::Instruction;
@@ -97,4 +96,189 @@ fn plain_text_packs_into_windows_with_eos_between_documents() {
         .flat_map(|w| &w.ids)
         .any(|&t| t == tok.eos[0]));
     assert!(pack_text(&docs, tok, 1, false).is_err());
+}
+
+/// Runs `steps` optimiser steps of a global batch of 4 on `d` ranks (`None`: one device, the
+/// reference mode); returns every rank's trainable tensors by name (experts as the full rows
+/// of the expert ids each rank owns), the frozen attention tensors, and the step reports.
+type Trained = (
+    std::collections::BTreeMap<String, Vec<f32>>,
+    Vec<Vec<f32>>,
+    Vec<occult_train::step::StepReport>,
+);
+
+fn train_on(arch: &str, d: Option<(usize, DispatchMode)>, steps: u64, lr: f64) -> Trained {
+    use occult_core::ep::dispatch::ExpertLocations;
+    use occult_core::models::model::{DenseParts, Model, MoeSetup};
+    use occult_train::batches::{global_batch, rank_share};
+    use occult_train::examples::Example;
+    use occult_train::optim::{AdamW, AdamWConfig};
+    use occult_train::step::train_step;
+    let mut ck = open(arch, false);
+    ck.weights.set_trainable_only(ck.cfg.moe_prefixes());
+    let seqs = occult_tests::data_parallel::sequences(&[9; 6], ck.cfg.vocab_size, 11);
+    let examples: Vec<Example> = seqs
+        .into_iter()
+        .map(|ids| Example {
+            target: (0..ids.len()).map(|i| i > 0).collect(),
+            ids,
+        })
+        .collect();
+    let flat = |t: &candle::Tensor| -> Vec<f32> {
+        t.to_dtype(candle::DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    };
+    let run = |m: &Model, rank: usize, size: usize| -> occult_core::Result<Trained> {
+        let params: Vec<candle::Tensor> = m
+            .params()
+            .into_iter()
+            .map(|(_, t)| t)
+            .filter(|t| t.is_variable())
+            .collect();
+        let mut opt = AdamW::new(&params, AdamWConfig::default())
+            .map_err(|e| occult_core::Error::invalid(e.to_string()))?;
+        let mut reports = Vec::new();
+        for step in 0..steps {
+            let global = global_batch(examples.len(), 4, 5, step)
+                .map_err(|e| occult_core::Error::invalid(e.to_string()))?;
+            let share: Vec<&Example> = rank_share(&global, rank, size)
+                .iter()
+                .map(|&i| &examples[i])
+                .collect();
+            reports.push(
+                train_step(m, &mut opt, &share, lr, Some(1.0))
+                    .map_err(|e| occult_core::Error::invalid(e.to_string()))?,
+            );
+        }
+        let mut trained = std::collections::BTreeMap::new();
+        let mut frozen = Vec::new();
+        for (name, t) in m.params() {
+            if !t.is_variable() {
+                if name.contains("self_attn") {
+                    frozen.push(flat(&t));
+                }
+                continue;
+            }
+            if name.contains(".experts.") && size > 1 {
+                // One entry per owned expert, named by its global id.
+                let layer: usize = name.split('.').nth(2).unwrap().parse().unwrap();
+                let map = &m_maps(m, layer);
+                let mine = &ExpertLocations::new(map, size).experts_of[rank];
+                for (slot, &e) in mine.iter().enumerate() {
+                    trained.insert(format!("{name}[{e}]"), flat(&t.get(slot).unwrap()));
+                }
+            } else if name.contains(".experts.") {
+                for e in 0..t.dims()[0] {
+                    trained.insert(format!("{name}[{e}]"), flat(&t.get(e).unwrap()));
+                }
+            } else {
+                trained.insert(name, flat(&t));
+            }
+        }
+        Ok((trained, frozen, reports))
+    };
+    match d {
+        None => {
+            let m = Model::load_reference(&ck.weights, &ck.cfg).unwrap();
+            run(&m, 0, 1).unwrap()
+        }
+        Some((d, mode)) => {
+            let setup = MoeSetup {
+                mode: Some(mode),
+                maps: occult_tests::placements::random_maps(&ck.cfg, d, 9),
+                num_devices: d,
+                prune: Default::default(),
+            };
+            let out = run_local_with_timeout(
+                d,
+                Duration::from_secs(30),
+                |comm: &Arc<dyn Communicator>| {
+                    // Each rank loads its own copy of the replicated tensors: it updates them.
+                    let dense = DenseParts::load(&ck.weights, &ck.cfg)?;
+                    let m = Model::assemble(dense, &ck.weights, &setup, Some(comm.clone()))?;
+                    run(&m, comm.rank(), d)
+                },
+            );
+            let mut merged = std::collections::BTreeMap::new();
+            let mut first = None;
+            for r in out {
+                let (trained, frozen, reports) = r.unwrap();
+                merged.extend(trained);
+                first.get_or_insert((frozen, reports));
+            }
+            let (frozen, reports) = first.unwrap();
+            (merged, frozen, reports)
+        }
+    }
+}
+
+/// The placement map of an EP model's MoE layer.
+fn m_maps(m: &occult_core::models::model::Model, layer: usize) -> Vec<u32> {
+    use occult_core::models::model::{Mlp, MoeExec};
+    match &m.layers[layer].mlp {
+        Mlp::Moe(b) => match &b.exec {
+            MoeExec::Parallel(ep) => ep.settings.device_of_expert.clone(),
+            MoeExec::Reference { .. } => unreachable!("an EP model"),
+        },
+        Mlp::Dense(_) => unreachable!("a MoE layer"),
+    }
+}
+
+#[test]
+fn d_ranks_take_the_steps_of_one_device_and_only_moe_tensors_move() {
+    let arch = "qwen2_moe";
+    let before = train_on(arch, None, 0, 0.0);
+    let (one, frozen_one, rep_one) = train_on(arch, None, 3, 1e-3);
+    assert_eq!(
+        before.1, frozen_one,
+        "frozen attention tensors stay bit-identical"
+    );
+    assert!(
+        one.keys().all(|k| k.contains(".mlp.")),
+        "only MoE blocks train"
+    );
+    let moved = one.iter().filter(|(k, v)| before.0[*k] != **v).count();
+    assert!(
+        moved * 10 >= one.len() * 9,
+        "{moved} of {} tensors moved",
+        one.len()
+    );
+    for (d, mode) in [(2, DispatchMode::Occult), (3, DispatchMode::Standard)] {
+        let (many, _, rep) = train_on(arch, Some((d, mode)), 3, 1e-3);
+        assert_eq!(many.len(), one.len(), "D={d}: the same tensors");
+        for (k, v) in &one {
+            let w = &many[k];
+            let err = v
+                .iter()
+                .zip(w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            // Adam turns float noise in near-zero gradients into updates of up to lr per step:
+            // hold the parameters to 1e-4, a thirtieth of three steps' largest update.
+            assert!(err < 1e-4, "D={d} {mode:?} {k}: {err}");
+        }
+        for (a, b) in rep_one.iter().zip(&rep) {
+            assert!(
+                (a.loss - b.loss).abs() < 1e-5,
+                "D={d}: loss {} vs {}",
+                a.loss,
+                b.loss
+            );
+            assert!((a.grad_norm - b.grad_norm).abs() < 1e-4 * a.grad_norm.max(1.0));
+            assert_eq!((a.targets, a.tokens), (b.targets, b.tokens));
+        }
+        assert!(rep.iter().all(|r| r.ect >= 1.0 && r.ect <= d as f64));
+    }
+}
+
+#[test]
+fn the_loss_falls_on_a_tiny_model() {
+    let (_, _, reports) = train_on("mixtral", None, 40, 1e-2);
+    let first = reports[0].loss;
+    let last = reports.last().unwrap().loss;
+    assert!(last < 0.7 * first, "loss {first} -> {last}");
 }

@@ -318,6 +318,15 @@ impl ModelConfig {
         })
     }
 
+    /// The name prefixes of the MoE blocks' tensors (routers, experts, shared experts), one per
+    /// MoE layer: what fine-tuning trains by default.
+    pub fn moe_prefixes(&self) -> Vec<String> {
+        (0..self.num_layers)
+            .filter(|&l| self.moe_layers[l])
+            .map(|l| format!("model.layers.{l}.{}.", self.family.names.block))
+            .collect()
+    }
+
     /// The router rule of the model's MoE blocks (the family's).
     pub fn router_rule(&self) -> RouterRule {
         (self.family.router_rule)(self)

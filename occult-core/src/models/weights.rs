@@ -44,6 +44,8 @@ pub struct Weights {
     device: Device,
     dtype: DType,
     trainable: bool,
+    /// With `trainable`: only tensors whose names start with one of these (all when empty).
+    trainable_prefixes: Vec<String>,
 }
 
 /// One mapped safetensors file.
@@ -132,6 +134,7 @@ impl Weights {
             device: device.clone(),
             dtype,
             trainable: false,
+            trainable_prefixes: Vec::new(),
         })
     }
 
@@ -212,10 +215,20 @@ impl Weights {
     /// gradients reach it.
     pub fn set_trainable(&mut self, trainable: bool) {
         self.trainable = trainable;
+        self.trainable_prefixes.clear();
     }
 
-    fn leaf(&self, t: Tensor) -> Result<Tensor> {
-        if self.trainable {
+    /// Makes only the tensors whose names start with one of `prefixes` trainable (for example
+    /// the MoE blocks, [`super::config::ModelConfig::moe_prefixes`]); the others stay frozen.
+    pub fn set_trainable_only(&mut self, prefixes: Vec<String>) {
+        self.trainable = true;
+        self.trainable_prefixes = prefixes;
+    }
+
+    fn leaf(&self, name: &str, t: Tensor) -> Result<Tensor> {
+        let wanted = self.trainable_prefixes.is_empty()
+            || self.trainable_prefixes.iter().any(|p| name.starts_with(p));
+        if self.trainable && wanted {
             Ok(candle::Var::from_tensor(&t)?.as_tensor().clone())
         } else {
             Ok(t)
@@ -245,7 +258,7 @@ impl Weights {
             ));
         }
         let t = self.load(name, rows)?;
-        self.leaf(t.to_dtype(self.dtype)?)
+        self.leaf(name, t.to_dtype(self.dtype)?)
     }
 
     /// The experts `ids` (in that order) of the MoE block at `prefix` (for example
@@ -274,10 +287,11 @@ impl Weights {
                 up.push(self.get(&p(names.up), &[i, h])?);
                 down.push(self.get(&p(names.down), &[h, i])?);
             }
+            let stacked = format!("{prefix}.experts");
             return SwigluStack::new(
-                self.leaf(Tensor::stack(&gate, 0)?)?,
-                self.leaf(Tensor::stack(&up, 0)?)?,
-                self.leaf(Tensor::stack(&down, 0)?)?,
+                self.leaf(&stacked, Tensor::stack(&gate, 0)?)?,
+                self.leaf(&stacked, Tensor::stack(&up, 0)?)?,
+                self.leaf(&stacked, Tensor::stack(&down, 0)?)?,
             );
         }
         let gate_up_name = format!("{prefix}.experts.gate_up_proj");
@@ -318,9 +332,9 @@ impl Weights {
             ));
         };
         SwigluStack::new(
-            self.leaf(gate_up.narrow(1, 0, i)?.contiguous()?)?,
-            self.leaf(gate_up.narrow(1, i, i)?.contiguous()?)?,
-            self.leaf(down)?,
+            self.leaf(&gate_up_name, gate_up.narrow(1, 0, i)?.contiguous()?)?,
+            self.leaf(&gate_up_name, gate_up.narrow(1, i, i)?.contiguous()?)?,
+            self.leaf(&down_name, down)?,
         )
     }
 }

@@ -1,0 +1,110 @@
+//! One optimiser step of a model on D ranks: each rank's share of the global batch forward,
+//! the loss (next-token cross-entropy on the target positions, summed and divided by the
+//! global batch's target count), backward through the exchanges, replicated gradients summed
+//! over ranks, clipping by the global norm, and the AdamW update. D ranks on the union of their
+//! shares take the step one device takes on the whole batch (in the exact modes, to float
+//! tolerance). A rank with no examples in a step still takes part. Each rank must hold its own
+//! copy of the replicated trainable tensors (load them per rank): the update is applied to
+//! each copy.
+
+use crate::batches::pad;
+use crate::examples::Example;
+use crate::grad_norm::clip_global_norm;
+use crate::optim::AdamW;
+use crate::Result;
+use candle::{DType, Device, Tensor, D};
+use occult_core::models::model::{Logits, Model};
+
+/// What one step did, the same on every rank.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepReport {
+    /// Mean loss per target position over the global batch.
+    pub loss: f64,
+    /// Target positions in the global batch.
+    pub targets: usize,
+    /// Tokens fed over all ranks.
+    pub tokens: usize,
+    /// The global gradient norm before clipping.
+    pub grad_norm: f64,
+    pub lr: f64,
+    /// E[C_T] over the step's tokens and MoE layers (1 on one device in the reference mode).
+    pub ect: f64,
+}
+
+/// This rank's loss for `examples` (padded into one batch), divided by `global_targets`: the
+/// summed cross-entropy of every target position.
+pub fn share_loss(m: &Model, examples: &[&Example], global_targets: usize) -> Result<Tensor> {
+    if examples.is_empty() {
+        return Ok(m.forward_empty()?);
+    }
+    let (ids, mask, t) = pad(examples);
+    let b = examples.len();
+    // Position i predicts token i + 1.
+    let input = Tensor::from_slice(&ids, (b, t), &Device::Cpu)?;
+    let logits = m.forward(&input.narrow(1, 0, t - 1)?, None, None, Logits::All)?;
+    let v = logits.dims3()?.2;
+    let logp = candle_nn_log_softmax(&logits.reshape((b * (t - 1), v))?.to_dtype(DType::F32)?)?;
+    let next = input.narrow(1, 1, t - 1)?.reshape((b * (t - 1), 1))?;
+    let picked = logp.gather(&next.contiguous()?, 1)?.squeeze(1)?;
+    let weights = Tensor::from_slice(&mask, (b, t), &Device::Cpu)?
+        .narrow(1, 1, t - 1)?
+        .reshape(b * (t - 1))?;
+    let summed = (picked * weights)?.sum_all()?.neg()?;
+    Ok((summed / global_targets.max(1) as f64)?)
+}
+
+/// `log_softmax` from differentiable primitives (candle's fused softmax has no backward).
+fn candle_nn_log_softmax(x: &Tensor) -> candle::Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let shifted = x.broadcast_sub(&max)?;
+    let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    shifted.broadcast_sub(&lse)
+}
+
+/// Sums `x` over the ranks (in rank order, so every rank gets the same value).
+fn sum_over_ranks(m: &Model, x: f64) -> Result<f64> {
+    match m.comm().filter(|c| c.size() > 1) {
+        Some(c) => {
+            let all = c.all_gather_bytes(&x.to_le_bytes())?;
+            Ok(all
+                .chunks_exact(8)
+                .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .sum())
+        }
+        None => Ok(x),
+    }
+}
+
+/// One optimiser step on this rank's `share` of the global batch, with learning rate `lr`
+/// and gradient clipping at `max_norm` (none when `None`). Collective on D ranks.
+pub fn train_step(
+    m: &Model,
+    opt: &mut AdamW,
+    share: &[&Example],
+    lr: f64,
+    max_norm: Option<f64>,
+) -> Result<StepReport> {
+    let local_targets: usize = share.iter().map(|e| e.targets()).sum();
+    let targets = m.global_count(local_targets)?;
+    let tokens = m.global_count(share.iter().map(|e| e.ids.len()).sum())?;
+    m.take_ep_stats();
+    let loss = share_loss(m, share, targets)?;
+    let mut grads = loss.backward()?;
+    m.all_reduce_grads(&mut grads)?;
+    let grad_norm = match max_norm {
+        Some(n) => clip_global_norm(m, &mut grads, n)?,
+        None => crate::grad_norm::global_norm(m, &grads)?,
+    };
+    opt.step(&grads, lr)?;
+    let stats = m.take_ep_stats();
+    let touched = sum_over_ranks(m, stats.devices_touched as f64)?;
+    let routed = sum_over_ranks(m, stats.tokens as f64)?;
+    Ok(StepReport {
+        loss: sum_over_ranks(m, loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)?,
+        targets,
+        tokens,
+        grad_norm,
+        lr,
+        ect: if routed > 0.0 { touched / routed } else { 1.0 },
+    })
+}
