@@ -10,11 +10,13 @@
 //!   split folders or the Hugging Face cache (shared with the evaluation harness);
 //! - [`examples`]: Alpaca instruction examples (loss on the response and EOS) and packed
 //!   plain text;
+//! - [`dataset`]: training data from files, folders or the Hugging Face cache, as examples;
 //! - [`batches`]: the seeded order of examples, global batches and each rank's share;
 //! - [`step`]: one optimiser step on D ranks (masked loss over the global batch, backward,
 //!   gradient reduction, clipping, AdamW).
 
 pub mod batches;
+pub mod dataset;
 mod error;
 pub mod examples;
 pub mod grad_norm;

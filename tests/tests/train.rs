@@ -282,3 +282,66 @@ fn the_loss_falls_on_a_tiny_model() {
     let last = reports.last().unwrap().loss;
     assert!(last < 0.7 * first, "loss {first} -> {last}");
 }
+
+#[test]
+fn training_data_from_files_with_named_faults() {
+    use occult_train::dataset::{build, read_records, DataKind};
+    let t = tempfile::tempdir().unwrap();
+    let ck = open("qwen3_moe", false);
+    let tok = ck.tokenizer().unwrap();
+    let alpaca = t.path().join("alpaca.jsonl");
+    std::fs::write(
+        &alpaca,
+        "{\"instruction\": \"Say hi.\", \"input\": \"\", \"output\": \"hi\"}\n\
+         {\"instruction\": \"Add.\", \"input\": \"2 3\", \"output\": \"5\"}\n",
+    )
+    .unwrap();
+    let docs = read_records(alpaca.to_str().unwrap()).unwrap();
+    let d = build(&docs, tok, 256, false).unwrap();
+    assert_eq!(
+        (d.kind, d.examples.len(), d.skipped),
+        (DataKind::Instructions, 2, 0)
+    );
+    // A folder reads its train split; plain text packs.
+    let dir = t.path().join("corpus");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("train.jsonl"),
+        "{\"text\": \"the cat sat on the mat\"}\n",
+    )
+    .unwrap();
+    let d = build(&read_records(dir.to_str().unwrap()).unwrap(), tok, 4, false).unwrap();
+    assert_eq!(d.kind, DataKind::Text);
+    assert!(d.examples.iter().all(|e| e.ids.len() <= 4));
+    // Faults name the file and row.
+    std::fs::write(
+        &alpaca,
+        "{\"instruction\": \"Say hi.\", \"output\": \"hi\"}\n{\"instruction\": \"x\"}\n",
+    )
+    .unwrap();
+    let e = build(
+        &read_records(alpaca.to_str().unwrap()).unwrap(),
+        tok,
+        256,
+        false,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("alpaca.jsonl row 1: no `output`"), "{e}");
+    std::fs::write(&alpaca, "").unwrap();
+    let e = read_records(alpaca.to_str().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no records"), "{e}");
+    std::fs::write(&alpaca, "{\"question\": 1}\n").unwrap();
+    let e = build(
+        &read_records(alpaca.to_str().unwrap()).unwrap(),
+        tok,
+        256,
+        false,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("neither an instruction record"), "{e}");
+    assert!(read_records("/no/such/file.jsonl").is_err());
+}
