@@ -13,7 +13,8 @@
 //! - [`dataset`]: training data from files, folders or the Hugging Face cache, as examples;
 //! - [`batches`]: the seeded order of examples, global batches and each rank's share;
 //! - [`step`]: one optimiser step on D ranks (masked loss over the global batch, backward,
-//!   gradient reduction, clipping, AdamW).
+//!   gradient reduction, clipping, AdamW);
+//! - [`save`]: a fine-tuned model written in the source checkpoint's own layout.
 
 pub mod batches;
 pub mod dataset;
@@ -22,6 +23,7 @@ pub mod examples;
 pub mod grad_norm;
 pub mod optim;
 pub mod records;
+pub mod save;
 pub mod schedule;
 pub mod step;
 

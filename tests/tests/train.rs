@@ -345,3 +345,118 @@ fn training_data_from_files_with_named_faults() {
     assert!(e.contains("neither an instruction record"), "{e}");
     assert!(read_records("/no/such/file.jsonl").is_err());
 }
+
+#[test]
+fn a_fine_tuned_model_saves_in_its_own_layout_and_reloads_with_the_same_logits() {
+    use occult_core::models::loader::Checkpoint;
+    use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
+    use occult_train::examples::Example;
+    use occult_train::optim::{AdamW, AdamWConfig};
+    use occult_train::save::save_moe;
+    use occult_train::step::train_step;
+    // Fused experts (qwen2_moe) and per-expert ones (olmoe), on 2 ranks.
+    for arch in ["qwen2_moe", "olmoe"] {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("tuned");
+        let mut ck = open(arch, false);
+        ck.weights.set_trainable_only(ck.cfg.moe_prefixes());
+        let seqs = occult_tests::data_parallel::sequences(&[9; 4], ck.cfg.vocab_size, 21);
+        let probe = candle::Tensor::from_slice(&seqs[0], (1, 9), &candle::Device::Cpu).unwrap();
+        let setup = MoeSetup {
+            mode: Some(DispatchMode::Occult),
+            maps: occult_tests::placements::random_maps(&ck.cfg, 2, 4),
+            num_devices: 2,
+            prune: Default::default(),
+        };
+        let logits = run_local_with_timeout(
+            2,
+            Duration::from_secs(30),
+            |comm: &Arc<dyn Communicator>| {
+                let dense = DenseParts::load(&ck.weights, &ck.cfg)?;
+                let m = Model::assemble(dense, &ck.weights, &setup, Some(comm.clone()))?;
+                let params: Vec<candle::Tensor> = m
+                    .params()
+                    .into_iter()
+                    .map(|(_, t)| t)
+                    .filter(|t| t.is_variable())
+                    .collect();
+                let mut opt = AdamW::new(&params, AdamWConfig::default()).unwrap();
+                let mine: Vec<Example> = seqs[comm.rank() * 2..comm.rank() * 2 + 2]
+                    .iter()
+                    .map(|s| Example {
+                        ids: s.clone(),
+                        target: (0..9).map(|i| i > 0).collect(),
+                    })
+                    .collect();
+                for _ in 0..2 {
+                    train_step(&m, &mut opt, &mine.iter().collect::<Vec<_>>(), 1e-2, None).unwrap();
+                }
+                save_moe(&m, &ck, &out).map_err(|e| occult_core::Error::invalid(e.to_string()))?;
+                let l = m.forward(&probe, None, None, Logits::All)?;
+                m.finish()?;
+                Ok(l)
+            },
+        );
+        let trained = out_ok(logits);
+        let back = Checkpoint::open(out.to_str().unwrap(), None, candle::DType::F32).unwrap();
+        assert!(
+            back.tokenizer.is_some(),
+            "{arch}: the tokenizer comes along"
+        );
+        let reloaded = Model::load_reference(&back.weights, &back.cfg)
+            .unwrap()
+            .forward(&probe, None, None, Logits::All)
+            .unwrap();
+        let diff = (&trained - &reloaded)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap();
+        assert!(diff.to_scalar::<f32>().unwrap() < 1e-4, "{arch}: {diff}");
+        // Untrained tensors are copied bit for bit; trained ones changed; the names are the
+        // source's.
+        let source = open(arch, false);
+        let mut names: Vec<&str> = source.weights.names().collect();
+        names.sort();
+        let saved: Vec<&str> = {
+            let mut v: Vec<&str> = back.weights.names().collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names, saved, "{arch}");
+        let same = |n: &str| {
+            let a = source
+                .weights
+                .raw(n)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let b = back
+                .weights
+                .raw(n)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            a == b
+        };
+        assert!(same("model.layers.1.self_attn.q_proj.weight"));
+        assert!(
+            !same("model.layers.1.mlp.gate.weight"),
+            "{arch}: the router trained"
+        );
+    }
+}
+
+fn out_ok(r: Vec<occult_core::Result<candle::Tensor>>) -> candle::Tensor {
+    let mut first = None;
+    for (rank, x) in r.into_iter().enumerate() {
+        let t = x.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        first.get_or_insert(t);
+    }
+    first.unwrap()
+}

@@ -154,6 +154,16 @@ impl Weights {
         self.index.keys().map(String::as_str)
     }
 
+    /// The dtype `name` is stored in, if present.
+    pub fn source_dtype(&self, name: &str) -> Option<safetensors::Dtype> {
+        self.index.get(name).map(|e| e.info.dtype)
+    }
+
+    /// Tensor `name` as stored (its own dtype and shape; never trainable).
+    pub fn raw(&self, name: &str) -> Result<Tensor> {
+        self.load(name, None)
+    }
+
     /// Whether the checkpoint holds `name`.
     pub fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)

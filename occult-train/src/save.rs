@@ -1,0 +1,234 @@
+//! Writing a fine-tuned model in the layout it was read in: every tensor of the source
+//! checkpoint under its own name, shape and dtype, with the trained values of the MoE blocks
+//! (routers, routed experts, per expert or fused as the source stores them, shared experts and
+//! their gate) in place of the old ones; `config.json` and the tokenizer files beside it. So
+//! transformers and every occult command load it as they load the source. Placement changes
+//! no names: experts are gathered from their owners and written in global order.
+//!
+//! Everything is written to one `model.safetensors` (a sharded source is written whole), atomically,
+//! by rank 0. Collective on D ranks.
+
+use crate::{Error, Result};
+use candle::{DType, Tensor};
+use occult_core::atomic::write_atomic;
+use occult_core::ep::dispatch::ExpertLocations;
+use occult_core::models::loader::Checkpoint;
+use occult_core::models::model::{Mlp, Model, MoeExec};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// Files copied from the source folder when present.
+const BESIDE: [&str; 5] = [
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+];
+
+fn f32s(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// A tensor's values in a safetensors dtype, as little-endian bytes.
+fn bytes_as(t: &Tensor, dtype: safetensors::Dtype) -> Result<Vec<u8>> {
+    let flat = t.flatten_all()?;
+    Ok(match dtype {
+        safetensors::Dtype::F32 => flat
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+        safetensors::Dtype::BF16 => flat
+            .to_dtype(DType::BF16)?
+            .to_vec1::<half::bf16>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+        safetensors::Dtype::F16 => flat
+            .to_dtype(DType::F16)?
+            .to_vec1::<half::f16>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+        other => {
+            return Err(Error::Invalid(format!(
+                "cannot write a tensor stored as {other:?}"
+            )))
+        }
+    })
+}
+
+/// This rank's trained MoE tensors, named as the checkpoint names them, with every rank's
+/// experts gathered on rank 0 (other ranks return an empty map).
+fn trained_moe(m: &Model, ck: &Checkpoint) -> Result<BTreeMap<String, Tensor>> {
+    let cfg = &ck.cfg;
+    let names = cfg.family.names;
+    let (rank, size) = m.rank_and_size();
+    let (e, i, h) = (
+        cfg.moe.num_experts,
+        cfg.moe.expert_intermediate,
+        cfg.hidden_size,
+    );
+    let mut out = BTreeMap::new();
+    for (l, layer) in m.layers.iter().enumerate() {
+        let Mlp::Moe(block) = &layer.mlp else {
+            continue;
+        };
+        let (w, owners) = match &block.exec {
+            MoeExec::Reference { weights, .. } => (weights, None),
+            MoeExec::Parallel(ep) => (&ep.weights, Some(&ep.locations)),
+        };
+        let p = format!("model.layers.{l}.{}", names.block);
+        // The routed experts in global order, gathered from their owners on rank 0.
+        let mut stacks = Vec::new();
+        for t in [&w.experts.gate, &w.experts.up, &w.experts.down] {
+            let mine = f32s(t)?;
+            let all = match (owners, m.comm().filter(|_| size > 1)) {
+                (Some(loc), Some(c)) => {
+                    let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    let blocks = c.gather_v_bytes_to_root(&bytes)?;
+                    if rank != 0 {
+                        continue;
+                    }
+                    global_order(loc, &blocks, t.dims()[1] * t.dims()[2])?
+                }
+                _ => mine,
+            };
+            let dims = t.dims();
+            stacks.push(Tensor::from_vec(all, (e, dims[1], dims[2]), t.device())?);
+        }
+        if rank != 0 {
+            continue;
+        }
+        out.insert(format!("{p}.{}.weight", names.router), w.router.clone());
+        let (gate, up, down) = (&stacks[0], &stacks[1], &stacks[2]);
+        let n = names.experts;
+        if ck
+            .weights
+            .contains(&format!("{p}.experts.0.{}.weight", n.gate))
+        {
+            for j in 0..e {
+                out.insert(format!("{p}.experts.{j}.{}.weight", n.gate), gate.get(j)?);
+                out.insert(format!("{p}.experts.{j}.{}.weight", n.up), up.get(j)?);
+                out.insert(format!("{p}.experts.{j}.{}.weight", n.down), down.get(j)?);
+            }
+        } else {
+            let gate_up_name = format!("{p}.experts.gate_up_proj");
+            let gate_up = Tensor::cat(&[gate, up], 1)?;
+            let transposed = ck.weights.shape(&gate_up_name) == Some(vec![e, h, 2 * i]);
+            if transposed {
+                out.insert(gate_up_name, gate_up.transpose(1, 2)?.contiguous()?);
+                out.insert(
+                    format!("{p}.experts.down_proj"),
+                    down.transpose(1, 2)?.contiguous()?,
+                );
+            } else {
+                out.insert(gate_up_name, gate_up);
+                out.insert(format!("{p}.experts.down_proj"), down.clone());
+            }
+        }
+        if let (Some(s), Some(sn)) = (&w.shared, names.shared) {
+            for (k, t) in [
+                ("gate_proj", &s.gate_proj),
+                ("up_proj", &s.up_proj),
+                ("down_proj", &s.down_proj),
+            ] {
+                out.insert(format!("{p}.{sn}.{k}.weight"), t.clone());
+            }
+            if let (Some(g), Some(gn)) = (&s.gate, names.shared_gate) {
+                out.insert(format!("{p}.{gn}.weight"), g.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Every rank's experts (`blocks[r]`: rank r's, in slot order, `per` values each) in global
+/// expert order.
+fn global_order(loc: &ExpertLocations, blocks: &[Vec<u8>], per: usize) -> Result<Vec<f32>> {
+    let e = loc.rank_of.len();
+    let mut all = vec![0f32; e * per];
+    for (r, block) in blocks.iter().enumerate() {
+        let vals: Vec<f32> = block
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect();
+        let experts = &loc.experts_of[r];
+        if vals.len() != experts.len() * per {
+            return Err(Error::Invalid(format!(
+                "rank {r} sent {} expert values, expected {}",
+                vals.len(),
+                experts.len() * per
+            )));
+        }
+        for (slot, &x) in experts.iter().enumerate() {
+            let x = x as usize;
+            all[x * per..(x + 1) * per].copy_from_slice(&vals[slot * per..(slot + 1) * per]);
+        }
+    }
+    Ok(all)
+}
+
+/// Writes the model's trained MoE blocks over the source checkpoint into `dir` (created if
+/// needed). Collective: every rank must call it; rank 0 writes.
+pub fn save_moe(m: &Model, ck: &Checkpoint, dir: &Path) -> Result<()> {
+    let trained = trained_moe(m, ck)?;
+    if m.rank_and_size().0 != 0 {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::Invalid(format!("{}: {e}", dir.display())))?;
+    let mut names: Vec<String> = ck.weights.names().map(String::from).collect();
+    names.sort();
+    let mut data: Vec<(String, Vec<usize>, safetensors::Dtype, Vec<u8>)> = Vec::new();
+    for name in names {
+        let dtype = ck
+            .weights
+            .source_dtype(&name)
+            .ok_or_else(|| Error::Invalid(format!("{name} has no dtype")))?;
+        let shape = ck.weights.shape(&name).unwrap_or_default();
+        let t = match trained.get(&name) {
+            Some(t) => {
+                if t.dims() != shape.as_slice() {
+                    return Err(Error::Invalid(format!(
+                        "trained {name} has shape {:?}, the checkpoint {shape:?}",
+                        t.dims()
+                    )));
+                }
+                t.clone()
+            }
+            None => ck.weights.raw(&name)?,
+        };
+        data.push((name, shape, dtype, bytes_as(&t, dtype)?));
+    }
+    let missing: Vec<&String> = trained
+        .keys()
+        .filter(|k| !data.iter().any(|(n, ..)| n == *k))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::Invalid(format!(
+            "trained tensors the checkpoint does not hold: {missing:?}"
+        )));
+    }
+    let views = data
+        .iter()
+        .map(|(n, s, d, b)| {
+            safetensors::tensor::TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v))
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::Invalid(format!("building the tensors to save: {e}")))?;
+    let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    let bytes = safetensors::serialize(views, Some(meta))
+        .map_err(|e| Error::Invalid(format!("serialising the model: {e}")))?;
+    write_atomic(&dir.join("model.safetensors"), |w| w.write_all(&bytes))?;
+    for f in BESIDE {
+        let src = ck.files.dir.join(f);
+        if src.is_file() {
+            let text = std::fs::read(&src)
+                .map_err(|e| Error::Invalid(format!("{}: {e}", src.display())))?;
+            write_atomic(&dir.join(f), |w| w.write_all(&text))?;
+        }
+    }
+    Ok(())
+}
