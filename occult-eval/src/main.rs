@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use occult_eval::commands::{
-    bench, collab, eval, generate, loglik, model, place, profile, prune, reproduce, trace,
+    bench, collab, eval, generate, loglik, model, place, profile, prune, reproduce, trace, train,
 };
 
 #[derive(Parser, Debug)]
@@ -47,6 +47,8 @@ enum Cmd {
     Eval(eval::EvalArgs),
     /// Run calibration text through a model and write its routing trace.
     Profile(profile::ProfileArgs),
+    /// Fine-tune the MoE blocks (standard, Occult or pruned routing) and save the model.
+    Train(train::TrainArgs),
     /// Checkpoints: make a synthetic one, describe one.
     #[command(subcommand)]
     Model(model::ModelCmd),
@@ -65,6 +67,7 @@ fn main() {
         Cmd::Loglik(a) => loglik::run(a),
         Cmd::Profile(a) => profile::run(a),
         Cmd::Eval(a) => eval::run(a),
+        Cmd::Train(a) => train::run(a),
         Cmd::Model(c) => model::run(c),
     };
     match result {

@@ -14,7 +14,8 @@
 //! - [`batches`]: the seeded order of examples, global batches and each rank's share;
 //! - [`step`]: one optimiser step on D ranks (masked loss over the global batch, backward,
 //!   gradient reduction, clipping, AdamW);
-//! - [`save`]: a fine-tuned model written in the source checkpoint's own layout.
+//! - [`save`]: a fine-tuned model written in the source checkpoint's own layout;
+//! - [`run`]: the loop, with periodic saves and exact resumption.
 
 pub mod batches;
 pub mod dataset;
@@ -23,6 +24,7 @@ pub mod examples;
 pub mod grad_norm;
 pub mod optim;
 pub mod records;
+pub mod run;
 pub mod save;
 pub mod schedule;
 pub mod step;

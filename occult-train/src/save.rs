@@ -31,7 +31,7 @@ fn f32s(t: &Tensor) -> Result<Vec<f32>> {
 }
 
 /// A tensor's values in a safetensors dtype, as little-endian bytes.
-fn bytes_as(t: &Tensor, dtype: safetensors::Dtype) -> Result<Vec<u8>> {
+pub(crate) fn bytes_as(t: &Tensor, dtype: safetensors::Dtype) -> Result<Vec<u8>> {
     let flat = t.flatten_all()?;
     Ok(match dtype {
         safetensors::Dtype::F32 => flat
@@ -171,6 +171,28 @@ fn global_order(loc: &ExpertLocations, blocks: &[Vec<u8>], per: usize) -> Result
     Ok(all)
 }
 
+/// A tensor to write: name, shape, dtype and little-endian bytes.
+pub(crate) type Entry = (String, Vec<usize>, safetensors::Dtype, Vec<u8>);
+
+/// Writes `entries` as one safetensors file, atomically.
+pub(crate) fn write_safetensors(
+    path: &Path,
+    entries: &[Entry],
+    meta: Option<HashMap<String, String>>,
+) -> Result<()> {
+    let views = entries
+        .iter()
+        .map(|(n, s, d, b)| {
+            safetensors::tensor::TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v))
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::Invalid(format!("{}: building the tensors: {e}", path.display())))?;
+    let bytes = safetensors::serialize(views, meta)
+        .map_err(|e| Error::Invalid(format!("{}: serialising: {e}", path.display())))?;
+    write_atomic(path, |w| w.write_all(&bytes))?;
+    Ok(())
+}
+
 /// Writes the model's trained MoE blocks over the source checkpoint into `dir` (created if
 /// needed). Collective: every rank must call it; rank 0 writes.
 pub fn save_moe(m: &Model, ck: &Checkpoint, dir: &Path) -> Result<()> {
@@ -181,7 +203,7 @@ pub fn save_moe(m: &Model, ck: &Checkpoint, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::Invalid(format!("{}: {e}", dir.display())))?;
     let mut names: Vec<String> = ck.weights.names().map(String::from).collect();
     names.sort();
-    let mut data: Vec<(String, Vec<usize>, safetensors::Dtype, Vec<u8>)> = Vec::new();
+    let mut data: Vec<Entry> = Vec::new();
     for name in names {
         let dtype = ck
             .weights
@@ -211,17 +233,8 @@ pub fn save_moe(m: &Model, ck: &Checkpoint, dir: &Path) -> Result<()> {
             "trained tensors the checkpoint does not hold: {missing:?}"
         )));
     }
-    let views = data
-        .iter()
-        .map(|(n, s, d, b)| {
-            safetensors::tensor::TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v))
-        })
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| Error::Invalid(format!("building the tensors to save: {e}")))?;
     let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
-    let bytes = safetensors::serialize(views, Some(meta))
-        .map_err(|e| Error::Invalid(format!("serialising the model: {e}")))?;
-    write_atomic(&dir.join("model.safetensors"), |w| w.write_all(&bytes))?;
+    write_safetensors(&dir.join("model.safetensors"), &data, Some(meta))?;
     for f in BESIDE {
         let src = ck.files.dir.join(f);
         if src.is_file() {

@@ -12,6 +12,7 @@ pub mod profile;
 pub mod prune;
 pub mod reproduce;
 pub mod trace;
+pub mod train;
 
 use anyhow::{bail, Context, Result};
 use occult_core::analysis::placement::{self, Placement};

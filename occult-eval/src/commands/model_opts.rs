@@ -221,6 +221,24 @@ impl ModelOpts {
         T: Send,
         F: Fn(&Model) -> Result<T> + Sync,
     {
+        self.run_with(ck, false, f)
+    }
+
+    /// [`ModelOpts::run`] for training: every rank loads its own copy of the dense weights
+    /// (the update is applied to each copy; threads must not share them).
+    pub fn run_training<T, F>(&self, ck: &Checkpoint, f: F) -> Result<Option<T>>
+    where
+        T: Send,
+        F: Fn(&Model) -> Result<T> + Sync,
+    {
+        self.run_with(ck, true, f)
+    }
+
+    fn run_with<T, F>(&self, ck: &Checkpoint, own_dense: bool, f: F) -> Result<Option<T>>
+    where
+        T: Send,
+        F: Fn(&Model) -> Result<T> + Sync,
+    {
         let setup = self.setup(ck)?;
         let timeout = self.timeout()?;
         if self.backend == Backend::Mpi {
@@ -244,7 +262,13 @@ impl ModelOpts {
         }
         let results =
             run_local_with_timeout(self.devices, timeout, |comm: &Arc<dyn Communicator>| {
-                let m = Model::assemble(dense.clone(), &ck.weights, &setup, Some(comm.clone()))?;
+                // Training: rank 0 takes the loaded copy, the others load their own.
+                let dense = if own_dense && comm.rank() > 0 {
+                    DenseParts::load(&ck.weights, &ck.cfg)?
+                } else {
+                    dense.clone()
+                };
+                let m = Model::assemble(dense, &ck.weights, &setup, Some(comm.clone()))?;
                 f(&m).map_err(|e| occult_core::Error::invalid(format!("{e:#}")))
             });
         let mut first = None;

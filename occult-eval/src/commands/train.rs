@@ -1,0 +1,199 @@
+//! `occult train`: fine-tunes the MoE blocks (routers, experts, shared experts; everything else
+//! frozen, as in the paper) on instruction data (Alpaca) or plain text, on D ranks, with exact
+//! or pruned routing. Writes the model in the source's layout, `log.jsonl` (a line per step)
+//! and the state `--resume` continues from, in `--out`.
+
+use super::model_opts::ModelOpts;
+use anyhow::{bail, Context, Result};
+use occult_train::dataset::{build, read_records};
+use occult_train::run::{holds_a_run, saved_step, train, Job, TrainConfig};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    occult train --model M --data alpaca.jsonl --out tuned --steps 1000 --batch-size 8\n  \
+    occult train --model M --data tatsu-lab/alpaca --out pruned2 --devices 4 \\\n      \
+    --placement p.json --max-devices 2 --prune-rule similarity --calibration trace.safetensors\n  \
+    occult train --model M --data alpaca.jsonl --out tuned --steps 1000 --resume")]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub model: ModelOpts,
+    /// Training data: a JSON/JSONL/Parquet file, a folder with a train split, or a dataset id
+    /// in the Hugging Face cache; Alpaca records (`instruction`, `input`, `output`) or `text`.
+    #[arg(long)]
+    pub data: String,
+    /// Output folder: the fine-tuned model, log.jsonl and the resumable state.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Optimiser steps (the learning-rate schedule runs over them).
+    #[arg(long, default_value_t = 1000)]
+    pub steps: u64,
+    /// Longest sequence in tokens.
+    #[arg(long, default_value_t = 512)]
+    pub seq_len: usize,
+    /// Examples per step over all ranks.
+    #[arg(long, default_value_t = 8)]
+    pub batch_size: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 2e-5)]
+    pub lr: f64,
+    /// Linear warm-up steps (default: 3% of the steps).
+    #[arg(long)]
+    pub warmup: Option<u64>,
+    /// The final learning rate as a fraction of the peak (cosine decay).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_lr_ratio: f64,
+    #[arg(long, default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// Clip gradients to this global norm.
+    #[arg(long, default_value_t = 1.0)]
+    pub max_grad_norm: f64,
+    /// Seed of the data order.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Save the model and state every this many steps (and at the end).
+    #[arg(long)]
+    pub save_every: Option<u64>,
+    /// Continue the run saved in --out.
+    #[arg(long, conflicts_with = "overwrite")]
+    pub resume: bool,
+    /// Start afresh in an --out that holds another run.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Stop after this many steps (saving first) and continue later with --resume, as a job
+    /// with a time limit does; the schedule still runs over --steps.
+    #[arg(long)]
+    pub stop_at: Option<u64>,
+    /// Add the tokenizer's special tokens (BOS) when encoding.
+    #[arg(long)]
+    pub add_bos: bool,
+}
+
+pub fn run(a: TrainArgs) -> Result<()> {
+    let cfg = TrainConfig {
+        steps: a.steps,
+        batch_size: a.batch_size,
+        lr: a.lr,
+        warmup: a.warmup.unwrap_or(a.steps * 3 / 100),
+        min_lr_ratio: a.min_lr_ratio,
+        weight_decay: a.weight_decay,
+        max_grad_norm: Some(a.max_grad_norm),
+        seed: a.seed,
+        save_every: a.save_every,
+    };
+    cfg.validate()?;
+    if a.out.exists() && !a.out.is_dir() {
+        bail!("--out {} is not a folder", a.out.display());
+    }
+    let mut ck = a.model.open()?;
+    if a.seq_len < 2 || a.seq_len > ck.cfg.positions() {
+        bail!(
+            "--seq-len {} must be between 2 and the model's {} positions",
+            a.seq_len,
+            ck.cfg.positions()
+        );
+    }
+    let data = build(
+        &read_records(&a.data)?,
+        ck.tokenizer()?,
+        a.seq_len,
+        a.add_bos,
+    )?;
+    if data.skipped > 0 {
+        eprintln!(
+            "note: {} record(s) skipped: their prompt fills --seq-len {}",
+            data.skipped, a.seq_len
+        );
+    }
+    let start = if a.resume {
+        saved_step(&a.out, &cfg, &ck.name, &a.data, a.model.devices)?
+    } else {
+        if holds_a_run(&a.out) && !a.overwrite {
+            bail!(
+                "{} holds another run: give --resume to continue it, --overwrite to start \
+                 afresh, or another --out",
+                a.out.display()
+            );
+        }
+        0
+    };
+    let until = a.stop_at.unwrap_or(cfg.steps).min(cfg.steps);
+    if start >= until {
+        eprintln!(
+            "the run in {} is at step {start}: nothing to do",
+            a.out.display()
+        );
+        return Ok(());
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let log_path = a.out.join("log.jsonl");
+    // The log keeps the steps before the resumed one.
+    let kept: Vec<String> = std::fs::read_to_string(&log_path)
+        .map(|t| {
+            t.lines()
+                .filter(|l| {
+                    serde_json::from_str::<serde_json::Value>(l)
+                        .ok()
+                        .and_then(|v| v["step"].as_u64())
+                        .is_some_and(|s| s < start && a.resume)
+                })
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    ck.weights.set_trainable_only(ck.cfg.moe_prefixes());
+    let job = Job {
+        ck: &ck,
+        data: &data,
+        data_name: &a.data,
+        cfg: &cfg,
+        out: &a.out,
+    };
+    eprintln!(
+        "{} examples ({:?}); training the MoE blocks for steps {start}..{until} of {} on {} \
+         rank(s)",
+        data.examples.len(),
+        data.kind,
+        cfg.steps,
+        a.model.devices
+    );
+    a.model.run_training(&ck, |m| {
+        let rank = m.rank_and_size().0;
+        let bar = crate::progress::rank_bar(rank, until - start, "steps");
+        let mut log = if rank == 0 {
+            let mut f = std::fs::File::create(&log_path)
+                .with_context(|| format!("writing {}", log_path.display()))?;
+            for l in &kept {
+                writeln!(f, "{l}")?;
+            }
+            Some(f)
+        } else {
+            None
+        };
+        let mut clock = Instant::now();
+        train(m, &job, start, until, &mut |step, r| {
+            let seconds = clock.elapsed().as_secs_f64();
+            clock = Instant::now();
+            if let Some(f) = log.as_mut() {
+                let line = serde_json::json!({
+                    "step": step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
+                    "tokens": r.tokens, "targets": r.targets,
+                    "tokens_per_s": r.tokens as f64 / seconds.max(1e-9), "mean_ect": r.ect,
+                });
+                writeln!(f, "{line}").map_err(|e| occult_train::Error::Invalid(e.to_string()))?;
+            }
+            bar.set_message(format!("loss {:.4} E[C_T] {:.2}", r.loss, r.ect));
+            bar.inc(1);
+            Ok(())
+        })?;
+        bar.finish_and_clear();
+        Ok(())
+    })?;
+    eprintln!(
+        "fine-tuned model, log.jsonl and state -> {}",
+        a.out.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,243 @@
+//! The fine-tuning loop on one rank of D: each step takes this rank's share of the global
+//! batch ([`crate::batches`]), runs [`crate::step::train_step`] with the scheduled learning
+//! rate, and reports; every `save_every` steps and at the end it saves the model in the
+//! source's layout ([`crate::save`]) and the state a resumed run continues from, so that an
+//! interrupted run loses at most the steps since the last save and, resumed, ends
+//! bit-identical to one never interrupted.
+//!
+//! The state lives in `OUT/state/`: per rank `rank{R}.safetensors` (every trainable tensor's
+//! value and both AdamW moments, f32 or the compute dtype, in the order of
+//! [`Model::params`]) and `state.json` (the step, the settings that must not change, and the
+//! device count), written last so that a save is complete when it exists.
+
+use crate::batches::{global_batch, rank_share};
+use crate::dataset::Dataset;
+use crate::examples::Example;
+use crate::optim::{AdamW, AdamWConfig, AdamWState};
+use crate::save::{bytes_as, save_moe, write_safetensors};
+use crate::schedule::Schedule;
+use crate::step::{train_step, StepReport};
+use crate::{Error, Result};
+use candle::Tensor;
+use occult_core::atomic::write_json_atomic;
+use occult_core::models::loader::Checkpoint;
+use occult_core::models::model::Model;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+/// The loop's settings.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TrainConfig {
+    pub steps: u64,
+    /// Examples per optimiser step over all ranks.
+    pub batch_size: usize,
+    pub lr: f64,
+    pub warmup: u64,
+    /// The final learning rate as a fraction of `lr`.
+    pub min_lr_ratio: f64,
+    pub weight_decay: f64,
+    /// Clip gradients to this global norm.
+    pub max_grad_norm: Option<f64>,
+    pub seed: u64,
+    /// Save every this many steps (and always at the end).
+    pub save_every: Option<u64>,
+}
+
+impl TrainConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<Schedule> {
+        if self.batch_size == 0 {
+            return Err(Error::Invalid("--batch-size must be at least 1".into()));
+        }
+        if self.save_every == Some(0) {
+            return Err(Error::Invalid("--save-every must be at least 1".into()));
+        }
+        if let Some(n) = self.max_grad_norm {
+            if !(n.is_finite() && n > 0.0) {
+                return Err(Error::Invalid(format!(
+                    "--max-grad-norm must be a positive number, got {n}"
+                )));
+            }
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(Error::Invalid(format!(
+                "--weight-decay must be a number >= 0, got {}",
+                self.weight_decay
+            )));
+        }
+        Schedule::new(self.lr, self.warmup, self.steps, self.min_lr_ratio)
+    }
+
+    /// What a resumed run must share with the saved one.
+    fn fingerprint(&self, model: &str, data: &str, devices: usize) -> Value {
+        json!({"config": self, "model": model, "data": data, "devices": devices})
+    }
+}
+
+fn state_dir(out: &Path) -> PathBuf {
+    out.join("state")
+}
+
+/// The saved step of a run in `out`, if it holds one made with the same settings; an error if
+/// it holds a different run.
+pub fn saved_step(out: &Path, cfg: &TrainConfig, model: &str, data: &str, d: usize) -> Result<u64> {
+    let path = state_dir(out).join("state.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::Invalid(format!("{}: nothing to resume from: {e}", path.display())))?;
+    let v: Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Invalid(format!("{}: not valid JSON: {e}", path.display())))?;
+    let want = cfg.fingerprint(model, data, d);
+    if v["run"] != want {
+        return Err(Error::Invalid(format!(
+            "{}: the saved run used other settings ({}); resume with the same flags, or give \
+             another --out",
+            path.display(),
+            v["run"]
+        )));
+    }
+    v["step"]
+        .as_u64()
+        .ok_or_else(|| Error::Invalid(format!("{}: no step", path.display())))
+}
+
+/// Whether `out` holds anything of a run.
+pub fn holds_a_run(out: &Path) -> bool {
+    state_dir(out).exists() || out.join("log.jsonl").exists()
+}
+
+fn save_state(m: &Model, opt: &AdamW, params: &[Tensor], out: &Path, run: &Value) -> Result<()> {
+    let (rank, _) = m.rank_and_size();
+    let dir = state_dir(out);
+    std::fs::create_dir_all(&dir).map_err(|e| Error::Invalid(format!("{}: {e}", dir.display())))?;
+    let state = opt.state();
+    let mut tensors: Vec<(String, Tensor)> = Vec::new();
+    for (i, (p, (mm, vv))) in params.iter().zip(&state.moments).enumerate() {
+        tensors.push((format!("{i}.param"), p.detach()));
+        tensors.push((format!("{i}.m"), mm.clone()));
+        tensors.push((format!("{i}.v"), vv.clone()));
+    }
+    let entries = tensors
+        .iter()
+        .map(|(n, t)| {
+            let dtype = match t.dtype() {
+                candle::DType::BF16 => safetensors::Dtype::BF16,
+                candle::DType::F16 => safetensors::Dtype::F16,
+                _ => safetensors::Dtype::F32,
+            };
+            Ok((n.clone(), t.dims().to_vec(), dtype, bytes_as(t, dtype)?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    write_safetensors(&dir.join(format!("rank{rank}.safetensors")), &entries, None)?;
+    // Every rank has written its part before rank 0 marks the save complete.
+    if let Some(c) = m.comm().filter(|c| c.size() > 1) {
+        c.barrier()?;
+    }
+    if rank == 0 {
+        write_json_atomic(
+            &dir.join("state.json"),
+            &json!({"step": state.step, "run": run}),
+        )?;
+    }
+    Ok(())
+}
+
+/// Restores this rank's trainable tensors and optimiser from the saved state.
+fn load_state(m: &Model, opt: &mut AdamW, params: &[Tensor], out: &Path, step: u64) -> Result<()> {
+    let (rank, _) = m.rank_and_size();
+    let path = state_dir(out).join(format!("rank{rank}.safetensors"));
+    let bytes =
+        std::fs::read(&path).map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+    let get = |name: &str| -> Result<Tensor> {
+        let view = st
+            .tensor(name)
+            .map_err(|e| Error::Invalid(format!("{}: {name}: {e}", path.display())))?;
+        Ok(candle::safetensors::Load::load(
+            &view,
+            &candle::Device::Cpu,
+        )?)
+    };
+    let mut moments = Vec::with_capacity(params.len());
+    for (i, p) in params.iter().enumerate() {
+        let value = get(&format!("{i}.param"))?;
+        if value.dims() != p.dims() {
+            return Err(Error::Invalid(format!(
+                "{}: tensor {i} has shape {:?}, the model's {:?}",
+                path.display(),
+                value.dims(),
+                p.dims()
+            )));
+        }
+        candle::Var::from_tensor(p)?.set(&value.to_dtype(p.dtype())?)?;
+        moments.push((get(&format!("{i}.m"))?, get(&format!("{i}.v"))?));
+    }
+    opt.load_state(AdamWState { step, moments })
+}
+
+/// What a fine-tuning run works on.
+pub struct Job<'a> {
+    pub ck: &'a Checkpoint,
+    pub data: &'a Dataset,
+    /// The data as the user named it (recorded in the saved state).
+    pub data_name: &'a str,
+    pub cfg: &'a TrainConfig,
+    /// The output folder.
+    pub out: &'a Path,
+}
+
+/// Runs the loop on this rank from step `start` (0: a fresh run; else the saved step to
+/// resume from) until step `until` (at most the run's steps), saving there: a run stopped
+/// early continues with `--resume`. `report` gets every step's report, on every rank.
+/// Collective.
+pub fn train(
+    m: &Model,
+    job: &Job,
+    start: u64,
+    until: u64,
+    report: &mut dyn FnMut(u64, &StepReport) -> Result<()>,
+) -> Result<()> {
+    let Job {
+        ck,
+        data,
+        data_name,
+        cfg,
+        out,
+    } = *job;
+    let schedule = cfg.validate()?;
+    let (rank, size) = m.rank_and_size();
+    let params: Vec<Tensor> = m
+        .params()
+        .into_iter()
+        .map(|(_, t)| t)
+        .filter(|t| t.is_variable())
+        .collect();
+    if params.is_empty() {
+        return Err(Error::Invalid("the model has no trainable tensors".into()));
+    }
+    let adamw = AdamWConfig {
+        weight_decay: cfg.weight_decay,
+        ..AdamWConfig::default()
+    };
+    let mut opt = AdamW::new(&params, adamw)?;
+    let run = cfg.fingerprint(&ck.name, data_name, size);
+    if start > 0 {
+        load_state(m, &mut opt, &params, out, start)?;
+    }
+    let until = until.min(cfg.steps);
+    for step in start..until {
+        let global = global_batch(data.examples.len(), cfg.batch_size, cfg.seed, step)?;
+        let share: Vec<&Example> = rank_share(&global, rank, size)
+            .iter()
+            .map(|&i| &data.examples[i])
+            .collect();
+        let r = train_step(m, &mut opt, &share, schedule.lr(step), cfg.max_grad_norm)?;
+        report(step, &r)?;
+        let done = step + 1;
+        if done == until || cfg.save_every.is_some_and(|n| done % n == 0) {
+            save_moe(m, ck, out)?;
+            save_state(m, &opt, &params, out, &run)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! `occult train` end to end on a fixture model: it writes the model, log.jsonl and a
+//! resumable state; a run stopped at a save and resumed ends bit-identical to one never
+//! stopped; another run's folder is refused; bad settings are named.
+
+mod common;
+
+use common::{occult_err, occult_ok};
+use std::path::{Path, PathBuf};
+
+fn model() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/models/qwen2_moe")
+        .display()
+        .to_string()
+}
+
+fn write_data(dir: &Path) {
+    let mut text = String::new();
+    for i in 0..10 {
+        text.push_str(&format!(
+            "{{\"instruction\": \"Add {i} and {}.\", \"input\": \"\", \"output\": \"{}\"}}\n",
+            i + 1,
+            2 * i + 1
+        ));
+    }
+    std::fs::write(dir.join("a.jsonl"), text).unwrap();
+}
+
+fn train(dir: &Path, out: &str, extra: &[&str]) -> String {
+    let m = model();
+    let mut args = vec![
+        "train",
+        "--model",
+        &m,
+        "--data",
+        "a.jsonl",
+        "--out",
+        out,
+        "--steps",
+        "6",
+        "--batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+        "--seq-len",
+        "128",
+        "--devices",
+        "2",
+    ];
+    args.extend(extra);
+    occult_ok(dir, &args)
+}
+
+#[test]
+fn a_stopped_and_resumed_run_ends_bit_identical_to_an_uninterrupted_one() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    write_data(d);
+    train(d, "straight", &[]);
+    train(d, "resumed", &["--stop-at", "2"]);
+    train(d, "resumed", &["--resume", "--stop-at", "4"]);
+    train(d, "resumed", &["--resume"]);
+    let read = |p: &str| std::fs::read(d.join(p)).unwrap();
+    assert_eq!(
+        read("straight/model.safetensors"),
+        read("resumed/model.safetensors"),
+        "the models are bit-identical"
+    );
+    // The log has one line per step, the resumed run's as the straight one's (times aside).
+    let steps = |p: &str| -> Vec<(u64, f64)> {
+        String::from_utf8(read(p))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap())
+            })
+            .collect()
+    };
+    let (a, b) = (steps("straight/log.jsonl"), steps("resumed/log.jsonl"));
+    assert_eq!(a.len(), 6);
+    assert_eq!(a, b);
+    assert!(a[5].1 < a[0].1, "the loss falls: {a:?}");
+    // The saved model loads with every command, and tokenizer and config came along.
+    let out = occult_ok(
+        d,
+        &[
+            "loglik",
+            "--model",
+            "straight",
+            "--context",
+            "Add 1 and 2.",
+            "--continuation",
+            " 3",
+        ],
+    );
+    assert!(out.contains("loglikelihood"));
+}
+
+#[test]
+fn another_runs_folder_and_bad_settings_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    write_data(d);
+    train(d, "run", &["--stop-at", "1"]);
+    let m = model();
+    let base = [
+        "train",
+        "--model",
+        &m,
+        "--data",
+        "a.jsonl",
+        "--out",
+        "run",
+        "--steps",
+        "6",
+        "--batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+        "--seq-len",
+        "128",
+        "--devices",
+        "2",
+    ];
+    // The base flags, with some values replaced and others added.
+    let err = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        for pair in extra.chunks(2) {
+            match a.iter().position(|x| *x == pair[0]) {
+                Some(i) if pair.len() == 2 => a[i + 1] = pair[1],
+                _ => a.extend(pair),
+            }
+        }
+        occult_err(d, &a)
+    };
+    assert!(err(&[]).contains("holds another run"));
+    // Resuming with other settings names them.
+    let e = err(&["--seed", "9", "--resume"]);
+    assert!(e.contains("the saved run used other settings"), "{e}");
+    assert!(err(&["--lr", "0", "--overwrite"]).contains("learning rate must be a positive"));
+    assert!(err(&["--steps", "0", "--overwrite"]).contains("at least one step"));
+    assert!(err(&["--seq-len", "100000", "--overwrite"]).contains("--seq-len 100000"));
+    std::fs::write(d.join("bad.jsonl"), "{\"instruction\": \"x\"}\n").unwrap();
+    let mut a = base.to_vec();
+    a[4] = "bad.jsonl";
+    a.push("--overwrite");
+    let e = occult_err(d, &a);
+    assert!(e.contains("bad.jsonl row 0: no `output`"), "{e}");
+    // The run's files are untouched by the refused commands.
+    assert!(d.join("run/state/state.json").exists());
+}
