@@ -473,3 +473,83 @@ fn a_rank_that_fails_or_reads_other_inputs_ends_the_job_with_its_reason() {
         "{all}"
     );
 }
+
+#[test]
+fn training_under_mpirun_takes_the_steps_of_threads() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let mut text = String::new();
+    for i in 0..8 {
+        text.push_str(&format!(
+            "{{\"instruction\": \"Add {i} and 1.\", \"output\": \"{}\"}}\n",
+            i + 1
+        ));
+    }
+    std::fs::write(dir.join("a.jsonl"), text).unwrap();
+    let model = fixture("olmoe");
+    let args = |out: &str, mpi: bool| {
+        let mut a: Vec<String> = [
+            "train",
+            "--model",
+            &model,
+            "--data",
+            "a.jsonl",
+            "--out",
+            out,
+            "--steps",
+            "3",
+            "--batch-size",
+            "4",
+            "--lr",
+            "1e-3",
+            "--seq-len",
+            "128",
+            "--devices",
+            "2",
+        ]
+        .map(String::from)
+        .to_vec();
+        if mpi {
+            a.extend(["--backend", "mpi"].map(String::from));
+        }
+        a
+    };
+    occult_ok(
+        dir,
+        &args("threads", false)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let out = mpirun_occult(
+        2,
+        dir,
+        &args("mpi", true)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let losses = |run: &str| -> Vec<f64> {
+        std::fs::read_to_string(dir.join(run).join("log.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                    .as_f64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let (a, b) = (losses("threads"), losses("mpi"));
+    assert_eq!(a.len(), 3);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() < 1e-6, "{a:?} vs {b:?}");
+    }
+    // Rank 0 wrote one model, loadable as it is.
+    occult_ok(dir, &["model", "check", "--model", "mpi"]);
+}

@@ -26,12 +26,12 @@ fn write_data(dir: &Path) {
     std::fs::write(dir.join("a.jsonl"), text).unwrap();
 }
 
-fn train(dir: &Path, out: &str, extra: &[&str]) -> String {
-    let m = model();
-    let mut args = vec![
+/// The flags of a small run on 2 ranks.
+fn base<'a>(m: &'a str, out: &'a str) -> Vec<&'a str> {
+    vec![
         "train",
         "--model",
-        &m,
+        m,
         "--data",
         "a.jsonl",
         "--out",
@@ -46,9 +46,28 @@ fn train(dir: &Path, out: &str, extra: &[&str]) -> String {
         "128",
         "--devices",
         "2",
-    ];
-    args.extend(extra);
-    occult_ok(dir, &args)
+    ]
+}
+
+/// The base flags with `extra`: a flag the base has gets the new value, others are added.
+fn with<'a>(mut args: Vec<&'a str>, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut rest = extra.iter().peekable();
+    while let Some(&flag) = rest.next() {
+        let value = rest.next_if(|v| !v.starts_with("--")).copied();
+        match (args.iter().position(|a| *a == flag), value) {
+            (Some(i), Some(v)) => args[i + 1] = v,
+            (_, v) => {
+                args.push(flag);
+                args.extend(v);
+            }
+        }
+    }
+    args
+}
+
+fn train(dir: &Path, out: &str, extra: &[&str]) -> String {
+    let m = model();
+    occult_ok(dir, &with(base(&m, out), extra))
 }
 
 #[test]
@@ -104,36 +123,7 @@ fn another_runs_folder_and_bad_settings_are_refused() {
     write_data(d);
     train(d, "run", &["--stop-at", "1"]);
     let m = model();
-    let base = [
-        "train",
-        "--model",
-        &m,
-        "--data",
-        "a.jsonl",
-        "--out",
-        "run",
-        "--steps",
-        "6",
-        "--batch-size",
-        "4",
-        "--lr",
-        "1e-3",
-        "--seq-len",
-        "128",
-        "--devices",
-        "2",
-    ];
-    // The base flags, with some values replaced and others added.
-    let err = |extra: &[&str]| {
-        let mut a = base.to_vec();
-        for pair in extra.chunks(2) {
-            match a.iter().position(|x| *x == pair[0]) {
-                Some(i) if pair.len() == 2 => a[i + 1] = pair[1],
-                _ => a.extend(pair),
-            }
-        }
-        occult_err(d, &a)
-    };
+    let err = |extra: &[&str]| occult_err(d, &with(base(&m, "run"), extra));
     assert!(err(&[]).contains("holds another run"));
     // Resuming with other settings names them.
     let e = err(&["--seed", "9", "--resume"]);
@@ -142,11 +132,41 @@ fn another_runs_folder_and_bad_settings_are_refused() {
     assert!(err(&["--steps", "0", "--overwrite"]).contains("at least one step"));
     assert!(err(&["--seq-len", "100000", "--overwrite"]).contains("--seq-len 100000"));
     std::fs::write(d.join("bad.jsonl"), "{\"instruction\": \"x\"}\n").unwrap();
-    let mut a = base.to_vec();
-    a[4] = "bad.jsonl";
-    a.push("--overwrite");
-    let e = occult_err(d, &a);
+    let e = err(&["--data", "bad.jsonl", "--overwrite"]);
     assert!(e.contains("bad.jsonl row 0: no `output`"), "{e}");
     // The run's files are untouched by the refused commands.
     assert!(d.join("run/state/state.json").exists());
+}
+
+#[test]
+fn pruned_training_keeps_every_token_on_its_allowed_devices() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    write_data(d);
+    // 8 experts on 4 ranks, top-2: pruned to one device, every token's experts share it.
+    for (n, most) in [("1", 1.0), ("2", 2.0)] {
+        let out = format!("p{n}");
+        train(
+            d,
+            &out,
+            &[
+                "--devices",
+                "4",
+                "--max-devices",
+                n,
+                "--steps",
+                "3",
+                "--overwrite",
+            ],
+        );
+        let log = std::fs::read_to_string(d.join(&out).join("log.jsonl")).unwrap();
+        for l in log.lines() {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let ect = v["mean_ect"].as_f64().unwrap();
+            assert!(ect >= 1.0 && ect <= most, "pruned to {n}: E[C_T] {ect}");
+            if n == "1" {
+                assert_eq!(ect, 1.0);
+            }
+        }
+    }
 }
