@@ -29,6 +29,8 @@ pub struct StepReport {
     pub lr: f64,
     /// E[C_T] over the step's tokens and MoE layers (1 on one device in the reference mode).
     pub ect: f64,
+    /// E[C_T] of each MoE layer, in layer order (1 on one device in the reference mode).
+    pub ect_by_layer: Vec<f64>,
 }
 
 /// This rank's loss for `examples` (padded into one batch), divided by `global_targets`: the
@@ -96,9 +98,21 @@ pub fn train_step(
         None => crate::grad_norm::global_norm(m, &grads)?,
     };
     opt.step(&grads, lr)?;
-    let stats = m.take_ep_stats();
-    let touched = sum_over_ranks(m, stats.devices_touched as f64)?;
-    let routed = sum_over_ranks(m, stats.tokens as f64)?;
+    let by_layer = m.take_ep_stats_by_layer();
+    let moe_layers: Vec<usize> = (0..m.cfg.num_layers)
+        .filter(|&l| m.cfg.moe_layers[l])
+        .collect();
+    let mut ect_by_layer = Vec::with_capacity(moe_layers.len());
+    let (mut touched, mut routed) = (0.0, 0.0);
+    // Every rank walks every MoE layer (a rank without tokens recorded none).
+    for l in moe_layers {
+        let s = by_layer.get(&l).cloned().unwrap_or_default();
+        let t = sum_over_ranks(m, s.devices_touched as f64)?;
+        let r = sum_over_ranks(m, s.tokens as f64)?;
+        ect_by_layer.push(if r > 0.0 { t / r } else { 1.0 });
+        touched += t;
+        routed += r;
+    }
     Ok(StepReport {
         loss: sum_over_ranks(m, loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)?,
         targets,
@@ -106,5 +120,6 @@ pub fn train_step(
         grad_norm,
         lr,
         ect: if routed > 0.0 { touched / routed } else { 1.0 },
+        ect_by_layer,
     })
 }

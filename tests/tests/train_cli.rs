@@ -164,6 +164,12 @@ fn pruned_training_keeps_every_token_on_its_allowed_devices() {
             let v: serde_json::Value = serde_json::from_str(l).unwrap();
             let ect = v["mean_ect"].as_f64().unwrap();
             assert!(ect >= 1.0 && ect <= most, "pruned to {n}: E[C_T] {ect}");
+            // Per MoE layer too (qwen2_moe's layers 1 and 2).
+            let layers = v["ect"].as_array().unwrap();
+            assert_eq!(layers.len(), 2);
+            assert!(layers
+                .iter()
+                .all(|x| (1.0..=most).contains(&x.as_f64().unwrap())));
             if n == "1" {
                 assert_eq!(ect, 1.0);
             }

@@ -254,8 +254,8 @@ pub struct Model {
     comm: Option<Arc<dyn Communicator>>,
     /// Use candle's fused kernels (no backward); false as soon as a weight is trainable.
     pub fused: bool,
-    /// The EP layers' statistics, summed over layers and forwards since the last take.
-    ep_stats: Mutex<StepStats>,
+    /// The EP layers' statistics per MoE layer, summed over forwards since the last take.
+    ep_stats: Mutex<BTreeMap<usize, StepStats>>,
 }
 
 /// The parts every rank holds in full: everything but the routed experts.
@@ -485,7 +485,7 @@ impl Model {
             rope: dense.rope,
             comm,
             fused: true,
-            ep_stats: Mutex::new(StepStats::default()),
+            ep_stats: Mutex::new(BTreeMap::new()),
         };
         let trainable = m.params().iter().any(|(_, t)| t.is_variable());
         m.fused = !trainable;
@@ -718,7 +718,7 @@ impl Model {
             MoeExec::Parallel(ep) => {
                 let (y, stats, routed) = ep.forward_routed(x)?;
                 if let Ok(mut all) = self.ep_stats.lock() {
-                    all.add(&stats);
+                    all.entry(block.layer).or_default().add(&stats);
                 }
                 if let Some(r) = rec {
                     r.add(block.layer, &routed, n)?;
@@ -731,6 +731,16 @@ impl Model {
     /// The EP layers' statistics (rows, pairs, C_T, stage times) summed over every MoE layer
     /// and forward since the last call; resets them.
     pub fn take_ep_stats(&self) -> StepStats {
+        let mut sum = StepStats::default();
+        for s in self.take_ep_stats_by_layer().values() {
+            sum.add(s);
+        }
+        sum
+    }
+
+    /// The EP layers' statistics per MoE layer (by the model's layer index) since the last
+    /// take; resets them.
+    pub fn take_ep_stats_by_layer(&self) -> BTreeMap<usize, StepStats> {
         self.ep_stats
             .lock()
             .map(|mut s| std::mem::take(&mut *s))

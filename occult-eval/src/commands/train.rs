@@ -180,7 +180,8 @@ pub fn run(a: TrainArgs) -> Result<()> {
                 let line = serde_json::json!({
                     "step": step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
                     "tokens": r.tokens, "targets": r.targets,
-                    "tokens_per_s": r.tokens as f64 / seconds.max(1e-9), "mean_ect": r.ect,
+                    "tokens_per_s": r.tokens as f64 / seconds.max(1e-9),
+                    "ect": r.ect_by_layer, "mean_ect": r.ect,
                 });
                 writeln!(f, "{line}").map_err(|e| occult_train::Error::Invalid(e.to_string()))?;
             }
