@@ -16,7 +16,7 @@ use crate::examples::Example;
 use crate::optim::{AdamW, AdamWConfig, AdamWState};
 use crate::save::{bytes_as, save_moe, write_safetensors};
 use crate::schedule::Schedule;
-use crate::step::{train_step, StepReport};
+use crate::step::{train_step_accumulated, StepReport};
 use crate::{Error, Result};
 use candle::Tensor;
 use occult_core::atomic::write_json_atomic;
@@ -31,6 +31,8 @@ pub struct TrainConfig {
     pub steps: u64,
     /// Examples per optimiser step over all ranks.
     pub batch_size: usize,
+    /// Micro-batches per step on each rank (gradient accumulation).
+    pub grad_accum: usize,
     pub lr: f64,
     pub warmup: u64,
     /// The final learning rate as a fraction of `lr`.
@@ -48,6 +50,9 @@ impl TrainConfig {
     pub fn validate(&self) -> Result<Schedule> {
         if self.batch_size == 0 {
             return Err(Error::Invalid("--batch-size must be at least 1".into()));
+        }
+        if self.grad_accum == 0 {
+            return Err(Error::Invalid("--grad-accum must be at least 1".into()));
         }
         if self.save_every == Some(0) {
             return Err(Error::Invalid("--save-every must be at least 1".into()));
@@ -231,7 +236,14 @@ pub fn train(
             .iter()
             .map(|&i| &data.examples[i])
             .collect();
-        let r = train_step(m, &mut opt, &share, schedule.lr(step), cfg.max_grad_norm)?;
+        let r = train_step_accumulated(
+            m,
+            &mut opt,
+            &share,
+            cfg.grad_accum,
+            schedule.lr(step),
+            cfg.max_grad_norm,
+        )?;
         report(step, &r)?;
         let done = step + 1;
         if done == until || cfg.save_every.is_some_and(|n| done % n == 0) {

@@ -86,12 +86,55 @@ pub fn train_step(
     lr: f64,
     max_norm: Option<f64>,
 ) -> Result<StepReport> {
+    train_step_accumulated(m, opt, share, 1, lr, max_norm)
+}
+
+/// [`train_step`] with the share run as `micro` consecutive micro-batches whose gradients add
+/// up (gradient accumulation: the same step in less memory). Every rank runs `micro` forwards
+/// (an empty micro-batch takes part through [`Model::forward_empty`]).
+pub fn train_step_accumulated(
+    m: &Model,
+    opt: &mut AdamW,
+    share: &[&Example],
+    micro: usize,
+    lr: f64,
+    max_norm: Option<f64>,
+) -> Result<StepReport> {
     let local_targets: usize = share.iter().map(|e| e.targets()).sum();
     let targets = m.global_count(local_targets)?;
     let tokens = m.global_count(share.iter().map(|e| e.ids.len()).sum())?;
     m.take_ep_stats();
-    let loss = share_loss(m, share, targets)?;
-    let mut grads = loss.backward()?;
+    let params: Vec<Tensor> = m
+        .params()
+        .into_iter()
+        .map(|(_, t)| t)
+        .filter(|t| t.is_variable())
+        .collect();
+    let split = occult_core::analysis::ranks::RankSplit::new(share.len(), micro.max(1));
+    let mut grads: Option<candle::backprop::GradStore> = None;
+    let mut loss_sum = 0.0;
+    for k in 0..micro.max(1) {
+        let part = &share[split.range(k)];
+        let loss = share_loss(m, part, targets)?;
+        loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let g = loss.backward()?;
+        grads = Some(match grads {
+            None => g,
+            Some(mut acc) => {
+                for p in &params {
+                    if let Some(new) = g.get(p) {
+                        let sum = match acc.get(p) {
+                            Some(old) => (old + new)?,
+                            None => new.clone(),
+                        };
+                        acc.insert(p, sum);
+                    }
+                }
+                acc
+            }
+        });
+    }
+    let mut grads = grads.expect("at least one micro-batch");
     m.all_reduce_grads(&mut grads)?;
     let grad_norm = match max_norm {
         Some(n) => clip_global_norm(m, &mut grads, n)?,
@@ -114,7 +157,7 @@ pub fn train_step(
         routed += r;
     }
     Ok(StepReport {
-        loss: sum_over_ranks(m, loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)?,
+        loss: sum_over_ranks(m, loss_sum)?,
         targets,
         tokens,
         grad_norm,

@@ -176,3 +176,28 @@ fn pruned_training_keeps_every_token_on_its_allowed_devices() {
         }
     }
 }
+
+#[test]
+fn gradient_accumulation_takes_the_same_steps() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    write_data(d);
+    train(d, "one", &["--steps", "3"]);
+    train(d, "two", &["--steps", "3", "--grad-accum", "2"]);
+    let losses = |run: &str| -> Vec<f64> {
+        std::fs::read_to_string(d.join(run).join("log.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                    .as_f64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let (a, b) = (losses("one"), losses("two"));
+    assert_eq!(a.len(), 3);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
+    }
+}

@@ -36,6 +36,10 @@ pub struct TrainArgs {
     /// Examples per step over all ranks.
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
+    /// Micro-batches per step on each rank (gradient accumulation: the same step in less
+    /// memory).
+    #[arg(long, default_value_t = 1)]
+    pub grad_accum: usize,
     /// Peak learning rate.
     #[arg(long, default_value_t = 2e-5)]
     pub lr: f64,
@@ -75,6 +79,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let cfg = TrainConfig {
         steps: a.steps,
         batch_size: a.batch_size,
+        grad_accum: a.grad_accum,
         lr: a.lr,
         warmup: a.warmup.unwrap_or(a.steps * 3 / 100),
         min_lr_ratio: a.min_lr_ratio,
