@@ -211,12 +211,7 @@ pub fn train(
     } = *job;
     let schedule = cfg.validate()?;
     let (rank, size) = m.rank_and_size();
-    let params: Vec<Tensor> = m
-        .params()
-        .into_iter()
-        .map(|(_, t)| t)
-        .filter(|t| t.is_variable())
-        .collect();
+    let params = m.trainable_params();
     if params.is_empty() {
         return Err(Error::Invalid("the model has no trainable tensors".into()));
     }

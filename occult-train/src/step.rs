@@ -104,12 +104,7 @@ pub fn train_step_accumulated(
     let targets = m.global_count(local_targets)?;
     let tokens = m.global_count(share.iter().map(|e| e.ids.len()).sum())?;
     m.take_ep_stats();
-    let params: Vec<Tensor> = m
-        .params()
-        .into_iter()
-        .map(|(_, t)| t)
-        .filter(|t| t.is_variable())
-        .collect();
+    let params = m.trainable_params();
     let split = occult_core::analysis::ranks::RankSplit::new(share.len(), micro.max(1));
     let mut grads: Option<candle::backprop::GradStore> = None;
     let mut loss_sum = 0.0;

@@ -523,6 +523,15 @@ impl Model {
             .collect()
     }
 
+    /// This rank's trainable tensors, in the order of [`Model::params`].
+    pub fn trainable_params(&self) -> Vec<Tensor> {
+        self.params()
+            .into_iter()
+            .map(|(_, t)| t)
+            .filter(|t| t.is_variable())
+            .collect()
+    }
+
     /// The tensors every rank holds in full: all but the routed experts.
     pub fn replicated_params(&self) -> Vec<(String, Tensor)> {
         self.tagged_params()
