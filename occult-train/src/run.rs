@@ -5,10 +5,12 @@
 //! interrupted run loses at most the steps since the last save and, resumed, ends
 //! bit-identical to one never interrupted.
 //!
-//! The state lives in `OUT/state/`: per rank `rank{R}.safetensors` (every trainable tensor's
-//! value and both AdamW moments, f32 or the compute dtype, in the order of
-//! [`Model::params`]) and `state.json` (the step, the settings that must not change, and the
-//! device count), written last so that a save is complete when it exists.
+//! The state lives in `OUT/state/`: per save a folder `step-N/` with, per rank,
+//! `rank{R}.safetensors` (every trainable tensor's value and both AdamW moments in the compute
+//! dtype, in the order of [`Model::params`], and the step), and `state.json`, which names the
+//! last complete save's folder with the settings that must not change. `state.json` is
+//! replaced (atomically) only after every rank has written its file, and older folders are
+//! removed after it; a save interrupted at any point leaves the previous one in force.
 
 use crate::batches::{global_batch, rank_share};
 use crate::dataset::Dataset;
@@ -23,6 +25,7 @@ use occult_core::atomic::write_json_atomic;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::Model;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// The loop's settings.
@@ -41,7 +44,9 @@ pub struct TrainConfig {
     /// Clip gradients to this global norm.
     pub max_grad_norm: Option<f64>,
     pub seed: u64,
-    /// Save every this many steps (and always at the end).
+    /// Save every this many steps (and always at the end). Not part of what a resumed run
+    /// must share.
+    #[serde(skip)]
     pub save_every: Option<u64>,
 }
 
@@ -73,9 +78,11 @@ impl TrainConfig {
         Schedule::new(self.lr, self.warmup, self.steps, self.min_lr_ratio)
     }
 
-    /// What a resumed run must share with the saved one.
-    fn fingerprint(&self, model: &str, data: &str, devices: usize) -> Value {
-        json!({"config": self, "model": model, "data": data, "devices": devices})
+    /// What a resumed run must share with the saved one, as text.
+    fn fingerprint(&self, model: &str, data: &str, devices: usize, settings: &Value) -> String {
+        json!({"config": self, "model": model, "data": data, "devices": devices,
+            "settings": settings})
+        .to_string()
     }
 }
 
@@ -85,14 +92,23 @@ fn state_dir(out: &Path) -> PathBuf {
 
 /// The saved step of a run in `out`, if it holds one made with the same settings; an error if
 /// it holds a different run.
-pub fn saved_step(out: &Path, cfg: &TrainConfig, model: &str, data: &str, d: usize) -> Result<u64> {
+/// `settings` holds what else the run depends on (placement, mode, pruning, sequence length,
+/// dtype...).
+pub fn saved_step(
+    out: &Path,
+    cfg: &TrainConfig,
+    model: &str,
+    data: &str,
+    d: usize,
+    settings: &Value,
+) -> Result<u64> {
     let path = state_dir(out).join("state.json");
     let text = std::fs::read_to_string(&path)
         .map_err(|e| Error::Invalid(format!("{}: nothing to resume from: {e}", path.display())))?;
     let v: Value = serde_json::from_str(&text)
         .map_err(|e| Error::Invalid(format!("{}: not valid JSON: {e}", path.display())))?;
-    let want = cfg.fingerprint(model, data, d);
-    if v["run"] != want {
+    let want = cfg.fingerprint(model, data, d, settings);
+    if v["run"].as_str() != Some(want.as_str()) {
         return Err(Error::Invalid(format!(
             "{}: the saved run used other settings ({}); resume with the same flags, or give \
              another --out",
@@ -110,11 +126,12 @@ pub fn holds_a_run(out: &Path) -> bool {
     state_dir(out).exists() || out.join("log.jsonl").exists()
 }
 
-fn save_state(m: &Model, opt: &AdamW, params: &[Tensor], out: &Path, run: &Value) -> Result<()> {
+fn save_state(m: &Model, opt: &AdamW, params: &[Tensor], out: &Path, run: &str) -> Result<()> {
     let (rank, _) = m.rank_and_size();
-    let dir = state_dir(out);
-    std::fs::create_dir_all(&dir).map_err(|e| Error::Invalid(format!("{}: {e}", dir.display())))?;
     let state = opt.state();
+    let folder = format!("step-{}", state.step);
+    let dir = state_dir(out).join(&folder);
+    std::fs::create_dir_all(&dir).map_err(|e| Error::Invalid(format!("{}: {e}", dir.display())))?;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     for (i, (p, (mm, vv))) in params.iter().zip(&state.moments).enumerate() {
         tensors.push((format!("{i}.param"), p.detach()));
@@ -132,16 +149,30 @@ fn save_state(m: &Model, opt: &AdamW, params: &[Tensor], out: &Path, run: &Value
             Ok((n.clone(), t.dims().to_vec(), dtype, bytes_as(t, dtype)?))
         })
         .collect::<Result<Vec<_>>>()?;
-    write_safetensors(&dir.join(format!("rank{rank}.safetensors")), &entries, None)?;
-    // Every rank has written its part before rank 0 marks the save complete.
+    let meta: HashMap<String, String> = [("step".to_string(), state.step.to_string())].into();
+    write_safetensors(
+        &dir.join(format!("rank{rank}.safetensors")),
+        &entries,
+        Some(meta),
+    )?;
+    // Every rank has written its part before rank 0 makes the save the one in force.
     if let Some(c) = m.comm().filter(|c| c.size() > 1) {
         c.barrier()?;
     }
     if rank == 0 {
         write_json_atomic(
-            &dir.join("state.json"),
-            &json!({"step": state.step, "run": run}),
+            &state_dir(out).join("state.json"),
+            &json!({"step": state.step, "folder": folder, "run": run}),
         )?;
+        // Older saves are no longer needed.
+        if let Ok(entries) = std::fs::read_dir(state_dir(out)) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if name.starts_with("step-") && name != folder {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -149,11 +180,26 @@ fn save_state(m: &Model, opt: &AdamW, params: &[Tensor], out: &Path, run: &Value
 /// Restores this rank's trainable tensors and optimiser from the saved state.
 fn load_state(m: &Model, opt: &mut AdamW, params: &[Tensor], out: &Path, step: u64) -> Result<()> {
     let (rank, _) = m.rank_and_size();
-    let path = state_dir(out).join(format!("rank{rank}.safetensors"));
+    let path = state_dir(out)
+        .join(format!("step-{step}"))
+        .join(format!("rank{rank}.safetensors"));
     let bytes =
         std::fs::read(&path).map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)
+        .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+    let saved = header
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("step"))
+        .and_then(|s| s.parse::<u64>().ok());
+    if saved != Some(step) {
+        return Err(Error::Invalid(format!(
+            "{}: holds step {saved:?}, the run's state names step {step}",
+            path.display()
+        )));
+    }
     let get = |name: &str| -> Result<Tensor> {
         let view = st
             .tensor(name)
@@ -189,6 +235,9 @@ pub struct Job<'a> {
     pub cfg: &'a TrainConfig,
     /// The output folder.
     pub out: &'a Path,
+    /// What else the run depends on (placement, mode, pruning, sequence length, dtype...):
+    /// a resumed run must bring the same.
+    pub settings: &'a Value,
 }
 
 /// Runs the loop on this rank from step `start` (0: a fresh run; else the saved step to
@@ -208,6 +257,7 @@ pub fn train(
         data_name,
         cfg,
         out,
+        settings,
     } = *job;
     let schedule = cfg.validate()?;
     let (rank, size) = m.rank_and_size();
@@ -220,7 +270,7 @@ pub fn train(
         ..AdamWConfig::default()
     };
     let mut opt = AdamW::new(&params, adamw)?;
-    let run = cfg.fingerprint(&ck.name, data_name, size);
+    let run = cfg.fingerprint(&ck.name, data_name, size, settings);
     if start > 0 {
         load_state(m, &mut opt, &params, out, start)?;
     }

@@ -117,16 +117,19 @@ fn trained_moe(m: &Model, ck: &Checkpoint) -> Result<BTreeMap<String, Tensor>> {
         } else {
             let gate_up_name = format!("{p}.experts.gate_up_proj");
             let gate_up = Tensor::cat(&[gate, up], 1)?;
-            let transposed = ck.weights.shape(&gate_up_name) == Some(vec![e, h, 2 * i]);
+            // As the loader decides: by both shapes (one alone is ambiguous when H = 2I).
+            let down_name = format!("{p}.experts.down_proj");
+            let standard = ck.weights.shape(&gate_up_name) == Some(vec![e, 2 * i, h])
+                && ck.weights.shape(&down_name) == Some(vec![e, h, i]);
+            let transposed = !standard
+                && ck.weights.shape(&gate_up_name) == Some(vec![e, h, 2 * i])
+                && ck.weights.shape(&down_name) == Some(vec![e, i, h]);
             if transposed {
                 out.insert(gate_up_name, gate_up.transpose(1, 2)?.contiguous()?);
-                out.insert(
-                    format!("{p}.experts.down_proj"),
-                    down.transpose(1, 2)?.contiguous()?,
-                );
+                out.insert(down_name, down.transpose(1, 2)?.contiguous()?);
             } else {
                 out.insert(gate_up_name, gate_up);
-                out.insert(format!("{p}.experts.down_proj"), down.clone());
+                out.insert(down_name, down.clone());
             }
         }
         if let (Some(s), Some(sn)) = (&w.shared, names.shared) {

@@ -1,6 +1,6 @@
-//! The learning-rate schedule: linear warm-up from 0 to the peak over `warmup` steps, then
-//! cosine decay to `min_ratio * peak` at the last step (`total`), as Hugging Face's
-//! `get_cosine_schedule_with_warmup` with a floor.
+//! The learning-rate schedule: linear warm-up to the peak over `warmup` steps (step s of the
+//! warm-up uses `peak * (s + 1) / warmup`, so no step has a rate of 0), then cosine decay
+//! towards `min_ratio * peak`, which it would reach at step `total` (one past the last).
 
 use crate::{Error, Result};
 

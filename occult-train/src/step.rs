@@ -40,6 +40,11 @@ pub fn share_loss(m: &Model, examples: &[&Example], global_targets: usize) -> Re
         return Ok(m.forward_empty()?);
     }
     let (ids, mask, t) = pad(examples);
+    if t < 2 {
+        return Err(crate::Error::Invalid(
+            "examples of fewer than 2 tokens leave nothing to predict".into(),
+        ));
+    }
     let b = examples.len();
     // Position i predicts token i + 1.
     let input = Tensor::from_slice(&ids, (b, t), &Device::Cpu)?;
@@ -131,6 +136,13 @@ pub fn train_step_accumulated(
     }
     let mut grads = grads.expect("at least one micro-batch");
     m.all_reduce_grads(&mut grads)?;
+    // A tensor the step did not reach (this rank's experts when it received no rows) has a zero
+    // gradient, as on one device, so that AdamW moves every tensor alike.
+    for p in &params {
+        if grads.get(p).is_none() {
+            grads.insert(p, p.zeros_like()?);
+        }
+    }
     let grad_norm = match max_norm {
         Some(n) => clip_global_norm(m, &mut grads, n)?,
         None => crate::grad_norm::global_norm(m, &grads)?,

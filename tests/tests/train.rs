@@ -247,7 +247,11 @@ fn d_ranks_take_the_steps_of_one_device_and_only_moe_tensors_move() {
         "{moved} of {} tensors moved",
         one.len()
     );
-    for (d, mode) in [(2, DispatchMode::Occult), (3, DispatchMode::Standard)] {
+    for (d, mode) in [
+        (2, DispatchMode::Occult),
+        (3, DispatchMode::Standard),
+        (4, DispatchMode::Occult),
+    ] {
         let (many, _, rep) = train_on(arch, Some((d, mode)), 3, 1e-3);
         assert_eq!(many.len(), one.len(), "D={d}: the same tensors");
         for (k, v) in &one {

@@ -201,3 +201,36 @@ fn gradient_accumulation_takes_the_same_steps() {
         assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
     }
 }
+
+#[test]
+fn resuming_under_another_placement_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    write_data(d);
+    // The same expert counts per device, other experts: moments would land on the wrong ones.
+    let placement = |name: &str, first: [u32; 8]| {
+        let layers: Vec<serde_json::Value> = (0..3)
+            .map(|l| serde_json::json!({"layer": l, "device_of_expert": first}))
+            .collect();
+        let v = serde_json::json!({"format": "occult.placement.v1", "num_experts": 8,
+            "num_devices": 2, "method": "contiguous", "layers": layers});
+        std::fs::write(d.join(name), v.to_string()).unwrap();
+    };
+    placement("a.json", [0, 0, 0, 0, 1, 1, 1, 1]);
+    placement("b.json", [1, 1, 1, 1, 0, 0, 0, 0]);
+    train(d, "run", &["--placement", "a.json", "--stop-at", "1"]);
+    let m = model();
+    let e = occult_err(
+        d,
+        &with(base(&m, "run"), &["--placement", "b.json", "--resume"]),
+    );
+    assert!(e.contains("the saved run used other settings"), "{e}");
+    // With the same placement it resumes; the state of step 1 gives way to the final one.
+    train(d, "run", &["--placement", "a.json", "--resume"]);
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("run/state/state.json")).unwrap())
+            .unwrap();
+    assert_eq!(state["step"], 6);
+    assert!(d.join("run/state/step-6").is_dir());
+    assert!(!d.join("run/state/step-1").exists());
+}

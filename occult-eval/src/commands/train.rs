@@ -112,8 +112,30 @@ pub fn run(a: TrainArgs) -> Result<()> {
             data.skipped, a.seq_len
         );
     }
+    // What else the run depends on: a resumed run must bring the same.
+    let file_print = |p: &Option<PathBuf>| -> Result<Option<String>> {
+        p.as_ref()
+            .map(|p| {
+                let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+                Ok(format!(
+                    "{:016x}",
+                    occult_core::models::data_parallel::fingerprint(bytes)
+                ))
+            })
+            .transpose()
+    };
+    let settings = serde_json::json!({
+        "placement": file_print(&a.model.placement)?,
+        "mode": a.model.mode(),
+        "max_devices": a.model.max_devices,
+        "prune_rule": a.model.max_devices.map(|_| a.model.prune_rule),
+        "calibration": file_print(&a.model.calibration)?,
+        "seq_len": a.seq_len,
+        "add_bos": a.add_bos,
+        "dtype": a.model.dtype,
+    });
     let start = if a.resume {
-        saved_step(&a.out, &cfg, &ck.name, &a.data, a.model.devices)?
+        saved_step(&a.out, &cfg, &ck.name, &a.data, a.model.devices, &settings)?
     } else {
         if holds_a_run(&a.out) && !a.overwrite {
             bail!(
@@ -121,6 +143,20 @@ pub fn run(a: TrainArgs) -> Result<()> {
                  afresh, or another --out",
                 a.out.display()
             );
+        }
+        if a.overwrite {
+            // Start afresh: the other run's state and log go (the model is replaced at the
+            // first save).
+            let state = a.out.join("state");
+            if state.exists() {
+                std::fs::remove_dir_all(&state)
+                    .with_context(|| format!("removing {}", state.display()))?;
+            }
+            let log = a.out.join("log.jsonl");
+            if log.exists() {
+                std::fs::remove_file(&log)
+                    .with_context(|| format!("removing {}", log.display()))?;
+            }
         }
         0
     };
@@ -155,6 +191,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         data_name: &a.data,
         cfg: &cfg,
         out: &a.out,
+        settings: &settings,
     };
     eprintln!(
         "{} examples ({:?}); training the MoE blocks for steps {start}..{until} of {} on {} \
@@ -168,12 +205,19 @@ pub fn run(a: TrainArgs) -> Result<()> {
         let rank = m.rank_and_size().0;
         let bar = crate::progress::rank_bar(rank, until - start, "steps");
         let mut log = if rank == 0 {
-            let mut f = std::fs::File::create(&log_path)
-                .with_context(|| format!("writing {}", log_path.display()))?;
-            for l in &kept {
-                writeln!(f, "{l}")?;
-            }
-            Some(f)
+            // The kept lines replace the log whole, then the new steps are appended.
+            occult_core::atomic::write_atomic(&log_path, |w| {
+                for l in &kept {
+                    writeln!(w, "{l}")?;
+                }
+                Ok(())
+            })?;
+            Some(
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&log_path)
+                    .with_context(|| format!("writing {}", log_path.display()))?,
+            )
         } else {
             None
         };
