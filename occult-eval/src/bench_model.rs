@@ -285,72 +285,7 @@ fn run_parallel(a: &ModelBenchArgs, ck: &occult_core::models::loader::Checkpoint
     let Some(results) = run(&a.model, ck, &bench, link.as_ref())? else {
         return Ok(());
     };
-    let ms = |s: f64| format!("{:.1}", s * 1e3);
-    let mut header = vec![
-        "mode",
-        "E[C_T]",
-        "rows",
-        "remote rows",
-        "remote MB",
-        "prefill tok/s",
-        "prefill ms",
-        "decode ms/tok",
-        "route",
-        "plan",
-        "dispatch",
-        "compute",
-        "combine",
-    ];
-    if link.is_some() {
-        header.push("projected ms");
-    }
-    let mut table = crate::table::Table::new(&header);
-    for r in &results {
-        let mut row = vec![
-            r.mode.clone(),
-            format!("{:.3}", r.ect),
-            r.rows_sent.to_string(),
-            r.remote_rows_sent.to_string(),
-            format!("{:.2}", r.bytes_sent as f64 / 1e6),
-            format!("{:.1}", r.tokens_per_s),
-            ms(r.seconds),
-            format!("{:.2}", r.decode_ms_per_token),
-            ms(r.route_s),
-            ms(r.plan_s),
-            ms(r.dispatch_s),
-            ms(r.compute_s),
-            ms(r.combine_s),
-        ];
-        if link.is_some() {
-            row.push(
-                r.projected_seconds
-                    .map_or("-".into(), |s| format!("{:.3}", s * 1e3)),
-            );
-        }
-        table.row(row);
-    }
-    println!("{}", table.render());
-    // Each mode against standard dispatch, measured in this run beside the projection.
-    if let Some(s) = results.iter().find(|r| r.mode == "standard") {
-        for o in results
-            .iter()
-            .filter(|r| r.devices > 1 && r.mode != "standard")
-        {
-            println!(
-                "{} / standard: rows {:.3}, remote bytes {:.3}, prefill time {:.3} (speed-up \
-                 {:.2}x){}",
-                o.mode,
-                o.rows_sent as f64 / s.rows_sent.max(1) as f64,
-                o.bytes_sent as f64 / s.bytes_sent.max(1) as f64,
-                o.seconds / s.seconds.max(1e-12),
-                s.seconds / o.seconds.max(1e-12),
-                match (o.projected_seconds, s.projected_seconds) {
-                    (Some(x), Some(y)) => format!(", projected time {:.3}", x / y.max(1e-12)),
-                    _ => String::new(),
-                }
-            );
-        }
-    }
+    crate::bench_model_ep::print_results(&results, link.is_some(), "prefill");
     println!(
         "({} backend, {} ranks, {} prompt tokens each; stage times are the slowest rank's, \
          summed over MoE layers)",

@@ -33,8 +33,10 @@ pub struct EpModelBench {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RankRun {
     pub rank: usize,
-    /// Best prefill time of the repeats, and the mean decode step time of that repeat's decode.
-    pub prefill_s: f64,
+    /// The measured step: the best prefill of the repeats (bench model), or a training step
+    /// (bench train).
+    pub seconds: f64,
+    /// The mean decode step time of that repeat's decode (0 when none).
     pub decode_step_s: f64,
     /// The prefill's EP statistics, summed over MoE layers.
     pub stats: StepStats,
@@ -107,7 +109,7 @@ fn rank_run(m: &Model, b: &EpModelBench, ck: &Checkpoint) -> Result<RankRun> {
     let comm = m.comm().context("the EP modes have a communicator")?;
     let mut best = RankRun {
         rank,
-        prefill_s: f64::INFINITY,
+        seconds: f64::INFINITY,
         ..RankRun::default()
     };
     for _ in 0..b.repeats.max(1) {
@@ -132,11 +134,11 @@ fn rank_run(m: &Model, b: &EpModelBench, ck: &Checkpoint) -> Result<RankRun> {
             last = m.forward(&next.unsqueeze(1)?, Some(&mut cache), None, Logits::Last)?;
         }
         let decode_step_s = clock.elapsed().as_secs_f64() / b.decode_tokens.max(1) as f64;
-        if prefill_s < best.prefill_s {
+        if prefill_s < best.seconds {
             let (h, i) = (ck.cfg.hidden_size, ck.cfg.moe.expert_intermediate);
             best = RankRun {
                 rank,
-                prefill_s,
+                seconds: prefill_s,
                 decode_step_s,
                 flops: swiglu_flops(stats.pairs, h, i),
                 stats,
@@ -205,7 +207,8 @@ pub fn run(
             Ok(m.finish_and_gather(vec![mine])?)
         })?;
         if let Some(runs) = runs {
-            results.push(combine(&label, b, &runs, link));
+            let tokens = b.devices * b.prompt_len;
+            results.push(combine(&label, b.devices, tokens, &runs, link, true));
         }
     }
     if results.is_empty() {
@@ -259,16 +262,20 @@ pub fn run(
     Ok(Some(results))
 }
 
-/// One mode's result from every rank's run.
-fn combine(
+/// One mode's result from every rank's run of `tokens` tokens in all. `forward_only`: the
+/// exchanges are one forward's (the lockstep announcement, then per MoE layer slot metadata,
+/// rows out, rows back), and the rows are projected in the profile's activation size;
+/// otherwise every exchange is projected as measured (f32).
+pub(crate) fn combine(
     label: &str,
-    b: &EpModelBench,
+    devices: usize,
+    tokens: usize,
     runs: &[RankRun],
     link: Option<&LinkProfile>,
+    forward_only: bool,
 ) -> ModeResult {
     let max = |f: fn(&RankRun) -> f64| runs.iter().map(f).fold(0.0, f64::max);
-    let tokens = b.devices * b.prompt_len;
-    let seconds = max(|r| r.prefill_s);
+    let seconds = max(|r| r.seconds);
     let bytes_sent = runs
         .iter()
         .map(|r| {
@@ -284,11 +291,13 @@ fn combine(
                 .sum::<u64>()
         })
         .sum();
-    // Exchanges of a forward: the lockstep announcement, then per MoE layer slot metadata, rows
-    // out and rows back; rows carry f32 activations.
     let projected = link.map(|p| {
         let n = runs.iter().map(|r| r.exchanges.len()).min().unwrap_or(0);
-        let activations: Vec<usize> = (1..n).filter(|j| (j - 1) % 3 != 0).collect();
+        let activations: Vec<usize> = if forward_only {
+            (1..n).filter(|j| (j - 1) % 3 != 0).collect()
+        } else {
+            Vec::new()
+        };
         let steps: Vec<RankStep> = runs
             .iter()
             .map(|r| RankStep {
@@ -300,7 +309,7 @@ fn combine(
     });
     ModeResult {
         mode: label.to_string(),
-        devices: b.devices,
+        devices,
         tokens,
         rows_sent: runs.iter().map(|r| r.stats.rows_sent).sum(),
         remote_rows_sent: runs.iter().map(|r| r.stats.remote_rows_sent).sum(),
@@ -318,5 +327,77 @@ fn combine(
         combine_s: max(|r| r.stats.combine_s),
         projected_seconds: projected.as_ref().map(|p| p.total_s),
         projected,
+    }
+}
+
+/// Prints the results as a table, then each mode's ratios to standard dispatch, measured beside
+/// projected; `what` names the timed step ("prefill", "training step").
+pub fn print_results(results: &[ModeResult], projected: bool, what: &str) {
+    let ms = |s: f64| format!("{:.1}", s * 1e3);
+    let (rate, time) = (format!("{what} tok/s"), format!("{what} ms"));
+    let mut header = vec![
+        "mode",
+        "E[C_T]",
+        "rows",
+        "remote rows",
+        "remote MB",
+        rate.as_str(),
+        time.as_str(),
+        "decode ms/tok",
+        "route",
+        "plan",
+        "dispatch",
+        "compute",
+        "combine",
+    ];
+    if projected {
+        header.push("projected ms");
+    }
+    let mut table = crate::table::Table::new(&header);
+    for r in results {
+        let mut row = vec![
+            r.mode.clone(),
+            format!("{:.3}", r.ect),
+            r.rows_sent.to_string(),
+            r.remote_rows_sent.to_string(),
+            format!("{:.2}", r.bytes_sent as f64 / 1e6),
+            format!("{:.1}", r.tokens_per_s),
+            ms(r.seconds),
+            format!("{:.2}", r.decode_ms_per_token),
+            ms(r.route_s),
+            ms(r.plan_s),
+            ms(r.dispatch_s),
+            ms(r.compute_s),
+            ms(r.combine_s),
+        ];
+        if projected {
+            row.push(
+                r.projected_seconds
+                    .map_or("-".into(), |s| format!("{:.3}", s * 1e3)),
+            );
+        }
+        table.row(row);
+    }
+    println!("{}", table.render());
+    // Each mode against standard dispatch, measured in this run beside the projection.
+    if let Some(s) = results.iter().find(|r| r.mode == "standard") {
+        for o in results
+            .iter()
+            .filter(|r| r.devices > 1 && r.mode != "standard")
+        {
+            println!(
+                "{} / standard: rows {:.3}, remote bytes {:.3}, {what} time {:.3} (speed-up \
+                 {:.2}x){}",
+                o.mode,
+                o.rows_sent as f64 / s.rows_sent.max(1) as f64,
+                o.bytes_sent as f64 / s.bytes_sent.max(1) as f64,
+                o.seconds / s.seconds.max(1e-12),
+                s.seconds / o.seconds.max(1e-12),
+                match (o.projected_seconds, s.projected_seconds) {
+                    (Some(x), Some(y)) => format!(", projected time {:.3}", x / y.max(1e-12)),
+                    _ => String::new(),
+                }
+            );
+        }
     }
 }

@@ -15,8 +15,8 @@ use crate::Result;
 use candle::{DType, Device, Tensor, D};
 use occult_core::models::model::{Logits, Model};
 
-/// What one step did, the same on every rank.
-#[derive(Clone, Debug, PartialEq)]
+/// What one step did: the same on every rank, but for `ep`.
+#[derive(Clone, Debug)]
 pub struct StepReport {
     /// Mean loss per target position over the global batch.
     pub loss: f64,
@@ -31,6 +31,8 @@ pub struct StepReport {
     pub ect: f64,
     /// E[C_T] of each MoE layer, in layer order (1 on one device in the reference mode).
     pub ect_by_layer: Vec<f64>,
+    /// This rank's EP statistics of the step's forwards, summed over MoE layers.
+    pub ep: occult_core::ep::StepStats,
 }
 
 /// This rank's loss for `examples` (padded into one batch), divided by `global_targets`: the
@@ -153,6 +155,8 @@ pub fn train_step_accumulated(
         .filter(|&l| m.cfg.moe_layers[l])
         .collect();
     let mut ect_by_layer = Vec::with_capacity(moe_layers.len());
+    let mut ep = occult_core::ep::StepStats::default();
+    by_layer.values().for_each(|s| ep.add(s));
     let (mut touched, mut routed) = (0.0, 0.0);
     // Every rank walks every MoE layer (a rank without tokens recorded none).
     for l in moe_layers {
@@ -171,5 +175,6 @@ pub fn train_step_accumulated(
         lr,
         ect: if routed > 0.0 { touched / routed } else { 1.0 },
         ect_by_layer,
+        ep,
     })
 }

@@ -234,3 +234,51 @@ fn resuming_under_another_placement_is_refused() {
     assert!(d.join("run/state/step-6").is_dir());
     assert!(!d.join("run/state/step-1").exists());
 }
+
+#[test]
+fn bench_train_compares_the_modes_on_the_same_steps() {
+    let t = tempfile::tempdir().unwrap();
+    let m = model();
+    occult_ok(
+        t.path(),
+        &[
+            "bench",
+            "train",
+            "--model",
+            &m,
+            "--devices",
+            "4",
+            "--seq-len",
+            "10",
+            "--batch-size",
+            "1",
+            "--warmup",
+            "0",
+            "--steps",
+            "1",
+            "--link",
+            "pcie4",
+            "--json",
+            "b.json",
+        ],
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(t.path().join("b.json")).unwrap()).unwrap();
+    let r = v["results"].as_array().unwrap();
+    let modes: Vec<&str> = r.iter().map(|x| x["mode"].as_str().unwrap()).collect();
+    assert_eq!(
+        modes,
+        [
+            "standard",
+            "occult",
+            "occult, pruned to 2",
+            "occult, pruned to 1"
+        ]
+    );
+    let get = |i: usize, k: &str| r[i][k].as_f64().unwrap();
+    // 4 ranks x 9 input positions x top-2 x 2 MoE layers (qwen2_moe's layers 1 and 2).
+    assert_eq!(get(0, "rows_sent"), (4 * 9 * 2 * 2) as f64);
+    assert!(get(1, "bytes_sent") < get(0, "bytes_sent"));
+    assert_eq!(get(3, "ect"), 1.0);
+    assert!(get(1, "projected_seconds") < get(0, "projected_seconds"));
+}

@@ -33,10 +33,42 @@ pub enum BenchCmd {
         occult model synth --family qwen2_moe --hidden 1024 --layers 8 --experts 32 -o mid\n  \
         occult bench model --model mid --against candle-transformers")]
     Model(crate::bench_model::ModelBenchArgs),
+    /// A fine-tuning step of the MoE blocks on D ranks: standard, Occult, and Occult pruned to 2
+    /// and 1 devices, side by side on the same model and data.
+    #[command(after_help = "Example:\n  \
+        occult model synth --family olmoe --hidden 256 --layers 4 --experts 64 --top-k 8 \\\n      \
+        --intermediate 128 -o /tmp/olmoe-256\n  \
+        occult bench train --model /tmp/olmoe-256 --devices 4 --link pcie4")]
+    Train(TrainBenchArgs),
     /// Evaluation speed with and without context reuse, side by side on the same items.
     #[command(after_help = "Example:\n  \
         occult bench eval --model tests/fixtures/models/olmoe --tasks hellaswag,arc_easy,mmlu --samples")]
     Eval(super::eval::EvalArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TrainBenchArgs {
+    #[command(flatten)]
+    pub model: super::model_opts::ModelOpts,
+    /// Sequences per rank and step.
+    #[arg(long, default_value_t = 2)]
+    pub batch_size: usize,
+    /// Tokens per sequence (random ids).
+    #[arg(long, default_value_t = 128)]
+    pub seq_len: usize,
+    /// Steps run before measuring.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Measured steps (the fastest is reported).
+    #[arg(long, default_value_t = 3)]
+    pub steps: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Project the step onto this machine: pcie4, nvlink-h100, ib-ndr, or a TOML file.
+    #[arg(long)]
+    pub link: Option<String>,
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -74,7 +106,48 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Layer(a) => layer(a),
         BenchCmd::Model(a) => crate::bench_model::run(a),
         BenchCmd::Eval(a) => super::eval::bench(a),
+        BenchCmd::Train(a) => train(a),
     }
+}
+
+fn train(a: TrainBenchArgs) -> Result<()> {
+    let link = a
+        .link
+        .as_deref()
+        .map(occult_core::ep::cost::LinkProfile::load)
+        .transpose()?;
+    let bench = crate::bench_train::TrainBench {
+        devices: a.model.devices,
+        batch_per_rank: a.batch_size,
+        seq_len: a.seq_len,
+        warmup: a.warmup,
+        steps: a.steps,
+        seed: a.seed,
+    };
+    let mut ck = a.model.open()?;
+    let Some(results) = crate::bench_train::run(&a.model, &mut ck, &bench, link.as_ref())? else {
+        return Ok(());
+    };
+    crate::bench_model_ep::print_results(&results, link.is_some(), "training step");
+    println!(
+        "({} ranks, {} sequences of {} tokens each per step; training the MoE blocks; stage \
+         times are the slowest rank's forward stages, summed over MoE layers)",
+        bench.devices, bench.batch_per_rank, bench.seq_len
+    );
+    if let Some(p) = &a.json {
+        let v = serde_json::json!({
+            "bench": "train",
+            "model": ck.name,
+            "backend": a.model.backend,
+            "config": bench,
+            "link": link,
+            "projected_with_link_model": link.is_some(),
+            "results": results,
+        });
+        write_json(p, &with_provenance(v))?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
 }
 
 fn place(a: PlaceBenchArgs) -> Result<()> {

@@ -1,0 +1,136 @@
+//! `occult bench train`: a fine-tuning step of the MoE blocks on D ranks in every mode side by
+//! side, on the same model, data and steps: standard dispatch, Occult dispatch, and Occult
+//! pruned to 2 and to 1 devices. Each rank trains on its own share of a seeded random batch;
+//! after warm-up steps, each mode's fastest measured step is reported with its exact traffic
+//! (forward and backward exchanges, gradient reduction), E[C_T], the EP stages' times, and
+//! with a link profile its projection (the exchanges as measured, in f32).
+
+use crate::bench_model_ep::{combine, ModeResult, RankRun};
+use crate::commands::model_opts::{ModeArg, ModelOpts, PruneRuleArg};
+use anyhow::{bail, Context, Result};
+use occult_core::ep::cost::{swiglu_flops, LinkProfile};
+use occult_core::models::loader::Checkpoint;
+use occult_core::models::model::Model;
+use occult_train::examples::Example;
+use occult_train::optim::{AdamW, AdamWConfig};
+use occult_train::step::train_step;
+use serde::Serialize;
+use std::time::Instant;
+
+/// The bench's settings.
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainBench {
+    pub devices: usize,
+    /// Sequences per rank and step, and their length.
+    pub batch_per_rank: usize,
+    pub seq_len: usize,
+    pub warmup: usize,
+    pub steps: usize,
+    pub seed: u64,
+}
+
+/// This rank's sequences: random tokens, every position but the first a target.
+fn examples(b: &TrainBench, vocab: usize, rank: usize) -> Vec<Example> {
+    (0..b.batch_per_rank)
+        .map(|i| {
+            let seed = b.seed + (rank * b.batch_per_rank + i) as u64;
+            let ids = crate::bench_model::random_prompt(b.seq_len, vocab, seed);
+            Example {
+                target: (0..ids.len()).map(|j| j > 0).collect(),
+                ids,
+            }
+        })
+        .collect()
+}
+
+/// This rank's warm-up and measured steps; keeps the fastest measured one.
+fn rank_run(m: &Model, b: &TrainBench, ck: &Checkpoint) -> Result<RankRun> {
+    let (rank, _) = m.rank_and_size();
+    let comm = m.comm().context("the EP modes have a communicator")?;
+    let mine = examples(b, ck.cfg.vocab_size, rank);
+    let share: Vec<&Example> = mine.iter().collect();
+    let mut opt = AdamW::new(&m.trainable_params(), AdamWConfig::default())?;
+    let mut best = RankRun {
+        rank,
+        seconds: f64::INFINITY,
+        ..RankRun::default()
+    };
+    for step in 0..b.warmup + b.steps {
+        comm.barrier()?;
+        comm.reset_stats();
+        let clock = Instant::now();
+        let report = train_step(m, &mut opt, &share, 1e-5, Some(1.0))?;
+        let seconds = clock.elapsed().as_secs_f64();
+        let stats = report.ep;
+        if step >= b.warmup && seconds < best.seconds {
+            let (h, i) = (ck.cfg.hidden_size, ck.cfg.moe.expert_intermediate);
+            best = RankRun {
+                rank,
+                seconds,
+                decode_step_s: 0.0,
+                // Forward, and a backward of about twice its FLOPs.
+                flops: 3.0 * swiglu_flops(stats.pairs, h, i),
+                stats,
+                exchanges: comm.stats().exchanges,
+            };
+        }
+    }
+    Ok(best)
+}
+
+/// Runs every mode on D ranks; returns the results on rank 0 (`None` on other processes).
+pub fn run(
+    opts: &ModelOpts,
+    ck: &mut Checkpoint,
+    b: &TrainBench,
+    link: Option<&LinkProfile>,
+) -> Result<Option<Vec<ModeResult>>> {
+    if b.devices < 2 {
+        bail!("the training bench compares expert-parallel modes: give --devices 2 or more");
+    }
+    if b.steps == 0 || b.batch_per_rank == 0 || b.seq_len < 2 {
+        bail!("--steps and --batch-size must be at least 1, and --seq-len at least 2");
+    }
+    if b.seq_len > ck.cfg.positions() {
+        bail!(
+            "--seq-len {} exceeds the model's {} positions",
+            b.seq_len,
+            ck.cfg.positions()
+        );
+    }
+    ck.weights.set_trainable_only(ck.cfg.moe_prefixes());
+    let mut modes = vec![
+        ("standard".to_string(), ModeArg::Standard, None),
+        ("occult".to_string(), ModeArg::Occult, None),
+    ];
+    for n in [2, 1] {
+        if n < b.devices {
+            modes.push((format!("occult, pruned to {n}"), ModeArg::Occult, Some(n)));
+        }
+    }
+    let work =
+        occult_core::models::data_parallel::fingerprint(serde_json::to_vec(b).unwrap_or_default());
+    let mut results = Vec::new();
+    for (label, mode, prune) in modes {
+        let mut o = opts.clone();
+        o.mode = Some(mode);
+        o.max_devices = prune;
+        if prune.is_some() && o.prune_rule == PruneRuleArg::Similarity && o.calibration.is_none() {
+            o.prune_rule = PruneRuleArg::Router;
+        }
+        let ck = &*ck;
+        let runs = o.run_training(ck, |m| {
+            m.check_same_work("bench settings", work)?;
+            if m.rank_and_size().0 == 0 {
+                eprintln!("{label}: {} ranks", b.devices);
+            }
+            let mine = rank_run(m, b, ck)?;
+            Ok(m.finish_and_gather(vec![mine])?)
+        })?;
+        if let Some(runs) = runs {
+            let tokens = b.devices * b.batch_per_rank * b.seq_len;
+            results.push(combine(&label, b.devices, tokens, &runs, link, false));
+        }
+    }
+    Ok((!results.is_empty()).then_some(results))
+}
