@@ -189,23 +189,11 @@ pub fn run(
     }
     let mut results = Vec::new();
     for (label, mode, prune) in modes(b) {
-        let mut o = opts.clone();
-        o.mode = Some(mode);
-        o.max_devices = prune;
-        if prune.is_some() && o.prune_rule == PruneRuleArg::Similarity && o.calibration.is_none() {
-            o.prune_rule = PruneRuleArg::Router;
-        }
+        let o = mode_opts(opts, mode, prune);
         let work = occult_core::models::data_parallel::fingerprint(
             serde_json::to_vec(b).unwrap_or_default(),
         );
-        let runs = o.run(ck, |m| {
-            m.check_same_work("bench settings", work)?;
-            if m.rank_and_size().0 == 0 {
-                eprintln!("{label}: {} ranks", b.devices);
-            }
-            let mine = rank_run(m, b, ck)?;
-            Ok(m.finish_and_gather(vec![mine])?)
-        })?;
+        let runs = o.run(ck, |m| measure(m, work, &label, || rank_run(m, b, ck)))?;
         if let Some(runs) = runs {
             let tokens = b.devices * b.prompt_len;
             results.push(combine(&label, b.devices, tokens, &runs, link, true));
@@ -260,6 +248,35 @@ pub fn run(
         },
     );
     Ok(Some(results))
+}
+
+/// The options of one mode: its dispatch and pruning (by the router rule when the similarity
+/// rule has no calibration).
+pub(crate) fn mode_opts(opts: &ModelOpts, mode: ModeArg, prune: Option<usize>) -> ModelOpts {
+    let mut o = opts.clone();
+    o.mode = Some(mode);
+    o.max_devices = prune;
+    if prune.is_some() && o.prune_rule == PruneRuleArg::Similarity && o.calibration.is_none() {
+        o.prune_rule = PruneRuleArg::Router;
+    }
+    o
+}
+
+/// A rank's part of one mode: the ranks check they run the same bench (`work`), rank 0 names
+/// the mode, each measures, and rank 0 gathers every rank's run.
+pub(crate) fn measure(
+    m: &Model,
+    work: u64,
+    label: &str,
+    rank_run: impl FnOnce() -> Result<RankRun>,
+) -> Result<Vec<RankRun>> {
+    m.check_same_work("bench settings", work)?;
+    let (rank, size) = m.rank_and_size();
+    if rank == 0 {
+        eprintln!("{label}: {size} ranks");
+    }
+    let mine = rank_run()?;
+    Ok(m.finish_and_gather(vec![mine])?)
 }
 
 /// One mode's result from every rank's run of `tokens` tokens in all. `forward_only`: the

@@ -5,8 +5,8 @@
 //! (forward and backward exchanges, gradient reduction), E[C_T], the EP stages' times, and
 //! with a link profile its projection (the exchanges as measured, in f32).
 
-use crate::bench_model_ep::{combine, ModeResult, RankRun};
-use crate::commands::model_opts::{ModeArg, ModelOpts, PruneRuleArg};
+use crate::bench_model_ep::{combine, measure, mode_opts, ModeResult, RankRun};
+use crate::commands::model_opts::{ModeArg, ModelOpts};
 use anyhow::{bail, Context, Result};
 use occult_core::ep::cost::{swiglu_flops, LinkProfile};
 use occult_core::models::loader::Checkpoint;
@@ -112,21 +112,9 @@ pub fn run(
         occult_core::models::data_parallel::fingerprint(serde_json::to_vec(b).unwrap_or_default());
     let mut results = Vec::new();
     for (label, mode, prune) in modes {
-        let mut o = opts.clone();
-        o.mode = Some(mode);
-        o.max_devices = prune;
-        if prune.is_some() && o.prune_rule == PruneRuleArg::Similarity && o.calibration.is_none() {
-            o.prune_rule = PruneRuleArg::Router;
-        }
+        let o = mode_opts(opts, mode, prune);
         let ck = &*ck;
-        let runs = o.run_training(ck, |m| {
-            m.check_same_work("bench settings", work)?;
-            if m.rank_and_size().0 == 0 {
-                eprintln!("{label}: {} ranks", b.devices);
-            }
-            let mine = rank_run(m, b, ck)?;
-            Ok(m.finish_and_gather(vec![mine])?)
-        })?;
+        let runs = o.run_training(ck, |m| measure(m, work, &label, || rank_run(m, b, ck)))?;
         if let Some(runs) = runs {
             let tokens = b.devices * b.batch_per_rank * b.seq_len;
             results.push(combine(&label, b.devices, tokens, &runs, link, false));
