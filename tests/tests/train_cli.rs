@@ -130,6 +130,7 @@ fn another_runs_folder_and_bad_settings_are_refused() {
     assert!(e.contains("the saved run used other settings"), "{e}");
     assert!(err(&["--lr", "0", "--overwrite"]).contains("learning rate must be a positive"));
     assert!(err(&["--steps", "0", "--overwrite"]).contains("at least one step"));
+    assert!(err(&["--train", "all", "--overwrite"]).contains("--train all is not available yet"));
     assert!(err(&["--seq-len", "100000", "--overwrite"]).contains("--seq-len 100000"));
     std::fs::write(d.join("bad.jsonl"), "{\"instruction\": \"x\"}\n").unwrap();
     let e = err(&["--data", "bad.jsonl", "--overwrite"]);
