@@ -319,18 +319,7 @@ impl LayerBench {
                 });
                 let bytes_sent = rs
                     .iter()
-                    .map(|r| {
-                        r.exchanges
-                            .iter()
-                            .flat_map(|e| {
-                                e.bytes_to
-                                    .iter()
-                                    .enumerate()
-                                    .filter(|(p, _)| *p != r.rank)
-                                    .map(|(_, b)| *b)
-                            })
-                            .sum::<u64>()
-                    })
+                    .map(|r| Exchange::remote_bytes(&r.exchanges, r.rank))
                     .sum();
                 ModeResult {
                     mode,

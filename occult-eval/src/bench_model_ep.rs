@@ -295,18 +295,7 @@ pub(crate) fn combine(
     let seconds = max(|r| r.seconds);
     let bytes_sent = runs
         .iter()
-        .map(|r| {
-            r.exchanges
-                .iter()
-                .flat_map(|e| {
-                    e.bytes_to
-                        .iter()
-                        .enumerate()
-                        .filter(|(p, _)| *p != r.rank)
-                        .map(|(_, b)| *b)
-                })
-                .sum::<u64>()
-        })
+        .map(|r| Exchange::remote_bytes(&r.exchanges, r.rank))
         .sum();
     let projected = link.map(|p| {
         let n = runs.iter().map(|r| r.exchanges.len()).min().unwrap_or(0);

@@ -30,15 +30,7 @@ pub fn global_norm(model: &Model, grads: &GradStore) -> Result<f64> {
     };
     let replicated = sum_of_squares(grads, &trainable(model.replicated_params()))?;
     let experts = sum_of_squares(grads, &trainable(model.expert_params()))?;
-    let experts = match model.comm().filter(|c| c.size() > 1) {
-        Some(c) => {
-            let all = c.all_gather_bytes(&experts.to_le_bytes())?;
-            all.chunks_exact(8)
-                .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
-                .sum()
-        }
-        None => experts,
-    };
+    let experts = model.sum_over_ranks(experts)?;
     Ok((replicated + experts).sqrt())
 }
 

@@ -70,20 +70,6 @@ fn candle_nn_log_softmax(x: &Tensor) -> candle::Result<Tensor> {
     shifted.broadcast_sub(&lse)
 }
 
-/// Sums `x` over the ranks (in rank order, so every rank gets the same value).
-fn sum_over_ranks(m: &Model, x: f64) -> Result<f64> {
-    match m.comm().filter(|c| c.size() > 1) {
-        Some(c) => {
-            let all = c.all_gather_bytes(&x.to_le_bytes())?;
-            Ok(all
-                .chunks_exact(8)
-                .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
-                .sum())
-        }
-        None => Ok(x),
-    }
-}
-
 /// One optimiser step on this rank's `share` of the global batch, with learning rate `lr`
 /// and gradient clipping at `max_norm` (none when `None`). Collective on D ranks.
 pub fn train_step(
@@ -161,14 +147,14 @@ pub fn train_step_accumulated(
     // Every rank walks every MoE layer (a rank without tokens recorded none).
     for l in moe_layers {
         let s = by_layer.get(&l).cloned().unwrap_or_default();
-        let t = sum_over_ranks(m, s.devices_touched as f64)?;
-        let r = sum_over_ranks(m, s.tokens as f64)?;
+        let t = m.sum_over_ranks(s.devices_touched as f64)?;
+        let r = m.sum_over_ranks(s.tokens as f64)?;
         ect_by_layer.push(if r > 0.0 { t / r } else { 1.0 });
         touched += t;
         routed += r;
     }
     Ok(StepReport {
-        loss: sum_over_ranks(m, loss_sum)?,
+        loss: m.sum_over_ranks(loss_sum)?,
         targets,
         tokens,
         grad_norm,

@@ -173,11 +173,18 @@ impl Model {
         let Some(c) = self.comm().filter(|c| c.size() > 1) else {
             return Ok(local);
         };
-        let all = c.all_gather_bytes(&(local as u64).to_le_bytes())?;
-        Ok(all
-            .chunks_exact(8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
+        Ok(c.all_gather_u64(local as u64)?
+            .into_iter()
+            .map(|x| x as usize)
             .sum())
+    }
+
+    /// `x` summed over the ranks, the same value on every rank (`x` itself on one rank).
+    pub fn sum_over_ranks(&self, x: f64) -> Result<f64> {
+        match self.comm().filter(|c| c.size() > 1) {
+            Some(c) => c.sum_f64(x),
+            None => Ok(x),
+        }
     }
 
     /// Sums the gradients of the replicated trainable tensors over the ranks, in place (a

@@ -30,6 +30,22 @@ pub struct Exchange {
     pub bytes_to: Vec<u64>,
 }
 
+impl Exchange {
+    /// Bytes that left rank `me` (sent to the other ranks) in `exchanges`.
+    pub fn remote_bytes(exchanges: &[Exchange], me: usize) -> u64 {
+        exchanges
+            .iter()
+            .flat_map(|e| {
+                e.bytes_to
+                    .iter()
+                    .enumerate()
+                    .filter(move |(p, _)| *p != me)
+                    .map(|(_, b)| *b)
+            })
+            .sum()
+    }
+}
+
 /// Exact traffic statistics of one rank.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct CommStats {
@@ -204,14 +220,37 @@ pub trait Communicator: Send + Sync {
         Ok(recv)
     }
 
+    /// Every rank's `x`, in rank order.
+    fn all_gather_u64(&self, x: u64) -> Result<Vec<u64>> {
+        Ok(self
+            .all_gather_bytes(&x.to_le_bytes())?
+            .chunks_exact(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect())
+    }
+
+    /// `x` summed over the ranks, in rank order (so every rank gets the same value).
+    fn sum_f64(&self, x: f64) -> Result<f64> {
+        Ok(self
+            .all_gather_u64(x.to_bits())?
+            .into_iter()
+            .map(f64::from_bits)
+            .sum())
+    }
+
+    /// Every rank's block length, in rank order.
+    fn block_lens(&self, block: &[u8]) -> Result<Vec<usize>> {
+        Ok(self
+            .all_gather_u64(block.len() as u64)?
+            .into_iter()
+            .map(|l| l as usize)
+            .collect())
+    }
+
     /// Gathers one block of any size from every rank, in rank order.
     fn all_gather_v_bytes(&self, block: &[u8]) -> Result<Vec<Vec<u8>>> {
         let n = self.size();
-        let lens = self.all_gather_bytes(&(block.len() as u64).to_le_bytes())?;
-        let lens: Vec<usize> = lens
-            .chunks_exact(8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
-            .collect();
+        let lens = self.block_lens(block)?;
         let send: Vec<u8> = (0..n).flat_map(|_| block.iter().copied()).collect();
         let (recv, counts) = self.all_to_all_v_bytes(&send, &vec![block.len(); n], 1)?;
         if counts != lens {
@@ -232,11 +271,7 @@ pub trait Communicator: Send + Sync {
     /// an empty list). Moves at most 1 GiB per exchange, in as many rounds as it takes.
     fn gather_v_bytes_to_root(&self, block: &[u8]) -> Result<Vec<Vec<u8>>> {
         let n = self.size();
-        let lens = self.all_gather_bytes(&(block.len() as u64).to_le_bytes())?;
-        let lens: Vec<usize> = lens
-            .chunks_exact(8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize)
-            .collect();
+        let lens = self.block_lens(block)?;
         let piece = ((1usize << 30) / n.max(1)).max(1);
         let rounds = lens.iter().map(|l| l.div_ceil(piece)).max().unwrap_or(0);
         let root = self.rank() == 0;
