@@ -13,7 +13,7 @@ use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::Model;
 use occult_train::examples::Example;
 use occult_train::optim::{AdamW, AdamWConfig};
-use occult_train::step::train_step;
+use occult_train::step::{train_step, StepSettings};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -59,7 +59,15 @@ fn rank_run(m: &Model, b: &TrainBench, ck: &Checkpoint) -> Result<RankRun> {
         comm.barrier()?;
         comm.reset_stats();
         let clock = Instant::now();
-        let report = train_step(m, &mut opt, &share, 1e-5, Some(1.0))?;
+        let report = train_step(
+            m,
+            &mut opt,
+            &share,
+            &StepSettings {
+                max_norm: Some(1.0),
+                ..StepSettings::new(1e-5)
+            },
+        )?;
         let seconds = clock.elapsed().as_secs_f64();
         let stats = report.ep;
         if step >= b.warmup && seconds < best.seconds {

@@ -12,11 +12,13 @@
 //!   plain text;
 //! - [`dataset`]: training data from files, folders or the Hugging Face cache, as examples;
 //! - [`batches`]: the seeded order of examples, global batches and each rank's share;
+//! - [`aux_loss`]: the model's load-balancing loss over the global batch's real tokens;
 //! - [`step`]: one optimiser step on D ranks (masked loss over the global batch, backward,
 //!   gradient reduction, clipping, AdamW);
 //! - [`save`]: a fine-tuned model written in the source checkpoint's own layout;
 //! - [`run`]: the loop, with periodic saves and exact resumption.
 
+pub mod aux_loss;
 pub mod batches;
 pub mod dataset;
 mod error;

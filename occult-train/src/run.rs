@@ -18,7 +18,7 @@ use crate::examples::Example;
 use crate::optim::{AdamW, AdamWConfig, AdamWState};
 use crate::save::{bytes_as, save_moe, write_safetensors};
 use crate::schedule::Schedule;
-use crate::step::{train_step_accumulated, StepReport};
+use crate::step::{train_step, StepReport, StepSettings};
 use crate::{Error, Result};
 use candle::Tensor;
 use occult_core::atomic::write_json_atomic;
@@ -44,6 +44,8 @@ pub struct TrainConfig {
     /// Clip gradients to this global norm.
     pub max_grad_norm: Option<f64>,
     pub seed: u64,
+    /// Add the model's load-balancing loss ([`crate::aux_loss`]) with its own coefficient.
+    pub aux_loss: bool,
     /// Save every this many steps (and always at the end). Not part of what a resumed run
     /// must share.
     #[serde(skip)]
@@ -281,14 +283,13 @@ pub fn train(
             .iter()
             .map(|&i| &data.examples[i])
             .collect();
-        let r = train_step_accumulated(
-            m,
-            &mut opt,
-            &share,
-            cfg.grad_accum,
-            schedule.lr(step),
-            cfg.max_grad_norm,
-        )?;
+        let settings = StepSettings {
+            lr: schedule.lr(step),
+            max_norm: cfg.max_grad_norm,
+            micro: cfg.grad_accum,
+            aux: cfg.aux_loss.then_some(m.cfg.moe.aux_loss),
+        };
+        let r = train_step(m, &mut opt, &share, &settings)?;
         report(step, &r)?;
         let done = step + 1;
         if done == until || cfg.save_every.is_some_and(|n| done % n == 0) {

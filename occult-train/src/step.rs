@@ -7,19 +7,23 @@
 //! copy of the replicated trainable tensors (load them per rank): the update is applied to
 //! each copy.
 
+use crate::aux_loss::aux_loss_share;
 use crate::batches::pad;
 use crate::examples::Example;
 use crate::grad_norm::clip_global_norm;
 use crate::optim::AdamW;
 use crate::Result;
 use candle::{DType, Device, Tensor, D};
+use occult_core::models::config::AuxLoss;
 use occult_core::models::model::{Logits, Model};
 
 /// What one step did: the same on every rank, but for `ep`.
 #[derive(Clone, Debug)]
 pub struct StepReport {
-    /// Mean loss per target position over the global batch.
+    /// Mean loss per target position over the global batch (cross-entropy only).
     pub loss: f64,
+    /// The load-balancing loss (with its coefficient), when the step added it.
+    pub aux_loss: Option<f64>,
     /// Target positions in the global batch.
     pub targets: usize,
     /// Tokens fed over all ranks.
@@ -36,10 +40,20 @@ pub struct StepReport {
 }
 
 /// This rank's loss for `examples` (padded into one batch), divided by `global_targets`: the
-/// summed cross-entropy of every target position.
-pub fn share_loss(m: &Model, examples: &[&Example], global_targets: usize) -> Result<Tensor> {
+/// summed cross-entropy of every target position. With `aux`, also this rank's share of the
+/// load-balancing loss of the same forward (collective: every rank asks for it or none).
+pub fn share_loss(
+    m: &Model,
+    examples: &[&Example],
+    global_targets: usize,
+    aux: Option<AuxLoss>,
+) -> Result<ShareLoss> {
     if examples.is_empty() {
-        return Ok(m.forward_empty()?);
+        let ce = m.forward_empty()?;
+        if let Some(a) = aux {
+            aux_loss_share(m, a, &[], &[], 0)?;
+        }
+        return Ok(ShareLoss { ce, aux: None });
     }
     let (ids, mask, t) = pad(examples);
     if t < 2 {
@@ -50,7 +64,11 @@ pub fn share_loss(m: &Model, examples: &[&Example], global_targets: usize) -> Re
     let b = examples.len();
     // Position i predicts token i + 1.
     let input = Tensor::from_slice(&ids, (b, t), &Device::Cpu)?;
-    let logits = m.forward(&input.narrow(1, 0, t - 1)?, None, None, Logits::All)?;
+    m.tap_routers(aux.is_some());
+    let logits = m.forward(&input.narrow(1, 0, t - 1)?, None, None, Logits::All);
+    let taps = m.take_router_taps();
+    m.tap_routers(false);
+    let logits = logits?;
     let v = logits.dims3()?.2;
     let logp = candle_nn_log_softmax(&logits.reshape((b * (t - 1), v))?.to_dtype(DType::F32)?)?;
     let next = input.narrow(1, 1, t - 1)?.reshape((b * (t - 1), 1))?;
@@ -59,7 +77,29 @@ pub fn share_loss(m: &Model, examples: &[&Example], global_targets: usize) -> Re
         .narrow(1, 1, t - 1)?
         .reshape(b * (t - 1))?;
     let summed = (picked * weights)?.sum_all()?.neg()?;
-    Ok((summed / global_targets.max(1) as f64)?)
+    let ce = (summed / global_targets.max(1) as f64)?;
+    let aux = match aux {
+        // The positions that predict a token of their own sequence: the same tokens whatever
+        // the padding, so whatever the number of ranks.
+        Some(a) => {
+            let seqs: Vec<_> = examples
+                .iter()
+                .enumerate()
+                .map(|(i, e)| i * (t - 1)..i * (t - 1) + e.ids.len().saturating_sub(1))
+                .collect();
+            aux_loss_share(m, a, &taps, &seqs, b * (t - 1))?
+        }
+        None => None,
+    };
+    Ok(ShareLoss { ce, aux })
+}
+
+/// A rank's part of one forward's losses (scalars on the graph).
+pub struct ShareLoss {
+    /// Cross-entropy over the global batch's targets.
+    pub ce: Tensor,
+    /// The load-balancing loss, when asked for and this rank had tokens.
+    pub aux: Option<Tensor>,
 }
 
 /// `log_softmax` from differentiable primitives (candle's fused softmax has no backward).
@@ -70,41 +110,65 @@ fn candle_nn_log_softmax(x: &Tensor) -> candle::Result<Tensor> {
     shifted.broadcast_sub(&lse)
 }
 
-/// One optimiser step on this rank's `share` of the global batch, with learning rate `lr`
-/// and gradient clipping at `max_norm` (none when `None`). Collective on D ranks.
+/// How a step runs.
+#[derive(Clone, Copy, Debug)]
+pub struct StepSettings {
+    pub lr: f64,
+    /// Clip gradients to this global norm.
+    pub max_norm: Option<f64>,
+    /// The share runs as this many consecutive micro-batches whose gradients add up (gradient
+    /// accumulation: the same step in less memory). Every rank runs `micro` forwards (an empty
+    /// micro-batch takes part through [`Model::forward_empty`]).
+    pub micro: usize,
+    /// Add the model's load-balancing loss. Its expert counts are taken per micro-batch (over
+    /// all ranks), so with `micro` > 1 it is the mean of the micro-batches' losses, as
+    /// transformers computes it under gradient accumulation.
+    pub aux: Option<AuxLoss>,
+}
+
+impl StepSettings {
+    /// Learning rate `lr`; no clipping, one micro-batch, no auxiliary loss.
+    pub fn new(lr: f64) -> Self {
+        StepSettings {
+            lr,
+            max_norm: None,
+            micro: 1,
+            aux: None,
+        }
+    }
+}
+
+/// One optimiser step on this rank's `share` of the global batch. Collective on D ranks.
 pub fn train_step(
     m: &Model,
     opt: &mut AdamW,
     share: &[&Example],
-    lr: f64,
-    max_norm: Option<f64>,
+    s: &StepSettings,
 ) -> Result<StepReport> {
-    train_step_accumulated(m, opt, share, 1, lr, max_norm)
-}
-
-/// [`train_step`] with the share run as `micro` consecutive micro-batches whose gradients add
-/// up (gradient accumulation: the same step in less memory). Every rank runs `micro` forwards
-/// (an empty micro-batch takes part through [`Model::forward_empty`]).
-pub fn train_step_accumulated(
-    m: &Model,
-    opt: &mut AdamW,
-    share: &[&Example],
-    micro: usize,
-    lr: f64,
-    max_norm: Option<f64>,
-) -> Result<StepReport> {
+    let micro = s.micro.max(1);
+    let aux = s.aux.map(|a| AuxLoss {
+        coef: a.coef / micro as f64,
+        ..a
+    });
     let local_targets: usize = share.iter().map(|e| e.targets()).sum();
     let targets = m.global_count(local_targets)?;
     let tokens = m.global_count(share.iter().map(|e| e.ids.len()).sum())?;
     m.take_ep_stats();
     let params = m.trainable_params();
-    let split = occult_core::analysis::ranks::RankSplit::new(share.len(), micro.max(1));
+    let split = occult_core::analysis::ranks::RankSplit::new(share.len(), micro);
     let mut grads: Option<candle::backprop::GradStore> = None;
-    let mut loss_sum = 0.0;
-    for k in 0..micro.max(1) {
+    let (mut loss_sum, mut aux_sum) = (0.0, 0.0);
+    for k in 0..micro {
         let part = &share[split.range(k)];
-        let loss = share_loss(m, part, targets)?;
-        loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let ShareLoss { ce, aux } = share_loss(m, part, targets, aux)?;
+        loss_sum += ce.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let loss = match aux {
+            Some(a) => {
+                aux_sum += a.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                (ce + a)?
+            }
+            None => ce,
+        };
         let g = loss.backward()?;
         grads = Some(match grads {
             None => g,
@@ -131,11 +195,11 @@ pub fn train_step_accumulated(
             grads.insert(p, p.zeros_like()?);
         }
     }
-    let grad_norm = match max_norm {
+    let grad_norm = match s.max_norm {
         Some(n) => clip_global_norm(m, &mut grads, n)?,
         None => crate::grad_norm::global_norm(m, &grads)?,
     };
-    opt.step(&grads, lr)?;
+    opt.step(&grads, s.lr)?;
     let by_layer = m.take_ep_stats_by_layer();
     let moe_layers: Vec<usize> = (0..m.cfg.num_layers)
         .filter(|&l| m.cfg.moe_layers[l])
@@ -155,10 +219,14 @@ pub fn train_step_accumulated(
     }
     Ok(StepReport {
         loss: m.sum_over_ranks(loss_sum)?,
+        aux_loss: match s.aux {
+            Some(_) => Some(m.sum_over_ranks(aux_sum)?),
+            None => None,
+        },
         targets,
         tokens,
         grad_norm,
-        lr,
+        lr: s.lr,
         ect: if routed > 0.0 { touched / routed } else { 1.0 },
         ect_by_layer,
         ep,

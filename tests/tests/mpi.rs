@@ -506,6 +506,7 @@ fn training_under_mpirun_takes_the_steps_of_threads() {
             "128",
             "--devices",
             "2",
+            "--aux-loss",
         ]
         .map(String::from)
         .to_vec();
@@ -534,19 +535,19 @@ fn training_under_mpirun_takes_the_steps_of_threads() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The cross-entropy and the load-balancing loss (expert counts summed over processes).
     let losses = |run: &str| -> Vec<f64> {
         std::fs::read_to_string(dir.join(run).join("log.jsonl"))
             .unwrap()
             .lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
-                    .as_f64()
-                    .unwrap()
+            .flat_map(|l| {
+                let v = serde_json::from_str::<serde_json::Value>(l).unwrap();
+                [v["loss"].as_f64().unwrap(), v["aux_loss"].as_f64().unwrap()]
             })
             .collect()
     };
     let (a, b) = (losses("threads"), losses("mpi"));
-    assert_eq!(a.len(), 3);
+    assert_eq!(a.len(), 6);
     for (x, y) in a.iter().zip(&b) {
         assert!((x - y).abs() < 1e-6, "{a:?} vs {b:?}");
     }

@@ -108,15 +108,27 @@ type Trained = (
 );
 
 fn train_on(arch: &str, d: Option<(usize, DispatchMode)>, steps: u64, lr: f64) -> Trained {
+    train_with(arch, d, steps, lr, &[9; 6], None)
+}
+
+/// [`train_on`] on sequences of `lens` tokens, with the load-balancing loss `aux`.
+fn train_with(
+    arch: &str,
+    d: Option<(usize, DispatchMode)>,
+    steps: u64,
+    lr: f64,
+    lens: &[usize],
+    aux: Option<occult_core::models::config::AuxLoss>,
+) -> Trained {
     use occult_core::ep::dispatch::ExpertLocations;
     use occult_core::models::model::{DenseParts, Model, MoeSetup};
     use occult_train::batches::{global_batch, rank_share};
     use occult_train::examples::Example;
     use occult_train::optim::{AdamW, AdamWConfig};
-    use occult_train::step::train_step;
+    use occult_train::step::{train_step, StepSettings};
     let mut ck = open(arch, false);
     ck.weights.set_trainable_only(ck.cfg.moe_prefixes());
-    let seqs = occult_tests::data_parallel::sequences(&[9; 6], ck.cfg.vocab_size, 11);
+    let seqs = occult_tests::data_parallel::sequences(lens, ck.cfg.vocab_size, 11);
     let examples: Vec<Example> = seqs
         .into_iter()
         .map(|ids| Example {
@@ -150,8 +162,17 @@ fn train_on(arch: &str, d: Option<(usize, DispatchMode)>, steps: u64, lr: f64) -
                 .map(|&i| &examples[i])
                 .collect();
             reports.push(
-                train_step(m, &mut opt, &share, lr, Some(1.0))
-                    .map_err(|e| occult_core::Error::invalid(e.to_string()))?,
+                train_step(
+                    m,
+                    &mut opt,
+                    &share,
+                    &StepSettings {
+                        max_norm: Some(1.0),
+                        aux,
+                        ..StepSettings::new(lr)
+                    },
+                )
+                .map_err(|e| occult_core::Error::invalid(e.to_string()))?,
             );
         }
         let mut trained = std::collections::BTreeMap::new();
@@ -279,6 +300,132 @@ fn d_ranks_take_the_steps_of_one_device_and_only_moe_tensors_move() {
     }
 }
 
+/// The load-balancing loss of step 0, by hand: each sequence of the global batch run alone (no
+/// padding) with its routing recorded, then the family's formula in f64.
+fn aux_by_hand(arch: &str, lens: &[usize], aux: occult_core::models::config::AuxLoss) -> f64 {
+    use occult_core::models::config::AuxForm;
+    use occult_core::models::model::{Logits, Model, RoutingRecorder};
+    let ck = open(arch, false);
+    let m = Model::load_reference(&ck.weights, &ck.cfg).unwrap();
+    let seqs = occult_tests::data_parallel::sequences(lens, ck.cfg.vocab_size, 11);
+    let (e, k) = (ck.cfg.moe.num_experts, ck.cfg.moe.top_k);
+    // Per sequence, per MoE layer: (tokens, counts c_i, summed probabilities S_i).
+    type Sums = (f64, Vec<f64>, Vec<f64>);
+    let mut stats: Vec<Vec<Sums>> = Vec::new();
+    for i in occult_train::batches::global_batch(lens.len(), 4, 5, 0).unwrap() {
+        let s = &seqs[i][..seqs[i].len() - 1];
+        let ids = candle::Tensor::from_slice(s, (1, s.len()), &candle::Device::Cpu).unwrap();
+        let mut rec = RoutingRecorder::default();
+        m.forward(&ids, None, Some(&mut rec), Logits::All).unwrap();
+        let per_layer = rec
+            .layers
+            .values()
+            .map(|r| {
+                let mut c = vec![0.0; e];
+                r.ids.iter().for_each(|&x| c[x as usize] += 1.0);
+                let mut p = vec![0.0; e];
+                for row in r.logits.chunks(e) {
+                    let max = row.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
+                    let z: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+                    for (pi, &x) in p.iter_mut().zip(row) {
+                        *pi += (x as f64 - max).exp() / z;
+                    }
+                }
+                (r.tokens as f64, c, p)
+            })
+            .collect();
+        stats.push(per_layer);
+    }
+    let layers = stats[0].len();
+    let term = |n: f64, c: &[f64], p: &[f64]| -> f64 {
+        c.iter().zip(p).map(|(c, p)| (c / n) * (p / n)).sum::<f64>()
+    };
+    let sum_over_seqs = |l: usize| -> Sums {
+        let n = stats.iter().map(|s| s[l].0).sum();
+        let c = (0..e)
+            .map(|i| stats.iter().map(|s| s[l].1[i]).sum())
+            .collect();
+        let p = (0..e)
+            .map(|i| stats.iter().map(|s| s[l].2[i]).sum())
+            .collect();
+        (n, c, p)
+    };
+    let (e, k) = (e as f64, k as f64);
+    match aux.form {
+        AuxForm::AllLayers => {
+            let all: Vec<_> = (0..layers).map(sum_over_seqs).collect();
+            let n: f64 = all.iter().map(|x| x.0).sum();
+            let c: Vec<f64> = (0..e as usize)
+                .map(|i| all.iter().map(|x| x.1[i]).sum())
+                .collect();
+            let p: Vec<f64> = (0..e as usize)
+                .map(|i| all.iter().map(|x| x.2[i]).sum())
+                .collect();
+            aux.coef * e * term(n, &c, &p)
+        }
+        AuxForm::PerLayer => (0..layers)
+            .map(|l| {
+                let (n, c, p) = sum_over_seqs(l);
+                aux.coef * e / k * term(n, &c, &p)
+            })
+            .sum(),
+        AuxForm::PerSequence => (0..layers)
+            .map(|l| {
+                let per_seq: f64 = stats
+                    .iter()
+                    .map(|s| aux.coef * e / k * term(s[l].0, &s[l].1, &s[l].2))
+                    .sum();
+                per_seq / stats.len() as f64
+            })
+            .sum(),
+    }
+}
+
+#[test]
+fn the_load_balancing_loss_is_the_familys_formula_and_the_same_on_d_ranks() {
+    use occult_core::models::config::{AuxForm, AuxLoss};
+    // Uneven lengths: every D pads differently, and the loss must not see it.
+    let lens = [5, 9, 3, 12, 7, 4];
+    for (arch, form) in [
+        ("qwen2_moe", AuxForm::AllLayers),
+        ("deepseek", AuxForm::PerSequence),
+        ("deepseek", AuxForm::PerLayer),
+    ] {
+        let aux = AuxLoss { form, coef: 0.5 };
+        let (one, _, rep_one) = train_with(arch, None, 2, 1e-3, &lens, Some(aux));
+        let want = aux_by_hand(arch, &lens, aux);
+        let got = rep_one[0].aux_loss.unwrap();
+        assert!(
+            (got - want).abs() < 1e-5 * want,
+            "{arch} {form:?}: step loss {got}, by hand {want}"
+        );
+        // It changes the routers' updates.
+        let (plain, _, rep_plain) = train_with(arch, None, 2, 1e-3, &lens, None);
+        assert!(rep_plain[0].aux_loss.is_none());
+        assert!((rep_plain[0].loss - rep_one[0].loss).abs() < 1e-9);
+        let router = one.keys().find(|k| k.ends_with(".gate")).unwrap();
+        assert_ne!(one[router], plain[router], "{arch}: {router}");
+        for (d, mode) in [(2, DispatchMode::Occult), (4, DispatchMode::Standard)] {
+            let (many, _, rep) = train_with(arch, Some((d, mode)), 2, 1e-3, &lens, Some(aux));
+            for (a, b) in rep_one.iter().zip(&rep) {
+                let (x, y) = (a.aux_loss.unwrap(), b.aux_loss.unwrap());
+                assert!(
+                    (x - y).abs() < 1e-6 * x,
+                    "{arch} {form:?} D={d}: {x} vs {y}"
+                );
+            }
+            for (k, v) in &one {
+                let err = v
+                    .iter()
+                    .zip(&many[k])
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                assert!(err < 1e-4, "{arch} {form:?} D={d} {k}: {err}");
+            }
+        }
+    }
+}
+
 #[test]
 fn the_loss_falls_on_a_tiny_model() {
     let (_, _, reports) = train_on("mixtral", None, 40, 1e-2);
@@ -357,7 +504,7 @@ fn a_fine_tuned_model_saves_in_its_own_layout_and_reloads_with_the_same_logits()
     use occult_train::examples::Example;
     use occult_train::optim::{AdamW, AdamWConfig};
     use occult_train::save::save_moe;
-    use occult_train::step::train_step;
+    use occult_train::step::{train_step, StepSettings};
     // Fused experts (qwen2_moe) and per-expert ones (olmoe), on 2 ranks.
     for arch in ["qwen2_moe", "olmoe"] {
         let t = tempfile::tempdir().unwrap();
@@ -393,7 +540,13 @@ fn a_fine_tuned_model_saves_in_its_own_layout_and_reloads_with_the_same_logits()
                     })
                     .collect();
                 for _ in 0..2 {
-                    train_step(&m, &mut opt, &mine.iter().collect::<Vec<_>>(), 1e-2, None).unwrap();
+                    train_step(
+                        &m,
+                        &mut opt,
+                        &mine.iter().collect::<Vec<_>>(),
+                        &StepSettings::new(1e-2),
+                    )
+                    .unwrap();
                 }
                 save_moe(&m, &ck, &out).map_err(|e| occult_core::Error::invalid(e.to_string()))?;
                 let l = m.forward(&probe, None, None, Logits::All)?;

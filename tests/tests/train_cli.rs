@@ -179,6 +179,25 @@ fn pruned_training_keeps_every_token_on_its_allowed_devices() {
 }
 
 #[test]
+fn the_load_balancing_loss_is_logged_and_belongs_to_the_run() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    write_data(d);
+    train(d, "aux", &["--steps", "3", "--stop-at", "2", "--aux-loss"]);
+    let log = std::fs::read_to_string(d.join("aux/log.jsonl")).unwrap();
+    for l in log.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        // qwen2_moe's own router_aux_loss_coef is 0.001; the loss is about 1 times that.
+        let aux = v["aux_loss"].as_f64().unwrap();
+        assert!(aux > 0.0005 && aux < 0.005, "{aux}");
+    }
+    let m = model();
+    let e = occult_err(d, &with(base(&m, "aux"), &["--steps", "3", "--resume"]));
+    assert!(e.contains("the saved run used other settings"), "{e}");
+    train(d, "aux", &["--steps", "3", "--resume", "--aux-loss"]);
+}
+
+#[test]
 fn gradient_accumulation_takes_the_same_steps() {
     let t = tempfile::tempdir().unwrap();
     let d = t.path();

@@ -38,12 +38,14 @@ impl PruneSpec {
 }
 
 /// A routing decision: host ids `[T, k]`, gate weights on the graph `[T, k]`, and the router
-/// logits `[T, E]` as the host saw them (f32, row-major).
+/// logits `[T, E]`, as the host saw them (f32, row-major) and on the graph (f32; what an
+/// auxiliary loss on the router differentiates).
 #[derive(Clone, Debug)]
 pub struct Routed {
     pub ids: Vec<u32>,
     pub weights: Tensor,
     pub logits: Vec<f32>,
+    pub router_logits: Tensor,
 }
 
 /// Routes tokens `x` `[T, H]` with router weights `[E, H]`; `pruner` rewrites the selection.
@@ -64,6 +66,7 @@ pub fn route(
             ids: Vec::new(),
             weights: logits.narrow(1, 0, k)?,
             logits: Vec::new(),
+            router_logits: logits.to_dtype(DType::F32)?,
         });
     }
     // Routing decisions are taken in f32 whatever the model's dtype; so are the gate weights.
@@ -93,5 +96,6 @@ pub fn route(
         ids,
         weights: weights.to_dtype(x.dtype())?,
         logits: host,
+        router_logits: logits,
     })
 }

@@ -26,6 +26,44 @@ pub struct SharedConfig {
     pub gated: bool,
 }
 
+/// The load-balancing auxiliary loss the family's own training code adds, with the config's
+/// coefficient (fine-tuning adds it on request).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AuxLoss {
+    pub form: AuxForm,
+    /// `router_aux_loss_coef`, or DeepSeek's `aux_loss_alpha`.
+    pub coef: f64,
+}
+
+/// How the auxiliary loss pools tokens. With `f_i` the share of routed slots that went to
+/// expert `i` and `P_i` its mean router probability (softmax over all experts):
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuxForm {
+    /// transformers' `load_balancing_loss_func`: `E * sum_i f_i * P_i` over the tokens of all
+    /// MoE layers together (OLMoE, Qwen-MoE, Mixtral, Qwen3-MoE).
+    AllLayers,
+    /// DeepSeek-MoE with `seq_aux` false: `E * sum_i f_i * P_i` per layer over the batch,
+    /// summed over layers.
+    PerLayer,
+    /// DeepSeek-MoE with `seq_aux` true: the same per layer and per sequence, averaged over
+    /// sequences and summed over layers.
+    PerSequence,
+}
+
+impl AuxLoss {
+    /// transformers' form with `router_aux_loss_coef` (or `default`).
+    pub fn read_all_layers(f: &ConfigFields, default: f64) -> Result<Self> {
+        let coef = f.f64_or("router_aux_loss_coef", default)?;
+        if !(coef >= 0.0 && coef.is_finite()) {
+            return Err(f.bad("router_aux_loss_coef", "a finite number >= 0"));
+        }
+        Ok(AuxLoss {
+            form: AuxForm::AllLayers,
+            coef,
+        })
+    }
+}
+
 /// The MoE blocks' configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MoeConfig {
@@ -35,6 +73,7 @@ pub struct MoeConfig {
     pub renormalize: bool,
     pub scaling_factor: f32,
     pub shared: Option<SharedConfig>,
+    pub aux_loss: AuxLoss,
 }
 
 /// One model's configuration.
@@ -200,6 +239,7 @@ impl ModelConfig {
             moe_layers,
             sliding_window,
             attention_bias,
+            aux_loss,
         } = (family.read_config)(&f, num_layers)?;
         let head_dim = head_dim.unwrap_or(hidden_size / num_heads);
         if head_dim == 0 || head_dim % 2 == 1 {
@@ -313,6 +353,7 @@ impl ModelConfig {
                 // None of the five families scales routed outputs.
                 scaling_factor: 1.0,
                 shared,
+                aux_loss,
             },
             moe_layers,
         })

@@ -187,6 +187,31 @@ impl Model {
         }
     }
 
+    /// Counts summed over the ranks element by element, in place (exact; one all-gather).
+    /// Every rank must bring as many.
+    pub fn sum_counts_over_ranks(&self, x: &mut [u64]) -> Result<()> {
+        let Some(c) = self.comm().filter(|c| c.size() > 1) else {
+            return Ok(());
+        };
+        let mine: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let all = c.all_gather_bytes(&mine)?;
+        if all.len() != mine.len() * c.size() {
+            bail!(
+                "ranks brought different numbers of counts ({} bytes from {} ranks, {} here)",
+                all.len(),
+                c.size(),
+                mine.len()
+            );
+        }
+        x.fill(0);
+        for block in all.chunks(mine.len().max(1)) {
+            for (v, b) in x.iter_mut().zip(block.chunks_exact(8)) {
+                *v += u64::from_le_bytes(b.try_into().expect("8 bytes"));
+            }
+        }
+        Ok(())
+    }
+
     /// Sums the gradients of the replicated trainable tensors over the ranks, in place (a
     /// tensor without a gradient on some rank counts as zeros there). Routed experts keep their
     /// owner's gradient. Collective; one all-reduce for all tensors.

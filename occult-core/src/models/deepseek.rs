@@ -7,7 +7,7 @@
 //! `config.json`: experts `n_routed_experts`, expert size `moe_intermediate_size`; a
 //! `scoring_func` other than softmax (DeepSeek-V2/V3) is refused.
 
-use super::config::{ConfigFields, QkNorm, SharedConfig};
+use super::config::{AuxForm, AuxLoss, ConfigFields, QkNorm, SharedConfig};
 use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames};
 use super::synth::SynthModel;
 use super::weights::GATE_UP_DOWN;
@@ -61,7 +61,22 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
             .collect(),
         sliding_window: None,
         attention_bias: f.bool_or("attention_bias", false)?,
+        aux_loss: read_aux_loss(f)?,
     })
+}
+
+/// DeepSeek-MoE's `aux_loss_alpha` (0.001) and `seq_aux` (true), as its modelling code defaults.
+fn read_aux_loss(f: &ConfigFields) -> Result<AuxLoss> {
+    let coef = f.f64_or("aux_loss_alpha", 0.001)?;
+    if !(coef >= 0.0 && coef.is_finite()) {
+        return Err(f.bad("aux_loss_alpha", "a finite number >= 0"));
+    }
+    let form = if f.bool_or("seq_aux", true)? {
+        AuxForm::PerSequence
+    } else {
+        AuxForm::PerLayer
+    };
+    Ok(AuxLoss { form, coef })
 }
 
 fn synth_config(s: &SynthModel) -> Result<ConfigEntries> {

@@ -6,7 +6,7 @@
 //! Adding a family: write `models/NAME.rs` with a `pub const FAMILY: Family`, declare the module
 //! in `models/mod.rs`, and add `&NAME::FAMILY` to [`FAMILIES`].
 
-use super::config::{ConfigFields, ModelConfig, QkNorm, SharedConfig};
+use super::config::{AuxLoss, ConfigFields, ModelConfig, QkNorm, SharedConfig};
 use super::synth::SynthModel;
 use super::weights::ExpertNames;
 use super::{deepseek, mixtral, olmoe, qwen2_moe, qwen3_moe};
@@ -65,6 +65,7 @@ pub struct FamilyConfig {
     pub moe_layers: Vec<bool>,
     pub sliding_window: Option<usize>,
     pub attention_bias: bool,
+    pub aux_loss: AuxLoss,
 }
 
 /// One model family.

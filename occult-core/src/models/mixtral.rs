@@ -5,7 +5,7 @@
 //! `config.json`: experts `num_local_experts`, expert size `intermediate_size`, an optional
 //! `head_dim` (newer configs), `sliding_window`, RoPE theta 1e6 by default.
 
-use super::config::{ConfigFields, QkNorm};
+use super::config::{AuxLoss, ConfigFields, QkNorm};
 use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames};
 use super::synth::SynthModel;
 use super::weights::W1_W3_W2;
@@ -40,6 +40,7 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         moe_layers: vec![true; num_layers],
         sliding_window: optional(f, "sliding_window")?,
         attention_bias: f.bool_or("attention_bias", false)?,
+        aux_loss: AuxLoss::read_all_layers(f, 0.001)?,
     })
 }
 

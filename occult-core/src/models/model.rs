@@ -256,6 +256,18 @@ pub struct Model {
     pub fused: bool,
     /// The EP layers' statistics per MoE layer, summed over forwards since the last take.
     ep_stats: Mutex<BTreeMap<usize, StepStats>>,
+    /// The routing of each MoE layer on the graph, collected while [`Model::tap_routers`] is on.
+    router_taps: Mutex<Option<Vec<RouterTap>>>,
+}
+
+/// One MoE layer's routing of one forward, kept on the graph for a loss on the routers.
+#[derive(Clone, Debug)]
+pub struct RouterTap {
+    pub layer: usize,
+    /// `[T, E]` f32, on the graph.
+    pub logits: Tensor,
+    /// The experts each token was sent to, `[T, k]` row-major (after pruning, if on).
+    pub ids: Vec<u32>,
 }
 
 /// The parts every rank holds in full: everything but the routed experts.
@@ -486,6 +498,7 @@ impl Model {
             comm,
             fused: true,
             ep_stats: Mutex::new(BTreeMap::new()),
+            router_taps: Mutex::new(None),
         };
         let trainable = m.params().iter().any(|(_, t)| t.is_variable());
         m.fused = !trainable;
@@ -715,26 +728,49 @@ impl Model {
         rec: Option<&mut RoutingRecorder>,
     ) -> Result<Tensor> {
         let n = x.dims2()?.0;
-        match &block.exec {
+        let (y, routed) = match &block.exec {
             MoeExec::Reference { weights, prune } => {
                 let prune = prune.as_ref().map(|(s, m, d)| (s, m.as_slice(), *d));
-                let (y, routed) = reference_forward_routed(weights, &block.rule, x, prune)?;
-                if let Some(r) = rec {
-                    r.add(block.layer, &routed, n)?;
-                }
-                Ok(y)
+                reference_forward_routed(weights, &block.rule, x, prune)?
             }
             MoeExec::Parallel(ep) => {
                 let (y, stats, routed) = ep.forward_routed(x)?;
                 if let Ok(mut all) = self.ep_stats.lock() {
                     all.entry(block.layer).or_default().add(&stats);
                 }
-                if let Some(r) = rec {
-                    r.add(block.layer, &routed, n)?;
-                }
-                Ok(y)
+                (y, routed)
+            }
+        };
+        if let Some(r) = rec {
+            r.add(block.layer, &routed, n)?;
+        }
+        if let Ok(mut taps) = self.router_taps.lock() {
+            if let Some(taps) = taps.as_mut() {
+                taps.push(RouterTap {
+                    layer: block.layer,
+                    logits: routed.router_logits,
+                    ids: routed.ids,
+                });
             }
         }
+        Ok(y)
+    }
+
+    /// Starts (or stops) keeping each MoE layer's routing of the following forwards on the
+    /// graph, for [`Model::take_router_taps`]. Off by default.
+    pub fn tap_routers(&self, on: bool) {
+        if let Ok(mut taps) = self.router_taps.lock() {
+            *taps = on.then(Vec::new);
+        }
+    }
+
+    /// The routing kept since the last take, in forward order (one per MoE layer and forward).
+    pub fn take_router_taps(&self) -> Vec<RouterTap> {
+        self.router_taps
+            .lock()
+            .ok()
+            .and_then(|mut t| t.as_mut().map(std::mem::take))
+            .unwrap_or_default()
     }
 
     /// The EP layers' statistics (rows, pairs, C_T, stage times) summed over every MoE layer

@@ -6,7 +6,7 @@
 //!
 //! `config.json`: experts `num_experts`, expert size `intermediate_size`, every layer MoE.
 
-use super::config::{ConfigFields, QkNorm};
+use super::config::{AuxLoss, ConfigFields, QkNorm};
 use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames};
 use super::synth::SynthModel;
 use super::weights::GATE_UP_DOWN;
@@ -40,6 +40,7 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         moe_layers: vec![true; num_layers],
         sliding_window: None,
         attention_bias: f.bool_or("attention_bias", false)?,
+        aux_loss: AuxLoss::read_all_layers(f, 0.01)?,
     })
 }
 

@@ -7,7 +7,7 @@
 //! size `moe_intermediate_size`, biases `qkv_bias` (default true); `use_sliding_window` is
 //! refused. Qwen3-MoE reads its experts and layers with the helpers here.
 
-use super::config::{ConfigFields, QkNorm, SharedConfig};
+use super::config::{AuxLoss, ConfigFields, QkNorm, SharedConfig};
 use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames};
 use super::synth::SynthModel;
 use super::weights::GATE_UP_DOWN;
@@ -45,6 +45,7 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         moe_layers: moe_layers(f, num_layers)?,
         sliding_window: no_sliding_window(f)?,
         attention_bias: f.bool_or("qkv_bias", true)?,
+        aux_loss: AuxLoss::read_all_layers(f, 0.001)?,
     })
 }
 

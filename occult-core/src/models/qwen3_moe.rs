@@ -5,7 +5,7 @@
 //! `config.json`: read as Qwen2-MoE's for experts and MoE layers (see [`super::qwen2_moe`]),
 //! plus `head_dim`; no shared experts, no q/k/v biases unless `attention_bias`.
 
-use super::config::{ConfigFields, QkNorm};
+use super::config::{AuxLoss, ConfigFields, QkNorm};
 use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames};
 use super::qwen2_moe::{experts, moe_layers, no_sliding_window, synth_common};
 use super::synth::SynthModel;
@@ -45,6 +45,7 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         moe_layers: moe_layers(f, num_layers)?,
         sliding_window: no_sliding_window(f)?,
         attention_bias: f.bool_or("attention_bias", false)?,
+        aux_loss: AuxLoss::read_all_layers(f, 0.001)?,
     })
 }
 

@@ -73,6 +73,10 @@ pub struct TrainArgs {
     /// Add the tokenizer's special tokens (BOS) when encoding.
     #[arg(long)]
     pub add_bos: bool,
+    /// Add the model's load-balancing auxiliary loss, in its family's form and with its own
+    /// coefficient (`router_aux_loss_coef`, or DeepSeek's `aux_loss_alpha` and `seq_aux`).
+    #[arg(long)]
+    pub aux_loss: bool,
     /// What trains: the MoE blocks (routers, experts, shared experts), as in the paper.
     #[arg(long, value_enum, default_value_t = TrainWhat::Moe)]
     pub train: TrainWhat,
@@ -105,6 +109,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         weight_decay: a.weight_decay,
         max_grad_norm: Some(a.max_grad_norm),
         seed: a.seed,
+        aux_loss: a.aux_loss,
         save_every: a.save_every,
     };
     cfg.validate()?;
@@ -251,6 +256,10 @@ pub fn run(a: TrainArgs) -> Result<()> {
                     "tokens_per_s": r.tokens as f64 / seconds.max(1e-9),
                     "ect": r.ect_by_layer, "mean_ect": r.ect,
                 });
+                let mut line = line;
+                if let Some(aux) = r.aux_loss {
+                    line["aux_loss"] = aux.into();
+                }
                 writeln!(f, "{line}").map_err(|e| occult_train::Error::Invalid(e.to_string()))?;
             }
             bar.set_message(format!("loss {:.4} E[C_T] {:.2}", r.loss, r.ect));
