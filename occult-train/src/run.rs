@@ -16,7 +16,7 @@ use crate::batches::{global_batch, rank_share};
 use crate::dataset::Dataset;
 use crate::examples::Example;
 use crate::optim::{AdamW, AdamWConfig, AdamWState};
-use crate::save::{bytes_as, save_moe, write_safetensors};
+use crate::save::{bytes_as, save_model, write_safetensors};
 use crate::schedule::Schedule;
 use crate::step::{train_step, StepReport, StepSettings};
 use crate::{Error, Result};
@@ -293,7 +293,7 @@ pub fn train(
         report(step, &r)?;
         let done = step + 1;
         if done == until || cfg.save_every.is_some_and(|n| done % n == 0) {
-            save_moe(m, ck, out)?;
+            save_model(m, ck, out)?;
             save_state(m, &opt, &params, out, &run)?;
         }
     }

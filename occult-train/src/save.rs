@@ -1,7 +1,8 @@
 //! Writing a fine-tuned model in the layout it was read in: every tensor of the source
-//! checkpoint under its own name, shape and dtype, with the trained values of the MoE blocks
-//! (routers, routed experts, per expert or fused as the source stores them, shared experts and
-//! their gate) in place of the old ones; `config.json` and the tokenizer files beside it. So
+//! checkpoint under its own name, shape and dtype, with the trained values (routed experts,
+//! per expert or fused as the source stores them, and every trainable replicated tensor:
+//! routers, shared experts and their gate, and under `--train all` the rest) in place of the
+//! old ones; `config.json` and the tokenizer files beside it. So
 //! transformers and every occult command load it as they load the source. Placement changes
 //! no names: experts are gathered from their owners and written in global order.
 //!
@@ -60,9 +61,10 @@ pub(crate) fn bytes_as(t: &Tensor, dtype: safetensors::Dtype) -> Result<Vec<u8>>
     })
 }
 
-/// This rank's trained MoE tensors, named as the checkpoint names them, with every rank's
-/// experts gathered on rank 0 (other ranks return an empty map).
-fn trained_moe(m: &Model, ck: &Checkpoint) -> Result<BTreeMap<String, Tensor>> {
+/// The model's trained tensors, named as the checkpoint names them: every rank's routed
+/// experts gathered on rank 0, and the replicated trainable tensors (other ranks return an
+/// empty map).
+fn trained_tensors(m: &Model, ck: &Checkpoint) -> Result<BTreeMap<String, Tensor>> {
     let cfg = &ck.cfg;
     let names = cfg.family.names;
     let (rank, size) = m.rank_and_size();
@@ -102,7 +104,6 @@ fn trained_moe(m: &Model, ck: &Checkpoint) -> Result<BTreeMap<String, Tensor>> {
         if rank != 0 {
             continue;
         }
-        out.insert(format!("{p}.{}.weight", names.router), w.router.clone());
         let (gate, up, down) = (&stacks[0], &stacks[1], &stacks[2]);
         let n = names.experts;
         if ck
@@ -132,16 +133,13 @@ fn trained_moe(m: &Model, ck: &Checkpoint) -> Result<BTreeMap<String, Tensor>> {
                 out.insert(down_name, down.clone());
             }
         }
-        if let (Some(s), Some(sn)) = (&w.shared, names.shared) {
-            for (k, t) in [
-                ("gate_proj", &s.gate_proj),
-                ("up_proj", &s.up_proj),
-                ("down_proj", &s.down_proj),
-            ] {
-                out.insert(format!("{p}.{sn}.{k}.weight"), t.clone());
-            }
-            if let (Some(g), Some(gn)) = (&s.gate, names.shared_gate) {
-                out.insert(format!("{p}.{gn}.weight"), g.clone());
+    }
+    if rank == 0 {
+        // Everything else that trains (routers, shared experts; all of it under --train all)
+        // is replicated: rank 0's copy, under its checkpoint name.
+        for (name, t) in m.replicated_params() {
+            if t.is_variable() {
+                out.insert(name, t);
             }
         }
     }
@@ -196,10 +194,10 @@ pub(crate) fn write_safetensors(
     Ok(())
 }
 
-/// Writes the model's trained MoE blocks over the source checkpoint into `dir` (created if
+/// Writes the model's trained tensors over the source checkpoint into `dir` (created if
 /// needed). Collective: every rank must call it; rank 0 writes.
-pub fn save_moe(m: &Model, ck: &Checkpoint, dir: &Path) -> Result<()> {
-    let trained = trained_moe(m, ck)?;
+pub fn save_model(m: &Model, ck: &Checkpoint, dir: &Path) -> Result<()> {
+    let trained = trained_tensors(m, ck)?;
     if m.rank_and_size().0 != 0 {
         return Ok(());
     }

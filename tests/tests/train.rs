@@ -403,7 +403,10 @@ fn the_load_balancing_loss_is_the_familys_formula_and_the_same_on_d_ranks() {
         let (plain, _, rep_plain) = train_with(arch, None, 2, 1e-3, &lens, None);
         assert!(rep_plain[0].aux_loss.is_none());
         assert!((rep_plain[0].loss - rep_one[0].loss).abs() < 1e-9);
-        let router = one.keys().find(|k| k.ends_with(".gate")).unwrap();
+        let router = one
+            .keys()
+            .find(|k| k.ends_with(".mlp.gate.weight"))
+            .unwrap();
         assert_ne!(one[router], plain[router], "{arch}: {router}");
         for (d, mode) in [(2, DispatchMode::Occult), (4, DispatchMode::Standard)] {
             let (many, _, rep) = train_with(arch, Some((d, mode)), 2, 1e-3, &lens, Some(aux));
@@ -503,7 +506,7 @@ fn a_fine_tuned_model_saves_in_its_own_layout_and_reloads_with_the_same_logits()
     use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
     use occult_train::examples::Example;
     use occult_train::optim::{AdamW, AdamWConfig};
-    use occult_train::save::save_moe;
+    use occult_train::save::save_model;
     use occult_train::step::{train_step, StepSettings};
     // Fused experts (qwen2_moe) and per-expert ones (olmoe), on 2 ranks.
     for arch in ["qwen2_moe", "olmoe"] {
@@ -548,7 +551,8 @@ fn a_fine_tuned_model_saves_in_its_own_layout_and_reloads_with_the_same_logits()
                     )
                     .unwrap();
                 }
-                save_moe(&m, &ck, &out).map_err(|e| occult_core::Error::invalid(e.to_string()))?;
+                save_model(&m, &ck, &out)
+                    .map_err(|e| occult_core::Error::invalid(e.to_string()))?;
                 let l = m.forward(&probe, None, None, Logits::All)?;
                 m.finish()?;
                 Ok(l)

@@ -116,6 +116,60 @@ fn a_stopped_and_resumed_run_ends_bit_identical_to_an_uninterrupted_one() {
     assert!(out.contains("loglikelihood"));
 }
 
+/// The tensors of a saved model, by name, as f32.
+fn tensors(dir: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            assert_eq!(v.dtype(), safetensors::Dtype::F32, "{name}");
+            let vals = v
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            (name, vals)
+        })
+        .collect()
+}
+
+#[test]
+fn train_moe_leaves_the_rest_bit_identical_and_train_all_moves_every_tensor() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    write_data(d);
+    let source = tensors(Path::new(&model()));
+    train(d, "moe", &["--steps", "3", "--lr", "1e-2"]);
+    train(
+        d,
+        "all",
+        &["--steps", "3", "--lr", "1e-2", "--train", "all"],
+    );
+    let (moe, all) = (tensors(&d.join("moe")), tensors(&d.join("all")));
+    assert_eq!(
+        moe.keys().collect::<Vec<_>>(),
+        source.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(
+        all.keys().collect::<Vec<_>>(),
+        source.keys().collect::<Vec<_>>()
+    );
+    for (name, before) in &source {
+        let in_moe =
+            name.starts_with("model.layers.1.mlp.") || name.starts_with("model.layers.2.mlp.");
+        // Under --train moe, what is outside the MoE blocks is written back bit for bit.
+        assert_eq!(moe[name] != *before, in_moe, "--train moe: {name}");
+        // Under --train all, every tensor moves (a padding row of the embedding aside).
+        assert_ne!(all[name], *before, "--train all: {name}");
+    }
+    // Both load, and the resumed-run settings know what trained.
+    occult_ok(d, &["model", "check", "--model", "all"]);
+    let m = model();
+    let e = occult_err(d, &with(base(&m, "all"), &["--steps", "3", "--resume"]));
+    assert!(e.contains("the saved run used other settings"), "{e}");
+}
+
 #[test]
 fn another_runs_folder_and_bad_settings_are_refused() {
     let t = tempfile::tempdir().unwrap();
@@ -130,7 +184,6 @@ fn another_runs_folder_and_bad_settings_are_refused() {
     assert!(e.contains("the saved run used other settings"), "{e}");
     assert!(err(&["--lr", "0", "--overwrite"]).contains("learning rate must be a positive"));
     assert!(err(&["--steps", "0", "--overwrite"]).contains("at least one step"));
-    assert!(err(&["--train", "all", "--overwrite"]).contains("--train all is not available yet"));
     assert!(err(&["--seq-len", "100000", "--overwrite"]).contains("--seq-len 100000"));
     std::fs::write(d.join("bad.jsonl"), "{\"instruction\": \"x\"}\n").unwrap();
     let e = err(&["--data", "bad.jsonl", "--overwrite"]);

@@ -95,16 +95,29 @@ impl Attention {
         })
     }
 
-    /// The trainable tensors, for gradient checks and optimisers.
-    pub fn params(&self) -> Vec<&Tensor> {
-        [&self.q, &self.k, &self.v, &self.o]
-            .into_iter()
-            .chain(self.q_bias.iter())
-            .chain(self.k_bias.iter())
-            .chain(self.v_bias.iter())
-            .chain(self.q_norm.iter())
-            .chain(self.k_norm.iter())
-            .collect()
+    /// The tensors, named as the checkpoint names them inside `self_attn` (for gradient
+    /// checks, optimisers and saving).
+    pub fn params(&self) -> Vec<(&'static str, &Tensor)> {
+        let optional = [
+            ("q_proj.bias", &self.q_bias),
+            ("k_proj.bias", &self.k_bias),
+            ("v_proj.bias", &self.v_bias),
+            ("q_norm.weight", &self.q_norm),
+            ("k_norm.weight", &self.k_norm),
+        ];
+        [
+            ("q_proj.weight", &self.q),
+            ("k_proj.weight", &self.k),
+            ("v_proj.weight", &self.v),
+            ("o_proj.weight", &self.o),
+        ]
+        .into_iter()
+        .chain(
+            optional
+                .into_iter()
+                .filter_map(|(n, t)| t.as_ref().map(|t| (n, t))),
+        )
+        .collect()
     }
 
     /// Attention of `x` `[B, T, H]` whose first position is the cache's length; appends the new

@@ -527,8 +527,8 @@ impl Model {
         }
     }
 
-    /// Every trainable tensor of this rank, named as in the checkpoint (routed experts stacked
-    /// as `...experts.{gate,up,down}`).
+    /// Every tensor of this rank, named as in the checkpoint, but the routed experts, which
+    /// are stacked as `...experts.{gate,up,down}` (this rank's, in slot order).
     pub fn params(&self) -> Vec<(String, Tensor)> {
         self.tagged_params()
             .into_iter()
@@ -570,18 +570,25 @@ impl Model {
         let names = self.cfg.family.names;
         for (l, layer) in self.layers.iter().enumerate() {
             let p = format!("model.layers.{l}");
-            out.push((format!("{p}.input_layernorm"), layer.input_norm.clone()));
             out.push((
-                format!("{p}.post_attention_layernorm"),
+                format!("{p}.input_layernorm.weight"),
+                layer.input_norm.clone(),
+            ));
+            out.push((
+                format!("{p}.post_attention_layernorm.weight"),
                 layer.post_norm.clone(),
             ));
-            for (j, t) in layer.attn.params().into_iter().enumerate() {
-                out.push((format!("{p}.self_attn.{j}"), t.clone()));
+            for (n, t) in layer.attn.params() {
+                out.push((format!("{p}.self_attn.{n}"), t.clone()));
             }
             match &layer.mlp {
                 Mlp::Dense(m) => {
-                    for (n, t) in [("gate", &m.gate), ("up", &m.up), ("down", &m.down)] {
-                        out.push((format!("{p}.mlp.{n}"), t.clone()));
+                    for (n, t) in [
+                        ("gate_proj", &m.gate),
+                        ("up_proj", &m.up),
+                        ("down_proj", &m.down),
+                    ] {
+                        out.push((format!("{p}.mlp.{n}.weight"), t.clone()));
                     }
                 }
                 Mlp::Moe(b) => {
@@ -594,7 +601,7 @@ impl Model {
                         MoeExec::Parallel(ep) => &ep.weights,
                     };
                     let q = format!("{p}.{}", names.block);
-                    out.push((format!("{q}.{}", names.router), router.clone()));
+                    out.push((format!("{q}.{}.weight", names.router), router.clone()));
                     for (n, t) in [
                         ("gate", &experts.gate),
                         ("up", &experts.up),
@@ -603,16 +610,16 @@ impl Model {
                         experts_at.push(out.len());
                         out.push((format!("{q}.experts.{n}"), t.clone()));
                     }
-                    if let Some(s) = shared {
+                    if let (Some(s), Some(sn)) = (shared, names.shared) {
                         for (n, t) in [
                             ("gate_proj", &s.gate_proj),
                             ("up_proj", &s.up_proj),
                             ("down_proj", &s.down_proj),
                         ] {
-                            out.push((format!("{q}.shared.{n}"), t.clone()));
+                            out.push((format!("{q}.{sn}.{n}.weight"), t.clone()));
                         }
-                        if let Some(g) = &s.gate {
-                            out.push((format!("{q}.shared.gate"), g.clone()));
+                        if let (Some(g), Some(gn)) = (&s.gate, names.shared_gate) {
+                            out.push((format!("{q}.{gn}.weight"), g.clone()));
                         }
                     }
                 }

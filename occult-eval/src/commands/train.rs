@@ -1,5 +1,5 @@
 //! `occult train`: fine-tunes the MoE blocks (routers, experts, shared experts; everything else
-//! frozen, as in the paper) on instruction data (Alpaca) or plain text, on D ranks, with exact
+//! frozen, as in the paper; or every tensor with `--train all`) on instruction data (Alpaca) or plain text, on D ranks, with exact
 //! or pruned routing. Writes the model in the source's layout, `log.jsonl` (a line per step)
 //! and the state `--resume` continues from, in `--out`.
 
@@ -88,17 +88,11 @@ pub struct TrainArgs {
 pub enum TrainWhat {
     /// Routers, experts and shared experts; everything else frozen.
     Moe,
-    /// Every tensor (not available yet: saving needs the other tensors' checkpoint names).
+    /// Every tensor: embeddings, attention, norms, dense MLPs, the MoE blocks and the head.
     All,
 }
 
 pub fn run(a: TrainArgs) -> Result<()> {
-    if a.train == TrainWhat::All {
-        bail!(
-            "--train all is not available yet (saving every tensor under its checkpoint name is \
-             still to come); --train moe trains the routers, experts and shared experts"
-        );
-    }
     let cfg = TrainConfig {
         steps: a.steps,
         batch_size: a.batch_size,
@@ -157,6 +151,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         "seq_len": a.seq_len,
         "add_bos": a.add_bos,
         "dtype": a.model.dtype,
+        "train": a.train,
     });
     let start = if a.resume {
         saved_step(&a.out, &cfg, &ck.name, &a.data, a.model.devices, &settings)?
@@ -208,7 +203,10 @@ pub fn run(a: TrainArgs) -> Result<()> {
                 .collect()
         })
         .unwrap_or_default();
-    ck.weights.set_trainable_only(ck.cfg.moe_prefixes());
+    match a.train {
+        TrainWhat::Moe => ck.weights.set_trainable_only(ck.cfg.moe_prefixes()),
+        TrainWhat::All => ck.weights.set_trainable(true),
+    }
     let job = Job {
         ck: &ck,
         data: &data,
@@ -218,10 +216,13 @@ pub fn run(a: TrainArgs) -> Result<()> {
         settings: &settings,
     };
     eprintln!(
-        "{} examples ({:?}); training the MoE blocks for steps {start}..{until} of {} on {} \
-         rank(s)",
+        "{} examples ({:?}); training {} for steps {start}..{until} of {} on {} rank(s)",
         data.examples.len(),
         data.kind,
+        match a.train {
+            TrainWhat::Moe => "the MoE blocks",
+            TrainWhat::All => "every tensor",
+        },
         cfg.steps,
         a.model.devices
     );
