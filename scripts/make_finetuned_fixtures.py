@@ -35,7 +35,7 @@ OCCULT = ROOT / "target" / "release" / "occult"
 COMMON = ["--steps", "4", "--batch-size", "4", "--lr", "1e-2", "--warmup", "0", "--seq-len", "128"]
 RUNS = {
     "qwen2_moe": (Qwen2MoeForCausalLM, ["--train", "all", "--devices", "2", "--mode", "occult"]),
-    "qwen3_moe": (Qwen3MoeForCausalLM, ["--devices", "4", "--max-devices", "1"]),
+    "qwen3_moe": (Qwen3MoeForCausalLM, ["--devices", "2", "--max-devices", "1"]),
     "mixtral": (MixtralForCausalLM, ["--devices", "2", "--aux-loss", "--grad-accum", "2"]),
 }
 

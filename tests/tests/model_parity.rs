@@ -1,7 +1,11 @@
 //! Parity with Hugging Face transformers on the committed fixtures (`tests/fixtures/models`,
 //! made by `scripts/make_model_fixtures.py`): logits at every position, greedy decoding with
-//! the KV cache, and lm-evaluation-harness log-likelihoods, for all five families; and the same
-//! logits on 2 and 4 expert-parallel ranks under random placements.
+//! the KV cache, and lm-evaluation-harness log-likelihoods, for all five families; the same
+//! logits on 2 and 4 expert-parallel ranks under random placements; and models fine-tuned by
+//! `occult train`, read by transformers (`tests/fixtures/finetuned`, made by
+//! `scripts/make_finetuned_fixtures.py`).
+
+mod common;
 
 use candle::{Device, Tensor};
 use occult_core::ep::comm::local::run_local;
@@ -185,5 +189,48 @@ fn expert_parallel_logits_match_transformers_under_random_placements() {
                 assert!(err <= 1e-4, "{arch} D={d} rank {rank}: {err}");
             }
         }
+    }
+}
+
+#[test]
+fn models_fine_tuned_by_occult_give_transformers_logits() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let t = tempfile::tempdir().unwrap();
+    for arch in ["qwen2_moe", "qwen3_moe", "mixtral"] {
+        let text = std::fs::read_to_string(root.join(format!("finetuned/{arch}.json"))).unwrap();
+        let r: Value = serde_json::from_str(&text).unwrap();
+        let out = t.path().join(arch);
+        let (model, data) = (
+            root.join("models").join(arch),
+            root.join("finetuned/alpaca.jsonl"),
+        );
+        let mut args: Vec<&str> = vec![
+            "train",
+            "--model",
+            model.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend(
+            r["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap()),
+        );
+        common::occult_ok(t.path(), &args);
+        let ck = Checkpoint::open(out.to_str().unwrap(), None, candle::DType::F32).unwrap();
+        let m = Model::load_reference(&ck.weights, &ck.cfg).unwrap();
+        let got = m
+            .forward(&ids(&u32s(&r["input_ids"])), None, None, Logits::All)
+            .unwrap();
+        let err = max_err(&got, &want_logits(&r));
+        eprintln!("{arch} fine-tuned: max abs logit error {err:.2e}");
+        // The fine-tuning moved the logits far more than the tolerance: a tensor saved under a
+        // wrong name, shape or expert order could not pass.
+        assert!(r["moved"].as_f64().unwrap() > 0.5, "{arch}");
+        assert!(err <= 2e-4, "{arch}: max abs logit error {err}");
     }
 }
