@@ -3,14 +3,19 @@
 //! [`crate::schedule::Schedule`]), and the state (step count and both moments of every tensor)
 //! can be taken out and put back, so that a run resumed from a save continues bit-identically.
 //!
-//! Per tensor θ with gradient g, at step t (from 1), in the tensor's dtype:
+//! Per tensor θ with gradient g, at step t (from 1), in f32 (f64 for f64 tensors):
 //! `m = β1 m + (1 - β1) g`, `v = β2 v + (1 - β2) g²`,
 //! `θ = θ (1 - lr λ) - lr (m / (1 - β1^t)) / (sqrt(v / (1 - β2^t)) + ε)`.
 //! A tensor without a gradient in a step is left as it is (its moments too).
+//!
+//! A bf16 or f16 tensor trains on an f32 master copy that the optimiser keeps: the update is
+//! applied to the master and the tensor receives it rounded. So small updates accumulate
+//! instead of vanishing in the rounding (a bf16 weight near 1 cannot move by less than 2^-8),
+//! as mixed-precision training does. The moments are f32 too.
 
 use crate::{Error, Result};
 use candle::backprop::GradStore;
-use candle::{Tensor, Var};
+use candle::{DType, Tensor, Var};
 
 /// AdamW's hyper-parameters (the learning rate comes with each step).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -34,10 +39,12 @@ impl Default for AdamWConfig {
 }
 
 /// The optimiser's state: steps taken, and per tensor (in the order given to
-/// [`AdamW::new`]) its first and second moments.
+/// [`AdamW::new`]) its value in the optimiser's precision (the f32 master of a bf16 or f16
+/// tensor, else the tensor) and its first and second moments.
 #[derive(Clone, Debug)]
 pub struct AdamWState {
     pub step: u64,
+    pub values: Vec<Tensor>,
     pub moments: Vec<(Tensor, Tensor)>,
 }
 
@@ -45,13 +52,26 @@ pub struct AdamWState {
 pub struct AdamW {
     cfg: AdamWConfig,
     vars: Vec<Var>,
-    state: AdamWState,
+    /// The f32 master copy of each bf16 or f16 tensor.
+    masters: Vec<Option<Tensor>>,
+    step: u64,
+    moments: Vec<(Tensor, Tensor)>,
+}
+
+/// The dtype the optimiser works in for a tensor of dtype `d`.
+fn work_dtype(d: DType) -> DType {
+    if d == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
 }
 
 impl AdamW {
     /// An optimiser for `params` (each must be a trainable tensor), with zero moments.
     pub fn new(params: &[Tensor], cfg: AdamWConfig) -> Result<Self> {
         let mut vars = Vec::with_capacity(params.len());
+        let mut masters = Vec::with_capacity(params.len());
         let mut moments = Vec::with_capacity(params.len());
         for (i, p) in params.iter().enumerate() {
             if !p.is_variable() {
@@ -61,34 +81,55 @@ impl AdamW {
                 )));
             }
             vars.push(Var::from_tensor(p)?);
-            moments.push((p.zeros_like()?, p.zeros_like()?));
+            let work = work_dtype(p.dtype());
+            masters.push(if p.dtype() == work {
+                None
+            } else {
+                Some(p.detach().to_dtype(work)?)
+            });
+            let zeros = Tensor::zeros(p.dims(), work, p.device())?;
+            moments.push((zeros.clone(), zeros));
         }
         Ok(AdamW {
             cfg,
             vars,
-            state: AdamWState { step: 0, moments },
+            masters,
+            step: 0,
+            moments,
         })
     }
 
     /// One update with learning rate `lr`.
     pub fn step(&mut self, grads: &GradStore, lr: f64) -> Result<()> {
-        self.state.step += 1;
-        let t = self.state.step as i32;
+        self.step += 1;
+        let t = self.step as i32;
         let c = self.cfg;
         let scale_m = 1.0 / (1.0 - c.beta1.powi(t));
         let scale_v = 1.0 / (1.0 - c.beta2.powi(t));
-        for (var, (m, v)) in self.vars.iter().zip(self.state.moments.iter_mut()) {
+        let tensors = self.vars.iter().zip(&mut self.masters);
+        for ((var, master), (m, v)) in tensors.zip(self.moments.iter_mut()) {
             let Some(g) = grads.get(var.as_tensor()) else {
                 continue;
             };
-            let g = g.detach();
+            let g = g.detach().to_dtype(m.dtype())?;
             let next_m = ((&*m * c.beta1)? + (&g * (1.0 - c.beta1))?)?;
             let next_v = ((&*v * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
             let m_hat = (&next_m * scale_m)?;
             let v_hat = (&next_v * scale_v)?;
-            let decayed = (var.as_tensor().detach() * (1.0 - lr * c.weight_decay))?;
+            let theta = match master {
+                Some(w) => w.clone(),
+                None => var.as_tensor().detach(),
+            };
+            let decayed = (theta * (1.0 - lr * c.weight_decay))?;
             let update = (m_hat / (v_hat.sqrt()? + c.eps)?)?;
-            var.set(&(decayed - (update * lr)?)?)?;
+            let next = (decayed - (update * lr)?)?;
+            match master {
+                Some(w) => {
+                    var.set(&next.to_dtype(var.dtype())?)?;
+                    *w = next;
+                }
+                None => var.set(&next)?,
+            }
             *m = next_m;
             *v = next_v;
         }
@@ -97,37 +138,62 @@ impl AdamW {
 
     /// Steps taken so far.
     pub fn steps(&self) -> u64 {
-        self.state.step
+        self.step
     }
 
-    /// A copy of the state (to save).
-    pub fn state(&self) -> AdamWState {
-        self.state.clone()
+    /// A copy of the state (to save; later steps do not change it).
+    pub fn state(&self) -> Result<AdamWState> {
+        let values = self
+            .vars
+            .iter()
+            .zip(&self.masters)
+            .map(|(var, master)| match master {
+                Some(w) => Ok(w.clone()),
+                // The variable's storage changes with each step: copy it.
+                None => var.as_tensor().detach().copy(),
+            })
+            .collect::<candle::Result<_>>()?;
+        Ok(AdamWState {
+            step: self.step,
+            values,
+            moments: self.moments.clone(),
+        })
     }
 
-    /// Restores a saved state; the moments must match the tensors' shapes and dtypes.
+    /// Restores a saved state, tensors included; its values and moments must match the
+    /// tensors' shapes and the optimiser's precision.
     pub fn load_state(&mut self, state: AdamWState) -> Result<()> {
-        if state.moments.len() != self.vars.len() {
+        let n = self.vars.len();
+        if state.moments.len() != n || state.values.len() != n {
             return Err(Error::Invalid(format!(
-                "the saved optimiser state holds {} tensors, the model trains {}",
+                "the saved optimiser state holds {} tensors, the model trains {n}",
                 state.moments.len(),
-                self.vars.len()
             )));
         }
-        for (i, (var, (m, v))) in self.vars.iter().zip(&state.moments).enumerate() {
-            let want = (var.dims(), var.dtype());
-            if (m.dims(), m.dtype()) != want || (v.dims(), v.dtype()) != want {
-                return Err(Error::Invalid(format!(
-                    "the saved moments of tensor {i} have shape {:?} ({:?}), the tensor {:?} \
-                     ({:?})",
-                    m.dims(),
-                    m.dtype(),
-                    var.dims(),
-                    var.dtype()
-                )));
+        let saved = state.values.iter().zip(&state.moments);
+        for (i, (var, (x, (m, v)))) in self.vars.iter().zip(saved).enumerate() {
+            let want = (var.dims(), work_dtype(var.dtype()));
+            for t in [x, m, v] {
+                if (t.dims(), t.dtype()) != want {
+                    return Err(Error::Invalid(format!(
+                        "the saved state of tensor {i} has shape {:?} ({:?}), the optimiser \
+                         works on {:?} ({:?})",
+                        t.dims(),
+                        t.dtype(),
+                        want.0,
+                        want.1
+                    )));
+                }
             }
         }
-        self.state = state;
+        for ((var, master), x) in self.vars.iter().zip(&mut self.masters).zip(&state.values) {
+            var.set(&x.to_dtype(var.dtype())?)?;
+            if master.is_some() {
+                *master = Some(x.clone());
+            }
+        }
+        self.step = state.step;
+        self.moments = state.moments;
         Ok(())
     }
 }
@@ -135,7 +201,7 @@ impl AdamW {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle::{DType, Device};
+    use candle::Device;
     use candle_nn::Optimizer;
 
     fn params(seed: u64) -> Vec<Tensor> {
@@ -217,15 +283,89 @@ mod tests {
             b.step(&grads(&resumed, step), 0.01).unwrap();
         }
         // A fresh optimiser over the same tensors, given the saved state, takes step 3.
-        let saved = b.state();
+        let saved = b.state().unwrap();
         let mut c = AdamW::new(&resumed, cfg).unwrap();
         c.load_state(saved).unwrap();
         c.step(&grads(&resumed, 2), 0.01).unwrap();
         assert_eq!(c.steps(), 3);
         assert_eq!(values(&straight), values(&resumed));
         // A state for other tensors is refused.
-        let other = AdamW::new(&params(3)[..1], cfg).unwrap().state();
+        let other = AdamW::new(&params(3)[..1], cfg).unwrap().state().unwrap();
         assert!(c.load_state(other).is_err());
+    }
+
+    #[test]
+    fn bf16_tensors_train_on_f32_masters() {
+        // A loss whose gradient is the same in every dtype (all ones): the bf16 run's masters
+        // take exactly the f32 run's steps, and the bf16 tensors are those masters rounded,
+        // though each update (1e-4) is far below bf16's resolution near 1.
+        let f32s = params(4);
+        let bf16s: Vec<Tensor> = f32s
+            .iter()
+            .map(|t| {
+                let t = t
+                    .detach()
+                    .to_dtype(DType::BF16)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap();
+                Var::from_tensor(&t.to_dtype(DType::BF16).unwrap())
+                    .unwrap()
+                    .as_tensor()
+                    .clone()
+            })
+            .collect();
+        for (a, b) in f32s.iter().zip(&bf16s) {
+            Var::from_tensor(a)
+                .unwrap()
+                .set(&b.to_dtype(DType::F32).unwrap())
+                .unwrap();
+        }
+        let sum = |ps: &[Tensor]| {
+            let mut loss = Tensor::zeros((), DType::F32, &Device::Cpu).unwrap();
+            for p in ps {
+                let s = p.sum_all().unwrap().to_dtype(DType::F32).unwrap();
+                loss = (loss + s).unwrap();
+            }
+            loss.backward().unwrap()
+        };
+        let mut a = AdamW::new(&f32s, AdamWConfig::default()).unwrap();
+        let mut b = AdamW::new(&bf16s, AdamWConfig::default()).unwrap();
+        for _ in 0..10 {
+            a.step(&sum(&f32s), 1e-4).unwrap();
+            b.step(&sum(&bf16s), 1e-4).unwrap();
+        }
+        let (sa, sb) = (a.state().unwrap(), b.state().unwrap());
+        assert_eq!(values(&sa.values), values(&sb.values), "masters = f32 run");
+        assert!(sb
+            .moments
+            .iter()
+            .all(|(m, v)| m.dtype() == DType::F32 && v.dtype() == DType::F32));
+        for (master, t) in sb.values.iter().zip(&bf16s) {
+            let rounded = master
+                .to_dtype(DType::BF16)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap();
+            assert_eq!(
+                values(&[rounded]),
+                values(&[t.to_dtype(DType::F32).unwrap()])
+            );
+        }
+        // 10 updates of 1e-4 moved the masters by 1e-3; the f32 run agrees with them.
+        let moved = (&sa.values[0] - &params(4)[0]).unwrap();
+        let moved: Vec<f32> = moved
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert!(moved.iter().any(|&x| x > 5e-4));
+        // A restored state brings the masters back.
+        let mut c = AdamW::new(&bf16s, AdamWConfig::default()).unwrap();
+        c.load_state(sb.clone()).unwrap();
+        assert_eq!(values(&c.state().unwrap().values), values(&sb.values));
     }
 
     #[test]

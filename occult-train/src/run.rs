@@ -6,8 +6,9 @@
 //! bit-identical to one never interrupted.
 //!
 //! The state lives in `OUT/state/`: per save a folder `step-N/` with, per rank,
-//! `rank{R}.safetensors` (every trainable tensor's value and both AdamW moments in the compute
-//! dtype, in the order of [`Model::params`], and the step), and `state.json`, which names the
+//! `rank{R}.safetensors` (every trainable tensor's value and both AdamW moments in the
+//! optimiser's precision, f32 masters for bf16 tensors, in the order of [`Model::params`], and
+//! the step), and `state.json`, which names the
 //! last complete save's folder with the settings that must not change. `state.json` is
 //! replaced (atomically) only after every rank has written its file, and older folders are
 //! removed after it; a save interrupted at any point leaves the previous one in force.
@@ -128,15 +129,15 @@ pub fn holds_a_run(out: &Path) -> bool {
     state_dir(out).exists() || out.join("log.jsonl").exists()
 }
 
-fn save_state(m: &Model, opt: &AdamW, params: &[Tensor], out: &Path, run: &str) -> Result<()> {
+fn save_state(m: &Model, opt: &AdamW, out: &Path, run: &str) -> Result<()> {
     let (rank, _) = m.rank_and_size();
-    let state = opt.state();
+    let state = opt.state()?;
     let folder = format!("step-{}", state.step);
     let dir = state_dir(out).join(&folder);
     std::fs::create_dir_all(&dir).map_err(|e| Error::Invalid(format!("{}: {e}", dir.display())))?;
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
-    for (i, (p, (mm, vv))) in params.iter().zip(&state.moments).enumerate() {
-        tensors.push((format!("{i}.param"), p.detach()));
+    for (i, (value, (mm, vv))) in state.values.iter().zip(&state.moments).enumerate() {
+        tensors.push((format!("{i}.param"), value.clone()));
         tensors.push((format!("{i}.m"), mm.clone()));
         tensors.push((format!("{i}.v"), vv.clone()));
     }
@@ -211,21 +212,18 @@ fn load_state(m: &Model, opt: &mut AdamW, params: &[Tensor], out: &Path, step: u
             &candle::Device::Cpu,
         )?)
     };
+    let mut values = Vec::with_capacity(params.len());
     let mut moments = Vec::with_capacity(params.len());
-    for (i, p) in params.iter().enumerate() {
-        let value = get(&format!("{i}.param"))?;
-        if value.dims() != p.dims() {
-            return Err(Error::Invalid(format!(
-                "{}: tensor {i} has shape {:?}, the model's {:?}",
-                path.display(),
-                value.dims(),
-                p.dims()
-            )));
-        }
-        candle::Var::from_tensor(p)?.set(&value.to_dtype(p.dtype())?)?;
+    for i in 0..params.len() {
+        values.push(get(&format!("{i}.param"))?);
         moments.push((get(&format!("{i}.m"))?, get(&format!("{i}.v"))?));
     }
-    opt.load_state(AdamWState { step, moments })
+    opt.load_state(AdamWState {
+        step,
+        values,
+        moments,
+    })
+    .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))
 }
 
 /// What a fine-tuning run works on.
@@ -294,7 +292,7 @@ pub fn train(
         let done = step + 1;
         if done == until || cfg.save_every.is_some_and(|n| done % n == 0) {
             save_model(m, ck, out)?;
-            save_state(m, &opt, &params, out, &run)?;
+            save_state(m, &opt, out, &run)?;
         }
     }
     Ok(())

@@ -171,6 +171,36 @@ fn train_moe_leaves_the_rest_bit_identical_and_train_all_moves_every_tensor() {
 }
 
 #[test]
+fn a_bf16_run_resumes_bit_identically_on_its_f32_masters() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    write_data(d);
+    let bf16 = ["--dtype", "bf16", "--steps", "4", "--lr", "1e-4"];
+    train(d, "straight", &bf16);
+    train(d, "resumed", &[&bf16[..], &["--stop-at", "2"]].concat());
+    train(d, "resumed", &[&bf16[..], &["--resume"]].concat());
+    let read = |p: &str| std::fs::read(d.join(p)).unwrap();
+    assert_eq!(
+        read("straight/model.safetensors"),
+        read("resumed/model.safetensors")
+    );
+    // The state holds f32 masters, and the model is written in the source's dtype (f32).
+    let state = std::fs::read_dir(d.join("straight/state")).unwrap();
+    let step = state.flatten().find(|e| e.path().is_dir()).unwrap().path();
+    let bytes = std::fs::read(step.join("rank0.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(
+        st.tensor("0.param").unwrap().dtype(),
+        safetensors::Dtype::F32
+    );
+    let saved = tensors(&d.join("straight"));
+    let source = tensors(Path::new(&model()));
+    // Updates of 1e-4 moved the routers: bf16 alone would round most of them away.
+    let router = "model.layers.1.mlp.gate.weight";
+    assert_ne!(saved[router], source[router]);
+}
+
+#[test]
 fn another_runs_folder_and_bad_settings_are_refused() {
     let t = tempfile::tempdir().unwrap();
     let d = t.path();
