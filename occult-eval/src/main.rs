@@ -2,7 +2,8 @@
 
 use clap::{Parser, Subcommand};
 use occult_eval::commands::{
-    bench, collab, eval, generate, loglik, model, place, profile, prune, reproduce, trace, train,
+    bench, collab, eval, generate, loglik, loss, model, place, profile, prune, reproduce, trace,
+    train,
 };
 
 #[derive(Parser, Debug)]
@@ -43,6 +44,8 @@ enum Cmd {
     Generate(generate::GenerateArgs),
     /// Log-likelihood of a continuation, scored as lm-evaluation-harness does (JSON).
     Loglik(loglik::LoglikArgs),
+    /// Held-out loss and perplexity of instruction or text data under the model's routing.
+    Loss(loss::LossArgs),
     /// Score multiple-choice tasks as lm-evaluation-harness does (MMLU, HellaSwag, ...).
     Eval(eval::EvalArgs),
     /// Run calibration text through a model and write its routing trace.
@@ -65,6 +68,7 @@ fn main() {
         Cmd::Reproduce(a) => reproduce::run(a),
         Cmd::Generate(a) => generate::run(a),
         Cmd::Loglik(a) => loglik::run(a),
+        Cmd::Loss(a) => loss::run(a),
         Cmd::Profile(a) => profile::run(a),
         Cmd::Eval(a) => eval::run(a),
         Cmd::Train(a) => train::run(a),

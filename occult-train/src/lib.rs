@@ -15,6 +15,7 @@
 //! - [`aux_loss`]: the model's load-balancing loss over the global batch's real tokens;
 //! - [`step`]: one optimiser step on D ranks (masked loss over the global batch, backward,
 //!   gradient reduction, clipping, AdamW);
+//! - [`heldout`]: the mean loss of held-out examples under the model's routing, on D ranks;
 //! - [`save`]: a fine-tuned model written in the source checkpoint's own layout;
 //! - [`run`]: the loop, with periodic saves and exact resumption.
 
@@ -24,6 +25,7 @@ pub mod dataset;
 mod error;
 pub mod examples;
 pub mod grad_norm;
+pub mod heldout;
 pub mod optim;
 pub mod records;
 pub mod run;

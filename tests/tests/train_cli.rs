@@ -201,6 +201,72 @@ fn a_bf16_run_resumes_bit_identically_on_its_f32_masters() {
 }
 
 #[test]
+fn held_out_loss_is_the_training_loss_before_a_step_on_any_number_of_ranks() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    write_data(d);
+    let m = model();
+    let loss = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![
+            "loss",
+            "--model",
+            &m,
+            "--data",
+            "a.jsonl",
+            "--seq-len",
+            "128",
+        ];
+        args.extend(extra);
+        serde_json::from_str(&occult_ok(d, &args)).unwrap()
+    };
+    let one = loss(&["--batch-size", "3"]);
+    let two = loss(&["--devices", "2", "--mode", "occult"]);
+    let pruned = loss(&["--devices", "4", "--max-devices", "1"]);
+    let l = one["loss"].as_f64().unwrap();
+    assert!(
+        (l - two["loss"].as_f64().unwrap()).abs() < 1e-5,
+        "{one} vs {two}"
+    );
+    assert_eq!(one["targets"], two["targets"]);
+    assert_eq!(pruned["mean_ect"].as_f64().unwrap(), 1.0);
+    assert!(two["mean_ect"].as_f64().unwrap() > 1.0);
+    // Step 0 of a run on the whole data in one batch scores the same examples before any update;
+    // held-out data is scored at --eval-every steps and at the end.
+    train(
+        d,
+        "run",
+        &[
+            "--batch-size",
+            "10",
+            "--steps",
+            "4",
+            "--eval-data",
+            "a.jsonl",
+            "--eval-every",
+            "3",
+        ],
+    );
+    let log = std::fs::read_to_string(d.join("run/log.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!((lines[0]["loss"].as_f64().unwrap() - l).abs() < 1e-5);
+    let evals: Vec<u64> = lines
+        .iter()
+        .filter(|v| v.get("eval_loss").is_some())
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(evals, vec![2, 3]);
+    assert!(
+        lines[3]["eval_loss"].as_f64().unwrap() < l,
+        "the held-out loss fell"
+    );
+    let e = occult_err(d, &["loss", "--model", &m, "--data", "missing.jsonl"]);
+    assert!(e.contains("missing.jsonl"), "{e}");
+}
+
+#[test]
 fn another_runs_folder_and_bad_settings_are_refused() {
     let t = tempfile::tempdir().unwrap();
     let d = t.path();

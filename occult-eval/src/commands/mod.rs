@@ -5,6 +5,7 @@ pub mod collab;
 pub mod eval;
 pub mod generate;
 pub mod loglik;
+pub mod loss;
 pub mod model;
 pub mod model_opts;
 pub mod place;

@@ -5,7 +5,9 @@
 
 use super::model_opts::ModelOpts;
 use anyhow::{bail, Context, Result};
-use occult_train::dataset::{build, read_records};
+use occult_core::models::loader::Checkpoint;
+use occult_train::dataset::{build, read_records, Dataset};
+use occult_train::heldout::heldout_loss;
 use occult_train::run::{holds_a_run, saved_step, train, Job, TrainConfig};
 use std::io::Write;
 use std::path::PathBuf;
@@ -30,9 +32,9 @@ pub struct TrainArgs {
     /// Optimiser steps (the learning-rate schedule runs over them).
     #[arg(long, default_value_t = 1000)]
     pub steps: u64,
-    /// Longest sequence in tokens.
-    #[arg(long, default_value_t = 512)]
-    pub seq_len: usize,
+    /// Longest sequence in tokens [default: 512, or the model's positions if fewer].
+    #[arg(long)]
+    pub seq_len: Option<usize>,
     /// Examples per step over all ranks.
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
@@ -77,6 +79,13 @@ pub struct TrainArgs {
     /// coefficient (`router_aux_loss_coef`, or DeepSeek's `aux_loss_alpha` and `seq_aux`).
     #[arg(long)]
     pub aux_loss: bool,
+    /// Held-out data, scored (`eval_loss` in log.jsonl) at the end and every --eval-every
+    /// steps, under the run's routing.
+    #[arg(long)]
+    pub eval_data: Option<String>,
+    /// Score --eval-data every this many steps (besides the end).
+    #[arg(long, requires = "eval_data")]
+    pub eval_every: Option<u64>,
     /// What trains: the MoE blocks (routers, experts, shared experts), as in the paper.
     #[arg(long, value_enum, default_value_t = TrainWhat::Moe)]
     pub train: TrainWhat,
@@ -90,6 +99,36 @@ pub enum TrainWhat {
     Moe,
     /// Every tensor: embeddings, attention, norms, dense MLPs, the MoE blocks and the head.
     All,
+}
+
+/// `--seq-len`, or its default: 512, or the model's positions if fewer.
+pub(crate) fn seq_len(ck: &Checkpoint, given: Option<usize>) -> usize {
+    given.unwrap_or_else(|| ck.cfg.positions().min(512))
+}
+
+/// Training or held-out data as examples of at most `seq_len` tokens (checked against the
+/// model's positions); says how many records were too long to keep.
+pub(crate) fn load_examples(
+    ck: &Checkpoint,
+    data: &str,
+    seq_len: usize,
+    add_bos: bool,
+) -> Result<Dataset> {
+    if seq_len < 2 || seq_len > ck.cfg.positions() {
+        bail!(
+            "--seq-len {seq_len} must be between 2 and the model's {} positions",
+            ck.cfg.positions()
+        );
+    }
+    let set = build(&read_records(data)?, ck.tokenizer()?, seq_len, add_bos)
+        .with_context(|| format!("reading {data}"))?;
+    if set.skipped > 0 {
+        eprintln!(
+            "note: {data}: {} record(s) skipped: their prompt fills --seq-len {seq_len}",
+            set.skipped
+        );
+    }
+    Ok(set)
 }
 
 pub fn run(a: TrainArgs) -> Result<()> {
@@ -111,24 +150,13 @@ pub fn run(a: TrainArgs) -> Result<()> {
         bail!("--out {} is not a folder", a.out.display());
     }
     let mut ck = a.model.open()?;
-    if a.seq_len < 2 || a.seq_len > ck.cfg.positions() {
-        bail!(
-            "--seq-len {} must be between 2 and the model's {} positions",
-            a.seq_len,
-            ck.cfg.positions()
-        );
-    }
-    let data = build(
-        &read_records(&a.data)?,
-        ck.tokenizer()?,
-        a.seq_len,
-        a.add_bos,
-    )?;
-    if data.skipped > 0 {
-        eprintln!(
-            "note: {} record(s) skipped: their prompt fills --seq-len {}",
-            data.skipped, a.seq_len
-        );
+    let data = load_examples(&ck, &a.data, seq_len(&ck, a.seq_len), a.add_bos)?;
+    let held_out = match &a.eval_data {
+        Some(d) => Some(load_examples(&ck, d, seq_len(&ck, a.seq_len), a.add_bos)?),
+        None => None,
+    };
+    if a.eval_every == Some(0) {
+        bail!("--eval-every must be at least 1");
     }
     // What else the run depends on: a resumed run must bring the same.
     let file_print = |p: &Option<PathBuf>| -> Result<Option<String>> {
@@ -148,7 +176,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         "max_devices": a.model.max_devices,
         "prune_rule": a.model.max_devices.map(|_| a.model.prune_rule),
         "calibration": file_print(&a.model.calibration)?,
-        "seq_len": a.seq_len,
+        "seq_len": seq_len(&ck, a.seq_len),
         "add_bos": a.add_bos,
         "dtype": a.model.dtype,
         "train": a.train,
@@ -250,6 +278,13 @@ pub fn run(a: TrainArgs) -> Result<()> {
         train(m, &job, start, until, &mut |step, r| {
             let seconds = clock.elapsed().as_secs_f64();
             clock = Instant::now();
+            let done = step + 1;
+            let eval_loss = match &held_out {
+                Some(h) if done == until || a.eval_every.is_some_and(|n| done % n == 0) => {
+                    Some(heldout_loss(m, &h.examples, a.batch_size)?.loss)
+                }
+                _ => None,
+            };
             if let Some(f) = log.as_mut() {
                 let line = serde_json::json!({
                     "step": step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
@@ -261,9 +296,15 @@ pub fn run(a: TrainArgs) -> Result<()> {
                 if let Some(aux) = r.aux_loss {
                     line["aux_loss"] = aux.into();
                 }
+                if let Some(e) = eval_loss {
+                    line["eval_loss"] = e.into();
+                }
                 writeln!(f, "{line}").map_err(|e| occult_train::Error::Invalid(e.to_string()))?;
             }
             bar.set_message(format!("loss {:.4} E[C_T] {:.2}", r.loss, r.ect));
+            if let (Some(e), 0) = (eval_loss, rank) {
+                bar.println(format!("step {done}: held-out loss {e:.4}"));
+            }
             bar.inc(1);
             Ok(())
         })?;
