@@ -37,6 +37,8 @@ pub struct StepReport {
     pub ect_by_layer: Vec<f64>,
     /// This rank's EP statistics of the step's forwards, summed over MoE layers.
     pub ep: occult_core::ep::StepStats,
+    /// Wall time of the step on this rank (forward, backward, reduction and update).
+    pub seconds: f64,
 }
 
 /// This rank's loss for `examples` (padded into one batch), divided by `global_targets`: the
@@ -145,6 +147,7 @@ pub fn train_step(
     share: &[&Example],
     s: &StepSettings,
 ) -> Result<StepReport> {
+    let clock = std::time::Instant::now();
     let micro = s.micro.max(1);
     let aux = s.aux.map(|a| AuxLoss {
         coef: a.coef / micro as f64,
@@ -230,5 +233,6 @@ pub fn train_step(
         ect: if routed > 0.0 { touched / routed } else { 1.0 },
         ect_by_layer,
         ep,
+        seconds: clock.elapsed().as_secs_f64(),
     })
 }

@@ -11,7 +11,6 @@ use occult_train::heldout::heldout_loss;
 use occult_train::run::{holds_a_run, saved_step, train, Job, TrainConfig};
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
@@ -274,10 +273,8 @@ pub fn run(a: TrainArgs) -> Result<()> {
         } else {
             None
         };
-        let mut clock = Instant::now();
         train(m, &job, start, until, &mut |step, r| {
-            let seconds = clock.elapsed().as_secs_f64();
-            clock = Instant::now();
+            let seconds = r.seconds;
             let done = step + 1;
             let eval_loss = match &held_out {
                 Some(h) if done == until || a.eval_every.is_some_and(|n| done % n == 0) => {
@@ -301,7 +298,12 @@ pub fn run(a: TrainArgs) -> Result<()> {
                 }
                 writeln!(f, "{line}").map_err(|e| occult_train::Error::Invalid(e.to_string()))?;
             }
-            bar.set_message(format!("loss {:.4} E[C_T] {:.2}", r.loss, r.ect));
+            bar.set_message(format!(
+                "loss {:.4}  {:.0} tok/s  E[C_T] {:.2}",
+                r.loss,
+                r.tokens as f64 / seconds.max(1e-9),
+                r.ect
+            ));
             if let (Some(e), 0) = (eval_loss, rank) {
                 bar.println(format!("step {done}: held-out loss {e:.4}"));
             }
