@@ -5,14 +5,14 @@
 #
 #   scripts/finetune_quality.sh [WORK_DIR]        (after `cargo build --release`)
 #
-# 1. A random OLMoE-shaped model (16 experts, top-4) is pre-trained (--train all) on generated
+# 1. A random OLMoE-shaped model (32 experts, top-4) is pre-trained (--train all) on generated
 #    text about arithmetic, colours and animals, so that its experts specialise.
 # 2. Its routing is profiled on calibration text and placed on 4 devices (ours).
 # 3. From that one start, the MoE blocks are fine-tuned on Alpaca-format instructions for the
 #    same steps: standard routing, and pruned to 2 and to 1 devices with the router-score and
 #    the similarity rules.
-# 4. The held-out loss of each is scored under its own routing, next to the start's loss under
-#    each routing (pruning without fine-tuning).
+# 4. The held-out loss of each is scored under its own routing, next to the start's and the
+#    standard fine-tuned model's loss under that routing (pruning without pruned fine-tuning).
 # Prints a table; everything is under WORK_DIR (default: a temporary folder).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,7 +32,7 @@ animals = ["cat", "dog", "fox", "owl", "bee", "cow"]
 def fact():
     k = r.randrange(3)
     if k == 0:
-        a, b = r.randrange(10), r.randrange(10)
+        a, b = r.randrange(30), r.randrange(30)
         return f"{a} plus {b} is {a + b}."
     if k == 1:
         return f"The {r.choice(animals)} is {r.choice(colours)}."
@@ -44,23 +44,23 @@ with open("pretrain.jsonl", "w") as f:
 with open("calibration.jsonl", "w") as f:
     for _ in range(64):
         f.write(json.dumps({"text": " ".join(fact() for _ in range(6))}) + "\n")
-pairs = [(a, b) for a in range(10) for b in range(10)]
+pairs = [(a, b) for a in range(30) for b in range(30)]
 r.shuffle(pairs)
 def inst(a, b):
     if (a + b) % 2:
         return {"instruction": f"Add {a} and {b}.", "input": "", "output": f"{a + b}"}
     return {"instruction": "Add the numbers.", "input": f"{a} {b}", "output": f"{a + b}"}
 with open("train.jsonl", "w") as f:
-    for a, b in pairs[:80]:
+    for a, b in pairs[:600]:
         f.write(json.dumps(inst(a, b)) + "\n")
 with open("held_out.jsonl", "w") as f:
-    for a, b in pairs[80:]:
+    for a, b in pairs[600:750]:
         f.write(json.dumps(inst(a, b)) + "\n")
 PY
 
 if [ ! -f base/model.safetensors ]; then
   "$OCCULT" model synth --family olmoe --vocab 304 --hidden 64 --layers 4 --heads 4 --kv-heads 2 \
-    --experts 16 --top-k 4 --intermediate 32 --seed 3 -o random
+    --experts 32 --top-k 4 --intermediate 32 --seed 3 -o random
   cp "$ROOT/tests/fixtures/models/tokenizer.json" random/
   "$OCCULT" train --model random --data pretrain.jsonl --train all --steps "$PRE_STEPS" \
     --batch-size 16 --seq-len 128 --lr 3e-3 --warmup 20 --out base --overwrite
@@ -81,18 +81,19 @@ loss() { # model, extra flags -> "loss ect"
     python3 -c 'import json,sys; v=json.load(sys.stdin); print("%.4f %.3f" % (v["loss"], v["mean_ect"]))'
 }
 rules=(router similarity)
-echo "| routing | E[C_T] | held-out loss, no fine-tuning | after fine-tuning ($STEPS steps) |"
-echo "|---|--:|--:|--:|"
+echo "| routing | E[C_T] | start | standard fine-tuning, served this way | fine-tuned this way ($STEPS steps) |"
+echo "|---|--:|--:|--:|--:|"
 ft standard
 read -r l0 e0 < <(loss base)
 read -r l1 _ < <(loss ft-standard)
-echo "| exact (occult dispatch) | $e0 | $l0 | $l1 |"
+echo "| exact (occult dispatch) | $e0 | $l0 | $l1 | $l1 |"
 for n in 2 1; do
   for rule in "${rules[@]}"; do
     flags=(--max-devices $n --prune-rule "$rule" --calibration calib.safetensors)
     ft "p$n-$rule" "${flags[@]}"
     read -r l0 e0 < <(loss base "${flags[@]}")
+    read -r ls _ < <(loss ft-standard "${flags[@]}")
     read -r l1 _ < <(loss "ft-p$n-$rule" "${flags[@]}")
-    echo "| pruned to $n, $rule rule | $e0 | $l0 | $l1 |"
+    echo "| pruned to $n, $rule rule | $e0 | $l0 | $ls | $l1 |"
   done
 done

@@ -23,10 +23,17 @@ where
             ),
         ));
     }
-    let tmp = tempfile::Builder::new()
-        .prefix(".occult-tmp-")
-        .tempfile_in(dir)
-        .map_err(|e| Error::io(path, e))?;
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".occult-tmp-");
+    // A temporary file is private (0600); the output gets the file's old mode, or the usual
+    // 0644 for a new file.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).map_or(0o644, |m| m.permissions().mode() & 0o777);
+        builder.permissions(std::fs::Permissions::from_mode(mode));
+    }
+    let tmp = builder.tempfile_in(dir).map_err(|e| Error::io(path, e))?;
     {
         let mut w = std::io::BufWriter::new(tmp.as_file());
         fill(&mut w).map_err(|e| Error::io(path, e))?;
@@ -48,6 +55,21 @@ pub fn write_json_atomic<T: serde::Serialize>(path: &Path, value: &T) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn outputs_are_readable_by_others_as_files_usually_are() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("new.json");
+        write_json_atomic(&p, &1).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&p), 0o644);
+        // A file that had its own mode keeps it.
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        write_json_atomic(&p, &2).unwrap();
+        assert_eq!(mode(&p), 0o600);
+    }
 
     #[test]
     fn failed_fill_leaves_old_file_untouched() {

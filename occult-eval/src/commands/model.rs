@@ -14,6 +14,19 @@ pub enum ModelCmd {
     Info(InfoArgs),
     /// Load every tensor (and the tokenizer) and check names and shapes.
     Check(InfoArgs),
+    /// Build (or find in the cache) the built-in model of `occult reproduce`, with its data;
+    /// prints its folder.
+    Builtin(BuiltinArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BuiltinArgs {
+    /// Where to build it [default: $OCCULT_CACHE/builtin, else ~/.cache/occult/builtin].
+    #[arg(long)]
+    pub dir: Option<std::path::PathBuf>,
+    /// Rebuild even if the cache holds it.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -71,7 +84,21 @@ pub fn run(c: ModelCmd) -> Result<()> {
         ModelCmd::Synth(a) => synth(a),
         ModelCmd::Info(a) => info(a),
         ModelCmd::Check(a) => check(a),
+        ModelCmd::Builtin(a) => builtin(a),
     }
+}
+
+fn builtin(a: BuiltinArgs) -> Result<()> {
+    use crate::builtin::{default_dir, ensure, BuiltinRecipe};
+    let dir = a.dir.unwrap_or_else(default_dir);
+    let clock = std::time::Instant::now();
+    let b = ensure(&dir, &BuiltinRecipe::default(), a.force)?;
+    eprintln!(
+        "built-in model ready in {:.1} s",
+        clock.elapsed().as_secs_f64()
+    );
+    println!("{}", b.model().display());
+    Ok(())
 }
 
 fn synth(a: SynthArgs) -> Result<()> {

@@ -83,6 +83,23 @@ pub struct ModelOpts {
 }
 
 impl ModelOpts {
+    /// `model` on one device in the reference mode, every other option at its default.
+    pub fn local(model: &str) -> Self {
+        ModelOpts {
+            model: model.to_string(),
+            revision: None,
+            dtype: "f32".into(),
+            devices: 1,
+            backend: Backend::Local,
+            comm_timeout: 120.0,
+            mode: None,
+            placement: None,
+            max_devices: None,
+            prune_rule: PruneRuleArg::Router,
+            calibration: None,
+        }
+    }
+
     /// The effective mode.
     pub fn mode(&self) -> ModeArg {
         self.mode.unwrap_or(if self.devices > 1 {

@@ -1,0 +1,187 @@
+//! Building the built-in model: its data ([`super::data`]), a random OLMoE-shaped checkpoint
+//! (64 experts, top-8, as OLMoE routes) and its pre-training from scratch with `occult train
+//! --train all --aux-loss` on the generated text. The result is cached: a folder holds the data,
+//! `model/` (the trained checkpoint, with its `log.jsonl`) and `recipe.json`; a folder whose
+//! recipe matches is used as it is. The folder is built beside its final place and renamed
+//! into it, so an interrupted build leaves nothing half-made in the cache.
+
+use super::data::{write_data, DataSizes};
+use super::world::World;
+use crate::commands::model_opts::ModelOpts;
+use crate::commands::train::{TrainArgs, TrainWhat};
+use anyhow::{Context, Result};
+use occult_core::models::family::family;
+use occult_core::models::synth::SynthModel;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Everything the built-in model is made from; a cached model is reused only if its recipe is
+/// this one.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BuiltinRecipe {
+    /// Bumped whenever the generators change what they write.
+    pub version: u32,
+    pub seed: u64,
+    pub sizes: DataSizes,
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub expert_intermediate: usize,
+    pub steps: u64,
+    pub batch_size: usize,
+    pub seq_len: usize,
+    pub lr: f64,
+}
+
+impl Default for BuiltinRecipe {
+    fn default() -> Self {
+        BuiltinRecipe {
+            version: 1,
+            seed: 2025,
+            sizes: DataSizes::default(),
+            hidden: 64,
+            layers: 4,
+            heads: 4,
+            experts: 64,
+            top_k: 8,
+            expert_intermediate: 32,
+            steps: 600,
+            batch_size: 16,
+            seq_len: 128,
+            lr: 3e-3,
+        }
+    }
+}
+
+/// Where built models are cached: `$OCCULT_CACHE`, else `$XDG_CACHE_HOME/occult`, else
+/// `~/.cache/occult`.
+pub fn cache_root() -> PathBuf {
+    if let Some(d) = std::env::var_os("OCCULT_CACHE") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("occult");
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".cache").join("occult")
+}
+
+/// The built-in model's folder in the cache.
+pub fn default_dir() -> PathBuf {
+    cache_root().join("builtin")
+}
+
+/// The built model, its data and its recipe, in `dir`.
+#[derive(Clone, Debug)]
+pub struct Builtin {
+    pub dir: PathBuf,
+    pub recipe: BuiltinRecipe,
+}
+
+impl Builtin {
+    /// The trained checkpoint.
+    pub fn model(&self) -> PathBuf {
+        self.dir.join("model")
+    }
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+fn recipe_in(dir: &Path) -> Option<BuiltinRecipe> {
+    let text = std::fs::read_to_string(dir.join("recipe.json")).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// The built-in model of `recipe` in `dir`: the cached one if it was made from this recipe,
+/// else built now (minutes; progress on stderr). `force` rebuilds it anyway.
+pub fn ensure(dir: &Path, recipe: &BuiltinRecipe, force: bool) -> Result<Builtin> {
+    let done = Builtin {
+        dir: dir.to_path_buf(),
+        recipe: recipe.clone(),
+    };
+    if !force
+        && recipe_in(dir).as_ref() == Some(recipe)
+        && done.model().join("model.safetensors").is_file()
+    {
+        return Ok(done);
+    }
+    let name = dir
+        .file_name()
+        .map_or_else(|| "builtin".into(), |n| n.to_string_lossy().to_string());
+    let tmp = dir.with_file_name(format!(".{name}.building-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
+    }
+    eprintln!(
+        "building the built-in model in {} (once; it is cached)",
+        dir.display()
+    );
+    build_into(&tmp, recipe)?;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    std::fs::rename(&tmp, dir)
+        .with_context(|| format!("moving {} to {}", tmp.display(), dir.display()))?;
+    Ok(done)
+}
+
+fn build_into(dir: &Path, recipe: &BuiltinRecipe) -> Result<()> {
+    let world = World::new(recipe.seed);
+    let vocab = write_data(dir, &world, recipe.sizes, recipe.seed)?;
+    let random = dir.join("random");
+    let synth = SynthModel {
+        family: family("olmoe").expect("the olmoe family"),
+        vocab: vocab.div_ceil(8) * 8,
+        hidden: recipe.hidden,
+        layers: recipe.layers,
+        heads: recipe.heads,
+        kv_heads: recipe.heads,
+        experts: recipe.experts,
+        top_k: recipe.top_k,
+        expert_intermediate: recipe.expert_intermediate,
+        dense_intermediate: 0,
+        shared_intermediate: 0,
+        dense_layers: 0,
+        fused: false,
+        dtype: safetensors::Dtype::F32,
+        seed: recipe.seed,
+        // A small start, as language models initialise (0.02 of a much wider model).
+        std: 0.05,
+    };
+    synth.write(&random)?;
+    std::fs::copy(dir.join("tokenizer.json"), random.join("tokenizer.json"))
+        .context("copying the tokenizer")?;
+    crate::commands::train::run(TrainArgs {
+        model: ModelOpts::local(&random.display().to_string()),
+        data: dir.join("pretrain.jsonl").display().to_string(),
+        out: dir.join("model"),
+        steps: recipe.steps,
+        seq_len: Some(recipe.seq_len),
+        batch_size: recipe.batch_size,
+        grad_accum: 1,
+        lr: recipe.lr,
+        warmup: Some(recipe.steps / 20),
+        min_lr_ratio: 0.1,
+        weight_decay: 0.01,
+        max_grad_norm: 1.0,
+        seed: recipe.seed,
+        save_every: None,
+        resume: false,
+        overwrite: true,
+        stop_at: None,
+        add_bos: false,
+        aux_loss: true,
+        eval_data: None,
+        eval_every: None,
+        train: TrainWhat::All,
+    })
+    .context("pre-training the built-in model")?;
+    std::fs::remove_dir_all(dir.join("model/state")).context("removing the training state")?;
+    std::fs::remove_dir_all(&random).context("removing the random start")?;
+    let text = serde_json::to_string_pretty(recipe)?;
+    std::fs::write(dir.join("recipe.json"), text).context("writing recipe.json")?;
+    Ok(())
+}

@@ -1,0 +1,11 @@
+//! The built-in default model of `occult reproduce`: a small MoE with OLMoE's routing shape
+//! (64 experts, top-8), pre-trained from scratch by occult-train on text the project generates
+//! about four domains, with calibration text, Alpaca-format instructions and one
+//! multiple-choice task per domain. Built on first use and cached.
+
+pub mod build;
+pub mod data;
+pub mod vocab;
+pub mod world;
+
+pub use build::{default_dir, ensure, Builtin, BuiltinRecipe};
