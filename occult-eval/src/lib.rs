@@ -10,5 +10,6 @@ pub mod commands;
 pub mod harness;
 pub mod loglik;
 pub mod progress;
+pub mod reproduce;
 pub mod table;
 pub mod version;

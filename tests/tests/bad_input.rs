@@ -467,11 +467,18 @@ fn bad_arguments() {
     contains_all(&e, &["top_k = 5"]);
     std::fs::write(
         d.join("r.toml"),
-        "name = \"x\"\n[trace]\nexprts = 3\n[analysis]\ndevices = 2\n",
+        "name = \"x\"\ndevices = 2\n[model]\nbuiltin = true\n[analysis]\nrestars = 3\n",
     )
     .unwrap();
     let e = occult_err(d, &["reproduce", "r.toml", "--out", "rep"]);
-    contains_all(&e, &["r.toml", "exprts"]);
+    contains_all(&e, &["r.toml", "restars"]);
+    std::fs::write(
+        d.join("r.toml"),
+        "name = \"x\"\ndevices = 4\n[model]\npath = \"m\"\n",
+    )
+    .unwrap();
+    let e = occult_err(d, &["reproduce", "r.toml", "--out", "rep"]);
+    contains_all(&e, &["r.toml", "[calibration] data is required"]);
 }
 
 #[test]

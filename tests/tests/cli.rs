@@ -217,27 +217,87 @@ fn load_limit_and_bench() {
     assert_eq!(b["results"].as_array().unwrap().len(), 6);
 }
 
+/// A recipe on a tiny built-in model (built from scratch in seconds): every stage runs.
+const TINY_RECIPE: &str = r#"
+name = "tiny"
+devices = 4
+[model]
+builtin = true
+[builtin]
+hidden = 32
+layers = 2
+experts = 16
+top_k = 4
+expert_intermediate = 16
+steps = 20
+batch_size = 8
+seq_len = 64
+[builtin.sizes]
+pretrain_docs = 100
+calibration_docs = 8
+sentences = 6
+instructions = 100
+held_out = 20
+task_items = 20
+[calibration]
+seq_len = 64
+[finetune]
+steps = 4
+batch_size = 8
+seq_len = 64
+"#;
+
 #[test]
-fn reproduce_runs_a_small_recipe() {
+fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("r.toml"),
-        "name = \"small\"\n[trace]\nexperts = 16\ntop_k = 4\nlayers = 2\ntokens = 400\nclusters = 4\n\
-         strength = 3.0\n[analysis]\ndevices = 4\nprune_devices = [2, 1]\nprune_rules = [\"router\", \"similarity\"]\n",
-    )
-    .unwrap();
-    let out = occult_ok(d, &["reproduce", "r.toml", "--out", "rep"]);
-    assert!(out.contains("+ our placement"), "{out}");
+    std::fs::write(d.join("r.toml"), TINY_RECIPE).unwrap();
+    let run = || {
+        std::process::Command::new(common::occult_bin())
+            .args(["reproduce", "r.toml", "--out", "rep"])
+            .env("OCCULT_CACHE", d.join("cache"))
+            .current_dir(d)
+            .output()
+            .unwrap()
+    };
+    let out = run();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("building the built-in model"), "{err}");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        stdout.contains("+ our placement") && stdout.contains("## Quality"),
+        "{stdout}"
+    );
     let r = read_json(&d.join("rep/results.json"));
-    let steps = r["steps"].as_array().unwrap();
+    let steps = r["ect_table"].as_array().unwrap();
     assert_eq!(steps.len(), 1 + 3 + 4);
-    let ect: Vec<f64> = steps.iter().map(|s| s["ect"].as_f64().unwrap()).collect();
-    // Our placement never loses to greedy; pruning to 1 device gives exactly 1.
-    assert!(ect[3] <= ect[2]);
-    assert_eq!(*ect.last().unwrap(), 1.0);
-    assert!(d.join("rep/report.md").exists());
-    assert!(d.join("rep/placement-occult.json").exists());
+    let f = |i: usize, k: &str| steps[i][k].as_f64().unwrap();
+    // Dedup never sends more rows than k copies; ours never loses to greedy; one device is 1.
+    assert!(f(1, "rows_per_token") <= f(0, "rows_per_token"));
+    assert!(f(3, "ect") <= f(2, "ect") + 1e-12);
+    assert_eq!(f(7, "ect"), 1.0);
+    // Five fine-tunings (exact, two rules x two device counts), each with a held-out loss.
+    let ft = r["finetune"].as_array().unwrap();
+    assert_eq!(ft.len(), 5);
+    assert!(ft
+        .iter()
+        .all(|x| x["held_out_loss"].as_f64().unwrap() > 0.0));
+    assert_eq!(ft[4]["mean_ect"].as_f64().unwrap(), 1.0);
+    // Quality: 4 tasks x (start under 5 routings, standard fine-tuned under 5, 4 pruned).
+    let q = r["quality"].as_array().unwrap();
+    assert_eq!(q.len(), 4 * 14);
+    assert!(q
+        .iter()
+        .all(|x| (0.0..=1.0).contains(&x["acc"].as_f64().unwrap())));
+    for key in ["config", "provenance", "speed"] {
+        assert!(r.get(key).is_some(), "{key}");
+    }
+    assert!(d.join("rep/report.md").exists() && d.join("rep/placement-occult.json").exists());
+    // The second run finds the model in the cache.
+    let again = run();
+    assert!(again.status.success());
+    assert!(!String::from_utf8_lossy(&again.stderr).contains("building the built-in model"));
 }
 
 #[test]

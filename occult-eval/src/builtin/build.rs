@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 /// Everything the built-in model is made from; a cached model is reused only if its recipe is
 /// this one.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct BuiltinRecipe {
     /// Bumped whenever the generators change what they write.
     pub version: u32,
@@ -71,6 +72,17 @@ pub fn cache_root() -> PathBuf {
 /// The built-in model's folder in the cache.
 pub fn default_dir() -> PathBuf {
     cache_root().join("builtin")
+}
+
+/// The cache folder of a built-in recipe: [`default_dir`] for the default one, else one named
+/// by the recipe's fingerprint.
+pub fn dir_for(recipe: &BuiltinRecipe) -> PathBuf {
+    if *recipe == BuiltinRecipe::default() {
+        return default_dir();
+    }
+    let text = serde_json::to_string(recipe).expect("serialisable");
+    let print = occult_core::models::data_parallel::fingerprint(text.into_bytes());
+    cache_root().join(format!("builtin-{print:016x}"))
 }
 
 /// The built model, its data and its recipe, in `dir`.

@@ -8,7 +8,7 @@
 //! DIR/calibration.jsonl         {"text": ...}: other documents, for routing profiles
 //! DIR/instructions/train.jsonl  {"instruction", "input", "output"}
 //! DIR/instructions/held_out.jsonl
-//! DIR/tasks/DOMAIN.toml         builtin_DOMAIN: context, choices, label
+//! DIR/tasks/builtin_DOMAIN.toml the task builtin_DOMAIN: context, choices, label
 //! DIR/tasks/DOMAIN/test.jsonl   scored items; train.jsonl: few-shot items
 //! DIR/tokenizer.json
 //! ```
@@ -26,6 +26,7 @@ use std::path::Path;
 
 /// How much of everything to generate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct DataSizes {
     pub pretrain_docs: usize,
     pub calibration_docs: usize,
@@ -161,7 +162,7 @@ pub fn write_data(dir: &Path, world: &World, sizes: DataSizes, seed: u64) -> Res
             );
         }
         let toml = task_toml(d);
-        let path = dir.join("tasks").join(format!("{}.toml", d.name()));
+        let path = dir.join("tasks").join(format!("{}.toml", task_name(d)));
         write_atomic(&path, |w| w.write_all(toml.as_bytes()))
             .with_context(|| format!("writing {}", path.display()))?;
     }

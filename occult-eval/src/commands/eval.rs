@@ -61,6 +61,9 @@ pub struct EvalArgs {
     /// Also write per-item log-likelihoods (samples_TASK.jsonl beside --output).
     #[arg(long, requires = "output")]
     pub log_samples: bool,
+    /// Print no table on stdout (the results go to --output).
+    #[arg(long, requires = "output")]
+    pub quiet: bool,
     /// Record the routing of every evaluated token into this trace (one device; requests run
     /// one at a time, whole, so that no padding is recorded).
     #[arg(long)]
@@ -188,7 +191,9 @@ pub fn run(a: EvalArgs) -> Result<()> {
         results.insert(p.spec.name.clone(), r);
         all_samples.push((p.spec.name.clone(), samples));
     }
-    println!("{}", table.render());
+    if !a.quiet {
+        println!("{}", table.render());
+    }
     let report = json!({
         "results": results,
         "errors": errors,

@@ -1,0 +1,129 @@
+//! The E[C_T] table of the paper on a routing trace: standard k-copy dispatch, Occult's
+//! deduplicated dispatch, then greedy (the paper's) and our placement, then pruning to fewer
+//! devices with each rule; exact rows, remote rows and bytes per step.
+
+use anyhow::Result;
+use occult_core::analysis::placement::{Method, Placement, SearchConfig};
+use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::routing::RouterRule;
+use occult_core::analysis::trace::Trace;
+use occult_core::analysis::{place_trace, prune_trace, trace_stats, TraceStats};
+use serde::Serialize;
+use std::time::Instant;
+
+/// One step of the table.
+#[derive(Clone, Debug, Serialize)]
+pub struct Step {
+    pub step: String,
+    pub placement: String,
+    /// Pruned to this many devices, if pruned.
+    pub max_devices: Option<usize>,
+    pub rule: Option<String>,
+    pub ect: f64,
+    pub rows_per_token: f64,
+    pub remote_rows_per_token: f64,
+    pub remote_bytes: u64,
+    /// Remote bytes relative to standard dispatch under the contiguous placement.
+    pub remote_bytes_ratio: f64,
+    /// Share of (token, expert) choices changed (pruning steps only).
+    pub changed_fraction: Option<f64>,
+    pub seconds: f64,
+}
+
+/// What the table is computed with.
+pub struct LadderSettings<'a> {
+    pub devices: usize,
+    pub row_bytes: u64,
+    pub restarts: usize,
+    pub seed: u64,
+    pub prune_devices: &'a [usize],
+    pub rules: &'a [PruneRule],
+    pub router: &'a RouterRule,
+}
+
+/// The three placements: contiguous, paper-greedy, ours.
+pub type Placements = Vec<(Method, Placement)>;
+
+/// The table, and the three placements.
+pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Placements)> {
+    let cfg = SearchConfig {
+        restarts: s.restarts,
+        seed: s.seed,
+        max_load_factor: None,
+    };
+    let mut placements = Vec::new();
+    let mut search_secs = Vec::new();
+    for m in [Method::Contiguous, Method::Greedy, Method::Occult] {
+        let t = Instant::now();
+        let (p, _) = place_trace(trace, s.devices, m, &cfg, &|| {})?;
+        search_secs.push(t.elapsed().as_secs_f64());
+        placements.push((m, p));
+    }
+    let tokens: usize = trace.layers.iter().map(|l| l.tokens).sum();
+    let per_tok = |x: u64| x as f64 / tokens.max(1) as f64;
+    let sum = |st: &TraceStats, f: fn(&occult_core::analysis::collab::LayerStats) -> u64| {
+        st.layers.iter().map(f).sum::<u64>()
+    };
+    let contiguous = trace_stats(trace, &placements[0].1, s.row_bytes, true)?;
+    let base_bytes = sum(&contiguous, |l| l.remote_rows_standard) * s.row_bytes;
+    let step = |name: &str,
+                placement: &str,
+                st: &TraceStats,
+                prune: Option<(usize, PruneRule, f64)>,
+                seconds| {
+        let remote = sum(st, |l| l.remote_rows_occult);
+        Step {
+            step: name.into(),
+            placement: placement.into(),
+            max_devices: prune.map(|p| p.0),
+            rule: prune.map(|p| p.1.name().to_string()),
+            ect: st.mean_ect,
+            rows_per_token: per_tok(sum(st, |l| l.rows_occult)),
+            remote_rows_per_token: per_tok(remote),
+            remote_bytes: remote * s.row_bytes,
+            remote_bytes_ratio: (remote * s.row_bytes) as f64 / base_bytes.max(1) as f64,
+            changed_fraction: prune.map(|p| p.2),
+            seconds,
+        }
+    };
+    let mut steps = vec![Step {
+        step: "standard dispatch (k copies)".into(),
+        placement: "contiguous".into(),
+        max_devices: None,
+        rule: None,
+        ect: contiguous.mean_ect,
+        rows_per_token: per_tok(sum(&contiguous, |l| l.rows_standard)),
+        remote_rows_per_token: per_tok(sum(&contiguous, |l| l.remote_rows_standard)),
+        remote_bytes: base_bytes,
+        remote_bytes_ratio: 1.0,
+        changed_fraction: None,
+        seconds: 0.0,
+    }];
+    for ((m, p), secs) in placements.iter().zip(&search_secs) {
+        let st = trace_stats(trace, p, s.row_bytes, true)?;
+        let name = match m {
+            Method::Contiguous => "dedup only (Occult dispatch)",
+            Method::Greedy => "+ paper-greedy placement",
+            Method::Occult => "+ our placement",
+        };
+        steps.push(step(name, m.name(), &st, None, *secs));
+    }
+    let best = &placements[2].1;
+    for &n in s.prune_devices {
+        for &rule in s.rules {
+            let t = Instant::now();
+            let (pruned, report) = prune_trace(trace, best, s.router, rule, n, None, &|| {})?;
+            let st = trace_stats(&pruned, best, s.row_bytes, true)?;
+            let name = format!("+ pruning to {n} device(s), {} rule", rule.name());
+            let secs = t.elapsed().as_secs_f64();
+            steps.push(step(
+                &name,
+                "occult",
+                &st,
+                Some((n, rule, report.changed_fraction)),
+                secs,
+            ));
+        }
+    }
+    Ok((steps, placements))
+}

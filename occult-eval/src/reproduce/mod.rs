@@ -1,0 +1,410 @@
+//! `occult reproduce`: the paper's experiments end to end on one model (the built-in one by
+//! default): profile routing on calibration text, place experts (contiguous, paper-greedy,
+//! ours), the E[C_T] table, fine-tuning from the same start under standard routing and under
+//! pruning to fewer devices with each rule, and quality on tasks for the start (exact and
+//! pruned without fine-tuning), the standard fine-tuned model (served exact and pruned) and
+//! each pruned fine-tuned model. Writes `report.md` and `results.json` in the output folder,
+//! with every intermediate file (trace, placements, fine-tuned models, task results) beside
+//! them.
+//!
+//! Each stage runs the same code as the command of its name (`profile`, `place`, `train`,
+//! `eval`), on the recipe's devices.
+
+pub mod ladder;
+pub mod recipe;
+pub mod report;
+
+use crate::builtin::{dir_for, ensure, BuiltinRecipe};
+use crate::commands::eval::EvalArgs;
+use crate::commands::model_opts::{ModeArg, ModelOpts, PruneRuleArg};
+use crate::commands::profile::ProfileArgs;
+use crate::commands::train::{TrainArgs, TrainWhat};
+use crate::commands::{with_provenance, write_json, RowDtype};
+use anyhow::{Context, Result};
+use ladder::{ect_ladder, LadderSettings};
+use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::trace::Trace;
+use occult_core::models::config::ModelConfig;
+use recipe::Recipe;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// A routing a model is fine-tuned or served under: exact, or pruned to `n` devices by a rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Routing {
+    pub prune: Option<(usize, PruneRule)>,
+}
+
+impl Routing {
+    pub fn name(self) -> String {
+        match self.prune {
+            None => "exact".into(),
+            Some((n, r)) => format!("pruned-{n}-{}", r.name()),
+        }
+    }
+}
+
+/// One row of the quality table.
+#[derive(Clone, Debug, Serialize)]
+pub struct QualityRow {
+    /// `base`, or the routing the model was fine-tuned under.
+    pub variant: String,
+    pub fine_tuned: bool,
+    /// The routing it is served under.
+    pub max_devices: Option<usize>,
+    pub rule: Option<String>,
+    pub task: String,
+    pub acc: f64,
+    pub acc_norm: Option<f64>,
+}
+
+/// One fine-tuning run.
+#[derive(Clone, Debug, Serialize)]
+pub struct FinetuneRow {
+    pub variant: String,
+    pub max_devices: Option<usize>,
+    pub rule: Option<String>,
+    pub first_loss: f64,
+    pub last_loss: f64,
+    pub held_out_loss: Option<f64>,
+    pub mean_ect: f64,
+    pub seconds: f64,
+}
+
+/// Where the model and its data are.
+struct Subject {
+    model: String,
+    calibration: PathBuf,
+    instructions: Option<String>,
+    held_out: Option<String>,
+    tasks: Vec<String>,
+    task_data: Vec<String>,
+    builtin: Option<BuiltinRecipe>,
+}
+
+fn subject(r: &Recipe) -> Result<Subject> {
+    if r.model.builtin {
+        let recipe = r.builtin.clone().unwrap_or_default();
+        let b = ensure(&dir_for(&recipe), &recipe, false)?;
+        let names = crate::builtin::world::Domain::ALL;
+        let tasks = if r.quality.tasks.is_empty() {
+            names
+                .iter()
+                .map(|d| {
+                    let name = crate::builtin::data::task_name(*d);
+                    b.file(&format!("tasks/{name}.toml")).display().to_string()
+                })
+                .collect()
+        } else {
+            r.quality.tasks.clone()
+        };
+        let mut task_data: Vec<String> = names
+            .iter()
+            .map(|d| {
+                let task = crate::builtin::data::task_name(*d);
+                format!(
+                    "{task}={}",
+                    b.file(&format!("tasks/{}", d.name())).display()
+                )
+            })
+            .collect();
+        task_data.extend(r.quality.data.iter().map(|(k, v)| format!("{k}={v}")));
+        Ok(Subject {
+            model: b.model().display().to_string(),
+            calibration: r
+                .calibration
+                .data
+                .clone()
+                .unwrap_or_else(|| b.file("calibration.jsonl")),
+            instructions: Some(
+                r.finetune
+                    .data
+                    .clone()
+                    .unwrap_or_else(|| b.file("instructions/train.jsonl").display().to_string()),
+            ),
+            held_out: Some(b.file("instructions/held_out.jsonl").display().to_string()),
+            tasks,
+            task_data,
+            builtin: Some(recipe),
+        })
+    } else {
+        Ok(Subject {
+            model: r.model.path.clone().expect("checked"),
+            calibration: r.calibration.data.clone().expect("checked"),
+            instructions: r.finetune.data.clone(),
+            held_out: None,
+            tasks: r.quality.tasks.clone(),
+            task_data: r
+                .quality
+                .data
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect(),
+            builtin: None,
+        })
+    }
+}
+
+fn model_opts(
+    model: &str,
+    r: &Recipe,
+    placement: &Path,
+    routing: Routing,
+    trace: &Path,
+) -> ModelOpts {
+    let mut o = ModelOpts::local(model);
+    o.dtype = r.model.dtype.clone();
+    o.devices = r.devices;
+    o.mode = Some(ModeArg::Occult);
+    o.placement = Some(placement.to_path_buf());
+    if let Some((n, rule)) = routing.prune {
+        o.max_devices = Some(n);
+        o.prune_rule = match rule {
+            PruneRule::Router => PruneRuleArg::Router,
+            PruneRule::Similarity => PruneRuleArg::Similarity,
+        };
+        if rule == PruneRule::Similarity {
+            o.calibration = Some(trace.to_path_buf());
+        }
+    }
+    o
+}
+
+/// Runs the recipe into `out`.
+pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let clock = Instant::now();
+    let stages = if recipe.finetune.skip { 4 } else { 5 };
+    let stage = |i: usize, what: &str| {
+        eprintln!(
+            "[{i}/{stages}] {what} ({:.0} s so far)",
+            clock.elapsed().as_secs_f64()
+        )
+    };
+    stage(1, "the model");
+    let s = subject(recipe)?;
+    let cfg = ModelConfig::read(&Path::new(&s.model).join("config.json")).or_else(|_| {
+        Ok::<_, anyhow::Error>(
+            crate::commands::model_opts::ModelOpts::local(&s.model)
+                .open()?
+                .cfg,
+        )
+    })?;
+
+    stage(2, "routing profile on the calibration text");
+    let trace_path = out.join("trace.safetensors");
+    crate::commands::profile::run(ProfileArgs {
+        model: {
+            let mut o = ModelOpts::local(&s.model);
+            o.dtype = recipe.model.dtype.clone();
+            o
+        },
+        data: s.calibration.clone(),
+        output: trace_path.clone(),
+        seq_len: recipe.calibration.seq_len.unwrap_or(512),
+        max_tokens: recipe.calibration.max_tokens,
+        no_logits: false,
+        add_bos: false,
+    })?;
+    let trace = Trace::read(&trace_path)?;
+
+    stage(3, "placements and the E[C_T] table");
+    let row = match recipe.analysis.row_dtype.as_str() {
+        "f32" => RowDtype::F32,
+        "f16" => RowDtype::F16,
+        "fp8" => RowDtype::Fp8,
+        _ => RowDtype::Bf16,
+    };
+    let rules: Vec<PruneRule> = recipe
+        .analysis
+        .prune_rules
+        .iter()
+        .map(|r| {
+            if r == "router" {
+                PruneRule::Router
+            } else {
+                PruneRule::Similarity
+            }
+        })
+        .collect();
+    let router = cfg.router_rule();
+    let (steps, placements) = ect_ladder(
+        &trace,
+        &LadderSettings {
+            devices: recipe.devices,
+            row_bytes: cfg.hidden_size as u64 * row.bytes(),
+            restarts: recipe.analysis.restarts,
+            seed: 0,
+            prune_devices: &recipe.analysis.prune_devices,
+            rules: &rules,
+            router: &router,
+        },
+    )?;
+    for (m, p) in &placements {
+        p.write(&out.join(format!("placement-{}.json", m.name())))?;
+    }
+    let placement = out.join("placement-occult.json");
+
+    let routings: Vec<Routing> = std::iter::once(Routing { prune: None })
+        .chain(recipe.analysis.prune_devices.iter().flat_map(|&n| {
+            rules.iter().map(move |&r| Routing {
+                prune: Some((n, r)),
+            })
+        }))
+        .collect();
+    let mut finetunes = Vec::new();
+    if !recipe.finetune.skip {
+        stage(4, "fine-tuning from the same start, under each routing");
+        let data = s.instructions.clone().expect("checked");
+        for &routing in &routings {
+            let dir = out.join("finetune").join(routing.name());
+            eprintln!("  {}", routing.name());
+            let t = Instant::now();
+            crate::commands::train::run(TrainArgs {
+                model: model_opts(&s.model, recipe, &placement, routing, &trace_path),
+                data: data.clone(),
+                out: dir.clone(),
+                steps: recipe.finetune.steps,
+                seq_len: recipe.finetune.seq_len,
+                batch_size: recipe.finetune.batch_size,
+                grad_accum: 1,
+                lr: recipe.finetune.lr,
+                warmup: Some(recipe.finetune.steps / 10),
+                min_lr_ratio: 0.0,
+                weight_decay: 0.0,
+                max_grad_norm: 1.0,
+                seed: 0,
+                save_every: None,
+                resume: false,
+                overwrite: true,
+                stop_at: None,
+                add_bos: false,
+                aux_loss: false,
+                eval_data: s.held_out.clone(),
+                eval_every: None,
+                train: TrainWhat::Moe,
+            })
+            .with_context(|| format!("fine-tuning under {}", routing.name()))?;
+            let _ = std::fs::remove_dir_all(dir.join("state"));
+            finetunes.push(finetune_row(&dir, routing, t.elapsed().as_secs_f64())?);
+        }
+    }
+
+    stage(stages, "quality on the tasks");
+    let mut quality = Vec::new();
+    let mut evaluate =
+        |variant: &str, model: &str, fine_tuned: bool, routing: Routing| -> Result<()> {
+            let file = out
+                .join("quality")
+                .join(format!("{variant}--served-{}.json", routing.name()));
+            std::fs::create_dir_all(file.parent().expect("a folder"))?;
+            eprintln!("  {variant}, served {}", routing.name());
+            crate::commands::eval::run(EvalArgs {
+                model: model_opts(model, recipe, &placement, routing, &trace_path),
+                tasks: s.tasks.clone(),
+                data: s.task_data.clone(),
+                samples: false,
+                num_fewshot: recipe.quality.num_fewshot,
+                limit: recipe.quality.limit,
+                batch_size: 8,
+                no_context_reuse: false,
+                seed: 1234,
+                add_bos: false,
+                output: Some(file.clone()),
+                log_samples: false,
+                quiet: true,
+                trace: None,
+            })
+            .with_context(|| format!("evaluating {variant} served {}", routing.name()))?;
+            quality.extend(quality_rows(&file, variant, fine_tuned, routing)?);
+            Ok(())
+        };
+    for &routing in &routings {
+        evaluate("base", &s.model, false, routing)?;
+    }
+    if !recipe.finetune.skip {
+        let standard = out.join("finetune").join("exact");
+        for &routing in &routings {
+            evaluate("exact", &standard.display().to_string(), true, routing)?;
+        }
+        for &routing in routings.iter().skip(1) {
+            let dir = out.join("finetune").join(routing.name());
+            evaluate(&routing.name(), &dir.display().to_string(), true, routing)?;
+        }
+    }
+
+    let seconds = clock.elapsed().as_secs_f64();
+    let md = report::render(
+        recipe, origin, &cfg, &trace, &steps, &finetunes, &quality, seconds,
+    );
+    let results = with_provenance(serde_json::json!({
+        "config": {"recipe": recipe, "recipe_source": origin, "model": s.model,
+                   "builtin": s.builtin},
+        "ect_table": steps,
+        "finetune": finetunes,
+        "quality": quality,
+        "speed": [],
+        "seconds": seconds,
+    }));
+    write_json(&out.join("results.json"), &results)?;
+    occult_core::atomic::write_atomic(&out.join("report.md"), |w| {
+        std::io::Write::write_all(w, md.as_bytes())
+    })?;
+    print!("{md}");
+    eprintln!(
+        "wrote {} and {} in {seconds:.0} s",
+        out.join("report.md").display(),
+        out.join("results.json").display()
+    );
+    Ok(())
+}
+
+fn finetune_row(dir: &Path, routing: Routing, seconds: f64) -> Result<FinetuneRow> {
+    let log = std::fs::read_to_string(dir.join("log.jsonl"))
+        .with_context(|| format!("reading {}", dir.join("log.jsonl").display()))?;
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<std::result::Result<_, _>>()?;
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let first = lines.first().context("an empty training log")?;
+    let last = lines.last().context("an empty training log")?;
+    let ects: Vec<f64> = lines.iter().map(|v| f(v, "mean_ect")).collect();
+    Ok(FinetuneRow {
+        variant: routing.name(),
+        max_devices: routing.prune.map(|p| p.0),
+        rule: routing.prune.map(|p| p.1.name().to_string()),
+        first_loss: f(first, "loss"),
+        last_loss: f(last, "loss"),
+        held_out_loss: last["eval_loss"].as_f64(),
+        mean_ect: ects.iter().sum::<f64>() / ects.len().max(1) as f64,
+        seconds,
+    })
+}
+
+fn quality_rows(
+    file: &Path,
+    variant: &str,
+    fine_tuned: bool,
+    routing: Routing,
+) -> Result<Vec<QualityRow>> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    let results = v["results"]
+        .as_object()
+        .context("no `results` in the eval output")?;
+    Ok(results
+        .iter()
+        .map(|(task, r)| QualityRow {
+            variant: variant.to_string(),
+            fine_tuned,
+            max_devices: routing.prune.map(|p| p.0),
+            rule: routing.prune.map(|p| p.1.name().to_string()),
+            task: task.clone(),
+            acc: r["acc"].as_f64().unwrap_or(f64::NAN),
+            acc_norm: r["acc_norm"].as_f64(),
+        })
+        .collect())
+}

@@ -1,0 +1,209 @@
+//! `occult reproduce` recipes (TOML): which model, on how many devices, with which calibration
+//! text, fine-tuning data and tasks, and how much of each. The default recipe
+//! (`configs/reproduce/builtin.toml`, compiled in) runs on the built-in model, whose data fills
+//! every slot left empty; a recipe for a real checkpoint names its own.
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The built-in recipe.
+pub const DEFAULT_RECIPE: &str = include_str!("../../../configs/reproduce/builtin.toml");
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    pub name: String,
+    /// Expert-parallel ranks of every stage.
+    pub devices: usize,
+    pub model: ModelRecipe,
+    #[serde(default)]
+    pub calibration: CalibrationRecipe,
+    #[serde(default)]
+    pub analysis: AnalysisRecipe,
+    #[serde(default)]
+    pub finetune: FinetuneRecipe,
+    #[serde(default)]
+    pub quality: QualityRecipe,
+    /// The built-in model's recipe, where it differs from the default (a smaller one for
+    /// tests); each is built and cached on its own.
+    #[serde(default)]
+    pub builtin: Option<crate::builtin::BuiltinRecipe>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRecipe {
+    /// The built-in model (built and cached on first use).
+    #[serde(default)]
+    pub builtin: bool,
+    /// A model folder or a Hugging Face id in the local cache.
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default = "f32_name")]
+    pub dtype: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CalibrationRecipe {
+    /// Text to profile routing on (JSONL `text`, or one document per line); the built-in
+    /// model's calibration text by default.
+    pub data: Option<PathBuf>,
+    pub seq_len: Option<usize>,
+    pub max_tokens: Option<usize>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnalysisRecipe {
+    /// Element type of the rows the table counts bytes for (f32, bf16, f16, fp8).
+    #[serde(default = "bf16_name")]
+    pub row_dtype: String,
+    /// Placement search restarts.
+    #[serde(default = "two")]
+    pub restarts: usize,
+    #[serde(default = "prune_devices")]
+    pub prune_devices: Vec<usize>,
+    #[serde(default = "prune_rules")]
+    pub prune_rules: Vec<String>,
+}
+
+impl Default for AnalysisRecipe {
+    fn default() -> Self {
+        AnalysisRecipe {
+            row_dtype: bf16_name(),
+            restarts: 2,
+            prune_devices: prune_devices(),
+            prune_rules: prune_rules(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FinetuneRecipe {
+    /// Skip fine-tuning (and the fine-tuned rows of the quality table).
+    #[serde(default)]
+    pub skip: bool,
+    /// Alpaca-format data; the built-in model's instructions by default.
+    pub data: Option<String>,
+    #[serde(default = "steps")]
+    pub steps: u64,
+    #[serde(default = "sixteen")]
+    pub batch_size: usize,
+    #[serde(default = "lr")]
+    pub lr: f64,
+    pub seq_len: Option<usize>,
+}
+
+impl Default for FinetuneRecipe {
+    fn default() -> Self {
+        FinetuneRecipe {
+            skip: false,
+            data: None,
+            steps: steps(),
+            batch_size: sixteen(),
+            lr: lr(),
+            seq_len: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct QualityRecipe {
+    /// Tasks (names or task files); the built-in model's four tasks by default.
+    #[serde(default)]
+    pub tasks: Vec<String>,
+    /// TASK = PATH data sources (else the hub cache).
+    #[serde(default)]
+    pub data: std::collections::BTreeMap<String, String>,
+    /// Items per task (all when absent).
+    pub limit: Option<usize>,
+    pub num_fewshot: Option<usize>,
+}
+
+fn f32_name() -> String {
+    "f32".into()
+}
+fn bf16_name() -> String {
+    "bf16".into()
+}
+fn two() -> usize {
+    2
+}
+fn prune_devices() -> Vec<usize> {
+    vec![2, 1]
+}
+fn prune_rules() -> Vec<String> {
+    vec!["router".into(), "similarity".into()]
+}
+fn steps() -> u64 {
+    200
+}
+fn sixteen() -> usize {
+    16
+}
+fn lr() -> f64 {
+    1e-3
+}
+
+impl Recipe {
+    /// Reads a recipe (the built-in one for `None`); returns it with where it came from.
+    pub fn load(path: Option<&std::path::Path>) -> Result<(Recipe, String)> {
+        let (text, origin) = match path {
+            Some(p) => (
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+                p.display().to_string(),
+            ),
+            None => (DEFAULT_RECIPE.to_string(), "built-in".to_string()),
+        };
+        let r: Recipe =
+            toml::from_str(&text).with_context(|| format!("recipe {origin} is not valid"))?;
+        r.check().with_context(|| format!("recipe {origin}"))?;
+        Ok((r, origin))
+    }
+
+    fn check(&self) -> Result<()> {
+        match (self.model.builtin, &self.model.path) {
+            (true, Some(_)) => bail!("[model] gives both builtin = true and a path"),
+            (false, None) => bail!("[model] needs builtin = true or a path"),
+            _ => {}
+        }
+        if self.devices < 2 {
+            bail!(
+                "devices = {}: expert parallelism needs at least 2",
+                self.devices
+            );
+        }
+        if !self.model.builtin {
+            if self.calibration.data.is_none() {
+                bail!("[calibration] data is required for a model other than the built-in one");
+            }
+            if !self.finetune.skip && self.finetune.data.is_none() {
+                bail!("[finetune] data is required (or skip = true) for a model other than the built-in one");
+            }
+            if self.quality.tasks.is_empty() {
+                bail!("[quality] tasks are required for a model other than the built-in one");
+            }
+        }
+        for r in &self.analysis.prune_rules {
+            if r != "router" && r != "similarity" {
+                bail!("[analysis] prune rule {r:?} is not router or similarity");
+            }
+        }
+        if let Some(&n) = self
+            .analysis
+            .prune_devices
+            .iter()
+            .find(|&&n| n == 0 || n >= self.devices)
+        {
+            bail!(
+                "[analysis] prune_devices {n} must be between 1 and devices - 1 ({})",
+                self.devices - 1
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,159 @@
+//! `report.md` of `occult reproduce`: the E[C_T] table, the fine-tuning runs and the quality
+//! table, with the paper's claims checked against them in words.
+
+use super::ladder::Step;
+use super::recipe::Recipe;
+use super::{FinetuneRow, QualityRow};
+use crate::table::{count, Table};
+use occult_core::analysis::trace::Trace;
+use occult_core::models::config::ModelConfig;
+use std::collections::BTreeMap;
+
+fn served(r: &QualityRow) -> String {
+    match (r.max_devices, &r.rule) {
+        (Some(n), Some(rule)) => format!("pruned to {n}, {rule}"),
+        _ => "exact".into(),
+    }
+}
+
+/// Mean accuracy over tasks of each (variant, served) pair, in first-seen order.
+pub fn mean_acc(quality: &[QualityRow]) -> Vec<((String, String), f64)> {
+    let mut order: Vec<(String, String)> = Vec::new();
+    let mut sums: BTreeMap<(String, String), (f64, usize)> = BTreeMap::new();
+    for r in quality {
+        let key = (r.variant.clone(), served(r));
+        if !order.contains(&key) {
+            order.push(key.clone());
+        }
+        let e = sums.entry(key).or_default();
+        e.0 += r.acc;
+        e.1 += 1;
+    }
+    order
+        .into_iter()
+        .map(|k| {
+            let (s, n) = sums[&k];
+            (k, s / n.max(1) as f64)
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn render(
+    recipe: &Recipe,
+    origin: &str,
+    cfg: &ModelConfig,
+    trace: &Trace,
+    steps: &[Step],
+    finetunes: &[FinetuneRow],
+    quality: &[QualityRow],
+    seconds: f64,
+) -> String {
+    let mut md = format!(
+        "# occult reproduce: {}\n\nRecipe: {origin}. Model: {} ({} layers, hidden {}, {} experts, \
+         top-{}), on {} devices. Calibration: {} tokens per MoE layer. Whole run: {seconds:.0} s.\n\n",
+        recipe.name,
+        if recipe.model.builtin {
+            "the built-in model".to_string()
+        } else {
+            recipe.model.path.clone().unwrap_or_default()
+        },
+        cfg.num_layers,
+        cfg.hidden_size,
+        cfg.moe.num_experts,
+        cfg.moe.top_k,
+        recipe.devices,
+        trace.layers.first().map_or(0, |l| l.tokens),
+    );
+    md += "## E[C_T]: devices each token's experts span, and what crosses links\n\n";
+    let mut t = Table::new(&[
+        "step",
+        "placement",
+        "E[C_T]",
+        "rows/token",
+        "remote rows/token",
+        "remote bytes",
+        "vs standard",
+        "changed",
+    ]);
+    for s in steps {
+        t.row(vec![
+            s.step.clone(),
+            s.placement.clone(),
+            format!("{:.3}", s.ect),
+            format!("{:.3}", s.rows_per_token),
+            format!("{:.3}", s.remote_rows_per_token),
+            count(s.remote_bytes),
+            format!("{:.3}", s.remote_bytes_ratio),
+            s.changed_fraction
+                .map_or("-".into(), |c| format!("{:.1}%", 100.0 * c)),
+        ]);
+    }
+    md += &t.render();
+    if steps.len() >= 4 {
+        let (std, dedup, greedy, ours) = (&steps[0], &steps[1], &steps[2], &steps[3]);
+        md += &format!(
+            "\nDedup alone sends {:.2}x fewer rows than k-copy dispatch. Our placement cuts E[C_T] \
+             by {:.1}% against contiguous ({:.3} -> {:.3}); paper-greedy reaches {:.3}.\n",
+            std.rows_per_token / dedup.rows_per_token.max(1e-12),
+            100.0 * (1.0 - ours.ect / dedup.ect.max(1e-12)),
+            dedup.ect,
+            ours.ect,
+            greedy.ect,
+        );
+    }
+    if !finetunes.is_empty() {
+        md += "\n## Fine-tuning from the same start\n\n";
+        let mut t = Table::new(&[
+            "routing",
+            "E[C_T]",
+            "first loss",
+            "last loss",
+            "held-out loss",
+            "seconds",
+        ]);
+        for f in finetunes {
+            t.row(vec![
+                f.variant.clone(),
+                format!("{:.3}", f.mean_ect),
+                format!("{:.4}", f.first_loss),
+                format!("{:.4}", f.last_loss),
+                f.held_out_loss.map_or("-".into(), |l| format!("{l:.4}")),
+                format!("{:.0}", f.seconds),
+            ]);
+        }
+        md += &t.render();
+    }
+    if !quality.is_empty() {
+        md += "\n## Quality (accuracy on the tasks)\n\n";
+        let mut tasks: Vec<String> = quality.iter().map(|r| r.task.clone()).collect();
+        tasks.sort();
+        tasks.dedup();
+        let mut head = vec!["model".to_string(), "served".to_string()];
+        head.extend(tasks.iter().cloned());
+        head.push("mean".into());
+        let head_refs: Vec<&str> = head.iter().map(String::as_str).collect();
+        let mut t = Table::new(&head_refs);
+        for ((variant, how), mean) in mean_acc(quality) {
+            let mut row = vec![
+                if variant == "base" {
+                    "start (no fine-tuning)".to_string()
+                } else {
+                    format!("fine-tuned {variant}")
+                },
+                how.clone(),
+            ];
+            for task in &tasks {
+                let acc = quality
+                    .iter()
+                    .find(|r| r.variant == variant && served(r) == how && &r.task == task)
+                    .map_or("-".into(), |r| format!("{:.3}", r.acc));
+                row.push(acc);
+            }
+            row.push(format!("{mean:.3}"));
+            t.row(row);
+        }
+        md += &t.render();
+    }
+    md
+}
