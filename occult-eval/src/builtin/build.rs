@@ -39,7 +39,7 @@ pub struct BuiltinRecipe {
 impl Default for BuiltinRecipe {
     fn default() -> Self {
         BuiltinRecipe {
-            version: 1,
+            version: 2,
             seed: 2025,
             sizes: DataSizes::default(),
             hidden: 64,
@@ -48,7 +48,7 @@ impl Default for BuiltinRecipe {
             experts: 64,
             top_k: 8,
             expert_intermediate: 32,
-            steps: 600,
+            steps: 400,
             batch_size: 16,
             seq_len: 128,
             lr: 3e-3,

@@ -67,12 +67,19 @@ pub fn task_toml(d: Domain) -> String {
     format!(
         "name = \"{}\"\nabout = \"The built-in model's {} task: {about}.\"\n\
          metrics = [\"acc\", \"acc_norm\"]\n\n[data]\nhub = \"occult/{}\"\n\
-         eval_split = \"test\"\nfewshot_split = \"train\"\n\n[prompt]\ntext = \"{{context}}\"\n\
-         choices_field = \"choices\"\ngold = \"label\"\n",
+         eval_split = \"test\"\nfewshot_split = \"train\"\n\n[prompt]\n\
+         # The question in the Alpaca template, as the model answers instructions.\n\
+         text = {}\nchoices_field = \"choices\"\ngold = \"label\"\n",
         task_name(d),
         d.name(),
-        task_name(d)
+        task_name(d),
+        serde_json::to_string(&alpaca_prompt("{instruction}")).expect("a string")
     )
+}
+
+/// The Alpaca prompt (no input) of an instruction.
+pub fn alpaca_prompt(instruction: &str) -> String {
+    PROMPT_NO_INPUT.replace("{instruction}", instruction)
 }
 
 /// An item as a task document: the choices shuffled, `label` the right one's index.
@@ -84,7 +91,7 @@ fn task_doc(it: &Item, r: &mut ChaCha8Rng) -> Value {
         .position(|&i| i == 0)
         .expect("the right answer");
     let choices: Vec<&String> = order.iter().map(|&i| &it.choices[i]).collect();
-    json!({"context": it.context, "choices": choices, "label": label})
+    json!({"context": it.context, "instruction": it.instruction, "choices": choices, "label": label})
 }
 
 /// An item as an instruction: the question form, or (every other one) completing the text.
@@ -136,7 +143,20 @@ fn fresh_items(
 pub fn write_data(dir: &Path, world: &World, sizes: DataSizes, seed: u64) -> Result<usize> {
     std::fs::create_dir_all(dir.join("instructions"))
         .with_context(|| format!("creating {}", dir.display()))?;
-    let pretrain = documents(world, sizes.pretrain_docs, sizes.sentences, seed);
+    // Pre-training text: documents of sentences, and (three in ten) questions answered in the
+    // Alpaca template, so that the start already follows instructions, as chat-ready base
+    // models do.
+    let mut pretrain = documents(world, sizes.pretrain_docs, sizes.sentences, seed);
+    let mut r = ChaCha8Rng::seed_from_u64(seed + 3);
+    for i in 0..sizes.pretrain_docs * 3 / 10 {
+        let it = item(world, Domain::ALL[i % Domain::ALL.len()], &mut r);
+        pretrain.push(format!(
+            "{}{}",
+            alpaca_prompt(&it.instruction),
+            it.choices[0]
+        ));
+    }
+    pretrain.shuffle(&mut r);
     let calibration = documents(world, sizes.calibration_docs, sizes.sentences, seed + 1);
     let text_lines =
         |docs: &[String]| -> Vec<Value> { docs.iter().map(|d| json!({ "text": d })).collect() };
@@ -158,7 +178,8 @@ pub fn write_data(dir: &Path, world: &World, sizes: DataSizes, seed: u64) -> Res
             all_texts.extend(
                 items
                     .iter()
-                    .flat_map(|it| std::iter::once(it.context.clone()).chain(it.choices.clone())),
+                    .flat_map(|it| [it.context.clone(), it.instruction.clone()])
+                    .chain(items.iter().flat_map(|it| it.choices.clone())),
             );
         }
         let toml = task_toml(d);

@@ -207,3 +207,24 @@ impl Recipe {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_recipes_read() {
+        let (r, _) = Recipe::load(None).unwrap();
+        assert!(r.model.builtin && r.devices == 4);
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/reproduce");
+        let mut n = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let (r, _) =
+                Recipe::load(Some(&p)).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+            assert_eq!(r.devices, 4, "{}", p.display());
+            n += 1;
+        }
+        assert_eq!(n, 4, "builtin, olmoe, qwen-moe, deepseek-moe");
+    }
+}
