@@ -245,6 +245,10 @@ seq_len = 64
 steps = 4
 batch_size = 8
 seq_len = 64
+[speed]
+prompt_lens = [8, 32]
+decode_tokens = 2
+repeats = 1
 "#;
 
 #[test]
@@ -290,8 +294,27 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
     assert!(q
         .iter()
         .all(|x| (0.0..=1.0).contains(&x["acc"].as_f64().unwrap())));
-    for key in ["config", "provenance", "speed"] {
+    for key in ["config", "provenance"] {
         assert!(r.get(key).is_some(), "{key}");
+    }
+    // Speed: every suite, each EP mode measured and projected (prefill, train) on 4 ranks.
+    let speed = r["speed"].as_array().unwrap();
+    for suite in ["prefill", "decode", "train"] {
+        let rows: Vec<_> = speed.iter().filter(|x| x["suite"] == suite).collect();
+        assert!(rows.iter().any(|x| x["mode"] == "occult"), "{suite}");
+        assert!(
+            rows.iter().all(|x| x["seconds"].as_f64().unwrap() > 0.0),
+            "{suite}"
+        );
+        if suite != "decode" {
+            let occ = rows.iter().find(|x| x["mode"] == "occult").unwrap();
+            let std = rows.iter().find(|x| x["mode"] == "standard").unwrap();
+            assert!(occ["projected_seconds"].as_f64().unwrap() > 0.0);
+            assert!(
+                occ["bytes_sent"].as_u64() <= std["bytes_sent"].as_u64(),
+                "{suite}"
+            );
+        }
     }
     assert!(d.join("rep/report.md").exists() && d.join("rep/placement-occult.json").exists());
     // The second run finds the model in the cache.

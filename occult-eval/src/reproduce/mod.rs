@@ -13,6 +13,7 @@
 pub mod ladder;
 pub mod recipe;
 pub mod report;
+pub mod speed;
 
 use crate::builtin::{dir_for, ensure, BuiltinRecipe};
 use crate::commands::eval::EvalArgs;
@@ -175,7 +176,7 @@ fn model_opts(
 pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let clock = Instant::now();
-    let stages = if recipe.finetune.skip { 4 } else { 5 };
+    let stages = 4 + usize::from(!recipe.finetune.skip) + usize::from(!recipe.speed.skip);
     let stage = |i: usize, what: &str| {
         eprintln!(
             "[{i}/{stages}] {what} ({:.0} s so far)",
@@ -246,6 +247,22 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     }
     let placement = out.join("placement-occult.json");
 
+    let mut speed = Vec::new();
+    if !recipe.speed.skip {
+        stage(
+            4,
+            "speed: prefill, decode and a training step, measured and projected",
+        );
+        let opts = model_opts(
+            &s.model,
+            recipe,
+            &placement,
+            Routing { prune: None },
+            &trace_path,
+        );
+        speed = speed::speed(&opts, &recipe.speed)?;
+    }
+
     let routings: Vec<Routing> = std::iter::once(Routing { prune: None })
         .chain(recipe.analysis.prune_devices.iter().flat_map(|&n| {
             rules.iter().map(move |&r| Routing {
@@ -255,7 +272,10 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         .collect();
     let mut finetunes = Vec::new();
     if !recipe.finetune.skip {
-        stage(4, "fine-tuning from the same start, under each routing");
+        stage(
+            stages - 1,
+            "fine-tuning from the same start, under each routing",
+        );
         let data = s.instructions.clone().expect("checked");
         for &routing in &routings {
             let dir = out.join("finetune").join(routing.name());
@@ -336,7 +356,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
 
     let seconds = clock.elapsed().as_secs_f64();
     let md = report::render(
-        recipe, origin, &cfg, &trace, &steps, &finetunes, &quality, seconds,
+        recipe, origin, &cfg, &trace, &steps, &speed, &finetunes, &quality, seconds,
     );
     let results = with_provenance(serde_json::json!({
         "config": {"recipe": recipe, "recipe_source": origin, "model": s.model,
@@ -344,7 +364,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         "ect_table": steps,
         "finetune": finetunes,
         "quality": quality,
-        "speed": [],
+        "speed": speed,
         "seconds": seconds,
     }));
     write_json(&out.join("results.json"), &results)?;

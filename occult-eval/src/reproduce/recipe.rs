@@ -25,6 +25,8 @@ pub struct Recipe {
     pub finetune: FinetuneRecipe,
     #[serde(default)]
     pub quality: QualityRecipe,
+    #[serde(default)]
+    pub speed: super::speed::SpeedRecipe,
     /// The built-in model's recipe, where it differs from the default (a smaller one for
     /// tests); each is built and cached on its own.
     #[serde(default)]

@@ -3,6 +3,7 @@
 
 use super::ladder::Step;
 use super::recipe::Recipe;
+use super::speed::SpeedRow;
 use super::{FinetuneRow, QualityRow};
 use crate::table::{count, Table};
 use occult_core::analysis::trace::Trace;
@@ -45,6 +46,7 @@ pub fn render(
     cfg: &ModelConfig,
     trace: &Trace,
     steps: &[Step],
+    speed: &[SpeedRow],
     finetunes: &[FinetuneRow],
     quality: &[QualityRow],
     seconds: f64,
@@ -102,6 +104,9 @@ pub fn render(
             greedy.ect,
         );
     }
+    if !speed.is_empty() {
+        md += &speed_table(speed);
+    }
     if !finetunes.is_empty() {
         md += "\n## Fine-tuning from the same start\n\n";
         let mut t = Table::new(&[
@@ -156,4 +161,47 @@ pub fn render(
         md += &t.render();
     }
     md
+}
+
+/// The speed table: per suite and size, each mode's measured and projected time, and their
+/// ratio to standard dispatch in the same run.
+fn speed_table(speed: &[SpeedRow]) -> String {
+    let link = speed.first().map_or("", |r| r.link.as_str());
+    let md = format!(
+        "\n## Speed: measured here, and projected on {link}\n\nSeconds per step (decode: per \
+         token) of the slowest rank; x = standard's time over the mode's, in the same run.\n\n"
+    );
+    let mut t = Table::new(&[
+        "suite",
+        "tokens",
+        "mode",
+        "E[C_T]",
+        "remote bytes",
+        "measured s",
+        "x",
+        "projected s",
+        "x",
+    ]);
+    for r in speed {
+        let base = speed
+            .iter()
+            .find(|b| b.suite == r.suite && b.tokens == r.tokens && b.mode == "standard");
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+            _ => "-".into(),
+        };
+        t.row(vec![
+            r.suite.clone(),
+            r.tokens.to_string(),
+            r.mode.clone(),
+            format!("{:.3}", r.ect),
+            count(r.bytes_sent),
+            format!("{:.4}", r.seconds),
+            ratio(base.map(|b| b.seconds), Some(r.seconds)),
+            r.projected_seconds
+                .map_or("-".into(), |p| format!("{p:.6}")),
+            ratio(base.and_then(|b| b.projected_seconds), r.projected_seconds),
+        ]);
+    }
+    md + &t.render()
 }

@@ -1,0 +1,122 @@
+//! The speed stage of `occult reproduce`: whole-model prefill across token counts (with decode
+//! per token on the shortest prompt) and a training step, each in standard, Occult and pruned
+//! dispatch on the recipe's devices under the placement found, measured here and projected
+//! onto a link profile. The same code as `occult bench model` and `occult bench train`.
+
+use crate::bench_model_ep::{self, EpModelBench, ModeResult};
+use crate::bench_train::{self, TrainBench};
+use crate::commands::model_opts::ModelOpts;
+use anyhow::Result;
+use occult_core::ep::cost::LinkProfile;
+use serde::{Deserialize, Serialize};
+
+/// What the speed stage measures.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpeedRecipe {
+    pub skip: bool,
+    /// Prompt tokens per rank of each prefill.
+    pub prompt_lens: Vec<usize>,
+    /// Decode steps after the shortest prompt.
+    pub decode_tokens: usize,
+    pub repeats: usize,
+    /// Sequences per rank and their length in the training step.
+    pub train_batch_per_rank: usize,
+    pub train_seq_len: usize,
+    /// The link profile of the projection (a built-in name or a file).
+    pub link: String,
+}
+
+impl Default for SpeedRecipe {
+    fn default() -> Self {
+        SpeedRecipe {
+            skip: false,
+            prompt_lens: vec![16, 64, 256],
+            decode_tokens: 8,
+            repeats: 2,
+            train_batch_per_rank: 2,
+            train_seq_len: 64,
+            link: "pcie4".into(),
+        }
+    }
+}
+
+/// One measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpeedRow {
+    /// `prefill`, `decode` or `train`.
+    pub suite: String,
+    pub mode: String,
+    pub devices: usize,
+    /// Tokens over all ranks (decode: one per rank).
+    pub tokens: usize,
+    pub ect: f64,
+    pub rows_sent: usize,
+    pub bytes_sent: u64,
+    /// Measured: the slowest rank (prefill and train: per step; decode: per token).
+    pub seconds: f64,
+    pub projected_seconds: Option<f64>,
+    pub link: String,
+}
+
+fn row(suite: &str, r: &ModeResult, link: &str) -> SpeedRow {
+    SpeedRow {
+        suite: suite.into(),
+        mode: r.mode.clone(),
+        devices: r.devices,
+        tokens: r.tokens,
+        ect: r.ect,
+        rows_sent: r.rows_sent,
+        bytes_sent: r.bytes_sent,
+        seconds: r.seconds,
+        projected_seconds: r.projected_seconds,
+        link: link.into(),
+    }
+}
+
+/// Runs the speed stage with `opts` (the model, devices and placement).
+pub fn speed(opts: &ModelOpts, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
+    let link = LinkProfile::load(&s.link)?;
+    let mut ck = opts.open()?;
+    let mut rows = Vec::new();
+    let shortest = s.prompt_lens.iter().copied().min().unwrap_or(0);
+    for &len in &s.prompt_lens {
+        eprintln!("  prefill, {len} tokens per rank");
+        let b = EpModelBench {
+            devices: opts.devices,
+            prompt_len: len,
+            decode_tokens: if len == shortest { s.decode_tokens } else { 0 },
+            repeats: s.repeats,
+            max_devices: 2.min(opts.devices - 1),
+            seed: 0,
+        };
+        let Some(results) = bench_model_ep::run(opts, &ck, &b, Some(&link))? else {
+            continue;
+        };
+        for r in results.iter().filter(|r| r.mode != "reference") {
+            rows.push(row("prefill", r, &s.link));
+            if b.decode_tokens > 0 {
+                rows.push(SpeedRow {
+                    suite: "decode".into(),
+                    tokens: opts.devices,
+                    seconds: r.decode_ms_per_token / 1e3,
+                    projected_seconds: None,
+                    ..row("decode", r, &s.link)
+                });
+            }
+        }
+    }
+    eprintln!("  training step");
+    let b = TrainBench {
+        devices: opts.devices,
+        batch_per_rank: s.train_batch_per_rank,
+        seq_len: s.train_seq_len,
+        warmup: 1,
+        steps: s.repeats,
+        seed: 0,
+    };
+    if let Some(results) = bench_train::run(opts, &mut ck, &b, Some(&link))? {
+        rows.extend(results.iter().map(|r| row("train", r, &s.link)));
+    }
+    Ok(rows)
+}
