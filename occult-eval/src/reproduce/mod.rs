@@ -11,6 +11,7 @@
 //! `eval`), on the recipe's devices.
 
 pub mod ladder;
+pub mod plots;
 pub mod recipe;
 pub mod report;
 pub mod speed;
@@ -354,6 +355,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         }
     }
 
+    let plots = plots::draw_all(out, &steps, &speed, &quality)?;
     let seconds = clock.elapsed().as_secs_f64();
     let md = report::render(
         recipe, origin, &cfg, &trace, &steps, &speed, &finetunes, &quality, seconds,
@@ -365,6 +367,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         "finetune": finetunes,
         "quality": quality,
         "speed": speed,
+        "plots": plots.iter().map(|p| p.file_name().map(|n| n.to_string_lossy().to_string())).collect::<Vec<_>>(),
         "seconds": seconds,
     }));
     write_json(&out.join("results.json"), &results)?;

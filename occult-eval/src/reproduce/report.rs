@@ -67,7 +67,8 @@ pub fn render(
         recipe.devices,
         trace.layers.first().map_or(0, |l| l.tokens),
     );
-    md += "## E[C_T]: devices each token's experts span, and what crosses links\n\n";
+    md += "## E[C_T]: devices each token's experts span, and what crosses links\n\n\
+           ![E[C_T] per step](ect.png)\n\n";
     let mut t = Table::new(&[
         "step",
         "placement",
@@ -106,6 +107,7 @@ pub fn render(
     }
     if !speed.is_empty() {
         md += &speed_table(speed);
+        md += "\n![Prefill time against tokens](time_vs_tokens.png)\n";
     }
     if !finetunes.is_empty() {
         md += "\n## Fine-tuning from the same start\n\n";
@@ -159,6 +161,7 @@ pub fn render(
             t.row(row);
         }
         md += &t.render();
+        md += "\n![Mean accuracy against E[C_T]](quality_vs_ect.png)\n";
     }
     md
 }

@@ -1,0 +1,249 @@
+//! The PNG plots of `occult reproduce`, drawn with plotters and the DejaVu Sans font compiled in
+//! (so no system font is needed): E[C_T] per step of the table, prefill time against tokens
+//! per mode, and mean task accuracy against the E[C_T] of the routing served.
+
+use super::ladder::Step;
+use super::speed::SpeedRow;
+use super::QualityRow;
+use anyhow::{anyhow, Result};
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+
+const FONT: &str = "sans-serif";
+const SIZE: (u32, u32) = (800, 480);
+
+fn register_font() -> Result<()> {
+    static ONCE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ok = *ONCE.get_or_init(|| {
+        plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_ok()
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(anyhow!("the plot font could not be loaded"))
+    }
+}
+
+fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow!("drawing a plot: {e:?}")
+}
+
+/// E[C_T] per step, as bars.
+pub fn ect_bars(path: &Path, steps: &[Step]) -> Result<()> {
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let top = steps.iter().map(|s| s.ect).fold(1.0, f64::max) * 1.1;
+    let n = steps.len() as i32;
+    let mut c = ChartBuilder::on(&root)
+        .caption("E[C_T]: devices per token", (FONT, 22))
+        .margin(12)
+        .x_label_area_size(70)
+        .y_label_area_size(50)
+        .build_cartesian_2d((0..n).into_segmented(), 0.0..top)
+        .map_err(err)?;
+    let label = |i: usize| -> String {
+        let s = &steps[i];
+        match (s.max_devices, &s.rule) {
+            (Some(d), Some(r)) => format!("prune {d} ({})", &r[..3]),
+            _ => {
+                s.placement.clone()
+                    + if s.step.starts_with("standard") {
+                        " k-copy"
+                    } else {
+                        ""
+                    }
+            }
+        }
+    };
+    c.configure_mesh()
+        .disable_x_mesh()
+        .x_labels(steps.len())
+        .x_label_formatter(&|x| match x {
+            SegmentValue::CenterOf(i) if (*i as usize) < steps.len() => label(*i as usize),
+            _ => String::new(),
+        })
+        .x_label_style((FONT, 12))
+        .y_desc("E[C_T]")
+        .draw()
+        .map_err(err)?;
+    c.draw_series(steps.iter().enumerate().map(|(i, s)| {
+        let mut bar = Rectangle::new(
+            [
+                (SegmentValue::Exact(i as i32), 0.0),
+                (SegmentValue::Exact(i as i32 + 1), s.ect),
+            ],
+            BLUE.mix(0.6).filled(),
+        );
+        bar.set_margin(0, 0, 6, 6);
+        bar
+    }))
+    .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// One series per name, `(x, y)` points each, joined by lines if `connect`.
+fn lines(
+    path: &Path,
+    caption: &str,
+    (x_desc, y_desc): (&str, &str),
+    series: &[(String, Vec<(f64, f64)>)],
+    connect: bool,
+) -> Result<()> {
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let pts = series.iter().flat_map(|(_, p)| p.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in pts {
+        (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+    }
+    if x0 > x1 {
+        return Ok(());
+    }
+    let pad = |a: f64, b: f64| {
+        if b > a {
+            (b - a) * 0.08
+        } else {
+            a.abs().max(1e-9) * 0.1
+        }
+    };
+    let (px, py) = (pad(x0, x1), pad(y0, y1));
+    let mut c = ChartBuilder::on(&root)
+        .caption(caption, (FONT, 22))
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d((x0 - px)..(x1 + px), (y0 - py).max(0.0)..(y1 + py))
+        .map_err(err)?;
+    c.configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .label_style((FONT, 12))
+        .draw()
+        .map_err(err)?;
+    for (i, (name, p)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let line = if connect { p.clone() } else { Vec::new() };
+        c.draw_series(LineSeries::new(line, color.stroke_width(2)))
+            .map_err(err)?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+        c.draw_series(p.iter().map(|&pt| Circle::new(pt, 4, color.filled())))
+            .map_err(err)?;
+    }
+    c.configure_series_labels()
+        .label_font((FONT, 13))
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Writes every plot the results allow into `out`; returns the files written.
+pub fn draw_all(
+    out: &Path,
+    steps: &[Step],
+    speed: &[SpeedRow],
+    quality: &[QualityRow],
+) -> Result<Vec<PathBuf>> {
+    register_font()?;
+    let mut written = Vec::new();
+    let p = out.join("ect.png");
+    ect_bars(&p, steps)?;
+    written.push(p);
+    // Prefill time against tokens, per mode.
+    let mut modes: Vec<String> = speed
+        .iter()
+        .filter(|r| r.suite == "prefill")
+        .map(|r| r.mode.clone())
+        .collect();
+    modes.dedup();
+    modes.sort();
+    modes.dedup();
+    if !modes.is_empty() {
+        let series: Vec<(String, Vec<(f64, f64)>)> = modes
+            .iter()
+            .map(|m| {
+                let pts = speed
+                    .iter()
+                    .filter(|r| r.suite == "prefill" && &r.mode == m)
+                    .map(|r| (r.tokens as f64, r.seconds * 1e3))
+                    .collect();
+                (m.clone(), pts)
+            })
+            .collect();
+        let p = out.join("time_vs_tokens.png");
+        let axes = ("tokens over all ranks", "ms");
+        lines(
+            &p,
+            "Prefill time (measured, slowest rank)",
+            axes,
+            &series,
+            true,
+        )?;
+        written.push(p);
+    }
+    // Mean accuracy against the E[C_T] of the routing served.
+    let ect_of = |n: Option<usize>, rule: &Option<String>| -> Option<f64> {
+        match n {
+            None => steps
+                .iter()
+                .find(|s| s.placement == "occult" && s.max_devices.is_none()),
+            Some(n) => steps
+                .iter()
+                .find(|s| s.max_devices == Some(n) && s.rule.as_ref() == rule.as_ref()),
+        }
+        .map(|s| s.ect)
+    };
+    let mut groups: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for ((variant, _), _) in super::report::mean_acc(quality) {
+        let group = if variant == "base" {
+            "start"
+        } else if variant == "exact" {
+            "standard fine-tuning"
+        } else {
+            "pruned fine-tuning"
+        };
+        let rows: Vec<&QualityRow> = quality.iter().filter(|r| r.variant == variant).collect();
+        let mut served: Vec<(Option<usize>, Option<String>)> = rows
+            .iter()
+            .map(|r| (r.max_devices, r.rule.clone()))
+            .collect();
+        served.dedup();
+        for (n, rule) in served {
+            let accs: Vec<f64> = rows
+                .iter()
+                .filter(|r| r.max_devices == n && r.rule == rule)
+                .map(|r| r.acc)
+                .collect();
+            let Some(ect) = ect_of(n, &rule) else {
+                continue;
+            };
+            let mean = accs.iter().sum::<f64>() / accs.len().max(1) as f64;
+            match groups.iter_mut().find(|(g, _)| g == group) {
+                Some((_, pts)) if !pts.contains(&(ect, mean)) => pts.push((ect, mean)),
+                Some(_) => {}
+                None => groups.push((group.to_string(), vec![(ect, mean)])),
+            }
+        }
+    }
+    for (_, pts) in groups.iter_mut() {
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        pts.dedup();
+    }
+    if !groups.is_empty() {
+        let p = out.join("quality_vs_ect.png");
+        let axes = ("E[C_T] of the routing served", "mean accuracy");
+        lines(
+            &p,
+            "Mean task accuracy against E[C_T]",
+            axes,
+            &groups,
+            false,
+        )?;
+        written.push(p);
+    }
+    Ok(written)
+}
