@@ -367,6 +367,10 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         "finetune": finetunes,
         "quality": quality,
         "speed": speed,
+        "correlation": {
+            "measured": speed::ect_time_correlation(&speed, true),
+            "projected": speed::ect_time_correlation(&speed, false),
+        },
         "plots": plots.iter().map(|p| p.file_name().map(|n| n.to_string_lossy().to_string())).collect::<Vec<_>>(),
         "seconds": seconds,
     }));

@@ -107,6 +107,13 @@ pub fn render(
     }
     if !speed.is_empty() {
         md += &speed_table(speed);
+        let fmt = |c: Option<f64>| c.map_or("-".into(), |c| format!("{c:.2}"));
+        md += &format!(
+            "\nCorrelation of E[C_T] with time over the Occult rows (exact and pruned, each time \
+             over its suite's mean): {} measured, {} projected.\n",
+            fmt(super::speed::ect_time_correlation(speed, true)),
+            fmt(super::speed::ect_time_correlation(speed, false)),
+        );
         md += "\n![Prefill time against tokens](time_vs_tokens.png)\n";
     }
     if !finetunes.is_empty() {

@@ -120,3 +120,65 @@ pub fn speed(opts: &ModelOpts, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
     }
     Ok(rows)
 }
+
+/// Pearson's correlation of E[C_T] with time over the Occult-dispatch rows (exact and pruned,
+/// which differ only in E[C_T]) of each suite and size, pooled after dividing each time by its
+/// group's mean; `measured` picks measured or projected times. `None` with fewer than 3 points.
+pub fn ect_time_correlation(rows: &[SpeedRow], measured: bool) -> Option<f64> {
+    let mut pts: Vec<(f64, f64)> = Vec::new();
+    let mut groups: Vec<(&str, usize)> =
+        rows.iter().map(|r| (r.suite.as_str(), r.tokens)).collect();
+    groups.dedup();
+    for (suite, tokens) in groups {
+        let g: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r.suite == suite && r.tokens == tokens && r.mode.starts_with("occult"))
+            .filter_map(|r| {
+                let t = if measured {
+                    Some(r.seconds)
+                } else {
+                    r.projected_seconds
+                };
+                t.map(|t| (r.ect, t))
+            })
+            .collect();
+        if g.len() < 2 {
+            continue;
+        }
+        let mean = g.iter().map(|p| p.1).sum::<f64>() / g.len() as f64;
+        pts.extend(g.iter().map(|&(e, t)| (e, t / mean)));
+    }
+    pearson(&pts)
+}
+
+fn pearson(pts: &[(f64, f64)]) -> Option<f64> {
+    if pts.len() < 3 {
+        return None;
+    }
+    let n = pts.len() as f64;
+    let (mx, my) = (
+        pts.iter().map(|p| p.0).sum::<f64>() / n,
+        pts.iter().map(|p| p.1).sum::<f64>() / n,
+    );
+    let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
+    for &(x, y) in pts {
+        sxy += (x - mx) * (y - my);
+        sxx += (x - mx) * (x - mx);
+        syy += (y - my) * (y - my);
+    }
+    (sxx > 0.0 && syy > 0.0).then(|| sxy / (sxx * syy).sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pearson_by_hand() {
+        assert_eq!(pearson(&[(1.0, 2.0), (2.0, 4.0), (3.0, 6.0)]), Some(1.0));
+        let r = pearson(&[(1.0, 3.0), (2.0, 2.0), (3.0, 1.0)]).unwrap();
+        assert!((r + 1.0).abs() < 1e-12);
+        assert_eq!(pearson(&[(1.0, 1.0), (2.0, 1.0), (3.0, 1.0)]), None);
+        assert_eq!(pearson(&[(1.0, 1.0)]), None);
+    }
+}
