@@ -355,11 +355,64 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         }
     }
 
-    let plots = plots::draw_all(out, &steps, &speed, &quality)?;
+    let mut plots = plots::draw_all(out, &steps, &speed, &quality)?;
+    // Collaboration before and after pruned fine-tuning: the routing the fine-tuned model
+    // chooses on its own (unpruned), on the calibration text, under the same placement.
+    let mut collaboration = serde_json::Value::Null;
+    if let Some(&routing) = routings.iter().find(|r| r.prune.is_some_and(|p| p.0 == 2)) {
+        let dir = out.join("finetune").join(routing.name());
+        if dir.join("config.json").exists() {
+            let after_path = out.join(format!("trace-finetuned-{}.safetensors", routing.name()));
+            crate::commands::profile::run(ProfileArgs {
+                model: ModelOpts::local(&dir.display().to_string()),
+                data: s.calibration.clone(),
+                output: after_path.clone(),
+                seq_len: recipe.calibration.seq_len.unwrap_or(512),
+                max_tokens: recipe.calibration.max_tokens,
+                no_logits: true,
+                add_bos: false,
+            })?;
+            let after = Trace::read(&after_path)?;
+            let best = &placements[2].1;
+            let row = cfg.hidden_size as u64 * 2;
+            let before_ect = occult_core::analysis::trace_stats(&trace, best, row, true)?.mean_ect;
+            let after_ect = occult_core::analysis::trace_stats(&after, best, row, true)?.mean_ect;
+            let map = &best.layers[0].device_of_expert;
+            let mut order: Vec<usize> = (0..map.len()).collect();
+            order.sort_by_key(|&x| (map[x], x));
+            let k = cfg.moe.top_k;
+            let (b, a) = (
+                plots::coactivation(&trace.layers[0], k, &order),
+                plots::coactivation(&after.layers[0], k, &order),
+            );
+            let p = out.join("collaboration.png");
+            let t_before = format!(
+                "start, layer {} (E[C_T] {before_ect:.3})",
+                trace.layers[0].layer
+            );
+            let t_after = format!("after {} fine-tuning ({after_ect:.3})", routing.name());
+            plots::heatmaps(&p, [(&t_before, &b), (&t_after, &a)], recipe.devices)?;
+            plots.push(p);
+            collaboration = serde_json::json!({"variant": routing.name(),
+                "ect_before": before_ect, "ect_after": after_ect});
+        }
+    }
     let seconds = clock.elapsed().as_secs_f64();
-    let md = report::render(
+    let mut md = report::render(
         recipe, origin, &cfg, &trace, &steps, &speed, &finetunes, &quality, seconds,
     );
+    if let (Some(b), Some(a)) = (
+        collaboration["ect_before"].as_f64(),
+        collaboration["ect_after"].as_f64(),
+    ) {
+        md += &format!(
+            "\n## Collaboration before and after pruned fine-tuning\n\nThe routing the model \
+             chooses on its own (unpruned) on the calibration text, under our placement: E[C_T] \
+             {b:.3} at the start, {a:.3} after {} fine-tuning. Co-activation of the first MoE \
+             layer's experts, grouped by device:\n\n![Collaboration](collaboration.png)\n",
+            collaboration["variant"].as_str().unwrap_or_default()
+        );
+    }
     let results = with_provenance(serde_json::json!({
         "config": {"recipe": recipe, "recipe_source": origin, "model": s.model,
                    "builtin": s.builtin},
@@ -367,6 +420,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         "finetune": finetunes,
         "quality": quality,
         "speed": speed,
+        "collaboration": collaboration,
         "correlation": {
             "measured": speed::ect_time_correlation(&speed, true),
             "projected": speed::ect_time_correlation(&speed, false),

@@ -247,3 +247,76 @@ pub fn draw_all(
     }
     Ok(written)
 }
+
+/// Co-activation of experts in one layer: `m[i][j]` = tokens that chose both `i` and `j`
+/// (`i != j`), divided by the largest entry; experts in `order`.
+pub fn coactivation(
+    layer: &occult_core::analysis::trace::LayerTrace,
+    k: usize,
+    order: &[usize],
+) -> Vec<Vec<f64>> {
+    let e = order.len();
+    let mut pos = vec![0; e];
+    for (p, &x) in order.iter().enumerate() {
+        pos[x] = p;
+    }
+    let mut m = vec![vec![0.0; e]; e];
+    for t in 0..layer.tokens {
+        let ids = layer.ids(t, k);
+        for &a in ids {
+            for &b in ids {
+                if a != b {
+                    m[pos[a as usize]][pos[b as usize]] += 1.0;
+                }
+            }
+        }
+    }
+    let top = m.iter().flatten().fold(0.0f64, |a, &b| a.max(b)).max(1.0);
+    m.iter_mut().flatten().for_each(|x| *x /= top);
+    m
+}
+
+/// Two co-activation heatmaps side by side (before and after), experts grouped by device.
+pub fn heatmaps(path: &Path, panels: [(&str, &[Vec<f64>]); 2], devices: usize) -> Result<()> {
+    register_font()?;
+    let root = BitMapBackend::new(path, (1000, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let halves = root.split_evenly((1, 2));
+    for (area, (title, m)) in halves.iter().zip(panels) {
+        let e = m.len() as i32;
+        let mut c = ChartBuilder::on(area)
+            .caption(title, (FONT, 18))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(30)
+            .build_cartesian_2d(0..e, 0..e)
+            .map_err(err)?;
+        c.configure_mesh()
+            .disable_mesh()
+            .x_desc("expert (by device)")
+            .label_style((FONT, 11))
+            .draw()
+            .map_err(err)?;
+        c.draw_series(m.iter().enumerate().flat_map(|(i, row)| {
+            row.iter().enumerate().map(move |(j, &v)| {
+                let shade = (255.0 * (1.0 - v.sqrt())) as u8;
+                Rectangle::new(
+                    [(j as i32, i as i32), (j as i32 + 1, i as i32 + 1)],
+                    RGBColor(shade, shade, 255).filled(),
+                )
+            })
+        }))
+        .map_err(err)?;
+        // Device boundaries.
+        let per = (e as usize).div_ceil(devices.max(1)) as i32;
+        for d in 1..devices as i32 {
+            let x = d * per;
+            c.draw_series(std::iter::once(PathElement::new(vec![(x, 0), (x, e)], RED)))
+                .map_err(err)?;
+            c.draw_series(std::iter::once(PathElement::new(vec![(0, x), (e, x)], RED)))
+                .map_err(err)?;
+        }
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
