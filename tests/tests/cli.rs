@@ -319,7 +319,12 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
     }
     assert!(d.join("rep/report.md").exists() && d.join("rep/placement-occult.json").exists());
     // The plots are PNG files.
-    for png in ["ect.png", "time_vs_tokens.png", "quality_vs_ect.png", "collaboration.png"] {
+    for png in [
+        "ect.png",
+        "time_vs_tokens.png",
+        "quality_vs_ect.png",
+        "collaboration.png",
+    ] {
         let bytes = std::fs::read(d.join("rep").join(png)).unwrap();
         assert_eq!(&bytes[1..4], b"PNG", "{png}");
     }

@@ -168,6 +168,7 @@ pub fn render(
             t.row(row);
         }
         md += &t.render();
+        md += &quality_summary(quality);
         md += "\n![Mean accuracy against E[C_T]](quality_vs_ect.png)\n";
     }
     md
@@ -214,4 +215,43 @@ fn speed_table(speed: &[SpeedRow]) -> String {
         ]);
     }
     md + &t.render()
+}
+
+/// The paper's quality claims, checked in words against the table (mean accuracy over tasks,
+/// in points).
+fn quality_summary(quality: &[QualityRow]) -> String {
+    let means = mean_acc(quality);
+    let get = |variant: &str, how: &str| {
+        means
+            .iter()
+            .find(|((v, h), _)| v == variant && h == how)
+            .map(|(_, m)| *m)
+    };
+    let mut out = String::new();
+    let Some(start) = get("base", "exact") else {
+        return out;
+    };
+    for rule in ["router", "similarity"] {
+        for n in [2, 1] {
+            let how = format!("pruned to {n}, {rule}");
+            let variant = format!("pruned-{n}-{rule}");
+            let mut parts = Vec::new();
+            if let Some(p) = get("base", &how) {
+                parts.push(format!(
+                    "pruning without fine-tuning changes the start by {:+.1} points",
+                    100.0 * (p - start)
+                ));
+            }
+            if let (Some(f), Some(std)) = (get(&variant, &how), get("exact", "exact")) {
+                parts.push(format!(
+                    "fine-tuning under it lands {:+.1} points from standard fine-tuning",
+                    100.0 * (f - std)
+                ));
+            }
+            if !parts.is_empty() {
+                out += &format!("\n- {how}: {}.", parts.join("; "));
+            }
+        }
+    }
+    out + "\n"
 }
