@@ -186,13 +186,13 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     };
     stage(1, "the model");
     let s = subject(recipe)?;
-    let cfg = ModelConfig::read(&Path::new(&s.model).join("config.json")).or_else(|_| {
-        Ok::<_, anyhow::Error>(
-            crate::commands::model_opts::ModelOpts::local(&s.model)
-                .open()?
-                .cfg,
-        )
-    })?;
+    // A folder's config.json, or (a hub id) the checkpoint the cache resolves.
+    let local = Path::new(&s.model).join("config.json");
+    let cfg = if local.is_file() {
+        ModelConfig::read(&local)?
+    } else {
+        ModelOpts::local(&s.model).open()?.cfg
+    };
 
     stage(2, "routing profile on the calibration text");
     let trace_path = out.join("trace.safetensors");
