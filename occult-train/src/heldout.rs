@@ -5,7 +5,7 @@
 
 use crate::batches::rank_share;
 use crate::examples::Example;
-use crate::step::share_loss;
+use crate::step::{ect_of, share_loss, touched_over_ranks};
 use crate::{Error, Result};
 use candle::DType;
 use occult_core::models::model::Model;
@@ -56,8 +56,7 @@ pub fn heldout_loss(m: &Model, examples: &[Example], batch: usize) -> Result<Hel
     let stats = m.take_ep_stats();
     let summed = m.sum_over_ranks(summed)?;
     let targets = m.global_count(targets)?;
-    let touched = m.sum_over_ranks(stats.devices_touched as f64)?;
-    let routed = m.sum_over_ranks(stats.tokens as f64)?;
+    let (touched, routed) = touched_over_ranks(m, &stats)?;
     if targets == 0 {
         return Err(Error::Invalid(
             "the held-out examples have no target positions".into(),
@@ -67,6 +66,6 @@ pub fn heldout_loss(m: &Model, examples: &[Example], batch: usize) -> Result<Hel
         loss: summed / targets as f64,
         targets,
         examples: examples.len(),
-        ect: if routed > 0.0 { touched / routed } else { 1.0 },
+        ect: ect_of(touched, routed),
     })
 }

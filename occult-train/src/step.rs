@@ -214,9 +214,8 @@ pub fn train_step(
     // Every rank walks every MoE layer (a rank without tokens recorded none).
     for l in moe_layers {
         let s = by_layer.get(&l).cloned().unwrap_or_default();
-        let t = m.sum_over_ranks(s.devices_touched as f64)?;
-        let r = m.sum_over_ranks(s.tokens as f64)?;
-        ect_by_layer.push(if r > 0.0 { t / r } else { 1.0 });
+        let (t, r) = touched_over_ranks(m, &s)?;
+        ect_by_layer.push(ect_of(t, r));
         touched += t;
         routed += r;
     }
@@ -230,9 +229,27 @@ pub fn train_step(
         tokens,
         grad_norm,
         lr: s.lr,
-        ect: if routed > 0.0 { touched / routed } else { 1.0 },
+        ect: ect_of(touched, routed),
         ect_by_layer,
         ep,
         seconds: clock.elapsed().as_secs_f64(),
     })
+}
+
+/// Devices touched and tokens routed in `s`, summed over the ranks (collective).
+pub(crate) fn touched_over_ranks(m: &Model, s: &occult_core::ep::StepStats) -> Result<(f64, f64)> {
+    Ok((
+        m.sum_over_ranks(s.devices_touched as f64)?,
+        m.sum_over_ranks(s.tokens as f64)?,
+    ))
+}
+
+/// E[C_T] of `touched` devices over `routed` tokens (1 when nothing was routed, as on one
+/// device in the reference mode).
+pub(crate) fn ect_of(touched: f64, routed: f64) -> f64 {
+    if routed > 0.0 {
+        touched / routed
+    } else {
+        1.0
+    }
 }

@@ -159,7 +159,6 @@ pub fn draw_all(
         .filter(|r| r.suite == "prefill")
         .map(|r| r.mode.clone())
         .collect();
-    modes.dedup();
     modes.sort();
     modes.dedup();
     if !modes.is_empty() {

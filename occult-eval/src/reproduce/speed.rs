@@ -93,7 +93,8 @@ pub fn speed(opts: &ModelOpts, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
         let Some(results) = bench_model_ep::run(opts, &ck, &b, Some(&link))? else {
             continue;
         };
-        for r in results.iter().filter(|r| r.mode != "reference") {
+        // Every mode, the single-device reference too (a baseline without exchanges).
+        for r in &results {
             rows.push(row("prefill", r, &s.link));
             if b.decode_tokens > 0 {
                 rows.push(SpeedRow {
