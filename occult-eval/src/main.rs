@@ -2,8 +2,8 @@
 
 use clap::{Parser, Subcommand};
 use occult_eval::commands::{
-    bench, collab, eval, generate, loglik, loss, model, place, profile, prune, reproduce, trace,
-    train,
+    bench, collab, eval, generate, loglik, loss, model, place, profile, project, prune, reproduce,
+    trace, train,
 };
 
 #[derive(Parser, Debug)]
@@ -38,6 +38,8 @@ enum Cmd {
     /// Benchmarks, each comparing methods in one run.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// Project layer and training-step times of each dispatch onto clusters of D devices.
+    Project(project::ProjectArgs),
     /// Run the end-to-end recipe and write a report.
     Reproduce(reproduce::ReproduceArgs),
     /// Continue a prompt with a model (greedy or sampled).
@@ -65,6 +67,7 @@ fn main() {
         Cmd::Place(a) => place::run(a),
         Cmd::Prune(a) => prune::run(a),
         Cmd::Bench(c) => bench::run(c),
+        Cmd::Project(a) => project::run(a),
         Cmd::Reproduce(a) => reproduce::run(a),
         Cmd::Generate(a) => generate::run(a),
         Cmd::Loglik(a) => loglik::run(a),

@@ -2,7 +2,7 @@
 //! reproduce, checking the JSON contract of DESIGN.md 4.4 and that the figures agree.
 
 mod common;
-use common::{occult_ok, Raw};
+use common::{occult_err, occult_ok, Raw};
 use serde_json::Value;
 use std::path::Path;
 
@@ -249,6 +249,12 @@ seq_len = 64
 prompt_lens = [8, 32]
 decode_tokens = 2
 repeats = 1
+[projection]
+hidden = 256
+intermediate = 128
+devices = [4, 32]
+tokens_per_device = [64]
+links = ["pcie4", "ib-ndr"]
 "#;
 
 #[test]
@@ -317,6 +323,24 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
             );
         }
     }
+    // The projection: 5 modes (standard, dedup, occult, pruned to 2 and to 1) on 2 machines at
+    // D = 4; D = 32 exceeds the 16 experts.
+    let proj = &r["projection"];
+    let rows = proj["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2 * 5, "{proj}");
+    assert!(rows.iter().all(|x| x["devices"] == 4));
+    for chunk in rows.chunks(5) {
+        assert_eq!(chunk[4]["ect"].as_f64(), Some(1.0));
+        assert_eq!(chunk[0]["mode"], "standard");
+        assert_eq!(chunk[0]["layer_speedup"].as_f64(), Some(1.0));
+        assert!(chunk[1]["layer_speedup"].as_f64().unwrap() >= 1.0);
+    }
+    assert!(proj["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["devices"] == 32));
+    assert!(stdout.contains("Cluster projection"), "{stdout}");
     assert!(d.join("rep/report.md").exists() && d.join("rep/placement-occult.json").exists());
     // The plots are PNG files.
     for png in [
@@ -332,6 +356,109 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
     let again = run();
     assert!(again.status.success());
     assert!(!String::from_utf8_lossy(&again.stderr).contains("building the built-in model"));
+}
+
+#[test]
+fn project_sizes_a_cluster_from_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    occult_ok(
+        d,
+        &[
+            "trace",
+            "synth",
+            "--tokens",
+            "2000",
+            "--layers",
+            "2",
+            "-o",
+            "t.safetensors",
+        ],
+    );
+    let base = [
+        "project",
+        "--trace",
+        "t.safetensors",
+        "--devices",
+        "4,16,128",
+        "--tokens-per-device",
+        "32,512",
+        "--link",
+        "ib-ndr",
+    ];
+    // The layer sizes are required, from a model or as flags.
+    let err = occult_err(d, &base);
+    assert!(err.contains("--hidden and --intermediate"), "{err}");
+    let mut args = base.to_vec();
+    args.extend([
+        "--hidden",
+        "1024",
+        "--intermediate",
+        "512",
+        "--json",
+        "p.json",
+    ]);
+    let out = occult_ok(d, &args);
+    assert!(
+        out.contains("PROJECTED") && out.contains("128, all left out"),
+        "{out}"
+    );
+    let v = read_json(&d.join("p.json"));
+    let rows = v["rows"].as_array().unwrap();
+    // D = 4 and 16, two token counts, 4 modes each; D = 128 is more devices than experts.
+    assert_eq!(rows.len(), 2 * 2 * 4);
+    assert!(v["projection"].as_bool().unwrap() && v.get("provenance").is_some());
+    let at = |dv: u64, t: u64, mode: &str| {
+        rows.iter()
+            .find(|r| r["devices"] == dv && r["tokens_per_device"] == t && r["mode"] == mode)
+            .unwrap()
+    };
+    // Two nodes of 8 at D = 16: deduplicated rows cross to each remote node at most once.
+    let occ = at(16, 512, "occult");
+    assert_eq!(occ["nodes"], 2);
+    assert!(occ["inter_rows_per_token"].as_f64().unwrap() <= 1.0);
+    assert!(
+        at(16, 512, "standard")["inter_rows_per_token"]
+            .as_f64()
+            .unwrap()
+            > 1.0
+    );
+    for dv in [4, 16] {
+        let s = at(dv, 512, "occult, pruned to 2")["layer_speedup"]
+            .as_f64()
+            .unwrap();
+        assert!(s > at(dv, 512, "dedup")["layer_speedup"].as_f64().unwrap() && s > 1.0);
+    }
+    // A trace without router logits projects without the pruned rows, and says so.
+    occult_ok(
+        d,
+        &[
+            "trace",
+            "synth",
+            "--tokens",
+            "500",
+            "--layers",
+            "1",
+            "--no-logits",
+            "-o",
+            "n.safetensors",
+        ],
+    );
+    let out = occult_ok(
+        d,
+        &[
+            "project",
+            "--trace",
+            "n.safetensors",
+            "--hidden",
+            "64",
+            "--intermediate",
+            "32",
+            "--devices",
+            "4",
+        ],
+    );
+    assert!(out.contains("needs router logits"), "{out}");
 }
 
 #[test]

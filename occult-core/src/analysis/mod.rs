@@ -7,16 +7,20 @@
 //! | [`synth`] | synthetic traces with latent expert clusters |
 //! | [`ranks`] | which source rank each token of a trace belongs to |
 //! | [`collab`] | co-activation matrices, C_T and E[C_T], row and byte counts per link |
+//! | [`cluster`] | two-level (intra- and inter-node) dispatch traffic and its projected time |
 //! | [`placement`] | expert -> device maps, their JSON file, and the placement methods |
 //! | [`pruning`] | device-limited routing (router-score and similarity rules) |
 //! | [`similarity`] | the expert-similarity tables the similarity rule reads |
+//! | [`projection`] | layer and training-step times projected for D devices on a machine |
 //! | [`whole_trace`] | drivers that apply the per-layer functions to every layer of a trace |
 //!
 //! Nothing here touches a tensor: the functions take ids, logits and maps as plain slices, so
 //! they are cheap, deterministic and tested by properties over random routings.
 
+pub mod cluster;
 pub mod collab;
 pub mod placement;
+pub mod projection;
 pub mod pruning;
 pub mod ranks;
 pub mod routing;

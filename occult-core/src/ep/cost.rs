@@ -187,7 +187,7 @@ pub fn swiglu_flops(rows: usize, hidden: usize, intermediate: usize) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -203,9 +203,9 @@ mod tests {
         assert!(LinkProfile::parse("name = 'x'", "x.toml").is_err());
     }
 
-    #[test]
-    fn hand_checked_projection() {
-        let p = LinkProfile {
+    /// Nodes of 2 ranks, 1 GB/s and 1 us inside, 100 MB/s and 10 us across, 1 TFLOP/s.
+    pub(crate) fn test_profile() -> LinkProfile {
+        LinkProfile {
             name: "t".into(),
             description: String::new(),
             device_flops: 1e12,
@@ -219,7 +219,12 @@ mod tests {
                 bandwidth: 1e8,
                 latency: 1e-5,
             },
-        };
+        }
+    }
+
+    #[test]
+    fn hand_checked_projection() {
+        let p = test_profile();
         // Rank 0 sends 1000 bytes to itself (free), 1000 to rank 1 (intra), 1000 to rank 2
         // (inter), nothing to rank 3; rank 3 sends 4000 bytes to rank 0 (inter).
         let e0 = Exchange {

@@ -10,6 +10,7 @@ pub mod model;
 pub mod model_opts;
 pub mod place;
 pub mod profile;
+pub mod project;
 pub mod prune;
 pub mod reproduce;
 pub mod trace;

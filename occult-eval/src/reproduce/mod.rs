@@ -24,9 +24,9 @@ use crate::commands::train::{TrainArgs, TrainWhat};
 use crate::commands::{with_provenance, write_json, RowDtype};
 use anyhow::{Context, Result};
 use ladder::{ect_ladder, LadderSettings};
+use occult_core::analysis::projection::{ProjectReport, ProjectSettings};
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::analysis::trace::Trace;
-use occult_core::models::config::ModelConfig;
 use recipe::Recipe;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -177,24 +177,23 @@ fn model_opts(
 pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let clock = Instant::now();
-    let stages = 4 + usize::from(!recipe.finetune.skip) + usize::from(!recipe.speed.skip);
-    let stage = |i: usize, what: &str| {
+    let stages = 4
+        + usize::from(!recipe.finetune.skip)
+        + usize::from(!recipe.speed.skip)
+        + usize::from(!recipe.projection.skip);
+    let mut done = 0;
+    let mut stage = |what: &str| {
+        done += 1;
         eprintln!(
-            "[{i}/{stages}] {what} ({:.0} s so far)",
+            "[{done}/{stages}] {what} ({:.0} s so far)",
             clock.elapsed().as_secs_f64()
         )
     };
-    stage(1, "the model");
+    stage("the model");
     let s = subject(recipe)?;
-    // A folder's config.json, or (a hub id) the checkpoint the cache resolves.
-    let local = Path::new(&s.model).join("config.json");
-    let cfg = if local.is_file() {
-        ModelConfig::read(&local)?
-    } else {
-        ModelOpts::local(&s.model).open()?.cfg
-    };
+    let cfg = crate::commands::project::model_config(&s.model)?;
 
-    stage(2, "routing profile on the calibration text");
+    stage("routing profile on the calibration text");
     let trace_path = out.join("trace.safetensors");
     crate::commands::profile::run(ProfileArgs {
         model: {
@@ -211,7 +210,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     })?;
     let trace = Trace::read(&trace_path)?;
 
-    stage(3, "placements and the E[C_T] table");
+    stage("placements and the E[C_T] table");
     let row = match recipe.analysis.row_dtype.as_str() {
         "f32" => RowDtype::F32,
         "f16" => RowDtype::F16,
@@ -248,12 +247,15 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     }
     let placement = out.join("placement-occult.json");
 
+    let mut projection = None;
+    if !recipe.projection.skip {
+        stage("the cluster projection (cost model)");
+        projection = Some(project(&recipe.projection, recipe, &cfg, &trace)?);
+    }
+
     let mut speed = Vec::new();
     if !recipe.speed.skip {
-        stage(
-            4,
-            "speed: prefill, decode and a training step, measured and projected",
-        );
+        stage("speed: prefill, decode and a training step, measured and projected");
         let opts = model_opts(
             &s.model,
             recipe,
@@ -273,10 +275,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         .collect();
     let mut finetunes = Vec::new();
     if !recipe.finetune.skip {
-        stage(
-            stages - 1,
-            "fine-tuning from the same start, under each routing",
-        );
+        stage("fine-tuning from the same start, under each routing");
         let data = s.instructions.clone().expect("checked");
         for &routing in &routings {
             let dir = out.join("finetune").join(routing.name());
@@ -312,7 +311,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         }
     }
 
-    stage(stages, "quality on the tasks");
+    stage("quality on the tasks");
     let mut quality = Vec::new();
     let mut evaluate =
         |variant: &str, model: &str, fine_tuned: bool, routing: Routing| -> Result<()> {
@@ -401,6 +400,9 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     let mut md = report::render(
         recipe, origin, &cfg, &trace, &steps, &speed, &finetunes, &quality, seconds,
     );
+    if let Some(p) = &projection {
+        md += &report::projection_section(p, &recipe.projection);
+    }
     if let (Some(b), Some(a)) = (
         collaboration["ect_before"].as_f64(),
         collaboration["ect_after"].as_f64(),
@@ -420,6 +422,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         "finetune": finetunes,
         "quality": quality,
         "speed": speed,
+        "projection": projection,
         "collaboration": collaboration,
         "correlation": {
             "measured": speed::ect_time_correlation(&speed, true),
@@ -439,6 +442,28 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         out.join("results.json").display()
     );
     Ok(())
+}
+
+/// The projection stage: `occult project` on the profiled trace.
+fn project(
+    p: &recipe::ProjectionRecipe,
+    recipe: &Recipe,
+    cfg: &occult_core::models::config::ModelConfig,
+    trace: &Trace,
+) -> Result<ProjectReport> {
+    let own = crate::commands::project::layer_sizes(cfg);
+    let profiles = crate::commands::project::load_profiles(&p.links)?;
+    let settings = ProjectSettings {
+        devices: p.devices.clone(),
+        tokens_per_device: p.tokens_per_device.clone(),
+        prune_devices: recipe.analysis.prune_devices.clone(),
+        hidden: p.hidden.unwrap_or(own.0),
+        intermediate: p.intermediate.unwrap_or(own.1),
+        shared_intermediate: p.shared_intermediate.unwrap_or(own.2),
+        restarts: recipe.analysis.restarts,
+        seed: 0,
+    };
+    crate::commands::project::project(trace, &profiles, &settings)
 }
 
 fn finetune_row(dir: &Path, routing: Routing, seconds: f64) -> Result<FinetuneRow> {

@@ -27,6 +27,8 @@ pub struct Recipe {
     pub quality: QualityRecipe,
     #[serde(default)]
     pub speed: super::speed::SpeedRecipe,
+    #[serde(default)]
+    pub projection: ProjectionRecipe,
     /// The built-in model's recipe, where it differs from the default (a smaller one for
     /// tests); each is built and cached on its own.
     #[serde(default)]
@@ -124,6 +126,38 @@ pub struct QualityRecipe {
     /// Items per task (all when absent).
     pub limit: Option<usize>,
     pub num_fewshot: Option<usize>,
+}
+
+/// The cluster projection (`occult project`) from the recipe's routing trace.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProjectionRecipe {
+    pub skip: bool,
+    /// Layer sizes to project at (the model's own when absent).
+    pub hidden: Option<usize>,
+    pub intermediate: Option<usize>,
+    pub shared_intermediate: Option<usize>,
+    /// What the sizes are, for the report (for example the model they come from).
+    pub sizes_from: Option<String>,
+    pub devices: Vec<usize>,
+    pub tokens_per_device: Vec<usize>,
+    /// Machine profiles (built-in names or files).
+    pub links: Vec<String>,
+}
+
+impl Default for ProjectionRecipe {
+    fn default() -> Self {
+        ProjectionRecipe {
+            skip: false,
+            hidden: None,
+            intermediate: None,
+            shared_intermediate: None,
+            sizes_from: None,
+            devices: vec![4, 8, 16, 32, 64],
+            tokens_per_device: vec![4096],
+            links: vec!["pcie4".into(), "nvlink-h100".into(), "ib-ndr".into()],
+        }
+    }
 }
 
 fn f32_name() -> String {

@@ -255,3 +255,36 @@ fn quality_summary(quality: &[QualityRow]) -> String {
     }
     out + "\n"
 }
+
+/// The cluster projection: the headline speed-ups on the recipe's device count, then every
+/// table of `occult project`.
+pub fn projection_section(
+    p: &occult_core::analysis::projection::ProjectReport,
+    r: &super::recipe::ProjectionRecipe,
+) -> String {
+    let sizes = r.sizes_from.clone().unwrap_or_else(|| {
+        format!(
+            "hidden {}, expert intermediate {}",
+            p.settings.hidden, p.settings.intermediate
+        )
+    });
+    let mut md = format!(
+        "\n## Cluster projection (a cost model, not a measurement)\n\n`occult project` on this \
+         run's routing trace at the layer size of {sizes}: each device holds a share of the \
+         traced tokens, rows are counted at two levels (within a node, and across nodes once \
+         per remote node under deduplication), and time is bytes over bandwidth plus latency \
+         per message and FLOPs over throughput, on each machine profile. Speed-ups are \
+         standard dispatch's time over the mode's.\n\n"
+    );
+    for m in p.rows.iter().filter(|m| m.mode != "standard") {
+        if m.tokens_per_device == p.settings.tokens_per_device[0]
+            && m.devices == p.settings.devices[0]
+        {
+            md += &format!(
+                "- {}, D = {}, {}: layer {:.2}x, training step {:.2}x.\n",
+                m.profile, m.devices, m.mode, m.layer_speedup, m.train_speedup
+            );
+        }
+    }
+    md + "\n" + &crate::commands::project::render(p)
+}

@@ -1,0 +1,251 @@
+//! Dispatch traffic on a cluster of nodes, at two levels, and its projected time.
+//!
+//! A cluster is D devices in nodes of G (the link profile's `ranks_per_node`). A token starts
+//! on its source device and its rows go where its experts are:
+//! - **copies** (standard dispatch): one row per chosen expert, each sent straight to its
+//!   device, across the node boundary when the device is in another node;
+//! - **dedup** (DeepEP's dispatch, and Occult's): one row per distinct device. When the
+//!   cluster forwards (its inter-node link is slower than the intra-node one), a token's rows
+//!   to another node cross the boundary once: to the device with the source's local index there
+//!   (its *proxy*), which forwards the row over the intra-node link to each other device of
+//!   that node that needs it, as DeepEP does across RDMA. Otherwise each row goes straight to
+//!   its device.
+//!
+//! A rank's time in an exchange is, per level, the larger of its send and receive time (bytes
+//! over bandwidth, plus one latency per non-empty message); the two levels use different
+//! hardware and run concurrently, as DeepEP overlaps RDMA with NVLink forwarding, so the rank
+//! takes the larger of the two. The exchange lasts as long as its slowest rank. The combine is
+//! the same traffic reversed and costs the same.
+
+use crate::analysis::collab::DeviceCounter;
+use crate::ep::cost::{Link, LinkProfile};
+use serde::Serialize;
+
+/// D devices in nodes of `per_node` (the last node may hold fewer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cluster {
+    pub devices: usize,
+    pub per_node: usize,
+    /// Deduplicated rows cross a node boundary once and are forwarded inside the node.
+    pub forward: bool,
+}
+
+impl Cluster {
+    /// D devices of the machine `profile` describes; it forwards when its inter-node link is
+    /// slower than the intra-node one.
+    pub fn on(devices: usize, profile: &LinkProfile) -> Self {
+        Cluster {
+            devices,
+            per_node: profile.ranks_per_node,
+            forward: profile.inter.bandwidth < profile.intra.bandwidth,
+        }
+    }
+
+    pub fn node(&self, device: usize) -> usize {
+        device / self.per_node
+    }
+
+    /// The device of `node` that receives `source`'s rows: the same local index, folded into
+    /// a short last node.
+    pub fn proxy(&self, source: usize, node: usize) -> usize {
+        let first = node * self.per_node;
+        let size = self.per_node.min(self.devices - first);
+        first + (source % self.per_node) % size
+    }
+}
+
+/// How rows are sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dispatch {
+    /// One row per chosen expert, straight to its device.
+    Copies,
+    /// One row per device within the node, one per remote node across, forwarded there.
+    Dedup,
+}
+
+/// Rows over each link level of one dispatch, and the expert work it causes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LevelTraffic {
+    pub cluster: Cluster,
+    /// `intra[s * D + p]`: rows from device s to device p over the intra-node link.
+    pub intra: Vec<u64>,
+    /// `inter[s * D + p]`: rows from device s to device p across nodes.
+    pub inter: Vec<u64>,
+    /// (token, expert) pairs each device computes.
+    pub pairs: Vec<u64>,
+    pub tokens: u64,
+    /// Sum over tokens of the distinct devices their experts are on (E[C_T] = this / tokens).
+    pub devices_touched: u64,
+}
+
+impl LevelTraffic {
+    pub fn new(cluster: Cluster) -> Self {
+        let d = cluster.devices;
+        LevelTraffic {
+            cluster,
+            intra: vec![0; d * d],
+            inter: vec![0; d * d],
+            pairs: vec![0; d],
+            tokens: 0,
+            devices_touched: 0,
+        }
+    }
+
+    /// Adds one token on device `source` with experts `ids`; `counter` is scratch.
+    pub fn add_token(
+        &mut self,
+        source: usize,
+        ids: &[u32],
+        device_of_expert: &[u32],
+        dispatch: Dispatch,
+        counter: &mut DeviceCounter,
+    ) {
+        let c = self.cluster;
+        let d_n = c.devices;
+        let here = c.node(source);
+        self.devices_touched += counter.load(ids, device_of_expert) as u64;
+        self.tokens += 1;
+        let mut remote_nodes: Vec<usize> = Vec::new();
+        for &p in counter.devices() {
+            let (p, n) = (p as usize, counter.count(p) as u64);
+            self.pairs[p] += n;
+            if p == source {
+                continue;
+            }
+            match dispatch {
+                Dispatch::Copies if c.node(p) == here => self.intra[source * d_n + p] += n,
+                Dispatch::Copies => self.inter[source * d_n + p] += n,
+                Dispatch::Dedup if c.node(p) == here => self.intra[source * d_n + p] += 1,
+                Dispatch::Dedup if !c.forward => self.inter[source * d_n + p] += 1,
+                Dispatch::Dedup => {
+                    let node = c.node(p);
+                    let q = c.proxy(source, node);
+                    if !remote_nodes.contains(&node) {
+                        remote_nodes.push(node);
+                        self.inter[source * d_n + q] += 1;
+                    }
+                    if p != q {
+                        self.intra[q * d_n + p] += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rows per token over each level: (intra, inter).
+    pub fn rows_per_token(&self) -> (f64, f64) {
+        let t = self.tokens.max(1) as f64;
+        (
+            self.intra.iter().sum::<u64>() as f64 / t,
+            self.inter.iter().sum::<u64>() as f64 / t,
+        )
+    }
+
+    pub fn ect(&self) -> f64 {
+        self.devices_touched as f64 / self.tokens.max(1) as f64
+    }
+
+    /// Projected seconds of this exchange, rows of `row_bytes` bytes, on `profile`.
+    pub fn exchange_seconds(&self, profile: &LinkProfile, row_bytes: f64) -> f64 {
+        let d = self.cluster.devices;
+        let level = |m: &[u64], link: &Link, r: usize| {
+            let leg = |rows: u64| {
+                if rows == 0 {
+                    0.0
+                } else {
+                    rows as f64 * row_bytes / link.bandwidth + link.latency
+                }
+            };
+            let send: f64 = (0..d).filter(|&p| p != r).map(|p| leg(m[r * d + p])).sum();
+            let recv: f64 = (0..d).filter(|&p| p != r).map(|p| leg(m[p * d + r])).sum();
+            send.max(recv)
+        };
+        (0..d)
+            .map(|r| {
+                level(&self.intra, &profile.intra, r).max(level(&self.inter, &profile.inter, r))
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// The slowest device's expert pairs.
+    pub fn max_pairs(&self) -> u64 {
+        self.pairs.iter().copied().max().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::ep::cost::tests::test_profile as profile;
+
+    #[test]
+    fn proxies_fold_into_a_short_last_node() {
+        let c = Cluster {
+            devices: 5,
+            per_node: 2,
+            forward: true,
+        };
+        assert_eq!(c.proxy(3, 0), 1);
+        assert_eq!(c.proxy(0, 1), 2);
+        assert_eq!(c.proxy(3, 2), 4);
+        assert_eq!(c.proxy(1, 2), 4);
+    }
+
+    /// 4 devices in 2 nodes, one expert per device; a token on device 0 picks experts on
+    /// devices 0, 1, 2, 3 and twice on 3.
+    #[test]
+    fn hand_counted_rows_and_time() {
+        let c = Cluster::on(4, &profile());
+        assert!(c.forward);
+        let map = [0u32, 1, 2, 3];
+        let ids = [0u32, 1, 2, 3, 3];
+        let mut counter = DeviceCounter::new(4);
+        let mut copies = LevelTraffic::new(c);
+        copies.add_token(0, &ids, &map, Dispatch::Copies, &mut counter);
+        assert_eq!(copies.intra[1], 1);
+        assert_eq!((copies.inter[2], copies.inter[3]), (1, 2));
+        assert_eq!(copies.pairs, vec![1, 1, 1, 2]);
+        assert_eq!(copies.rows_per_token(), (1.0, 3.0));
+        let mut dedup = LevelTraffic::new(c);
+        dedup.add_token(0, &ids, &map, Dispatch::Dedup, &mut counter);
+        // One row crosses to node 1's proxy (device 2), which forwards one to device 3.
+        assert_eq!(dedup.intra[1], 1);
+        assert_eq!(dedup.inter[2], 1);
+        assert_eq!(dedup.inter[3], 0);
+        assert_eq!(dedup.intra[2 * 4 + 3], 1);
+        assert_eq!(dedup.rows_per_token(), (2.0, 1.0));
+        assert_eq!(dedup.ect(), 4.0);
+        let p = profile();
+        // Copies: device 0 sends 3 rows of 100 B across (two messages) and 1 within.
+        let inter0 = (100.0 / 1e8 + 1e-5) + (200.0 / 1e8 + 1e-5);
+        assert!((copies.exchange_seconds(&p, 100.0) - inter0).abs() < 1e-15);
+        // Dedup: one row across; device 2 receives it and forwards one within its node.
+        let inter0 = 100.0 / 1e8 + 1e-5;
+        assert!((dedup.exchange_seconds(&p, 100.0) - inter0).abs() < 1e-15);
+        // Without forwarding, each remote device gets its own row across.
+        let mut direct = LevelTraffic::new(Cluster {
+            forward: false,
+            ..c
+        });
+        direct.add_token(0, &ids, &map, Dispatch::Dedup, &mut counter);
+        assert_eq!((direct.inter[2], direct.inter[3]), (1, 1));
+        assert_eq!(direct.rows_per_token(), (1.0, 2.0));
+    }
+
+    #[test]
+    fn one_node_dedup_is_one_row_per_remote_device() {
+        let c = Cluster {
+            devices: 4,
+            per_node: 8,
+            forward: true,
+        };
+        let map = [0u32, 0, 1, 1, 2, 2, 3, 3];
+        let mut counter = DeviceCounter::new(4);
+        let mut t = LevelTraffic::new(c);
+        t.add_token(1, &[0, 1, 2, 4], &map, Dispatch::Dedup, &mut counter);
+        assert_eq!(t.rows_per_token(), (2.0, 0.0));
+        assert_eq!(t.ect(), 3.0);
+    }
+}

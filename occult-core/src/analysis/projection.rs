@@ -1,0 +1,365 @@
+//! Cluster projections (`occult project`): the layer and training-step time of standard and
+//! Occult dispatch, with and without pruning, for D devices on a machine described by a link
+//! profile, from a real routing trace and modelled expert compute.
+//!
+//! For each device count D: the experts are placed contiguously (standard and dedup-only) and
+//! by Occult's search on the trace; pruned routings are the trace pruned by the router-score
+//! rule under Occult's placement. Each device gets `tokens_per_device` tokens drawn from the
+//! trace (a seeded shuffle, so every device sees different tokens while they last). Per MoE
+//! layer the traffic is counted at two levels ([`super::cluster`]) and timed on the profile; the
+//! expert compute is the slowest device's SwiGLU FLOPs (plus every token's shared expert, the
+//! same in every mode) over the profile's `device_flops`. A forward layer is dispatch, compute
+//! and combine; a training step's layer adds the backward: two more exchanges and twice the
+//! compute. Times are the mean over MoE layers. Attention, metadata exchanges and overlap of
+//! communication with compute are left out: these are projections, to be checked against a
+//! measured run (`occult bench`, `scripts/shaped_links.sh`).
+
+use crate::analysis::cluster::{Cluster, Dispatch, LevelTraffic};
+use crate::analysis::collab::DeviceCounter;
+use crate::analysis::placement::{Method, Placement, SearchConfig};
+use crate::analysis::pruning::PruneRule;
+use crate::analysis::routing::RouterRule;
+use crate::analysis::trace::Trace;
+use crate::analysis::{place_trace, prune_trace};
+use crate::ep::cost::{swiglu_flops, LinkProfile};
+use crate::{bail, Result};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+/// What to project.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProjectSettings {
+    pub devices: Vec<usize>,
+    pub tokens_per_device: Vec<usize>,
+    /// Also project Occult pruned to each of these device counts (below D).
+    pub prune_devices: Vec<usize>,
+    pub hidden: usize,
+    /// Intermediate size of one routed expert.
+    pub intermediate: usize,
+    /// Intermediate size of the shared expert(s) every token runs locally (0: none).
+    pub shared_intermediate: usize,
+    pub restarts: usize,
+    pub seed: u64,
+}
+
+/// One mode at one size on one machine.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModeProjection {
+    pub profile: String,
+    pub devices: usize,
+    pub nodes: usize,
+    pub tokens_per_device: usize,
+    /// `standard`, `dedup`, `occult`, `occult, pruned to N`.
+    pub mode: String,
+    pub placement: String,
+    pub dispatch: Dispatch,
+    pub ect: f64,
+    /// Rows per token and MoE layer, each direction, within nodes and across them.
+    pub intra_rows_per_token: f64,
+    pub inter_rows_per_token: f64,
+    /// Means over MoE layers.
+    pub exchange_s: f64,
+    pub compute_s: f64,
+    /// Dispatch + compute + combine.
+    pub layer_s: f64,
+    /// Forward and backward: 4 exchanges and 3x compute.
+    pub train_s: f64,
+    /// Standard's time over this mode's (same D, tokens and machine).
+    pub layer_speedup: f64,
+    pub train_speedup: f64,
+}
+
+/// A device count that could not be projected, and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct Skipped {
+    pub devices: usize,
+    /// `all`, or the mode left out.
+    pub mode: String,
+    pub reason: String,
+}
+
+/// Everything `occult project` found.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProjectReport {
+    pub settings: ProjectSettings,
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub layers: usize,
+    pub rows: Vec<ModeProjection>,
+    pub skipped: Vec<Skipped>,
+}
+
+/// A routing under test: its label, placement, dispatch and (pruned) trace.
+struct Variant<'a> {
+    mode: String,
+    placement: &'a Placement,
+    dispatch: Dispatch,
+    trace: &'a Trace,
+}
+
+/// Per-layer traffic of one variant with `t` tokens per device.
+fn layer_traffic(
+    v: &Variant,
+    cluster: Cluster,
+    t: usize,
+    order: &[Vec<usize>],
+) -> Result<Vec<LevelTraffic>> {
+    let k = v.trace.meta.top_k;
+    let mut counter = DeviceCounter::new(cluster.devices);
+    v.trace
+        .layers
+        .iter()
+        .zip(order)
+        .map(|(l, order)| {
+            let map = v.placement.layer(l.layer)?;
+            let mut traffic = LevelTraffic::new(cluster);
+            for src in 0..cluster.devices {
+                for j in 0..t {
+                    let tok = order[(src * t + j) % order.len()];
+                    traffic.add_token(src, l.ids(tok, k), map, v.dispatch, &mut counter);
+                }
+            }
+            Ok(traffic)
+        })
+        .collect()
+}
+
+/// Projects `trace` onto each profile; `on_step` is called once per device count.
+pub fn project_trace(
+    trace: &Trace,
+    profiles: &[LinkProfile],
+    s: &ProjectSettings,
+    on_step: &(dyn Fn(usize) + Sync),
+) -> Result<ProjectReport> {
+    let (e, k) = (trace.meta.num_experts, trace.meta.top_k);
+    if trace.layers.iter().any(|l| l.tokens == 0) || trace.layers.is_empty() {
+        bail!("the trace has no tokens to project from");
+    }
+    if s.hidden == 0 || s.intermediate == 0 {
+        bail!("the hidden and expert intermediate sizes must be positive");
+    }
+    if s.tokens_per_device.contains(&0) {
+        bail!("tokens per device must be at least 1");
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(s.seed);
+    let order: Vec<Vec<usize>> = trace
+        .layers
+        .iter()
+        .map(|l| {
+            let mut o: Vec<usize> = (0..l.tokens).collect();
+            o.shuffle(&mut rng);
+            o
+        })
+        .collect();
+    let cfg = SearchConfig {
+        restarts: s.restarts,
+        seed: s.seed,
+        max_load_factor: None,
+    };
+    let router = RouterRule::softmax_topk(e, k, false);
+    let mut rows = Vec::new();
+    let mut skipped = Vec::new();
+    for &d in &s.devices {
+        on_step(d);
+        if d < 2 || d > e {
+            skipped.push(Skipped {
+                devices: d,
+                mode: "all".into(),
+                reason: format!(
+                    "{e} experts cannot be spread over {d} devices (2 to {e}); project a trace \
+                     of a model with more experts"
+                ),
+            });
+            continue;
+        }
+        let (contiguous, _) = place_trace(trace, d, Method::Contiguous, &cfg, &|| ())?;
+        let (occult, _) = place_trace(trace, d, Method::Occult, &cfg, &|| ())?;
+        let mut pruned = Vec::new();
+        for &n in s.prune_devices.iter().filter(|&&n| n >= 1 && n < d) {
+            if trace.layers.iter().any(|l| l.router_logits.is_none()) {
+                skipped.push(Skipped {
+                    devices: d,
+                    mode: format!("occult, pruned to {n}"),
+                    reason: "pruning needs router logits, and the trace has none (record it \
+                             with `occult profile`)"
+                        .into(),
+                });
+                continue;
+            }
+            match prune_trace(trace, &occult, &router, PruneRule::Router, n, None, &|| ()) {
+                Ok((t, _)) => pruned.push((n, t)),
+                Err(err) => skipped.push(Skipped {
+                    devices: d,
+                    mode: format!("occult, pruned to {n}"),
+                    reason: err.to_string(),
+                }),
+            }
+        }
+        let mut variants = vec![
+            Variant {
+                mode: "standard".into(),
+                placement: &contiguous,
+                dispatch: Dispatch::Copies,
+                trace,
+            },
+            Variant {
+                mode: "dedup".into(),
+                placement: &contiguous,
+                dispatch: Dispatch::Dedup,
+                trace,
+            },
+            Variant {
+                mode: "occult".into(),
+                placement: &occult,
+                dispatch: Dispatch::Dedup,
+                trace,
+            },
+        ];
+        variants.extend(pruned.iter().map(|(n, t)| Variant {
+            mode: format!("occult, pruned to {n}"),
+            placement: &occult,
+            dispatch: Dispatch::Dedup,
+            trace: t,
+        }));
+        for &t in &s.tokens_per_device {
+            for p in profiles {
+                let cluster = Cluster::on(d, p);
+                let first = rows.len();
+                for v in &variants {
+                    rows.push(project_variant(v, cluster, t, &order, p, s)?);
+                }
+                let (base_layer, base_train) = (rows[first].layer_s, rows[first].train_s);
+                for r in &mut rows[first..] {
+                    r.layer_speedup = base_layer / r.layer_s.max(1e-30);
+                    r.train_speedup = base_train / r.train_s.max(1e-30);
+                }
+            }
+        }
+    }
+    Ok(ProjectReport {
+        settings: s.clone(),
+        num_experts: e,
+        top_k: k,
+        layers: trace.layers.len(),
+        rows,
+        skipped,
+    })
+}
+
+fn project_variant(
+    v: &Variant,
+    cluster: Cluster,
+    t: usize,
+    order: &[Vec<usize>],
+    p: &LinkProfile,
+    s: &ProjectSettings,
+) -> Result<ModeProjection> {
+    let traffic = layer_traffic(v, cluster, t, order)?;
+    let layers = traffic.len() as f64;
+    let row_bytes = s.hidden as f64 * p.activation_bytes;
+    let shared = swiglu_flops(t, s.hidden, s.shared_intermediate);
+    let mean = |f: &dyn Fn(&LevelTraffic) -> f64| traffic.iter().map(f).sum::<f64>() / layers;
+    let exchange_s = mean(&|l| l.exchange_seconds(p, row_bytes));
+    let compute_s = mean(&|l| {
+        (swiglu_flops(l.max_pairs() as usize, s.hidden, s.intermediate) + shared) / p.device_flops
+    });
+    let intra = mean(&|l| l.rows_per_token().0);
+    let inter = mean(&|l| l.rows_per_token().1);
+    Ok(ModeProjection {
+        profile: p.name.clone(),
+        devices: cluster.devices,
+        nodes: cluster.devices.div_ceil(cluster.per_node),
+        tokens_per_device: t,
+        mode: v.mode.clone(),
+        placement: v.placement.method.clone(),
+        dispatch: v.dispatch,
+        ect: mean(&|l| l.ect()),
+        intra_rows_per_token: intra,
+        inter_rows_per_token: inter,
+        exchange_s,
+        compute_s,
+        layer_s: 2.0 * exchange_s + compute_s,
+        train_s: 4.0 * exchange_s + 3.0 * compute_s,
+        layer_speedup: 1.0,
+        train_speedup: 1.0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::synth::{synth_trace, SynthConfig};
+
+    fn settings() -> ProjectSettings {
+        ProjectSettings {
+            devices: vec![4, 16, 128],
+            tokens_per_device: vec![256],
+            prune_devices: vec![2],
+            hidden: 2048,
+            intermediate: 1024,
+            shared_intermediate: 0,
+            restarts: 1,
+            seed: 0,
+        }
+    }
+
+    #[test]
+    fn clustered_routing_projects_faster_under_occult() {
+        let mut c = SynthConfig::olmoe_like(2000, 7);
+        c.layers = 2;
+        let trace = synth_trace(&c, &|| ()).unwrap();
+        let profiles = [
+            LinkProfile::load("pcie4").unwrap(),
+            LinkProfile::load("ib-ndr").unwrap(),
+        ];
+        let r = project_trace(&trace, &profiles, &settings(), &|_| ()).unwrap();
+        // 128 devices for 64 experts is skipped with a reason; 4 and 16 give 4 modes x 2
+        // machines each.
+        assert_eq!(r.skipped.len(), 1);
+        assert!(r.skipped[0].reason.contains("64 experts"));
+        assert_eq!(r.rows.len(), 2 * 2 * 4);
+        for chunk in r.rows.chunks(4) {
+            let [std, dedup, occ, pruned] = chunk else {
+                unreachable!()
+            };
+            assert_eq!(std.mode, "standard");
+            // Same placement: dedup sends fewer rows at the same E[C_T] and compute.
+            assert!((std.ect - dedup.ect).abs() < 1e-12);
+            assert!(
+                dedup.intra_rows_per_token + dedup.inter_rows_per_token
+                    < std.intra_rows_per_token + std.inter_rows_per_token
+            );
+            assert!((std.compute_s - dedup.compute_s).abs() < 1e-15);
+            // Placement and pruning lower E[C_T] and time further.
+            assert!(occ.ect < dedup.ect && pruned.ect <= 2.0 + 1e-12);
+            assert!(occ.layer_speedup > dedup.layer_speedup && dedup.layer_speedup > 1.0);
+            assert!(pruned.layer_speedup > occ.layer_speedup);
+            assert!(std.layer_speedup == 1.0 && std.train_s > std.layer_s);
+        }
+        // ib-ndr has 8 devices per node: at 16 devices rows cross nodes, once per remote
+        // node under dedup.
+        let ib16: Vec<_> = r
+            .rows
+            .iter()
+            .filter(|m| m.profile == "ib-ndr" && m.devices == 16)
+            .collect();
+        assert_eq!(ib16[0].nodes, 2);
+        assert!(ib16[1].inter_rows_per_token <= 1.0 && ib16[0].inter_rows_per_token > 1.0);
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        let mut c = SynthConfig::olmoe_like(100, 1);
+        c.layers = 1;
+        let trace = synth_trace(&c, &|| ()).unwrap();
+        let p = [LinkProfile::load("pcie4").unwrap()];
+        let mut s = settings();
+        s.hidden = 0;
+        assert!(project_trace(&trace, &p, &s, &|_| ()).is_err());
+        let mut s = settings();
+        s.tokens_per_device = vec![0];
+        assert!(project_trace(&trace, &p, &s, &|_| ()).is_err());
+    }
+}

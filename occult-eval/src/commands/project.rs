@@ -1,0 +1,241 @@
+//! `occult project`: size a cluster before renting one. Projects the MoE layer and
+//! training-step time of standard, dedup-only, Occult and pruned Occult dispatch for D devices
+//! on machine profiles, from a real routing trace and modelled expert compute
+//! (`occult_core::analysis::projection`).
+
+use super::{load_trace, with_provenance, write_json};
+use crate::progress::bar;
+use crate::table::Table;
+use anyhow::{bail, Result};
+use clap::Args;
+use occult_core::analysis::projection::{project_trace, ProjectReport, ProjectSettings};
+use occult_core::analysis::trace::Trace;
+use occult_core::ep::cost::LinkProfile;
+use occult_core::models::config::ModelConfig;
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Modes: standard = one row per (token, expert), contiguous placement; \
+dedup = one row per (token, device), contiguous placement (DeepEP's dispatch); occult = dedup \
+under Occult's placement; pruned = occult with each token limited to N devices (router rule). \
+Deduplicated rows cross a node boundary once per remote node and are forwarded inside it when \
+the profile's inter-node link is slower than its intra-node link.\n\n\
+These are projections from a cost model (bytes over bandwidth plus latency per message, FLOPs \
+over throughput), not measurements: check them with `occult bench` over MPI, or measured over \
+shaped links with scripts/shaped_links.sh.\n\n\
+Examples:\n  \
+    occult profile --model allenai/OLMoE-1B-7B-0924 --data calib.jsonl -o olmoe.safetensors\n  \
+    occult project --trace olmoe.safetensors --model allenai/OLMoE-1B-7B-0924\n  \
+    occult project --trace t.safetensors --hidden 2048 --intermediate 1024 --devices 8,16,32 \\\n      \
+    --link ib-ndr --tokens-per-device 128,4096 --json project.json"
+)]
+pub struct ProjectArgs {
+    /// Routing trace (from `occult profile`; router logits are needed for the pruned rows).
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Read the layer sizes from this model's config (a folder or a cached hub id).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Hidden size (overrides --model's).
+    #[arg(long)]
+    pub hidden: Option<usize>,
+    /// Intermediate size of one routed expert (overrides --model's).
+    #[arg(long)]
+    pub intermediate: Option<usize>,
+    /// Intermediate size of the shared expert(s) every token runs (overrides --model's).
+    #[arg(long)]
+    pub shared_intermediate: Option<usize>,
+    /// Device counts, comma-separated (more than the experts are skipped with a note).
+    #[arg(long, value_delimiter = ',', default_value = "4,8,16,32,64,128,256")]
+    pub devices: Vec<usize>,
+    /// Tokens each device holds per step, comma-separated (prefill or training batch; a few
+    /// for decode).
+    #[arg(long, value_delimiter = ',', default_value = "4096")]
+    pub tokens_per_device: Vec<usize>,
+    /// Machine profiles: pcie4, nvlink-h100, ib-ndr, or TOML files; comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "pcie4,nvlink-h100,ib-ndr"
+    )]
+    pub link: Vec<String>,
+    /// Also project pruning to these device counts per token, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "2")]
+    pub prune_devices: Vec<usize>,
+    /// No pruned rows.
+    #[arg(long, conflicts_with = "prune_devices")]
+    pub no_prune: bool,
+    /// Random starts of Occult's placement search.
+    #[arg(long, default_value_t = 2)]
+    pub restarts: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Layer sizes for the projection: (hidden, expert intermediate, shared intermediate).
+pub fn layer_sizes(cfg: &ModelConfig) -> (usize, usize, usize) {
+    (
+        cfg.hidden_size,
+        cfg.moe.expert_intermediate,
+        cfg.moe.shared.as_ref().map_or(0, |s| s.intermediate),
+    )
+}
+
+/// A model's config: a folder's config.json, or the cached checkpoint of a hub id.
+pub fn model_config(model: &str) -> Result<ModelConfig> {
+    let local = Path::new(model).join("config.json");
+    if local.is_file() {
+        Ok(ModelConfig::read(&local)?)
+    } else {
+        Ok(super::model_opts::ModelOpts::local(model).open()?.cfg)
+    }
+}
+
+pub fn run(a: ProjectArgs) -> Result<()> {
+    let trace = load_trace(&a.trace)?;
+    let from_model = a.model.as_deref().map(model_config).transpose()?;
+    let sizes = from_model.as_ref().map(layer_sizes);
+    let (Some(hidden), Some(intermediate)) = (
+        a.hidden.or(sizes.map(|s| s.0)),
+        a.intermediate.or(sizes.map(|s| s.1)),
+    ) else {
+        bail!("give --model, or --hidden and --intermediate (the layer sizes to project)");
+    };
+    if let Some(cfg) = &from_model {
+        if cfg.moe.num_experts != trace.meta.num_experts || cfg.moe.top_k != trace.meta.top_k {
+            bail!(
+                "the model routes {} experts top-{}, the trace {} top-{}",
+                cfg.moe.num_experts,
+                cfg.moe.top_k,
+                trace.meta.num_experts,
+                trace.meta.top_k
+            );
+        }
+    }
+    let profiles = load_profiles(&a.link)?;
+    let settings = ProjectSettings {
+        devices: a.devices.clone(),
+        tokens_per_device: a.tokens_per_device.clone(),
+        prune_devices: if a.no_prune {
+            Vec::new()
+        } else {
+            a.prune_devices.clone()
+        },
+        hidden,
+        intermediate,
+        shared_intermediate: a.shared_intermediate.or(sizes.map(|s| s.2)).unwrap_or(0),
+        restarts: a.restarts,
+        seed: a.seed,
+    };
+    let report = project(&trace, &profiles, &settings)?;
+    print!("{}", render(&report));
+    if let Some(p) = &a.json {
+        let mut v = serde_json::to_value(&report)?;
+        v["trace"] = a.trace.display().to_string().into();
+        v["profiles"] = serde_json::to_value(&profiles)?;
+        v["projection"] = true.into();
+        write_json(p, &with_provenance(v))?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+/// Machine profiles by name or file.
+pub fn load_profiles(names: &[String]) -> Result<Vec<LinkProfile>> {
+    Ok(names
+        .iter()
+        .map(|l| LinkProfile::load(l))
+        .collect::<occult_core::Result<Vec<_>>>()?)
+}
+
+/// Runs the projection with a progress bar over device counts.
+pub fn project(
+    trace: &Trace,
+    profiles: &[LinkProfile],
+    settings: &ProjectSettings,
+) -> Result<ProjectReport> {
+    let pb = bar(settings.devices.len() as u64, "device counts");
+    let report = project_trace(trace, profiles, settings, &|_| pb.inc(1))?;
+    pb.finish_and_clear();
+    Ok(report)
+}
+
+/// The report as tables: one per machine and tokens per device.
+pub fn render(r: &ProjectReport) -> String {
+    let s = &r.settings;
+    let mut out = format!(
+        "PROJECTED (cost model, not measured): one MoE layer of {} experts top-{}, hidden {}, \
+         expert intermediate {}{}, from {} traced layers\n",
+        r.num_experts,
+        r.top_k,
+        s.hidden,
+        s.intermediate,
+        if s.shared_intermediate > 0 {
+            format!(", shared intermediate {}", s.shared_intermediate)
+        } else {
+            String::new()
+        },
+        r.layers
+    );
+    // Machines in the order given, then tokens per device.
+    let mut groups: Vec<(&str, usize)> = Vec::new();
+    for m in &r.rows {
+        let g = (m.profile.as_str(), m.tokens_per_device);
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    groups.sort_by_key(|&(p, t)| (r.rows.iter().position(|m| m.profile == p), t));
+    let ms = |x: f64| format!("{:.3}", x * 1e3);
+    for (profile, tokens) in groups {
+        out.push_str(&format!("\n{profile}, {tokens} tokens per device\n\n"));
+        let mut t = Table::new(&[
+            "D",
+            "nodes",
+            "mode",
+            "E[C_T]",
+            "intra rows/tok",
+            "inter rows/tok",
+            "exchange ms",
+            "compute ms",
+            "layer ms",
+            "layer speed-up",
+            "train ms",
+            "train speed-up",
+        ]);
+        for m in r
+            .rows
+            .iter()
+            .filter(|m| m.profile == profile && m.tokens_per_device == tokens)
+        {
+            t.row(vec![
+                m.devices.to_string(),
+                m.nodes.to_string(),
+                m.mode.clone(),
+                format!("{:.3}", m.ect),
+                format!("{:.3}", m.intra_rows_per_token),
+                format!("{:.3}", m.inter_rows_per_token),
+                ms(m.exchange_s),
+                ms(m.compute_s),
+                ms(m.layer_s),
+                format!("{:.2}x", m.layer_speedup),
+                ms(m.train_s),
+                format!("{:.2}x", m.train_speedup),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+    for sk in &r.skipped {
+        out.push_str(&format!(
+            "\nD = {}, {} left out: {}",
+            sk.devices, sk.mode, sk.reason
+        ));
+    }
+    if !r.skipped.is_empty() {
+        out.push('\n');
+    }
+    out
+}
