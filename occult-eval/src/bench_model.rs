@@ -28,6 +28,9 @@ pub struct ModelBenchArgs {
     /// Prompt length (random token ids).
     #[arg(long, default_value_t = 128)]
     pub prompt_len: usize,
+    /// Prompts per rank, prefilled and decoded as one batch (with --devices > 1).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
     /// Decode steps after the prompt.
     #[arg(long, default_value_t = 16)]
     pub decode_tokens: usize,
@@ -194,6 +197,9 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
     if a.prompt_len == 0 {
         bail!("--prompt-len must be at least 1");
     }
+    if a.batch == 0 || (a.batch > 1 && a.model.devices < 2) {
+        bail!("--batch takes 1 or more prompts per rank, and more than 1 with --devices 2 or more");
+    }
     let ck = a.model.open()?;
     if a.model.devices > 1 {
         return run_parallel(&a, &ck);
@@ -276,6 +282,7 @@ fn run_parallel(a: &ModelBenchArgs, ck: &occult_core::models::loader::Checkpoint
         .transpose()?;
     let bench = EpModelBench {
         devices: a.model.devices,
+        batch: a.batch,
         prompt_len: a.prompt_len,
         decode_tokens: a.decode_tokens,
         repeats: a.repeats,
@@ -287,13 +294,14 @@ fn run_parallel(a: &ModelBenchArgs, ck: &occult_core::models::loader::Checkpoint
     };
     crate::bench_model_ep::print_results(&results, link.is_some(), "prefill");
     println!(
-        "({} backend, {} ranks, {} prompt tokens each; stage times are the slowest rank's, \
-         summed over MoE layers)",
+        "({} backend, {} ranks, {} prompt(s) of {} tokens each; stage times are the slowest \
+         rank's, summed over MoE layers)",
         match a.model.backend {
             crate::commands::Backend::Local => "local",
             crate::commands::Backend::Mpi => "mpi",
         },
         bench.devices,
+        bench.batch,
         bench.prompt_len
     );
     if let Some(p) = &a.json {

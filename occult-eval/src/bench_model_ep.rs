@@ -1,10 +1,10 @@
 //! `occult bench model --devices D` (D > 1): a whole model data + expert parallel, every MoE
-//! mode side by side in one run on the same prompts. Each of the D ranks prefills its own
-//! random prompt and decodes greedily from it; the single-device reference runs the D prompts
-//! as one batch. Reported per mode: prefill tokens/s over all ranks, decode ms/token, the
-//! prefill's exact traffic (rows, remote rows, remote bytes), E[C_T], the slowest rank's time
+//! mode side by side in one run on the same prompts. Each of the D ranks prefills its own batch
+//! of random prompts and decodes greedily from them; the single-device reference runs all the
+//! prompts as one batch. Reported per mode: prefill tokens/s over all ranks, decode ms per step,
+//! the prefill's exact traffic (rows, remote rows, remote bytes), E[C_T], the slowest rank's time
 //! in each EP stage (summed over MoE layers), and with a link profile the projected prefill
-//! time of that machine.
+//! time and decode step time of that machine.
 
 use crate::commands::model_opts::{ModeArg, ModelOpts, PruneRuleArg};
 use anyhow::{bail, Context, Result};
@@ -21,6 +21,8 @@ use std::time::Instant;
 #[derive(Clone, Debug, Serialize)]
 pub struct EpModelBench {
     pub devices: usize,
+    /// Sequences per rank.
+    pub batch: usize,
     pub prompt_len: usize,
     pub decode_tokens: usize,
     pub repeats: usize,
@@ -45,6 +47,11 @@ pub struct RankRun {
     pub exchanges: Vec<Exchange>,
     /// Expert FLOPs of the prefill on this rank.
     pub flops: f64,
+    /// The last decode step's EP statistics, all-to-alls and expert FLOPs (empty without
+    /// decode).
+    pub decode_stats: StepStats,
+    pub decode_exchanges: Vec<Exchange>,
+    pub decode_flops: f64,
 }
 
 /// One mode's results over all ranks.
@@ -62,7 +69,14 @@ pub struct ModeResult {
     /// The slowest rank's prefill.
     pub seconds: f64,
     pub tokens_per_s: f64,
+    /// The slowest rank's decode step (one token for each of its sequences).
     pub decode_ms_per_token: f64,
+    /// With a link profile: the projected decode step.
+    pub decode_projected_s: Option<f64>,
+    /// The decode step's traffic and E[C_T] (the last step's).
+    pub decode_rows_sent: usize,
+    pub decode_bytes_sent: u64,
+    pub decode_ect: f64,
     /// Each EP stage's slowest rank during the prefill (summed over MoE layers).
     pub route_s: f64,
     pub plan_s: f64,
@@ -74,9 +88,14 @@ pub struct ModeResult {
     pub projected: Option<Projection>,
 }
 
-/// A random prompt for rank `rank`.
+/// Rank `rank`'s batch of random prompts, `[batch, prompt_len]` row-major.
 fn prompt(b: &EpModelBench, vocab: usize, rank: usize) -> Vec<u32> {
-    crate::bench_model::random_prompt(b.prompt_len, vocab, b.seed + rank as u64)
+    (0..b.batch.max(1))
+        .flat_map(|i| {
+            let seed = b.seed + (rank * b.batch.max(1) + i) as u64;
+            crate::bench_model::random_prompt(b.prompt_len, vocab, seed)
+        })
+        .collect()
 }
 
 /// Prefill then greedy decode of `ids` `[B, T]`: (prefill seconds, seconds per decode step).
@@ -117,23 +136,30 @@ fn rank_run(m: &Model, b: &EpModelBench, ck: &Checkpoint) -> Result<RankRun> {
         comm.reset_stats();
         m.take_ep_stats();
         let clock = Instant::now();
-        let x = Tensor::from_slice(&ids, (1, ids.len()), &Device::Cpu)?;
+        let batch = b.batch.max(1);
+        let x = Tensor::from_slice(&ids, (batch, b.prompt_len), &Device::Cpu)?;
         let mut cache = m.new_cache();
         let logits = m.forward(&x, Some(&mut cache), None, Logits::Last)?;
         let prefill_s = clock.elapsed().as_secs_f64();
         let stats = m.take_ep_stats();
         let exchanges = comm.stats().exchanges;
-        let clock = Instant::now();
+        let mut decode_s = 0.0;
+        let (mut decode_exchanges, mut decode_stats) = (Vec::new(), StepStats::default());
         let mut last = logits;
         for _ in 0..b.decode_tokens {
+            comm.reset_stats();
+            let clock = Instant::now();
             let next = last
                 .squeeze(1)?
                 .to_dtype(DType::F32)?
                 .argmax(candle::D::Minus1)?
                 .to_dtype(DType::U32)?;
             last = m.forward(&next.unsqueeze(1)?, Some(&mut cache), None, Logits::Last)?;
+            decode_s += clock.elapsed().as_secs_f64();
+            decode_stats = m.take_ep_stats();
+            decode_exchanges = comm.stats().exchanges;
         }
-        let decode_step_s = clock.elapsed().as_secs_f64() / b.decode_tokens.max(1) as f64;
+        let decode_step_s = decode_s / b.decode_tokens.max(1) as f64;
         if prefill_s < best.seconds {
             let (h, i) = (ck.cfg.hidden_size, ck.cfg.moe.expert_intermediate);
             best = RankRun {
@@ -143,6 +169,9 @@ fn rank_run(m: &Model, b: &EpModelBench, ck: &Checkpoint) -> Result<RankRun> {
                 flops: swiglu_flops(stats.pairs, h, i),
                 stats,
                 exchanges,
+                decode_exchanges,
+                decode_flops: swiglu_flops(decode_stats.pairs, h, i),
+                decode_stats,
             };
         }
     }
@@ -195,7 +224,7 @@ pub fn run(
         );
         let runs = o.run(ck, |m| measure(m, work, &label, || rank_run(m, b, ck)))?;
         if let Some(runs) = runs {
-            let tokens = b.devices * b.prompt_len;
+            let tokens = b.devices * b.batch.max(1) * b.prompt_len;
             results.push(combine(&label, b.devices, tokens, &runs, link, true));
         }
     }
@@ -203,7 +232,8 @@ pub fn run(
         return Ok(None);
     }
     // The single-device reference on the union of the ranks' prompts, one batch.
-    eprintln!("reference: 1 device, {} prompts in one batch", b.devices);
+    let prompts = b.devices * b.batch.max(1);
+    eprintln!("reference: 1 device, {prompts} prompts in one batch");
     let mut o = opts.clone();
     o.devices = 1;
     o.mode = Some(ModeArg::Reference);
@@ -216,7 +246,7 @@ pub fn run(
         .run(ck, |m| {
             let mut best = (f64::INFINITY, 0.0);
             for _ in 0..b.repeats.max(1) {
-                let (p, s) = prefill_and_decode(m, &ids, b.devices, b.decode_tokens)?;
+                let (p, s) = prefill_and_decode(m, &ids, prompts, b.decode_tokens)?;
                 if p < best.0 {
                     best = (p, s);
                 }
@@ -224,7 +254,7 @@ pub fn run(
             Ok(best)
         })?
         .context("the reference runs in this process")?;
-    let tokens = b.devices * b.prompt_len;
+    let tokens = prompts * b.prompt_len;
     results.insert(
         0,
         ModeResult {
@@ -238,6 +268,10 @@ pub fn run(
             seconds: prefill_s,
             tokens_per_s: tokens as f64 / prefill_s.max(1e-12),
             decode_ms_per_token: step_s * 1e3,
+            decode_projected_s: None,
+            decode_rows_sent: 0,
+            decode_bytes_sent: 0,
+            decode_ect: 1.0,
             route_s: 0.0,
             plan_s: 0.0,
             dispatch_s: 0.0,
@@ -297,22 +331,27 @@ pub(crate) fn combine(
         .iter()
         .map(|r| Exchange::remote_bytes(&r.exchanges, r.rank))
         .sum();
-    let projected = link.map(|p| {
-        let n = runs.iter().map(|r| r.exchanges.len()).min().unwrap_or(0);
+    let project = |p: &LinkProfile, part: fn(&RankRun) -> (&[Exchange], f64)| {
+        let steps: Vec<RankStep> = runs
+            .iter()
+            .map(|r| {
+                let (exchanges, flops) = part(r);
+                RankStep { flops, exchanges }
+            })
+            .collect();
+        let n = steps.iter().map(|r| r.exchanges.len()).min().unwrap_or(0);
         let activations: Vec<usize> = if forward_only {
             (1..n).filter(|j| (j - 1) % 3 != 0).collect()
         } else {
             Vec::new()
         };
-        let steps: Vec<RankStep> = runs
-            .iter()
-            .map(|r| RankStep {
-                flops: r.flops,
-                exchanges: &r.exchanges,
-            })
-            .collect();
         project_step(p, &steps, &activations)
-    });
+    };
+    let projected = link.map(|p| project(p, |r| (&r.exchanges, r.flops)));
+    let decoded = runs.iter().all(|r| !r.decode_exchanges.is_empty());
+    let decode_projected_s = link
+        .filter(|_| forward_only && decoded)
+        .map(|p| project(p, |r| (&r.decode_exchanges, r.decode_flops)).total_s);
     ModeResult {
         mode: label.to_string(),
         devices,
@@ -320,12 +359,17 @@ pub(crate) fn combine(
         rows_sent: runs.iter().map(|r| r.stats.rows_sent).sum(),
         remote_rows_sent: runs.iter().map(|r| r.stats.remote_rows_sent).sum(),
         bytes_sent,
-        // Token-layer pairs on both sides: the mean over MoE layers.
-        ect: runs.iter().map(|r| r.stats.devices_touched).sum::<usize>() as f64
-            / runs.iter().map(|r| r.stats.tokens).sum::<usize>().max(1) as f64,
+        ect: ect(runs.iter().map(|r| &r.stats)),
         seconds,
         tokens_per_s: tokens as f64 / seconds.max(1e-12),
         decode_ms_per_token: max(|r| r.decode_step_s) * 1e3,
+        decode_projected_s,
+        decode_rows_sent: runs.iter().map(|r| r.decode_stats.rows_sent).sum(),
+        decode_bytes_sent: runs
+            .iter()
+            .map(|r| Exchange::remote_bytes(&r.decode_exchanges, r.rank))
+            .sum(),
+        decode_ect: ect(runs.iter().map(|r| &r.decode_stats)),
         route_s: max(|r| r.stats.route_s),
         plan_s: max(|r| r.stats.plan_s),
         dispatch_s: max(|r| r.stats.dispatch_s),
@@ -334,6 +378,12 @@ pub(crate) fn combine(
         projected_seconds: projected.as_ref().map(|p| p.total_s),
         projected,
     }
+}
+
+/// E[C_T] of ranks' statistics: token-layer pairs on both sides, so the mean over MoE layers.
+fn ect<'a>(stats: impl Iterator<Item = &'a StepStats> + Clone) -> f64 {
+    let touched: usize = stats.clone().map(|s| s.devices_touched).sum();
+    touched as f64 / stats.map(|s| s.tokens).sum::<usize>().max(1) as f64
 }
 
 /// Prints the results as a table, then each mode's ratios to standard dispatch, measured beside
@@ -358,6 +408,7 @@ pub fn print_results(results: &[ModeResult], projected: bool, what: &str) {
     ];
     if projected {
         header.push("projected ms");
+        header.push("decode projected ms");
     }
     let mut table = crate::table::Table::new(&header);
     for r in results {
@@ -377,10 +428,9 @@ pub fn print_results(results: &[ModeResult], projected: bool, what: &str) {
             ms(r.combine_s),
         ];
         if projected {
-            row.push(
-                r.projected_seconds
-                    .map_or("-".into(), |s| format!("{:.3}", s * 1e3)),
-            );
+            for p in [r.projected_seconds, r.decode_projected_s] {
+                row.push(p.map_or("-".into(), |s| format!("{:.3}", s * 1e3)));
+            }
         }
         table.row(row);
     }

@@ -80,6 +80,7 @@ fn rank_run(m: &Model, b: &TrainBench, ck: &Checkpoint) -> Result<RankRun> {
                 flops: 3.0 * swiglu_flops(stats.pairs, h, i),
                 stats,
                 exchanges: comm.stats().exchanges,
+                ..RankRun::default()
             };
         }
     }

@@ -248,6 +248,7 @@ seq_len = 64
 [speed]
 prompt_lens = [8, 32]
 decode_tokens = 2
+decode_batches = [1, 3]
 repeats = 1
 [projection]
 hidden = 256
@@ -304,25 +305,30 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
     for key in ["config", "provenance"] {
         assert!(r.get(key).is_some(), "{key}");
     }
-    // Speed: every suite, each EP mode measured and projected (prefill, train) on 4 ranks.
+    // Speed: every suite, each EP mode measured and projected on 4 ranks; decode at 1 and 3
+    // sequences per rank.
     let speed = r["speed"].as_array().unwrap();
-    for suite in ["prefill", "decode", "train"] {
+    for suite in ["prefill", "layers", "decode", "train"] {
         let rows: Vec<_> = speed.iter().filter(|x| x["suite"] == suite).collect();
         assert!(rows.iter().any(|x| x["mode"] == "occult"), "{suite}");
         assert!(
             rows.iter().all(|x| x["seconds"].as_f64().unwrap() > 0.0),
             "{suite}"
         );
-        if suite != "decode" {
-            let occ = rows.iter().find(|x| x["mode"] == "occult").unwrap();
-            let std = rows.iter().find(|x| x["mode"] == "standard").unwrap();
-            assert!(occ["projected_seconds"].as_f64().unwrap() > 0.0);
-            assert!(
-                occ["bytes_sent"].as_u64() <= std["bytes_sent"].as_u64(),
-                "{suite}"
-            );
-        }
+        let occ = rows.iter().find(|x| x["mode"] == "occult").unwrap();
+        let std = rows.iter().find(|x| x["mode"] == "standard").unwrap();
+        assert!(occ["projected_seconds"].as_f64().unwrap() > 0.0, "{suite}");
+        assert!(
+            occ["bytes_sent"].as_u64() <= std["bytes_sent"].as_u64(),
+            "{suite}"
+        );
     }
+    let decode_tokens: Vec<u64> = speed
+        .iter()
+        .filter(|x| x["suite"] == "decode" && x["mode"] == "occult")
+        .map(|x| x["tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(decode_tokens, [4, 12]);
     // The projection: 5 modes (standard, dedup, occult, pruned to 2 and to 1) on 2 machines at
     // D = 4; D = 32 exceeds the 16 experts.
     let proj = &r["projection"];

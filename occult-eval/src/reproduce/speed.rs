@@ -1,7 +1,8 @@
-//! The speed stage of `occult reproduce`: whole-model prefill across token counts (with decode
-//! per token on the shortest prompt) and a training step, each in standard, Occult and pruned
-//! dispatch on the recipe's devices under the placement found, measured here and projected
-//! onto a link profile. The same code as `occult bench model` and `occult bench train`.
+//! The speed stage of `occult reproduce`: prefill across token counts (the whole model, and its
+//! MoE layers alone), decode across batch sizes, and a training step, each in standard, Occult
+//! and pruned dispatch on the recipe's devices under the placement found, measured here and
+//! projected onto a link profile (which models the MoE layers: their exchanges and expert
+//! compute). The same code as `occult bench model` and `occult bench train`.
 
 use crate::bench_model_ep::{self, EpModelBench, ModeResult};
 use crate::bench_train::{self, TrainBench};
@@ -19,6 +20,8 @@ pub struct SpeedRecipe {
     pub prompt_lens: Vec<usize>,
     /// Decode steps after the shortest prompt.
     pub decode_tokens: usize,
+    /// Sequences per rank of each decode run.
+    pub decode_batches: Vec<usize>,
     pub repeats: usize,
     /// Sequences per rank and their length in the training step.
     pub train_batch_per_rank: usize,
@@ -33,6 +36,7 @@ impl Default for SpeedRecipe {
             skip: false,
             prompt_lens: vec![16, 64, 256],
             decode_tokens: 8,
+            decode_batches: vec![1, 4, 16],
             repeats: 2,
             train_batch_per_rank: 2,
             train_seq_len: 64,
@@ -44,16 +48,17 @@ impl Default for SpeedRecipe {
 /// One measurement.
 #[derive(Clone, Debug, Serialize)]
 pub struct SpeedRow {
-    /// `prefill`, `decode` or `train`.
+    /// `prefill` (the whole model), `layers` (its MoE layers), `decode` or `train`.
     pub suite: String,
     pub mode: String,
     pub devices: usize,
-    /// Tokens over all ranks (decode: one per rank).
+    /// Tokens over all ranks (decode: one per sequence).
     pub tokens: usize,
     pub ect: f64,
     pub rows_sent: usize,
     pub bytes_sent: u64,
-    /// Measured: the slowest rank (prefill and train: per step; decode: per token).
+    /// Measured: the slowest rank (prefill and train: per step; layers: the prefill's MoE
+    /// layers, summed; decode: per step).
     pub seconds: f64,
     pub projected_seconds: Option<f64>,
     pub link: String,
@@ -79,32 +84,48 @@ pub fn speed(opts: &ModelOpts, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
     let link = LinkProfile::load(&s.link)?;
     let mut ck = opts.open()?;
     let mut rows = Vec::new();
-    let shortest = s.prompt_lens.iter().copied().min().unwrap_or(0);
+    let shortest = s.prompt_lens.iter().copied().min().unwrap_or(1);
+    let bench = |prompt_len: usize, batch: usize, decode_tokens: usize| EpModelBench {
+        devices: opts.devices,
+        batch,
+        prompt_len,
+        decode_tokens,
+        repeats: s.repeats,
+        max_devices: 2.min(opts.devices - 1),
+        seed: 0,
+    };
     for &len in &s.prompt_lens {
         eprintln!("  prefill, {len} tokens per rank");
-        let b = EpModelBench {
-            devices: opts.devices,
-            prompt_len: len,
-            decode_tokens: if len == shortest { s.decode_tokens } else { 0 },
-            repeats: s.repeats,
-            max_devices: 2.min(opts.devices - 1),
-            seed: 0,
-        };
-        let Some(results) = bench_model_ep::run(opts, &ck, &b, Some(&link))? else {
+        let Some(results) = bench_model_ep::run(opts, &ck, &bench(len, 1, 0), Some(&link))? else {
             continue;
         };
         // Every mode, the single-device reference too (a baseline without exchanges).
         for r in &results {
             rows.push(row("prefill", r, &s.link));
-            if b.decode_tokens > 0 {
+            if r.devices > 1 {
                 rows.push(SpeedRow {
-                    suite: "decode".into(),
-                    tokens: opts.devices,
-                    seconds: r.decode_ms_per_token / 1e3,
-                    projected_seconds: None,
-                    ..row("decode", r, &s.link)
+                    seconds: r.route_s + r.plan_s + r.dispatch_s + r.compute_s + r.combine_s,
+                    ..row("layers", r, &s.link)
                 });
             }
+        }
+    }
+    for &batch in s.decode_batches.iter().filter(|_| s.decode_tokens > 0) {
+        eprintln!("  decode, {batch} sequence(s) per rank");
+        let b = bench(shortest, batch, s.decode_tokens);
+        let Some(results) = bench_model_ep::run(opts, &ck, &b, Some(&link))? else {
+            continue;
+        };
+        for r in &results {
+            rows.push(SpeedRow {
+                tokens: r.devices.max(opts.devices) * batch,
+                ect: r.decode_ect,
+                rows_sent: r.decode_rows_sent,
+                bytes_sent: r.decode_bytes_sent,
+                seconds: r.decode_ms_per_token / 1e3,
+                projected_seconds: r.decode_projected_s,
+                ..row("decode", r, &s.link)
+            });
         }
     }
     eprintln!("  training step");
