@@ -4,6 +4,7 @@
 pub mod bench_layer;
 pub mod bench_model;
 pub mod bench_model_ep;
+pub mod bench_suite;
 pub mod bench_train;
 pub mod builtin;
 pub mod commands;

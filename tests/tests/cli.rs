@@ -246,8 +246,12 @@ steps = 4
 batch_size = 8
 seq_len = 64
 [speed]
-prompt_lens = [8, 32]
+prefill_tokens = [32, 256]
+prefill_seq_len = 32
+decode_prompt_len = 8
 decode_tokens = 2
+train_batch_per_rank = 2
+train_seq_len = 32
 decode_batches = [1, 3]
 repeats = 1
 [projection]

@@ -687,3 +687,102 @@ fn profile_on_three_ranks_records_the_routing_of_one_device_in_its_order() {
     assert!(!one.is_empty() && one.iter().all(|ids| !ids.is_empty()));
     assert_eq!(one, three);
 }
+
+/// A prefill suite on a synthetic OLMoE-shaped model, and what a broken suite file says.
+#[test]
+fn bench_suites_run_from_their_files_and_record_where_they_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    occult_ok(
+        d,
+        &[
+            "model",
+            "synth",
+            "--family",
+            "olmoe",
+            "--hidden",
+            "32",
+            "--experts",
+            "8",
+            "--top-k",
+            "2",
+            "--intermediate",
+            "16",
+            "-o",
+            "m",
+        ],
+    );
+    std::fs::write(
+        d.join("prefill.toml"),
+        "name = 'p'\nsuite = 'prefill'\nmodel = 'm'\ndevices = 2\ntokens = [32, 128]\n\
+         seq_len = 16\nrepeats = 1\n",
+    )
+    .unwrap();
+    let out = occult_ok(d, &["bench", "suite", "prefill.toml", "--json", "p.json"]);
+    assert!(out.contains("Prefill on 2 ranks"), "{out}");
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("p.json")).unwrap()).unwrap();
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2);
+    // 128 tokens on 2 ranks: 4 sequences of 16 each.
+    assert_eq!(
+        (points[1]["tokens"].as_u64(), points[1]["batch"].as_u64()),
+        (Some(128), Some(4))
+    );
+    for p in points {
+        let modes: Vec<&str> = p["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["mode"].as_str().unwrap())
+            .collect();
+        assert_eq!(modes, ["reference (1 device)", "standard", "occult"]);
+        let r = &p["results"][2];
+        assert_eq!(r["tokens"].as_u64(), p["tokens"].as_u64());
+        assert!(r["projected_seconds"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(v["config"]["suite"], "prefill");
+    assert!(v["provenance"]["host"].is_string() && v["provenance"].get("git_commit").is_some());
+    // A decode suite: one token per sequence per step.
+    std::fs::write(
+        d.join("decode.toml"),
+        "name = 'd'\nsuite = 'decode'\nmodel = 'm'\ndevices = 2\nbatches = [1, 3]\nseq_len = 4\n\
+         decode_tokens = 2\nrepeats = 1\n",
+    )
+    .unwrap();
+    let out = occult_ok(d, &["bench", "suite", "decode.toml"]);
+    assert!(
+        out.contains("Decode on 2 ranks") && out.contains("| 6 "),
+        "{out}"
+    );
+    // Broken suites name what is wrong.
+    for (text, needle) in [
+        (
+            "name = 'p'\nsuite = 'prefill'\nmodel = 'm'\ntokens = [100]\nseq_len = 16\n",
+            "not a multiple",
+        ),
+        (
+            "name = 'p'\nsuite = 'decode'\nmodel = 'm'\n",
+            "needs `batches`",
+        ),
+        (
+            "name = 'p'\nsuite = 'warp'\nmodel = 'm'\n",
+            "unknown variant",
+        ),
+        (
+            "name = 'p'\nsuite = 'train'\nmodel = 'm'\nbatches = [1]\nlink = 'nope'\n",
+            "no link profile",
+        ),
+        (
+            "name = 'p'\nsuite = 'train'\nmodel = 'm'\nbatches = [1]\ndevices = 1\n",
+            "2 or more",
+        ),
+    ] {
+        std::fs::write(d.join("bad.toml"), text).unwrap();
+        let err = occult_err(d, &["bench", "suite", "bad.toml"]);
+        assert!(
+            err.contains(needle) && err.contains("bad.toml"),
+            "{needle}: {err}"
+        );
+    }
+}

@@ -554,3 +554,39 @@ fn training_under_mpirun_takes_the_steps_of_threads() {
     // Rank 0 wrote one model, loadable as it is.
     occult_ok(dir, &["model", "check", "--model", "mpi"]);
 }
+
+#[test]
+fn a_bench_suite_runs_under_mpirun() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("train.toml"),
+        format!(
+            "name = 't'\nsuite = 'train'\nmodel = '{}'\ndevices = 2\nbatches = [1]\nseq_len = 8\n\
+             repeats = 1\n",
+            fixture("olmoe")
+        ),
+    )
+    .unwrap();
+    let out = mpirun_occult(
+        2,
+        d,
+        &[
+            "bench",
+            "suite",
+            "train.toml",
+            "--backend",
+            "mpi",
+            "--json",
+            "t.json",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("t.json")).unwrap()).unwrap();
+    assert_eq!(v["backend"], "mpi");
+    let modes = v["points"][0]["results"].as_array().unwrap();
+    assert!(modes.iter().any(|r| r["mode"] == "occult"));
+    assert!(modes.iter().all(|r| r["seconds"].as_f64().unwrap() > 0.0));
+}

@@ -100,6 +100,37 @@ impl Builtin {
     pub fn file(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
+
+    /// Occult's placement of the model's experts on `devices` devices, from its routing on its
+    /// calibration text; made on first use and kept beside the model.
+    pub fn placement(&self, devices: usize) -> Result<PathBuf> {
+        use occult_core::analysis::placement::{Method, SearchConfig};
+        let path = self.file(&format!("placement-occult-{devices}.json"));
+        if path.is_file() {
+            return Ok(path);
+        }
+        eprintln!("placing the built-in model's experts on {devices} devices (once)");
+        let trace = self.file("trace-calibration.safetensors");
+        crate::commands::profile::run(crate::commands::profile::ProfileArgs {
+            model: ModelOpts::local(&self.model().display().to_string()),
+            data: self.file("calibration.jsonl"),
+            output: trace.clone(),
+            seq_len: 128,
+            max_tokens: Some(20000),
+            no_logits: true,
+            add_bos: false,
+        })?;
+        let t = occult_core::analysis::trace::Trace::read(&trace)?;
+        let (placement, _) = occult_core::analysis::place_trace(
+            &t,
+            devices,
+            Method::Occult,
+            &SearchConfig::default(),
+            &|| (),
+        )?;
+        placement.write(&path)?;
+        Ok(path)
+    }
 }
 
 fn recipe_in(dir: &Path) -> Option<BuiltinRecipe> {

@@ -40,10 +40,37 @@ pub enum BenchCmd {
         --intermediate 128 -o /tmp/olmoe-256\n  \
         occult bench train --model /tmp/olmoe-256 --devices 4 --link pcie4")]
     Train(TrainBenchArgs),
+    /// A benchmark suite from a file (configs/bench/*.toml): a prefill sweep over token counts,
+    /// decode over batch sizes, or a training step, every mode side by side at each point.
+    #[command(after_help = "Examples:\n  \
+        occult bench suite configs/bench/prefill.toml --json prefill.json\n  \
+        occult bench suite configs/bench/decode.toml\n  \
+        mpirun -np 4 occult bench suite configs/bench/train.toml --backend mpi   # feature mpi\n\n\
+        On the built-in model (model = \"builtin\"), Occult's placement is made from its \
+        calibration text on first use and kept beside it; give --placement for another model \
+        (without one, experts are placed contiguously).")]
+    Suite(SuiteArgs),
     /// Evaluation speed with and without context reuse, side by side on the same items.
     #[command(after_help = "Example:\n  \
         occult bench eval --model tests/fixtures/models/olmoe --tasks hellaswag,arc_easy,mmlu --samples")]
     Eval(super::eval::EvalArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct SuiteArgs {
+    /// The suite file.
+    pub file: PathBuf,
+    /// Run the ranks as threads (local) or one process each under mpirun (mpi).
+    #[arg(long, value_enum, default_value_t = Backend::Local)]
+    pub backend: Backend,
+    /// Override the suite's model.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Occult's placement file (default: made for the built-in model; contiguous otherwise).
+    #[arg(long)]
+    pub placement: Option<PathBuf>,
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -107,7 +134,56 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Model(a) => crate::bench_model::run(a),
         BenchCmd::Eval(a) => super::eval::bench(a),
         BenchCmd::Train(a) => train(a),
+        BenchCmd::Suite(a) => suite(a),
     }
+}
+
+fn suite(a: SuiteArgs) -> Result<()> {
+    use crate::bench_suite::{render, run, Suite};
+    let mut s = Suite::read(&a.file)?;
+    if let Some(m) = &a.model {
+        s.model = m.clone();
+    }
+    let mut opts = super::model_opts::ModelOpts::local(&s.model);
+    opts.placement = a.placement.clone();
+    if s.model == "builtin" {
+        let recipe = crate::builtin::BuiltinRecipe::default();
+        let dir = crate::builtin::dir_for(&recipe);
+        if a.backend == Backend::Mpi && !dir.join("model").join("model.safetensors").is_file() {
+            anyhow::bail!(
+                "the built-in model is not built yet: run `occult model builtin` once before \
+                 starting the ranks"
+            );
+        }
+        let b = crate::builtin::ensure(&dir, &recipe, false)?;
+        opts.model = b.model().display().to_string();
+        if opts.placement.is_none() {
+            opts.placement = Some(b.placement(s.devices)?);
+        }
+    }
+    opts.devices = s.devices;
+    opts.backend = a.backend;
+    opts.dtype = s.dtype.clone();
+    let points = run(&s, &opts)?;
+    if points.is_empty() {
+        return Ok(());
+    }
+    println!("{}", render(&s, &points));
+    if let Some(p) = &a.json {
+        let v = serde_json::json!({
+            "bench": "suite",
+            "file": a.file.display().to_string(),
+            "config": s,
+            "model": opts.model,
+            "placement": opts.placement,
+            "backend": a.backend,
+            "projected_with": s.link,
+            "points": points,
+        });
+        write_json(p, &with_provenance(v))?;
+        eprintln!("wrote {}", p.display());
+    }
+    Ok(())
 }
 
 fn train(a: TrainBenchArgs) -> Result<()> {

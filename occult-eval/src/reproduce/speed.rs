@@ -16,9 +16,12 @@ use serde::{Deserialize, Serialize};
 #[serde(default, deny_unknown_fields)]
 pub struct SpeedRecipe {
     pub skip: bool,
-    /// Prompt tokens per rank of each prefill.
-    pub prompt_lens: Vec<usize>,
-    /// Decode steps after the shortest prompt.
+    /// Tokens over all ranks of each prefill, in sequences of `prefill_seq_len` (fewer when a
+    /// rank's share is shorter) batched on each rank.
+    pub prefill_tokens: Vec<usize>,
+    pub prefill_seq_len: usize,
+    /// The prompt before decoding, and the decode steps measured after it.
+    pub decode_prompt_len: usize,
     pub decode_tokens: usize,
     /// Sequences per rank of each decode run.
     pub decode_batches: Vec<usize>,
@@ -34,12 +37,14 @@ impl Default for SpeedRecipe {
     fn default() -> Self {
         SpeedRecipe {
             skip: false,
-            prompt_lens: vec![16, 64, 256],
+            prefill_tokens: vec![1024, 4096, 16384],
+            prefill_seq_len: 256,
+            decode_prompt_len: 32,
             decode_tokens: 8,
             decode_batches: vec![1, 4, 16],
             repeats: 2,
-            train_batch_per_rank: 2,
-            train_seq_len: 64,
+            train_batch_per_rank: 8,
+            train_seq_len: 128,
             link: "pcie4".into(),
         }
     }
@@ -84,7 +89,6 @@ pub fn speed(opts: &ModelOpts, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
     let link = LinkProfile::load(&s.link)?;
     let mut ck = opts.open()?;
     let mut rows = Vec::new();
-    let shortest = s.prompt_lens.iter().copied().min().unwrap_or(1);
     let bench = |prompt_len: usize, batch: usize, decode_tokens: usize| EpModelBench {
         devices: opts.devices,
         batch,
@@ -94,9 +98,16 @@ pub fn speed(opts: &ModelOpts, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
         max_devices: 2.min(opts.devices - 1),
         seed: 0,
     };
-    for &len in &s.prompt_lens {
-        eprintln!("  prefill, {len} tokens per rank");
-        let Some(results) = bench_model_ep::run(opts, &ck, &bench(len, 1, 0), Some(&link))? else {
+    for &tokens in &s.prefill_tokens {
+        let per_rank = (tokens / opts.devices).max(1);
+        let len = s.prefill_seq_len.clamp(1, per_rank);
+        let batch = per_rank / len;
+        eprintln!(
+            "  prefill, {} tokens ({batch} x {len} per rank)",
+            opts.devices * batch * len
+        );
+        let Some(results) = bench_model_ep::run(opts, &ck, &bench(len, batch, 0), Some(&link))?
+        else {
             continue;
         };
         // Every mode, the single-device reference too (a baseline without exchanges).
@@ -112,7 +123,7 @@ pub fn speed(opts: &ModelOpts, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
     }
     for &batch in s.decode_batches.iter().filter(|_| s.decode_tokens > 0) {
         eprintln!("  decode, {batch} sequence(s) per rank");
-        let b = bench(shortest, batch, s.decode_tokens);
+        let b = bench(s.decode_prompt_len.max(1), batch, s.decode_tokens);
         let Some(results) = bench_model_ep::run(opts, &ck, &b, Some(&link))? else {
             continue;
         };
