@@ -13,11 +13,12 @@
 #       --prompt-len 256 --decode-tokens 4
 #
 # The script appends `--backend mpi --devices RANKS` (so do not pass them), and for `bench
-# model` also `--link` (a
-# profile of this emulated machine: RATE per link, f32 rows, FLOPS of expert compute per rank)
-# and `--json DIR/shaped.json`; `bench model` then prints each mode's measured prefill-time
-# ratio to standard dispatch beside the projected one. Everything it creates (namespaces, the
-# bridge, temporary files) is removed on exit, whether the run succeeded or not.
+# model` and `bench train` also `--link` (a profile of this emulated machine: RATE per link,
+# f32 rows, FLOPS of expert compute per rank) and `--json DIR/shaped.json` (`shaped-train.json`
+# for `bench train`); they then print each mode's measured time ratio to standard dispatch
+# beside the projected one. OCCULT_BIN names the binary (default: target/release/occult).
+# Everything it creates (namespaces, the bridge, temporary files) is removed on exit, whether
+# the run succeeded or not.
 #
 # Needs: root, iproute2 (ip, tc), OpenMPI, and occult built with MPI
 # (`cargo build --release --features occult-eval/mpi`).
@@ -27,7 +28,7 @@ RANKS=4
 RATE=80mbit
 FLOPS=2e10
 OUT=.
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while getopts "n:r:f:o:h" opt; do
   case $opt in
     n) RANKS=$OPTARG ;;
@@ -49,7 +50,7 @@ done
   { echo "error: -n takes 2 to 200 ranks" >&2; exit 1; }
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=$ROOT/target/release/occult
+BIN=${OCCULT_BIN:-$ROOT/target/release/occult}
 [ -x "$BIN" ] || { echo "error: $BIN is missing: cargo build --release --features occult-eval/mpi" >&2; exit 1; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -132,6 +133,8 @@ EOF
 ARGS=("$@" --backend mpi --devices "$RANKS")
 if [ "${1:-}" = bench ] && [ "${2:-}" = model ]; then
   ARGS+=(--link "$TMP/shaped.toml" --json "$OUT/shaped.json")
+elif [ "${1:-}" = bench ] && [ "${2:-}" = train ]; then
+  ARGS+=(--link "$TMP/shaped.toml" --json "$OUT/shaped-train.json")
 fi
 echo "$RANKS ranks over $RATE links (HTB, both directions); occult ${ARGS[*]}" >&2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

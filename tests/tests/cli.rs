@@ -254,6 +254,11 @@ train_batch_per_rank = 2
 train_seq_len = 32
 decode_batches = [1, 3]
 repeats = 1
+[shaped]
+rate = "200mbit"
+prefill_tokens = 256
+seq_len = 32
+train_batch_per_rank = 1
 [projection]
 hidden = 256
 intermediate = 128
@@ -325,6 +330,22 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
         assert!(
             occ["bytes_sent"].as_u64() <= std["bytes_sent"].as_u64(),
             "{suite}"
+        );
+    }
+    // Over shaped links where the machine allows it (root, tc, MPI), else a reason.
+    if r["shaped"]["ran"] == true {
+        // Prefill: standard, occult, pruned to 2; train: also pruned to 1.
+        for (suite, modes) in [("prefill, shaped", 3), ("train, shaped", 4)] {
+            let rows: Vec<_> = speed.iter().filter(|x| x["suite"] == suite).collect();
+            assert_eq!(rows.len(), modes, "{suite}");
+            assert!(rows.iter().all(|x| x["seconds"].as_f64().unwrap() > 0.0));
+            assert!(rows.iter().all(|x| x["link"] == "shaped-200mbit"));
+        }
+    } else {
+        assert!(
+            r["shaped"]["reason"].as_str().unwrap().len() > 5,
+            "{}",
+            r["shaped"]
         );
     }
     let decode_tokens: Vec<u64> = speed

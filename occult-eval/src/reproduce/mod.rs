@@ -14,6 +14,7 @@ pub mod ladder;
 pub mod plots;
 pub mod recipe;
 pub mod report;
+pub mod shaped;
 pub mod speed;
 
 use crate::builtin::{dir_for, ensure, BuiltinRecipe};
@@ -180,7 +181,8 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     let stages = 4
         + usize::from(!recipe.finetune.skip)
         + usize::from(!recipe.speed.skip)
-        + usize::from(!recipe.projection.skip);
+        + usize::from(!recipe.projection.skip)
+        + usize::from(!recipe.speed.skip && !recipe.shaped.skip);
     let mut done = 0;
     let mut stage = |what: &str| {
         done += 1;
@@ -264,6 +266,27 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
             &trace_path,
         );
         speed = speed::speed(&opts, &recipe.speed)?;
+    }
+    let mut shaped = serde_json::Value::Null;
+    if !recipe.speed.skip && !recipe.shaped.skip {
+        stage("speed over shaped links (measured)");
+        shaped = match shaped::unavailable(&shaped::script()) {
+            Some(why) => {
+                eprintln!("  skipped: {why}");
+                serde_json::json!({"ran": false, "reason": why})
+            }
+            // A machine that refuses namespaces or shaping costs this stage, not the run.
+            None => match shaped::run(&recipe.shaped, &s.model, &placement, recipe.devices, out) {
+                Ok(rows) => {
+                    speed.extend(rows);
+                    serde_json::json!({"ran": true, "rate": recipe.shaped.rate})
+                }
+                Err(e) => {
+                    eprintln!("  failed: {e:#}");
+                    serde_json::json!({"ran": false, "reason": format!("{e:#}")})
+                }
+            },
+        };
     }
 
     let routings: Vec<Routing> = std::iter::once(Routing { prune: None })
@@ -400,6 +423,12 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     let mut md = report::render(
         recipe, origin, &cfg, &trace, &steps, &speed, &finetunes, &quality, seconds,
     );
+    if let Some(why) = shaped["reason"].as_str() {
+        md += &format!(
+            "\nThe shaped-link measurement did not run: {why}. It needs root, iproute2 and \
+             OpenMPI (scripts/shaped_links.sh).\n"
+        );
+    }
     if let Some(p) = &projection {
         md += &report::projection_section(p, &recipe.projection);
     }
@@ -423,6 +452,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         "quality": quality,
         "speed": speed,
         "projection": projection,
+        "shaped": shaped,
         "collaboration": collaboration,
         "correlation": {
             "measured": speed::ect_time_correlation(&speed, true),

@@ -29,6 +29,9 @@ pub struct Recipe {
     pub speed: super::speed::SpeedRecipe,
     #[serde(default)]
     pub projection: ProjectionRecipe,
+    /// The speed stage again over shaped links, where the machine allows it.
+    #[serde(default)]
+    pub shaped: super::shaped::ShapedRecipe,
     /// The built-in model's recipe, where it differs from the default (a smaller one for
     /// tests); each is built and cached on its own.
     #[serde(default)]

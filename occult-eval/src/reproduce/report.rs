@@ -107,6 +107,7 @@ pub fn render(
     }
     if !speed.is_empty() {
         md += &speed_table(speed);
+        md += &speed_headlines(speed);
         let fmt = |c: Option<f64>| c.map_or("-".into(), |c| format!("{c:.2}"));
         md += &format!(
             "\nCorrelation of E[C_T] with time over the Occult rows (exact and pruned, each time \
@@ -180,7 +181,11 @@ fn speed_table(speed: &[SpeedRow]) -> String {
     let link = speed.first().map_or("", |r| r.link.as_str());
     let md = format!(
         "\n## Speed: measured here, and projected on {link}\n\nSeconds per step (decode: per \
-         token) of the slowest rank; x = standard's time over the mode's, in the same run.\n\n"
+         step, one token per sequence) of the slowest rank; x = standard's time over the \
+         mode's, in the same run. `layers` is the prefill's MoE layers alone (route, plan, \
+         dispatch, expert compute, combine); projections model those layers. Rows marked \
+         `shaped` ran as MPI processes over links shaped with tc, and are projected with that \
+         emulated machine's profile.\n\n"
     );
     let mut t = Table::new(&[
         "suite",
@@ -215,6 +220,46 @@ fn speed_table(speed: &[SpeedRow]) -> String {
         ]);
     }
     md + &t.render()
+}
+
+/// Per suite, at its largest size: how much faster than standard each Occult mode is,
+/// measured and projected.
+fn speed_headlines(speed: &[SpeedRow]) -> String {
+    let mut suites: Vec<&str> = Vec::new();
+    for r in speed {
+        if !suites.contains(&r.suite.as_str()) {
+            suites.push(&r.suite);
+        }
+    }
+    let mut out = String::from(
+        "
+",
+    );
+    for suite in suites {
+        let rows: Vec<&SpeedRow> = speed.iter().filter(|r| r.suite == suite).collect();
+        let tokens = rows.iter().map(|r| r.tokens).max().unwrap_or(0);
+        let at: Vec<&&SpeedRow> = rows.iter().filter(|r| r.tokens == tokens).collect();
+        let Some(base) = at.iter().find(|r| r.mode == "standard") else {
+            continue;
+        };
+        let parts: Vec<String> = at
+            .iter()
+            .filter(|r| r.mode.starts_with("occult"))
+            .map(|r| {
+                let projected = match (base.projected_seconds, r.projected_seconds) {
+                    (Some(b), Some(x)) if x > 0.0 => format!(", {:.2}x projected", b / x),
+                    _ => String::new(),
+                };
+                format!(
+                    "{} {:.2}x measured{projected}",
+                    r.mode,
+                    base.seconds / r.seconds.max(1e-12)
+                )
+            })
+            .collect();
+        out += &format!("- {suite}, {tokens} tokens: {}.\n", parts.join("; "));
+    }
+    out
 }
 
 /// The paper's quality claims, checked in words against the table (mean accuracy over tasks,

@@ -1,0 +1,169 @@
+//! The shaped-link stage of `occult reproduce`: when the machine allows it (root, iproute2's
+//! `ip` and `tc`, OpenMPI, and this binary built with MPI), the prefill and the training step
+//! run again as one MPI process per rank, each in its own network namespace, over veth links
+//! shaped with tc to a fixed rate (`scripts/shaped_links.sh`). Those times are measured over
+//! real slow links, not projected. Otherwise the stage says which requirement is missing.
+
+use super::speed::SpeedRow;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What the stage runs.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShapedRecipe {
+    pub skip: bool,
+    /// Rate of each rank's link, each direction, in tc's notation.
+    pub rate: String,
+    /// Tokens over all ranks of the prefill, in sequences of `seq_len`.
+    pub prefill_tokens: usize,
+    pub seq_len: usize,
+    /// Sequences per rank of the training step (of `seq_len` tokens).
+    pub train_batch_per_rank: usize,
+}
+
+impl Default for ShapedRecipe {
+    fn default() -> Self {
+        ShapedRecipe {
+            skip: false,
+            rate: "80mbit".into(),
+            prefill_tokens: 4096,
+            seq_len: 128,
+            train_batch_per_rank: 4,
+        }
+    }
+}
+
+/// Why the stage cannot run here, or `None` when it can.
+pub fn unavailable(script: &Path) -> Option<String> {
+    if !cfg!(feature = "mpi") {
+        return Some(
+            "this binary was built without MPI (cargo build --release --features \
+             occult-eval/mpi)"
+                .into(),
+        );
+    }
+    if !script.is_file() {
+        return Some(format!("{} is not here", script.display()));
+    }
+    let uid = Command::new("id").arg("-u").output().ok();
+    if uid.is_none_or(|o| String::from_utf8_lossy(&o.stdout).trim() != "0") {
+        return Some("network namespaces and tc need root".into());
+    }
+    for tool in ["ip", "tc", "mpirun"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            return Some(format!("{tool} is not installed"));
+        }
+    }
+    None
+}
+
+/// The script, found beside the sources this binary was built from.
+pub fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/shaped_links.sh")
+}
+
+/// Runs the prefill and the training step over shaped links; returns their rows (suites
+/// `prefill, shaped` and `train, shaped`), measured and projected with the emulated
+/// machine's profile.
+pub fn run(
+    s: &ShapedRecipe,
+    model: &str,
+    placement: &Path,
+    devices: usize,
+    out: &Path,
+) -> Result<Vec<SpeedRow>> {
+    let dir = out.join("shaped");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let per_rank = (s.prefill_tokens / devices).max(1);
+    let len = s.seq_len.clamp(1, per_rank);
+    let exe = std::env::current_exe().context("finding this binary")?;
+    let placement = placement.display().to_string();
+    let common = ["--model", model, "--placement", &placement];
+    let prefill: Vec<String> = ["bench", "model"]
+        .iter()
+        .chain(&common)
+        .map(|x| x.to_string())
+        .chain([
+            "--prompt-len".into(),
+            len.to_string(),
+            "--batch".into(),
+            (per_rank / len).to_string(),
+            "--decode-tokens".into(),
+            "0".into(),
+            "--repeats".into(),
+            "1".into(),
+        ])
+        .collect();
+    let train: Vec<String> = ["bench", "train"]
+        .iter()
+        .chain(&common)
+        .map(|x| x.to_string())
+        .chain([
+            "--batch-size".into(),
+            s.train_batch_per_rank.to_string(),
+            "--seq-len".into(),
+            s.seq_len.to_string(),
+            "--steps".into(),
+            "1".into(),
+        ])
+        .collect();
+    let mut rows = Vec::new();
+    for (suite, args, file) in [
+        ("prefill, shaped", prefill, "shaped.json"),
+        ("train, shaped", train, "shaped-train.json"),
+    ] {
+        eprintln!("  {suite}: {devices} ranks over {} links", s.rate);
+        let run = Command::new(script())
+            .args(["-n", &devices.to_string(), "-r", &s.rate, "-o"])
+            .arg(&dir)
+            .arg("--")
+            .args(&args)
+            .env("OCCULT_BIN", &exe)
+            .output()
+            .context("starting scripts/shaped_links.sh")?;
+        if !run.status.success() {
+            let err = String::from_utf8_lossy(&run.stderr);
+            let tail: Vec<&str> = err.lines().rev().take(4).collect();
+            bail!(
+                "scripts/shaped_links.sh failed ({}) running {suite}: {}",
+                run.status,
+                tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+            );
+        }
+        rows.extend(read_rows(&dir.join(file), suite, &s.rate)?);
+    }
+    Ok(rows)
+}
+
+/// The EP modes of a bench's JSON (`results`) as speed rows.
+fn read_rows(path: &Path, suite: &str, rate: &str) -> Result<Vec<SpeedRow>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    let results = v["results"]
+        .as_array()
+        .with_context(|| format!("no results in {}", path.display()))?;
+    Ok(results
+        .iter()
+        .filter(|r| r["devices"].as_u64() > Some(1))
+        .map(|r| SpeedRow {
+            suite: suite.into(),
+            mode: r["mode"].as_str().unwrap_or_default().into(),
+            devices: r["devices"].as_u64().unwrap_or(0) as usize,
+            tokens: r["tokens"].as_u64().unwrap_or(0) as usize,
+            ect: r["ect"].as_f64().unwrap_or(f64::NAN),
+            rows_sent: r["rows_sent"].as_u64().unwrap_or(0) as usize,
+            bytes_sent: r["bytes_sent"].as_u64().unwrap_or(0),
+            seconds: r["seconds"].as_f64().unwrap_or(f64::NAN),
+            projected_seconds: r["projected_seconds"].as_f64(),
+            link: format!("shaped-{rate}"),
+        })
+        .collect())
+}
