@@ -3,8 +3,11 @@
 //! profile, from a real routing trace and modelled expert compute.
 //!
 //! For each device count D: the experts are placed contiguously (standard and dedup-only) and
-//! by Occult's search on the trace; pruned routings are the trace pruned by the router-score
-//! rule under Occult's placement. Each device gets `tokens_per_device` tokens drawn from the
+//! by Occult's search on the trace, once for the lowest E[C_T] and once under each load cap
+//! (device load within a factor of the mean); on each machine Occult's rows use the candidate
+//! that projects fastest, since grouping co-activated experts can pile popular ones onto one
+//! device and the slowest device sets the compute time. Pruned routings are the trace pruned
+//! by the router-score rule under that placement. Each device gets `tokens_per_device` tokens drawn from the
 //! trace (a seeded shuffle, so every device sees different tokens while they last). Per MoE
 //! layer the traffic is counted at two levels ([`super::cluster`]) and timed on the profile; the
 //! expert compute is the slowest device's SwiGLU FLOPs (plus every token's shared expert, the
@@ -40,6 +43,10 @@ pub struct ProjectSettings {
     pub intermediate: usize,
     /// Intermediate size of the shared expert(s) every token runs locally (0: none).
     pub shared_intermediate: usize,
+    /// Besides Occult's lowest-E[C_T] placement, search placements whose device loads stay
+    /// within each of these factors of the mean; each machine and size keeps the one that
+    /// projects fastest (a placement that groups popular experts can trade E[C_T] for load).
+    pub load_caps: Vec<f64>,
     pub restarts: usize,
     pub seed: u64,
 }
@@ -54,6 +61,8 @@ pub struct ModeProjection {
     /// `standard`, `dedup`, `occult`, `occult, pruned to N`.
     pub mode: String,
     pub placement: String,
+    /// The load cap Occult's placement was searched under (`None`: uncapped).
+    pub load_cap: Option<f64>,
     pub dispatch: Dispatch,
     pub ect: f64,
     /// Rows per token and MoE layer, each direction, within nodes and across them.
@@ -91,12 +100,21 @@ pub struct ProjectReport {
     pub skipped: Vec<Skipped>,
 }
 
-/// A routing under test: its label, placement, dispatch and (pruned) trace.
+/// A routing under test: its label, placement (and the load cap it was searched under),
+/// dispatch and (pruned) trace.
 struct Variant<'a> {
     mode: String,
     placement: &'a Placement,
     dispatch: Dispatch,
     trace: &'a Trace,
+    cap: Option<f64>,
+}
+
+/// Occult's placement under one load cap, and the trace pruned under it to each N.
+struct Candidate {
+    cap: Option<f64>,
+    placement: Placement,
+    pruned: Vec<(usize, Trace)>,
 }
 
 /// Per-layer traffic of one variant with `t` tokens per device.
@@ -153,6 +171,9 @@ pub fn project_trace(
             o
         })
         .collect();
+    if s.load_caps.iter().any(|&c| !(c >= 1.0)) {
+        bail!("load caps are factors of the mean load, at least 1");
+    }
     let cfg = SearchConfig {
         restarts: s.restarts,
         seed: s.seed,
@@ -175,60 +196,95 @@ pub fn project_trace(
             continue;
         }
         let (contiguous, _) = place_trace(trace, d, Method::Contiguous, &cfg, &|| ())?;
-        let (occult, _) = place_trace(trace, d, Method::Occult, &cfg, &|| ())?;
-        let mut pruned = Vec::new();
-        for &n in s.prune_devices.iter().filter(|&&n| n >= 1 && n < d) {
-            if trace.layers.iter().any(|l| l.router_logits.is_none()) {
-                skipped.push(Skipped {
-                    devices: d,
-                    mode: format!("occult, pruned to {n}"),
-                    reason: "pruning needs router logits, and the trace has none (record it \
-                             with `occult profile`)"
-                        .into(),
-                });
+        let mut candidates = Vec::new();
+        for cap in std::iter::once(None).chain(s.load_caps.iter().map(|&c| Some(c))) {
+            let cfg = SearchConfig {
+                max_load_factor: cap,
+                ..cfg.clone()
+            };
+            // A cap the search cannot meet leaves that candidate out.
+            let Ok((placement, _)) = place_trace(trace, d, Method::Occult, &cfg, &|| ()) else {
                 continue;
+            };
+            let mut pruned = Vec::new();
+            for &n in s.prune_devices.iter().filter(|&&n| n >= 1 && n < d) {
+                let why = if trace.layers.iter().any(|l| l.router_logits.is_none()) {
+                    "pruning needs router logits, and the trace has none (record it with \
+                     `occult profile`)"
+                        .to_string()
+                } else {
+                    match prune_trace(
+                        trace,
+                        &placement,
+                        &router,
+                        PruneRule::Router,
+                        n,
+                        None,
+                        &|| (),
+                    ) {
+                        Ok((t, _)) => {
+                            pruned.push((n, t));
+                            continue;
+                        }
+                        Err(err) => err.to_string(),
+                    }
+                };
+                if cap.is_none() {
+                    skipped.push(Skipped {
+                        devices: d,
+                        mode: format!("occult, pruned to {n}"),
+                        reason: why,
+                    });
+                }
             }
-            match prune_trace(trace, &occult, &router, PruneRule::Router, n, None, &|| ()) {
-                Ok((t, _)) => pruned.push((n, t)),
-                Err(err) => skipped.push(Skipped {
-                    devices: d,
-                    mode: format!("occult, pruned to {n}"),
-                    reason: err.to_string(),
-                }),
-            }
+            candidates.push(Candidate {
+                cap,
+                placement,
+                pruned,
+            });
         }
-        let mut variants = vec![
-            Variant {
-                mode: "standard".into(),
-                placement: &contiguous,
-                dispatch: Dispatch::Copies,
-                trace,
-            },
-            Variant {
-                mode: "dedup".into(),
-                placement: &contiguous,
-                dispatch: Dispatch::Dedup,
-                trace,
-            },
-            Variant {
-                mode: "occult".into(),
-                placement: &occult,
-                dispatch: Dispatch::Dedup,
-                trace,
-            },
-        ];
-        variants.extend(pruned.iter().map(|(n, t)| Variant {
-            mode: format!("occult, pruned to {n}"),
-            placement: &occult,
-            dispatch: Dispatch::Dedup,
-            trace: t,
-        }));
         for &t in &s.tokens_per_device {
             for p in profiles {
                 let cluster = Cluster::on(d, p);
                 let first = rows.len();
-                for v in &variants {
-                    rows.push(project_variant(v, cluster, t, &order, p, s)?);
+                let fixed = [("standard", Dispatch::Copies), ("dedup", Dispatch::Dedup)];
+                for (mode, dispatch) in fixed {
+                    let v = Variant {
+                        mode: mode.into(),
+                        placement: &contiguous,
+                        dispatch,
+                        trace,
+                        cap: None,
+                    };
+                    rows.push(project_variant(&v, cluster, t, &order, p, s)?);
+                }
+                // Occult's placement under the load cap that projects fastest here.
+                let mut best: Option<(ModeProjection, &Candidate)> = None;
+                for c in &candidates {
+                    let v = Variant {
+                        mode: "occult".into(),
+                        placement: &c.placement,
+                        dispatch: Dispatch::Dedup,
+                        trace,
+                        cap: c.cap,
+                    };
+                    let m = project_variant(&v, cluster, t, &order, p, s)?;
+                    if best.as_ref().is_none_or(|b| m.layer_s < b.0.layer_s) {
+                        best = Some((m, c));
+                    }
+                }
+                if let Some((m, c)) = best {
+                    rows.push(m);
+                    for (n, pruned) in &c.pruned {
+                        let v = Variant {
+                            mode: format!("occult, pruned to {n}"),
+                            placement: &c.placement,
+                            dispatch: Dispatch::Dedup,
+                            trace: pruned,
+                            cap: c.cap,
+                        };
+                        rows.push(project_variant(&v, cluster, t, &order, p, s)?);
+                    }
                 }
                 let (base_layer, base_train) = (rows[first].layer_s, rows[first].train_s);
                 for r in &mut rows[first..] {
@@ -274,6 +330,7 @@ fn project_variant(
         tokens_per_device: t,
         mode: v.mode.clone(),
         placement: v.placement.method.clone(),
+        load_cap: v.cap,
         dispatch: v.dispatch,
         ect: mean(&|l| l.ect()),
         intra_rows_per_token: intra,
@@ -300,6 +357,7 @@ mod tests {
             hidden: 2048,
             intermediate: 1024,
             shared_intermediate: 0,
+            load_caps: vec![1.1],
             restarts: 1,
             seed: 0,
         }
@@ -347,6 +405,40 @@ mod tests {
             .collect();
         assert_eq!(ib16[0].nodes, 2);
         assert!(ib16[1].inter_rows_per_token <= 1.0 && ib16[0].inter_rows_per_token > 1.0);
+    }
+
+    /// Load-capped candidates only ever make Occult's projected layer faster, and the row says
+    /// which cap won.
+    #[test]
+    fn the_fastest_load_cap_is_kept() {
+        let mut c = SynthConfig::olmoe_like(2000, 3);
+        c.layers = 2;
+        c.skew = 1.5;
+        let trace = synth_trace(&c, &|| ()).unwrap();
+        let p = [LinkProfile::load("pcie4").unwrap()];
+        let mut s = settings();
+        s.devices = vec![4, 8];
+        s.prune_devices = vec![];
+        s.load_caps = vec![];
+        let plain = project_trace(&trace, &p, &s, &|_| ()).unwrap();
+        s.load_caps = vec![1.05, 1.2];
+        let capped = project_trace(&trace, &p, &s, &|_| ()).unwrap();
+        let occult = |r: &ProjectReport| -> Vec<ModeProjection> {
+            r.rows.iter().filter(|m| m.mode == "occult").cloned().collect()
+        };
+        let (a, b) = (occult(&plain), occult(&capped));
+        assert_eq!(a.len(), 2);
+        for (a, b) in a.iter().zip(&b) {
+            assert!(a.load_cap.is_none());
+            assert!(b.layer_s <= a.layer_s + 1e-15);
+            if b.load_cap.is_some() {
+                assert!(b.layer_s < a.layer_s && b.ect >= a.ect - 1e-12);
+            }
+        }
+        // With skewed expert popularity, some cap wins somewhere.
+        assert!(b.iter().any(|m| m.load_cap.is_some()), "{b:?}");
+        s.load_caps = vec![0.9];
+        assert!(project_trace(&trace, &p, &s, &|_| ()).is_err());
     }
 
     #[test]

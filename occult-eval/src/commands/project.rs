@@ -66,6 +66,10 @@ pub struct ProjectArgs {
     /// No pruned rows.
     #[arg(long, conflicts_with = "prune_devices")]
     pub no_prune: bool,
+    /// Also search Occult placements whose device loads stay within these factors of the mean;
+    /// each machine and size keeps the fastest projected (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1.25,1.1,1.05")]
+    pub load_caps: Vec<f64>,
     /// Random starts of Occult's placement search.
     #[arg(long, default_value_t = 2)]
     pub restarts: usize,
@@ -127,6 +131,7 @@ pub fn run(a: ProjectArgs) -> Result<()> {
         hidden,
         intermediate,
         shared_intermediate: a.shared_intermediate.or(sizes.map(|s| s.2)).unwrap_or(0),
+        load_caps: a.load_caps.clone(),
         restarts: a.restarts,
         seed: a.seed,
     };
@@ -196,6 +201,7 @@ pub fn render(r: &ProjectReport) -> String {
             "D",
             "nodes",
             "mode",
+            "load cap",
             "E[C_T]",
             "intra rows/tok",
             "inter rows/tok",
@@ -215,6 +221,7 @@ pub fn render(r: &ProjectReport) -> String {
                 m.devices.to_string(),
                 m.nodes.to_string(),
                 m.mode.clone(),
+                m.load_cap.map_or("-".into(), |c| format!("{c:.2}")),
                 format!("{:.3}", m.ect),
                 format!("{:.3}", m.intra_rows_per_token),
                 format!("{:.3}", m.inter_rows_per_token),

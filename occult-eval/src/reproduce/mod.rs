@@ -490,6 +490,7 @@ fn project(
         hidden: p.hidden.unwrap_or(own.0),
         intermediate: p.intermediate.unwrap_or(own.1),
         shared_intermediate: p.shared_intermediate.unwrap_or(own.2),
+        load_caps: p.load_caps.clone(),
         restarts: recipe.analysis.restarts,
         seed: 0,
     };

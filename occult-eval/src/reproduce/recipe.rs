@@ -146,6 +146,8 @@ pub struct ProjectionRecipe {
     pub tokens_per_device: Vec<usize>,
     /// Machine profiles (built-in names or files).
     pub links: Vec<String>,
+    /// Load caps of the alternative Occult placements (see `occult project --load-caps`).
+    pub load_caps: Vec<f64>,
 }
 
 impl Default for ProjectionRecipe {
@@ -159,6 +161,7 @@ impl Default for ProjectionRecipe {
             devices: vec![4, 8, 16, 32, 64],
             tokens_per_device: vec![4096],
             links: vec!["pcie4".into(), "nvlink-h100".into(), "ib-ndr".into()],
+            load_caps: vec![1.25, 1.1, 1.05],
         }
     }
 }
