@@ -171,7 +171,7 @@ pub fn project_trace(
             o
         })
         .collect();
-    if s.load_caps.iter().any(|&c| !(c >= 1.0)) {
+    if s.load_caps.iter().any(|&c| c.is_nan() || c < 1.0) {
         bail!("load caps are factors of the mean load, at least 1");
     }
     let cfg = SearchConfig {
