@@ -64,6 +64,16 @@ fn mpi_model(np: usize, args: &[&str]) -> std::process::Output {
 
 /// `mpirun -np N occult ARGS` in `dir`.
 fn mpirun_occult(np: usize, dir: &Path, args: &[&str]) -> std::process::Output {
+    mpirun_occult_env(np, dir, args, &[])
+}
+
+/// [`mpirun_occult`] with environment variables set for every rank.
+fn mpirun_occult_env(
+    np: usize,
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, &Path)],
+) -> std::process::Output {
     Command::new("mpirun")
         .current_dir(dir)
         .args([
@@ -79,6 +89,7 @@ fn mpirun_occult(np: usize, dir: &Path, args: &[&str]) -> std::process::Output {
         .args(args)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .envs(env.iter().copied())
         .output()
         .expect("mpirun must be installed")
 }
@@ -589,4 +600,87 @@ fn a_bench_suite_runs_under_mpirun() {
     let modes = v["points"][0]["results"].as_array().unwrap();
     assert!(modes.iter().any(|r| r["mode"] == "occult"));
     assert!(modes.iter().all(|r| r["seconds"].as_f64().unwrap() > 0.0));
+}
+
+/// The recipe's `backend = "mpi"` under `mpirun -np 4`: every stage on four processes, with
+/// the analysis, the fine-tuning losses and the start's quality equal to the threads' run.
+#[test]
+fn reproduce_runs_under_mpirun_as_on_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("local.toml"), common::TINY_RECIPE).unwrap();
+    std::fs::write(
+        d.join("mpi.toml"),
+        common::TINY_RECIPE.replace("devices = 4\n", "devices = 4\nbackend = \"mpi\"\n"),
+    )
+    .unwrap();
+    let cache = d.join("cache");
+    let run = |args: &[&str], np: Option<usize>| match np {
+        Some(n) => mpirun_occult_env(n, d, args, &[("OCCULT_CACHE", &cache)]),
+        None => Command::new(occult_bin())
+            .args(args)
+            .current_dir(d)
+            .env("OCCULT_CACHE", &cache)
+            .output()
+            .unwrap(),
+    };
+    let ok = |out: std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    // Under mpirun the built-in model must already be built; the threads' run builds it.
+    let early = run(&["reproduce", "mpi.toml", "--out", "early"], Some(4));
+    assert!(!early.status.success());
+    assert!(String::from_utf8_lossy(&early.stderr).contains("occult model builtin"));
+    ok(run(&["reproduce", "local.toml", "--out", "local"], None));
+    let out = ok(run(&["reproduce", "mpi.toml", "--out", "mpi"], Some(4)));
+    // One report, from rank 0.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.matches("# occult reproduce").count(), 1, "{stdout}");
+    let read = |f: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(d.join(f)).unwrap()).unwrap()
+    };
+    let (a, b) = (read("local/results.json"), read("mpi/results.json"));
+    // The same E[C_T] table, but for the placement search's time.
+    let table = |v: &serde_json::Value| -> Vec<serde_json::Value> {
+        let mut rows = v["ect_table"].as_array().unwrap().clone();
+        for r in &mut rows {
+            r.as_object_mut().unwrap().remove("seconds");
+        }
+        rows
+    };
+    assert_eq!(table(&a), table(&b));
+    assert_eq!(b["shaped"]["ran"], false);
+    let losses = |v: &serde_json::Value| -> Vec<f64> {
+        v["finetune"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["first_loss"].as_f64().unwrap())
+            .collect()
+    };
+    for (x, y) in losses(&a).iter().zip(losses(&b)) {
+        assert!((x - y).abs() < 1e-3 * x.abs(), "{x} vs {y}");
+    }
+    let base = |v: &serde_json::Value| -> Vec<(String, f64)> {
+        v["quality"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|q| q["variant"] == "base" && q["max_devices"].is_null())
+            .map(|q| {
+                (
+                    q["task"].as_str().unwrap().to_string(),
+                    q["acc"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(base(&a), base(&b));
+    assert_eq!(base(&a).len(), 4);
+    assert!(d.join("mpi/collaboration.png").exists());
 }

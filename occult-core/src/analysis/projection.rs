@@ -424,7 +424,11 @@ mod tests {
         s.load_caps = vec![1.05, 1.2];
         let capped = project_trace(&trace, &p, &s, &|_| ()).unwrap();
         let occult = |r: &ProjectReport| -> Vec<ModeProjection> {
-            r.rows.iter().filter(|m| m.mode == "occult").cloned().collect()
+            r.rows
+                .iter()
+                .filter(|m| m.mode == "occult")
+                .cloned()
+                .collect()
         };
         let (a, b) = (occult(&plain), occult(&capped));
         assert_eq!(a.len(), 2);

@@ -85,6 +85,22 @@ pub fn dir_for(recipe: &BuiltinRecipe) -> PathBuf {
     cache_root().join(format!("builtin-{print:016x}"))
 }
 
+/// The built-in model of `recipe` in its cache folder; built now unless `may_build` is false
+/// (one of several MPI processes must not build it), which asks for it to be built first.
+pub fn ensure_cached(recipe: &BuiltinRecipe, may_build: bool) -> Result<Builtin> {
+    let dir = dir_for(recipe);
+    let built = recipe_in(&dir).as_ref() == Some(recipe)
+        && dir.join("model").join("model.safetensors").is_file();
+    if !may_build && !built {
+        anyhow::bail!(
+            "the built-in model is not built yet in {}: run `occult model builtin` (or the same \
+             command without mpirun) once before starting the ranks",
+            dir.display()
+        );
+    }
+    ensure(&dir, recipe, false)
+}
+
 /// The built model, its data and its recipe, in `dir`.
 #[derive(Clone, Debug)]
 pub struct Builtin {

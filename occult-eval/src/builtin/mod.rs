@@ -8,4 +8,4 @@ pub mod data;
 pub mod vocab;
 pub mod world;
 
-pub use build::{default_dir, dir_for, ensure, Builtin, BuiltinRecipe};
+pub use build::{default_dir, dir_for, ensure, ensure_cached, Builtin, BuiltinRecipe};

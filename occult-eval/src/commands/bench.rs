@@ -148,14 +148,7 @@ fn suite(a: SuiteArgs) -> Result<()> {
     opts.placement = a.placement.clone();
     if s.model == "builtin" {
         let recipe = crate::builtin::BuiltinRecipe::default();
-        let dir = crate::builtin::dir_for(&recipe);
-        if a.backend == Backend::Mpi && !dir.join("model").join("model.safetensors").is_file() {
-            anyhow::bail!(
-                "the built-in model is not built yet: run `occult model builtin` once before \
-                 starting the ranks"
-            );
-        }
-        let b = crate::builtin::ensure(&dir, &recipe, false)?;
+        let b = crate::builtin::ensure_cached(&recipe, a.backend == Backend::Local)?;
         opts.model = b.model().display().to_string();
         if opts.placement.is_none() {
             opts.placement = Some(b.placement(s.devices)?);

@@ -54,7 +54,9 @@ pub fn resolve_placement(
 }
 
 /// Where ranks run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// Ranks as threads of this process.

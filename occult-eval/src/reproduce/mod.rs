@@ -17,12 +17,12 @@ pub mod report;
 pub mod shaped;
 pub mod speed;
 
-use crate::builtin::{dir_for, ensure, BuiltinRecipe};
+use crate::builtin::{ensure_cached, BuiltinRecipe};
 use crate::commands::eval::EvalArgs;
 use crate::commands::model_opts::{ModeArg, ModelOpts, PruneRuleArg};
 use crate::commands::profile::ProfileArgs;
 use crate::commands::train::{TrainArgs, TrainWhat};
-use crate::commands::{with_provenance, write_json, RowDtype};
+use crate::commands::{with_provenance, write_json, Backend, RowDtype};
 use anyhow::{Context, Result};
 use ladder::{ect_ladder, LadderSettings};
 use occult_core::analysis::projection::{ProjectReport, ProjectSettings};
@@ -86,10 +86,10 @@ struct Subject {
     builtin: Option<BuiltinRecipe>,
 }
 
-fn subject(r: &Recipe) -> Result<Subject> {
+fn subject(r: &Recipe, mpi: bool) -> Result<Subject> {
     if r.model.builtin {
         let recipe = r.builtin.clone().unwrap_or_default();
-        let b = ensure(&dir_for(&recipe), &recipe, false)?;
+        let b = ensure_cached(&recipe, !mpi)?;
         let names = crate::builtin::world::Domain::ALL;
         let tasks = if r.quality.tasks.is_empty() {
             names
@@ -149,6 +149,49 @@ fn subject(r: &Recipe) -> Result<Subject> {
     }
 }
 
+/// Where this process stands: the recipe's ranks are threads of this process (local), or this
+/// is one of the processes mpirun started (mpi), and then only rank 0 writes and reports.
+struct Ranks {
+    world: Option<std::sync::Arc<dyn occult_core::ep::comm::Communicator>>,
+}
+
+impl Ranks {
+    fn new(r: &Recipe) -> Result<Self> {
+        Ok(Ranks {
+            world: match r.backend {
+                Backend::Local => None,
+                Backend::Mpi => Some(crate::commands::mpi_world(
+                    r.devices,
+                    std::time::Duration::from_secs_f64(r.comm_timeout),
+                )?),
+            },
+        })
+    }
+
+    fn root(&self) -> bool {
+        self.world.as_ref().is_none_or(|w| w.rank() == 0)
+    }
+
+    /// Waits until every rank is here (after rank 0 wrote files the others read).
+    fn sync(&self) -> Result<()> {
+        if let Some(w) = &self.world {
+            w.barrier()?;
+        }
+        Ok(())
+    }
+}
+
+/// The options of the model on the recipe's ranks, without a placement.
+fn ranks_opts(model: &str, r: &Recipe) -> ModelOpts {
+    let mut o = ModelOpts::local(model);
+    o.dtype = r.model.dtype.clone();
+    o.devices = r.devices;
+    o.backend = r.backend;
+    o.comm_timeout = r.comm_timeout;
+    o.mode = Some(ModeArg::Occult);
+    o
+}
+
 fn model_opts(
     model: &str,
     r: &Recipe,
@@ -156,10 +199,7 @@ fn model_opts(
     routing: Routing,
     trace: &Path,
 ) -> ModelOpts {
-    let mut o = ModelOpts::local(model);
-    o.dtype = r.model.dtype.clone();
-    o.devices = r.devices;
-    o.mode = Some(ModeArg::Occult);
+    let mut o = ranks_opts(model, r);
     o.placement = Some(placement.to_path_buf());
     if let Some((n, rule)) = routing.prune {
         o.max_devices = Some(n);
@@ -177,6 +217,9 @@ fn model_opts(
 /// Runs the recipe into `out`.
 pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let ranks = Ranks::new(recipe)?;
+    let root = ranks.root();
+    let mpi = recipe.backend == Backend::Mpi;
     let clock = Instant::now();
     let stages = 4
         + usize::from(!recipe.finetune.skip)
@@ -186,19 +229,24 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     let mut done = 0;
     let mut stage = |what: &str| {
         done += 1;
+        if !root {
+            return;
+        }
         eprintln!(
             "[{done}/{stages}] {what} ({:.0} s so far)",
             clock.elapsed().as_secs_f64()
         )
     };
     stage("the model");
-    let s = subject(recipe)?;
+    let s = subject(recipe, mpi)?;
     let cfg = crate::commands::project::model_config(&s.model)?;
 
     stage("routing profile on the calibration text");
     let trace_path = out.join("trace.safetensors");
     crate::commands::profile::run(ProfileArgs {
-        model: {
+        model: if mpi {
+            ranks_opts(&s.model, recipe)
+        } else {
             let mut o = ModelOpts::local(&s.model);
             o.dtype = recipe.model.dtype.clone();
             o
@@ -210,6 +258,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         no_logits: false,
         add_bos: false,
     })?;
+    ranks.sync()?;
     let trace = Trace::read(&trace_path)?;
 
     stage("placements and the E[C_T] table");
@@ -232,27 +281,34 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         })
         .collect();
     let router = cfg.router_rule();
-    let (steps, placements) = ect_ladder(
-        &trace,
-        &LadderSettings {
-            devices: recipe.devices,
-            row_bytes: cfg.hidden_size as u64 * row.bytes(),
-            restarts: recipe.analysis.restarts,
-            seed: 0,
-            prune_devices: &recipe.analysis.prune_devices,
-            rules: &rules,
-            router: &router,
-        },
-    )?;
+    let (steps, placements) = if !root {
+        (Vec::new(), Vec::new())
+    } else {
+        ect_ladder(
+            &trace,
+            &LadderSettings {
+                devices: recipe.devices,
+                row_bytes: cfg.hidden_size as u64 * row.bytes(),
+                restarts: recipe.analysis.restarts,
+                seed: 0,
+                prune_devices: &recipe.analysis.prune_devices,
+                rules: &rules,
+                router: &router,
+            },
+        )?
+    };
     for (m, p) in &placements {
         p.write(&out.join(format!("placement-{}.json", m.name())))?;
     }
+    ranks.sync()?;
     let placement = out.join("placement-occult.json");
 
     let mut projection = None;
     if !recipe.projection.skip {
         stage("the cluster projection (cost model)");
-        projection = Some(project(&recipe.projection, recipe, &cfg, &trace)?);
+        if root {
+            projection = Some(project(&recipe.projection, recipe, &cfg, &trace)?);
+        }
     }
 
     let mut speed = Vec::new();
@@ -270,7 +326,12 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     let mut shaped = serde_json::Value::Null;
     if !recipe.speed.skip && !recipe.shaped.skip {
         stage("speed over shaped links (measured)");
-        shaped = match shaped::unavailable(&shaped::script()) {
+        let why = if mpi {
+            Some("the recipe runs under mpirun, and the shaped run starts its own".to_string())
+        } else {
+            shaped::unavailable(&shaped::script())
+        };
+        shaped = match why {
             Some(why) => {
                 eprintln!("  skipped: {why}");
                 serde_json::json!({"ran": false, "reason": why})
@@ -302,7 +363,9 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         let data = s.instructions.clone().expect("checked");
         for &routing in &routings {
             let dir = out.join("finetune").join(routing.name());
-            eprintln!("  {}", routing.name());
+            if root {
+                eprintln!("  {}", routing.name());
+            }
             let t = Instant::now();
             crate::commands::train::run(TrainArgs {
                 model: model_opts(&s.model, recipe, &placement, routing, &trace_path),
@@ -329,8 +392,11 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
                 train: TrainWhat::Moe,
             })
             .with_context(|| format!("fine-tuning under {}", routing.name()))?;
-            let _ = std::fs::remove_dir_all(dir.join("state"));
-            finetunes.push(finetune_row(&dir, routing, t.elapsed().as_secs_f64())?);
+            ranks.sync()?;
+            if root {
+                let _ = std::fs::remove_dir_all(dir.join("state"));
+                finetunes.push(finetune_row(&dir, routing, t.elapsed().as_secs_f64())?);
+            }
         }
     }
 
@@ -342,7 +408,9 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
                 .join("quality")
                 .join(format!("{variant}--served-{}.json", routing.name()));
             std::fs::create_dir_all(file.parent().expect("a folder"))?;
-            eprintln!("  {variant}, served {}", routing.name());
+            if root {
+                eprintln!("  {variant}, served {}", routing.name());
+            }
             crate::commands::eval::run(EvalArgs {
                 model: model_opts(model, recipe, &placement, routing, &trace_path),
                 tasks: s.tasks.clone(),
@@ -360,7 +428,9 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
                 trace: None,
             })
             .with_context(|| format!("evaluating {variant} served {}", routing.name()))?;
-            quality.extend(quality_rows(&file, variant, fine_tuned, routing)?);
+            if root {
+                quality.extend(quality_rows(&file, variant, fine_tuned, routing)?);
+            }
             Ok(())
         };
     for &routing in &routings {
@@ -377,23 +447,17 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         }
     }
 
+    // The collaboration profile runs on every rank; the rest is rank 0's.
+    let collab_trace = collaboration_trace(&routings, recipe, &s, out, mpi)?;
+    if !root {
+        return Ok(());
+    }
     let mut plots = plots::draw_all(out, &steps, &speed, &quality)?;
     // Collaboration before and after pruned fine-tuning: the routing the fine-tuned model
     // chooses on its own (unpruned), on the calibration text, under the same placement.
     let mut collaboration = serde_json::Value::Null;
-    if let Some(&routing) = routings.iter().find(|r| r.prune.is_some_and(|p| p.0 == 2)) {
-        let dir = out.join("finetune").join(routing.name());
-        if dir.join("config.json").exists() {
-            let after_path = out.join(format!("trace-finetuned-{}.safetensors", routing.name()));
-            crate::commands::profile::run(ProfileArgs {
-                model: ModelOpts::local(&dir.display().to_string()),
-                data: s.calibration.clone(),
-                output: after_path.clone(),
-                seq_len: recipe.calibration.seq_len.unwrap_or(512),
-                max_tokens: recipe.calibration.max_tokens,
-                no_logits: true,
-                add_bos: false,
-            })?;
+    if let Some((routing, after_path)) = collab_trace {
+        {
             let after = Trace::read(&after_path)?;
             let best = &placements[2].1;
             let row = cfg.hidden_size as u64 * 2;
@@ -495,6 +559,40 @@ fn project(
         seed: 0,
     };
     crate::commands::project::project(trace, &profiles, &settings)
+}
+
+/// The routing the pruned-to-2 fine-tuned model chooses on its own (unpruned) on the
+/// calibration text: its trace, profiled on the recipe's ranks; `None` without that model.
+fn collaboration_trace(
+    routings: &[Routing],
+    recipe: &Recipe,
+    s: &Subject,
+    out: &Path,
+    mpi: bool,
+) -> Result<Option<(Routing, PathBuf)>> {
+    let Some(&routing) = routings.iter().find(|r| r.prune.is_some_and(|p| p.0 == 2)) else {
+        return Ok(None);
+    };
+    let dir = out.join("finetune").join(routing.name());
+    if !dir.join("config.json").exists() {
+        return Ok(None);
+    }
+    let model = dir.display().to_string();
+    let after = out.join(format!("trace-finetuned-{}.safetensors", routing.name()));
+    crate::commands::profile::run(ProfileArgs {
+        model: if mpi {
+            ranks_opts(&model, recipe)
+        } else {
+            ModelOpts::local(&model)
+        },
+        data: s.calibration.clone(),
+        output: after.clone(),
+        seq_len: recipe.calibration.seq_len.unwrap_or(512),
+        max_tokens: recipe.calibration.max_tokens,
+        no_logits: true,
+        add_bos: false,
+    })?;
+    Ok(Some((routing, after)))
 }
 
 fn finetune_row(dir: &Path, routing: Routing, seconds: f64) -> Result<FinetuneRow> {

@@ -16,6 +16,13 @@ pub struct Recipe {
     pub name: String,
     /// Expert-parallel ranks of every stage.
     pub devices: usize,
+    /// `local` (ranks as threads of this process) or `mpi` (run the recipe under
+    /// `mpirun -np DEVICES`, with occult built with MPI).
+    #[serde(default = "local")]
+    pub backend: crate::commands::Backend,
+    /// Seconds a rank waits for its peers before the run fails.
+    #[serde(default = "comm_timeout")]
+    pub comm_timeout: f64,
     pub model: ModelRecipe,
     #[serde(default)]
     pub calibration: CalibrationRecipe,
@@ -166,6 +173,12 @@ impl Default for ProjectionRecipe {
     }
 }
 
+fn local() -> crate::commands::Backend {
+    crate::commands::Backend::Local
+}
+fn comm_timeout() -> f64 {
+    600.0
+}
 fn f32_name() -> String {
     "f32".into()
 }
@@ -212,6 +225,9 @@ impl Recipe {
             (true, Some(_)) => bail!("[model] gives both builtin = true and a path"),
             (false, None) => bail!("[model] needs builtin = true or a path"),
             _ => {}
+        }
+        if !(self.comm_timeout.is_finite() && self.comm_timeout > 0.0) {
+            bail!("comm_timeout must be a positive number of seconds");
         }
         if self.devices < 2 {
             bail!(

@@ -155,3 +155,54 @@ pub fn same_scores(
         }
     }
 }
+
+/// A recipe for `occult reproduce` on a tiny built-in model (built in seconds), every stage on.
+#[allow(dead_code)]
+pub const TINY_RECIPE: &str = r#"
+name = "tiny"
+devices = 4
+[model]
+builtin = true
+[builtin]
+hidden = 32
+layers = 2
+experts = 16
+top_k = 4
+expert_intermediate = 16
+steps = 20
+batch_size = 8
+seq_len = 64
+[builtin.sizes]
+pretrain_docs = 100
+calibration_docs = 8
+sentences = 6
+instructions = 100
+held_out = 20
+task_items = 20
+[calibration]
+seq_len = 64
+[finetune]
+steps = 4
+batch_size = 8
+seq_len = 64
+[speed]
+prefill_tokens = [32, 256]
+prefill_seq_len = 32
+decode_prompt_len = 8
+decode_tokens = 2
+train_batch_per_rank = 2
+train_seq_len = 32
+decode_batches = [1, 3]
+repeats = 1
+[shaped]
+rate = "200mbit"
+prefill_tokens = 256
+seq_len = 32
+train_batch_per_rank = 1
+[projection]
+hidden = 256
+intermediate = 128
+devices = [4, 32]
+tokens_per_device = [64]
+links = ["pcie4", "ib-ndr"]
+"#;
