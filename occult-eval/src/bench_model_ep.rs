@@ -399,15 +399,18 @@ pub fn print_results(results: &[ModeResult], projected: bool, what: &str) {
         "remote MB",
         rate.as_str(),
         time.as_str(),
-        "decode ms/tok",
+        "decode ms/step",
         "route",
         "plan",
         "dispatch",
         "compute",
         "combine",
     ];
+    let decode_projected = results.iter().any(|r| r.decode_projected_s.is_some());
     if projected {
         header.push("projected ms");
+    }
+    if decode_projected {
         header.push("decode projected ms");
     }
     let mut table = crate::table::Table::new(&header);
@@ -428,9 +431,16 @@ pub fn print_results(results: &[ModeResult], projected: bool, what: &str) {
             ms(r.combine_s),
         ];
         if projected {
-            for p in [r.projected_seconds, r.decode_projected_s] {
-                row.push(p.map_or("-".into(), |s| format!("{:.3}", s * 1e3)));
-            }
+            row.push(
+                r.projected_seconds
+                    .map_or("-".into(), |s| format!("{:.3}", s * 1e3)),
+            );
+        }
+        if decode_projected {
+            row.push(
+                r.decode_projected_s
+                    .map_or("-".into(), |s| format!("{:.3}", s * 1e3)),
+            );
         }
         table.row(row);
     }

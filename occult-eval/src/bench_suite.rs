@@ -140,11 +140,15 @@ pub struct Point {
 pub fn run(s: &Suite, opts: &ModelOpts) -> Result<Vec<Point>> {
     let link = LinkProfile::load(&s.link)?;
     let mut ck = opts.open()?;
-    if s.seq_len + s.decode_tokens > ck.cfg.positions() {
+    let decoded = if s.suite == SuiteKind::Decode {
+        s.decode_tokens
+    } else {
+        0
+    };
+    if s.seq_len + decoded > ck.cfg.positions() {
         bail!(
-            "seq_len {} (+ {} decode tokens) exceeds the model's {} positions",
+            "seq_len {} (+ {decoded} decode tokens) exceeds the model's {} positions",
             s.seq_len,
-            s.decode_tokens,
             ck.cfg.positions()
         );
     }

@@ -663,6 +663,8 @@ fn reproduce_runs_under_mpirun_as_on_threads() {
             .map(|f| f["first_loss"].as_f64().unwrap())
             .collect()
     };
+    assert_eq!(losses(&a).len(), 5);
+    assert_eq!(losses(&a).len(), losses(&b).len());
     for (x, y) in losses(&a).iter().zip(losses(&b)) {
         assert!((x - y).abs() < 1e-3 * x.abs(), "{x} vs {y}");
     }

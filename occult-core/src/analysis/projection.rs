@@ -202,9 +202,12 @@ pub fn project_trace(
                 max_load_factor: cap,
                 ..cfg.clone()
             };
-            // A cap the search cannot meet leaves that candidate out.
-            let Ok((placement, _)) = place_trace(trace, d, Method::Occult, &cfg, &|| ()) else {
-                continue;
+            // A cap the search cannot meet leaves that candidate out; the uncapped search
+            // must succeed.
+            let placement = match place_trace(trace, d, Method::Occult, &cfg, &|| ()) {
+                Ok((p, _)) => p,
+                Err(_) if cap.is_some() => continue,
+                Err(e) => return Err(e),
             };
             let mut pruned = Vec::new();
             for &n in s.prune_devices.iter().filter(|&&n| n >= 1 && n < d) {

@@ -1,14 +1,18 @@
 //! `occult reproduce`: the paper's experiments end to end on one model (the built-in one by
 //! default): profile routing on calibration text, place experts (contiguous, paper-greedy,
-//! ours), the E[C_T] table, fine-tuning from the same start under standard routing and under
-//! pruning to fewer devices with each rule, and quality on tasks for the start (exact and
-//! pruned without fine-tuning), the standard fine-tuned model (served exact and pruned) and
-//! each pruned fine-tuned model. Writes `report.md` and `results.json` in the output folder,
-//! with every intermediate file (trace, placements, fine-tuned models, task results) beside
-//! them.
+//! ours), the E[C_T] table, speed (prefill, decode and a training step, measured and
+//! projected; again over tc-shaped links where the machine allows), fine-tuning from the same
+//! start under standard routing and under pruning to fewer devices with each rule, quality on
+//! tasks for the start (exact and pruned without fine-tuning), the standard fine-tuned model
+//! (served exact and pruned) and each pruned fine-tuned model, and the cluster projection.
+//! Writes `report.md`, `results.json` and the plots in the output folder, with every
+//! intermediate file (trace, placements, fine-tuned models, task results) beside them.
 //!
-//! Each stage runs the same code as the command of its name (`profile`, `place`, `train`,
-//! `eval`), on the recipe's devices.
+//! Each stage runs the same code as the command of its name (`profile`, `place`, `bench`,
+//! `train`, `eval`, `project`), on the recipe's devices: threads of this process, or (backend
+//! `mpi`) the processes mpirun started, where rank 0 alone writes files and the report and the
+//! others join every collective stage, waiting at a barrier wherever they read what rank 0
+//! wrote.
 
 pub mod ladder;
 pub mod plots;
@@ -303,14 +307,6 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     ranks.sync()?;
     let placement = out.join("placement-occult.json");
 
-    let mut projection = None;
-    if !recipe.projection.skip {
-        stage("the cluster projection (cost model)");
-        if root {
-            projection = Some(project(&recipe.projection, recipe, &cfg, &trace)?);
-        }
-    }
-
     let mut speed = Vec::new();
     if !recipe.speed.skip {
         stage("speed: prefill, decode and a training step, measured and projected");
@@ -452,6 +448,12 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     if !root {
         return Ok(());
     }
+    // Rank 0's alone (no collectives), so after the others are done.
+    let mut projection = None;
+    if !recipe.projection.skip {
+        stage("the cluster projection (cost model)");
+        projection = Some(project(&recipe.projection, recipe, &cfg, &trace)?);
+    }
     let mut plots = plots::draw_all(out, &steps, &speed, &quality)?;
     // Collaboration before and after pruned fine-tuning: the routing the fine-tuned model
     // chooses on its own (unpruned), on the calibration text, under the same placement.
@@ -489,12 +491,11 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     );
     if let Some(why) = shaped["reason"].as_str() {
         md += &format!(
-            "\nThe shaped-link measurement did not run: {why}. It needs root, iproute2 and \
-             OpenMPI (scripts/shaped_links.sh).\n"
+            "\nThe shaped-link measurement (scripts/shaped_links.sh) did not run: {why}.\n"
         );
     }
     if let Some(p) = &projection {
-        md += &report::projection_section(p, &recipe.projection);
+        md += &report::projection_section(p, &recipe.projection, recipe.devices);
     }
     if let (Some(b), Some(a)) = (
         collaboration["ect_before"].as_f64(),

@@ -246,6 +246,37 @@ impl Recipe {
                 bail!("[quality] tasks are required for a model other than the built-in one");
             }
         }
+        let p = &self.projection;
+        if !p.skip {
+            if p.devices.is_empty() || p.tokens_per_device.is_empty() || p.links.is_empty() {
+                bail!("[projection] devices, tokens_per_device and links must not be empty");
+            }
+            if p.tokens_per_device.contains(&0) || [p.hidden, p.intermediate].contains(&Some(0)) {
+                bail!("[projection] tokens_per_device, hidden and intermediate must be positive");
+            }
+            if p.load_caps.iter().any(|&c| c.is_nan() || c < 1.0) {
+                bail!("[projection] load_caps are factors of the mean load, at least 1");
+            }
+            for l in &p.links {
+                occult_core::ep::cost::LinkProfile::load(l)
+                    .with_context(|| format!("[projection] links: {l}"))?;
+            }
+        }
+        let sp = &self.speed;
+        let sizes = [
+            sp.prefill_seq_len,
+            sp.decode_prompt_len,
+            sp.train_seq_len,
+            sp.repeats,
+        ];
+        if !sp.skip
+            && (sp.prefill_tokens.contains(&0)
+                || sp.decode_batches.contains(&0)
+                || sizes.contains(&0)
+                || sp.train_batch_per_rank == 0)
+        {
+            bail!("[speed] token counts, batches, lengths and repeats must be positive");
+        }
         for r in &self.analysis.prune_rules {
             if r != "router" && r != "similarity" {
                 bail!("[analysis] prune rule {r:?} is not router or similarity");
@@ -269,6 +300,29 @@ impl Recipe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bad_stage_settings_are_named() {
+        let base = DEFAULT_RECIPE;
+        for (extra, needle) in [
+            ("[projection]\ndevices = []\n", "must not be empty"),
+            ("[projection]\ntokens_per_device = [0]\n", "positive"),
+            ("[projection]\nload_caps = [0.5]\n", "at least 1"),
+            ("[projection]\nlinks = ['nope']\n", "nope"),
+        ] {
+            // Replace the shipped table with the bad one.
+            let cut = base.find("[projection]").unwrap();
+            let rest = &base[cut..];
+            let end = rest[1..].find("\n[").map_or(rest.len(), |i| i + 2);
+            let text = format!("{}{extra}{}", &base[..cut], &rest[end..]);
+            let r: Recipe = toml::from_str(&text).unwrap();
+            let err = format!("{:#}", r.check().unwrap_err());
+            assert!(err.contains(needle), "{extra}: {err}");
+        }
+        let text = base.replace("decode_batches = [1, 4, 16]", "decode_batches = [0]");
+        let r: Recipe = toml::from_str(&text).unwrap();
+        assert!(format!("{:#}", r.check().unwrap_err()).contains("[speed]"));
+    }
 
     #[test]
     fn the_shipped_recipes_read() {

@@ -1,5 +1,6 @@
-//! `report.md` of `occult reproduce`: the E[C_T] table, the fine-tuning runs and the quality
-//! table, with the paper's claims checked against them in words.
+//! `report.md` of `occult reproduce`: the E[C_T] table, the speed table (measured, projected,
+//! and over shaped links), the fine-tuning runs, the quality table and the cluster projection,
+//! with the paper's claims checked against them in words.
 
 use super::ladder::Step;
 use super::recipe::Recipe;
@@ -306,6 +307,7 @@ fn quality_summary(quality: &[QualityRow]) -> String {
 pub fn projection_section(
     p: &occult_core::analysis::projection::ProjectReport,
     r: &super::recipe::ProjectionRecipe,
+    recipe_devices: usize,
 ) -> String {
     let sizes = r.sizes_from.clone().unwrap_or_else(|| {
         format!(
@@ -321,10 +323,15 @@ pub fn projection_section(
          per message and FLOPs over throughput, on each machine profile. Speed-ups are \
          standard dispatch's time over the mode's.\n\n"
     );
+    // The headline: the recipe's device count where it was projected, else the first.
+    let tokens = p.settings.tokens_per_device.first().copied();
+    let devices = if p.rows.iter().any(|m| m.devices == recipe_devices) {
+        Some(recipe_devices)
+    } else {
+        p.rows.first().map(|m| m.devices)
+    };
     for m in p.rows.iter().filter(|m| m.mode != "standard") {
-        if m.tokens_per_device == p.settings.tokens_per_device[0]
-            && m.devices == p.settings.devices[0]
-        {
+        if Some(m.tokens_per_device) == tokens && Some(m.devices) == devices {
             md += &format!(
                 "- {}, D = {}, {}: layer {:.2}x, training step {:.2}x.\n",
                 m.profile, m.devices, m.mode, m.layer_speedup, m.train_speedup

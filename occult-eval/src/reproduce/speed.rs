@@ -159,9 +159,13 @@ pub fn speed(opts: &ModelOpts, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
 /// group's mean; `measured` picks measured or projected times. `None` with fewer than 3 points.
 pub fn ect_time_correlation(rows: &[SpeedRow], measured: bool) -> Option<f64> {
     let mut pts: Vec<(f64, f64)> = Vec::new();
-    let mut groups: Vec<(&str, usize)> =
-        rows.iter().map(|r| (r.suite.as_str(), r.tokens)).collect();
-    groups.dedup();
+    let mut groups: Vec<(&str, usize)> = Vec::new();
+    for r in rows {
+        let g = (r.suite.as_str(), r.tokens);
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
     for (suite, tokens) in groups {
         let g: Vec<(f64, f64)> = rows
             .iter()
