@@ -3,13 +3,20 @@
 
 use crate::{Error, Result};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Writes `path` atomically; `fill` receives a buffered writer onto the temporary file.
+///
+/// A symbolic link is written through: its target gets the new content and the link stays. A
+/// path that is a folder, FIFO, device or socket is refused before any work, since renaming
+/// over it would replace it. A new file gets the mode the umask allows (0644 under the usual
+/// 022); a file that exists keeps its mode.
 pub fn write_atomic<F>(path: &Path, fill: F) -> Result<()>
 where
     F: FnOnce(&mut dyn Write) -> std::io::Result<()>,
 {
+    let target = output_target(path)?;
+    let path = target.as_path();
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -25,12 +32,13 @@ where
     }
     let mut builder = tempfile::Builder::new();
     builder.prefix(".occult-tmp-");
-    // A temporary file is private (0600); the output gets the file's old mode, or the usual
-    // 0644 for a new file.
+    // A temporary file is private (0600); the output gets the file's old mode, or what the
+    // umask allows for a new file.
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path).map_or(0o644, |m| m.permissions().mode() & 0o777);
+        let mode =
+            std::fs::metadata(path).map_or(new_file_mode(), |m| m.permissions().mode() & 0o777);
         builder.permissions(std::fs::Permissions::from_mode(mode));
     }
     let tmp = builder.tempfile_in(dir).map_err(|e| Error::io(path, e))?;
@@ -41,6 +49,151 @@ where
     }
     tmp.as_file().sync_all().map_err(|e| Error::io(path, e))?;
     tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
+    Ok(())
+}
+
+/// The file an output path stands for: itself, or the end of its chain of symbolic links (a
+/// dangling link's target is created). Refuses what is not a regular file.
+pub fn output_target(path: &Path) -> Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        let meta = match std::fs::symlink_metadata(&p) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(p),
+            Err(e) => return Err(Error::io(path, e)),
+        };
+        let kind = meta.file_type();
+        if kind.is_symlink() {
+            let next = std::fs::read_link(&p).map_err(|e| Error::io(path, e))?;
+            p = match p.parent() {
+                Some(dir) if next.is_relative() => dir.join(next),
+                _ => next,
+            };
+            continue;
+        }
+        if kind.is_file() {
+            return Ok(p);
+        }
+        let what = if kind.is_dir() {
+            "a folder"
+        } else {
+            special_kind(&kind)
+        };
+        return Err(Error::io(
+            path,
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "the output {} is {what}, not a regular file; writing it would replace it",
+                    p.display()
+                ),
+            ),
+        ));
+    }
+    Err(Error::io(
+        path,
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the output is a chain of more than 40 symbolic links",
+        ),
+    ))
+}
+
+#[cfg(unix)]
+fn special_kind(kind: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_block_device() || kind.is_char_device() {
+        "a device"
+    } else {
+        "not a file"
+    }
+}
+
+#[cfg(not(unix))]
+fn special_kind(_: &std::fs::FileType) -> &'static str {
+    "not a file"
+}
+
+/// The mode of a new file under this process's umask (0644 when it cannot be read).
+pub fn new_file_mode() -> u32 {
+    let umask = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| umask_of(&s))
+        .unwrap_or(0o022);
+    0o666 & !umask
+}
+
+/// The `Umask:` field of a `/proc/PID/status` text.
+fn umask_of(status: &str) -> Option<u32> {
+    let line = status.lines().find(|l| l.starts_with("Umask:"))?;
+    u32::from_str_radix(line["Umask:".len()..].trim(), 8).ok()
+}
+
+/// Checks, before any work, that each output can be written and replaces none of the inputs:
+/// its folder exists and takes new files, it is not an input file nor inside an input folder
+/// (a model's folder), and no two outputs are the same file. `None` entries are skipped.
+pub fn check_outputs(inputs: &[Option<&Path>], outputs: &[Option<&Path>]) -> Result<()> {
+    let absolute = |p: &Path| -> PathBuf {
+        if let Ok(c) = std::fs::canonicalize(p) {
+            return c;
+        }
+        // A file not made yet: its folder's real path, and its name.
+        match (p.parent(), p.file_name()) {
+            (Some(dir), Some(name)) => {
+                let dir = if dir.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    dir
+                };
+                std::fs::canonicalize(dir).map_or_else(|_| p.to_path_buf(), |d| d.join(name))
+            }
+            _ => p.to_path_buf(),
+        }
+    };
+    let inputs: Vec<PathBuf> = inputs.iter().flatten().map(|p| absolute(p)).collect();
+    let mut seen: Vec<PathBuf> = Vec::new();
+    for out in outputs.iter().flatten() {
+        let target = absolute(&output_target(out)?);
+        let refuse = |why: String| {
+            Err(Error::io(
+                out,
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, why),
+            ))
+        };
+        for input in &inputs {
+            if *input == target {
+                return refuse(format!(
+                    "the output is the input {}; writing it would destroy it",
+                    input.display()
+                ));
+            }
+            if input.is_dir() && target.starts_with(input) {
+                return refuse(format!(
+                    "the output lies inside the input folder {}; write it elsewhere",
+                    input.display()
+                ));
+            }
+        }
+        if seen.contains(&target) {
+            return refuse("two outputs are the same file".into());
+        }
+        let dir = target.parent().unwrap_or(Path::new("."));
+        if !dir.is_dir() {
+            return refuse(format!(
+                "the output folder {} does not exist",
+                dir.display()
+            ));
+        }
+        tempfile::Builder::new()
+            .prefix(".occult-check-")
+            .tempfile_in(dir)
+            .map_err(|e| Error::io(out, e))?;
+        seen.push(target);
+    }
     Ok(())
 }
 
@@ -64,11 +217,108 @@ mod tests {
         let p = dir.path().join("new.json");
         write_json_atomic(&p, &1).unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(&p), 0o644);
+        assert_eq!(mode(&p), new_file_mode());
         // A file that had its own mode keeps it.
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         write_json_atomic(&p, &2).unwrap();
         assert_eq!(mode(&p), 0o600);
+    }
+
+    #[test]
+    fn the_umask_is_read_from_proc() {
+        assert_eq!(umask_of("Name:\tx\nUmask:\t0027\nState:\tR\n"), Some(0o027));
+        assert_eq!(umask_of("Name:\tx\n"), None);
+        let m = new_file_mode();
+        assert_eq!(m & 0o111, 0);
+        assert_eq!(m & 0o600, 0o600);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn links_are_written_through_and_special_files_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // A link to an existing file, and a dangling relative link.
+        std::fs::write(d.join("real.json"), b"old").unwrap();
+        std::os::unix::fs::symlink("real.json", d.join("link.json")).unwrap();
+        write_json_atomic(&d.join("link.json"), &7).unwrap();
+        assert!(std::fs::symlink_metadata(d.join("link.json"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read_to_string(d.join("real.json")).unwrap(), "7\n");
+        std::os::unix::fs::symlink("made.json", d.join("dangling.json")).unwrap();
+        write_json_atomic(&d.join("dangling.json"), &8).unwrap();
+        assert_eq!(std::fs::read_to_string(d.join("made.json")).unwrap(), "8\n");
+        // A folder and a FIFO are refused, and stay what they were.
+        std::fs::create_dir(d.join("folder")).unwrap();
+        let err = write_json_atomic(&d.join("folder"), &1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a folder"), "{err}");
+        let fifo = d.join("fifo");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let err = write_json_atomic(&fifo, &1).unwrap_err().to_string();
+        assert!(err.contains("a FIFO"), "{err}");
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo());
+        let err = write_json_atomic(Path::new("/dev/null"), &1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a device"), "{err}");
+        // A loop of links is named.
+        std::os::unix::fs::symlink("b", d.join("a")).unwrap();
+        std::os::unix::fs::symlink("a", d.join("b")).unwrap();
+        assert!(write_json_atomic(&d.join("a"), &1).is_err());
+    }
+
+    #[test]
+    fn outputs_that_would_replace_inputs_are_refused_before_work() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("model")).unwrap();
+        std::fs::write(d.join("model/model.safetensors"), b"w").unwrap();
+        std::fs::write(d.join("trace.st"), b"t").unwrap();
+        let model = d.join("model");
+        let trace = d.join("trace.st");
+        let ins = [Some(model.as_path()), Some(trace.as_path()), None];
+        let check = |out: &Path| check_outputs(&ins, &[Some(out)]).map_err(|e| e.to_string());
+        assert!(check(&d.join("model/model.safetensors"))
+            .unwrap_err()
+            .contains("inside the input folder"));
+        assert!(check(&d.join("model/new.json")).is_err());
+        assert!(check(&trace).unwrap_err().contains("destroy"));
+        // The same file under another spelling, and through a link.
+        assert!(check(&d.join("model/../trace.st")).is_err());
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(&trace, d.join("alias")).unwrap();
+            assert!(check(&d.join("alias")).is_err());
+        }
+        assert!(check(&d.join("missing/out.json"))
+            .unwrap_err()
+            .contains("does not exist"));
+        check(&d.join("fine.json")).unwrap();
+        let a = d.join("a.json");
+        assert!(check_outputs(&ins, &[Some(&a), Some(&d.join("./a.json"))]).is_err());
+        // Nothing was created by the checks.
+        let names: Vec<_> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(
+            names
+                .iter()
+                .all(|n| ["model", "trace.st", "alias"].contains(&n.to_str().unwrap())),
+            "{names:?}"
+        );
     }
 
     #[test]

@@ -685,3 +685,177 @@ fn ambiguous_tensor_names_are_refused() {
         &["\"+1\" is not a layer index"],
     );
 }
+
+/// Outputs that would replace an input, a folder, a FIFO or a device are refused before any
+/// work, and the inputs stay byte for byte; an output through a symbolic link writes its target.
+#[test]
+fn outputs_never_replace_inputs_or_special_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    good_trace(d);
+    occult_ok(
+        d,
+        &[
+            "model",
+            "synth",
+            "--family",
+            "olmoe",
+            "--hidden",
+            "32",
+            "--experts",
+            "4",
+            "--top-k",
+            "2",
+            "--intermediate",
+            "16",
+            "-o",
+            "m",
+        ],
+    );
+    std::fs::write(d.join("calib.txt"), "one two three\n").unwrap();
+    let weights = std::fs::read(d.join("m/model.safetensors")).unwrap();
+    let trace = std::fs::read(d.join("good.safetensors")).unwrap();
+    // profile -o MODEL/model.safetensors would destroy the weights.
+    let err = occult_err(
+        d,
+        &[
+            "profile",
+            "--model",
+            "m",
+            "--data",
+            "calib.txt",
+            "-o",
+            "m/model.safetensors",
+        ],
+    );
+    contains_all(&err, &["m/model.safetensors", "inside the input folder"]);
+    // prune -o onto its own trace, and --json onto the trace.
+    let err = occult_err(
+        d,
+        &[
+            "prune",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "2",
+            "--max-devices",
+            "1",
+            "--rule",
+            "router",
+            "-o",
+            "good.safetensors",
+        ],
+    );
+    contains_all(&err, &["good.safetensors", "destroy"]);
+    let err = occult_err(
+        d,
+        &[
+            "collab",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "2",
+            "--json",
+            "./good.safetensors",
+        ],
+    );
+    contains_all(&err, &["destroy"]);
+    // Two outputs that are one file.
+    let err = occult_err(
+        d,
+        &[
+            "prune",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "2",
+            "--max-devices",
+            "1",
+            "--rule",
+            "router",
+            "-o",
+            "p.safetensors",
+            "--json",
+            "p.safetensors",
+        ],
+    );
+    contains_all(&err, &["same file"]);
+    // A missing output folder is found before the work, not after.
+    let err = occult_err(
+        d,
+        &[
+            "place",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "2",
+            "--method",
+            "occult",
+            "-o",
+            "no/p.json",
+        ],
+    );
+    contains_all(&err, &["no/p.json", "does not exist"]);
+    // A folder, a FIFO and a device as outputs.
+    std::fs::create_dir(d.join("folder")).unwrap();
+    let err = occult_err(d, &["trace", "synth", "--tokens", "10", "-o", "folder"]);
+    contains_all(&err, &["folder", "a folder"]);
+    assert!(std::process::Command::new("mkfifo")
+        .arg(d.join("fifo"))
+        .status()
+        .unwrap()
+        .success());
+    let err = occult_err(
+        d,
+        &[
+            "place",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "2",
+            "--method",
+            "occult",
+            "-o",
+            "fifo",
+        ],
+    );
+    contains_all(&err, &["fifo", "a FIFO"]);
+    let err = occult_err(d, &["trace", "synth", "--tokens", "10", "-o", "/dev/null"]);
+    contains_all(&err, &["/dev/null", "a device"]);
+    // Inputs unchanged, the special files still what they were.
+    assert_eq!(
+        std::fs::read(d.join("m/model.safetensors")).unwrap(),
+        weights
+    );
+    assert_eq!(std::fs::read(d.join("good.safetensors")).unwrap(), trace);
+    assert!(d.join("folder").is_dir());
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::symlink_metadata(d.join("fifo"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert!(!d.join("p.safetensors").exists());
+    // Through a link: the target is written, the link stays.
+    std::os::unix::fs::symlink("target.json", d.join("link.json")).unwrap();
+    occult_ok(
+        d,
+        &[
+            "place",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "2",
+            "--method",
+            "occult",
+            "-o",
+            "link.json",
+        ],
+    );
+    assert!(std::fs::symlink_metadata(d.join("link.json"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(std::fs::read_to_string(d.join("target.json"))
+        .unwrap()
+        .contains("occult.placement.v1"));
+}

@@ -39,6 +39,10 @@ pub struct CollabArgs {
 }
 
 pub fn run(a: CollabArgs) -> Result<()> {
+    super::check_io(
+        &[Some(&a.trace), a.placement.as_deref()],
+        &[a.json.as_deref()],
+    )?;
     let trace = super::load_trace(&a.trace)?;
     let placement = resolve_placement(&trace, a.devices, a.placement.as_deref())?;
     if a.hidden_size == 0 || a.hidden_size > 1 << 20 {

@@ -101,6 +101,7 @@ fn prepare_options(a: &EvalArgs) -> Result<PrepareOptions> {
 
 /// `occult eval`: prepares, scores and reports every task; fails if any task failed.
 pub fn run(a: EvalArgs) -> Result<()> {
+    super::check_model_io(&a.model, &[], &[a.output.as_deref(), a.trace.as_deref()])?;
     let po = prepare_options(&a)?;
     // Tasks that cannot be prepared are reported; the others go on.
     let mut errors: BTreeMap<String, String> = BTreeMap::new();

@@ -21,6 +21,23 @@ use occult_core::analysis::placement::{self, Placement};
 use occult_core::analysis::trace::Trace;
 use std::path::Path;
 
+/// Checks before any work that every output can be written and replaces no input.
+pub fn check_io(inputs: &[Option<&Path>], outputs: &[Option<&Path>]) -> Result<()> {
+    Ok(occult_core::atomic::check_outputs(inputs, outputs)?)
+}
+
+/// [`check_io`] for a model command: the model's inputs and `more`.
+pub fn check_model_io(
+    model: &model_opts::ModelOpts,
+    more: &[Option<&Path>],
+    outputs: &[Option<&Path>],
+) -> Result<()> {
+    let inputs = model.inputs();
+    let mut all: Vec<Option<&Path>> = inputs.iter().map(|p| Some(p.as_path())).collect();
+    all.extend_from_slice(more);
+    check_io(&all, outputs)
+}
+
 /// Reads and validates a trace.
 pub fn load_trace(path: &Path) -> Result<Trace> {
     Ok(Trace::read(path)?)

@@ -100,6 +100,19 @@ impl ModelOpts {
         }
     }
 
+    /// The files and folders this reads: the model's folder (when it is one), the placement
+    /// and the calibration trace; outputs must replace none of them.
+    pub fn inputs(&self) -> Vec<PathBuf> {
+        let model = PathBuf::from(&self.model);
+        model
+            .exists()
+            .then_some(model)
+            .into_iter()
+            .chain(self.placement.clone())
+            .chain(self.calibration.clone())
+            .collect()
+    }
+
     /// The effective mode.
     pub fn mode(&self) -> ModeArg {
         self.mode.unwrap_or(if self.devices > 1 {

@@ -57,6 +57,7 @@ impl From<MethodArg> for Method {
 }
 
 pub fn run(a: PlaceArgs) -> Result<()> {
+    super::check_io(&[Some(&a.trace)], &[Some(&a.output)])?;
     let trace = super::load_trace(&a.trace)?;
     let cfg = SearchConfig {
         restarts: a.restarts,

@@ -71,6 +71,7 @@ pub fn read_documents(path: &Path) -> Result<Vec<String>> {
 }
 
 pub fn run(a: ProfileArgs) -> Result<()> {
+    super::check_model_io(&a.model, &[Some(&a.data)], &[Some(&a.output)])?;
     if a.seq_len == 0 {
         bail!("--seq-len must be at least 1");
     }

@@ -99,6 +99,7 @@ pub fn model_config(model: &str) -> Result<ModelConfig> {
 }
 
 pub fn run(a: ProjectArgs) -> Result<()> {
+    super::check_io(&[Some(&a.trace)], &[a.json.as_deref()])?;
     let trace = load_trace(&a.trace)?;
     let from_model = a.model.as_deref().map(model_config).transpose()?;
     let sizes = from_model.as_ref().map(layer_sizes);

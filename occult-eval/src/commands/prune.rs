@@ -89,6 +89,14 @@ pub enum ScoringArg {
 }
 
 pub fn run(a: PruneArgs) -> Result<()> {
+    super::check_io(
+        &[
+            Some(&a.trace),
+            a.placement.as_deref(),
+            a.calibration.as_deref(),
+        ],
+        &[a.output.as_deref(), a.json.as_deref()],
+    )?;
     let trace = load_trace(&a.trace)?;
     let placement = resolve_placement(&trace, a.devices, a.placement.as_deref())?;
     let calibration = a.calibration.as_deref().map(load_trace).transpose()?;

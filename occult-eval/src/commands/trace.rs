@@ -67,6 +67,7 @@ pub fn run(cmd: TraceCmd) -> Result<()> {
 }
 
 fn synth(a: SynthArgs) -> Result<()> {
+    super::check_io(&[], &[Some(&a.output)])?;
     let mut cfg = SynthConfig {
         num_experts: a.experts,
         top_k: a.top_k,
