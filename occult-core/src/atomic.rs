@@ -77,7 +77,7 @@ pub fn output_target(path: &Path) -> Result<PathBuf> {
         let what = if kind.is_dir() {
             "a folder"
         } else {
-            special_kind(&kind)
+            crate::input::special_kind(&kind)
         };
         return Err(Error::io(
             path,
@@ -97,25 +97,6 @@ pub fn output_target(path: &Path) -> Result<PathBuf> {
             "the output is a chain of more than 40 symbolic links",
         ),
     ))
-}
-
-#[cfg(unix)]
-fn special_kind(kind: &std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_socket() {
-        "a socket"
-    } else if kind.is_block_device() || kind.is_char_device() {
-        "a device"
-    } else {
-        "not a file"
-    }
-}
-
-#[cfg(not(unix))]
-fn special_kind(_: &std::fs::FileType) -> &'static str {
-    "not a file"
 }
 
 /// The mode of a new file under this process's umask (0644 when it cannot be read).

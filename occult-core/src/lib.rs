@@ -35,6 +35,7 @@ pub mod analysis;
 pub mod atomic;
 pub mod ep;
 mod error;
+pub mod input;
 pub mod models;
 
 pub use error::{Error, Result};

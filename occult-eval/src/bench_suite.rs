@@ -81,8 +81,7 @@ fn f32_name() -> String {
 impl Suite {
     /// Reads and checks a suite file.
     pub fn read(path: &Path) -> Result<Suite> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the suite {}", path.display()))?;
+        let text = occult_core::input::read_text(path)?;
         let s: Suite = toml::from_str(&text)
             .with_context(|| format!("{} is not a valid suite", path.display()))?;
         s.check()

@@ -54,7 +54,7 @@ pub fn parse_docs(text: &str, origin: &str, jsonl: bool) -> Result<Vec<Value>> {
 pub fn read_parquet(path: &Path) -> Result<Vec<Value>> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
     let shown = path.display();
-    let f = std::fs::File::open(path).map_err(|e| bad(format!("reading {shown}: {e}")))?;
+    let f = occult_core::input::open_regular(path).map_err(|e| bad(e.to_string()))?;
     let r = SerializedFileReader::new(f)
         .map_err(|e| bad(format!("{shown}: not a readable Parquet file: {e}")))?;
     let rows = r
@@ -73,8 +73,7 @@ pub fn read_file(path: &Path) -> Result<Vec<Value>> {
     if path.extension().is_some_and(|e| e == "parquet") {
         return read_parquet(path);
     }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| bad(format!("reading {}: {e}", path.display())))?;
+    let text = occult_core::input::read_text(path).map_err(|e| bad(e.to_string()))?;
     let jsonl = path.extension().is_some_and(|e| e == "jsonl");
     parse_docs(&text, &path.display().to_string(), jsonl)
 }

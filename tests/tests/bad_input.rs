@@ -859,3 +859,75 @@ fn outputs_never_replace_inputs_or_special_files() {
         .unwrap()
         .contains("occult.placement.v1"));
 }
+
+/// Inputs that are not regular files (a device that never ends, a FIFO that would block, a
+/// folder) are named, never read.
+#[test]
+fn inputs_that_are_not_files_are_named_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    good_trace(d);
+    for f in ["fifo", "t.toml"] {
+        let made = std::process::Command::new("mkfifo").arg(d.join(f)).status();
+        assert!(made.unwrap().success());
+    }
+    std::fs::create_dir(d.join("folder")).unwrap();
+    let cases: [(&[&str], &str, &str); 7] = [
+        (
+            &["collab", "--trace", "/dev/zero", "--devices", "2"],
+            "/dev/zero",
+            "a device",
+        ),
+        (
+            &[
+                "place",
+                "--trace",
+                "fifo",
+                "--devices",
+                "2",
+                "--method",
+                "greedy",
+                "-o",
+                "p.json",
+            ],
+            "fifo",
+            "a FIFO",
+        ),
+        (
+            &[
+                "collab",
+                "--trace",
+                "good.safetensors",
+                "--placement",
+                "fifo",
+            ],
+            "fifo",
+            "a FIFO",
+        ),
+        (
+            &[
+                "project",
+                "--trace",
+                "folder",
+                "--hidden",
+                "8",
+                "--intermediate",
+                "8",
+            ],
+            "folder",
+            "a folder",
+        ),
+        (&["reproduce", "fifo", "--out", "r"], "fifo", "a FIFO"),
+        (&["bench", "suite", "/dev/zero"], "/dev/zero", "a device"),
+        (
+            &["eval", "--model", "m", "--tasks", "t.toml"],
+            "t.toml",
+            "a FIFO",
+        ),
+    ];
+    for (args, file, what) in cases {
+        let err = occult_err(d, args);
+        contains_all(&err, &[file, what]);
+    }
+    assert!(!d.join("p.json").exists() && !d.join("r").exists());
+}

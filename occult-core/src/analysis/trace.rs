@@ -151,7 +151,7 @@ impl Trace {
     /// Reads and validates a trace file.
     pub fn read(path: &Path) -> Result<Trace> {
         let origin = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::input::read_bytes(path)?;
         let bad = |msg: String| Error::bad_file(path, msg);
         let st = SafeTensors::deserialize(&bytes)
             .map_err(|e| bad(format!("not a readable safetensors file ({e})")))?;

@@ -12,7 +12,7 @@
 use crate::ep::comm::Exchange;
 use crate::{bail, Error, Result};
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// One link level.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -91,7 +91,7 @@ impl LinkProfile {
                 BUILT_IN.map(|(n, _)| n).join(", ")
             );
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(Path::new(&path), e))?;
+        let text = crate::input::read_text(&path)?;
         Self::parse(&text, name_or_path)
     }
 

@@ -132,7 +132,7 @@ fn download(model: &str, rev: &str, cache: &Path) -> Result<ModelFiles> {
     match repo.get("model.safetensors.index.json") {
         Ok(index) => {
             let dir = index.parent().unwrap_or(Path::new("."));
-            let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+            let text = crate::input::read_text(&index)?;
             let v: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| Error::bad_file(&index, format!("not valid JSON: {e}")))?;
             let shards: BTreeSet<String> = v["weight_map"]
@@ -198,7 +198,7 @@ pub fn from_folder(dir: &Path) -> Result<ModelFiles> {
 
 /// The shard files that `model.safetensors.index.json`'s `weight_map` names, in name order.
 fn shards_from_index(index: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
-    let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
+    let text = crate::input::read_text(index)?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Error::bad_file(index, format!("not valid JSON: {e}")))?;
     let map = v
@@ -236,7 +236,7 @@ fn shards_from_index(index: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Reads `config.json` as JSON.
 pub fn read_config(path: &Path) -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::input::read_text(path)?;
     serde_json::from_str(&text).map_err(|e| Error::bad_file(path, format!("not valid JSON: {e}")))
 }
 

@@ -194,7 +194,7 @@ impl ModelConfig {
 
     /// Reads and checks `config.json`.
     pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::input::read_text(path)?;
         let v: Value = serde_json::from_str(&text)
             .map_err(|e| Error::bad_file(path, format!("not valid JSON: {e}")))?;
         Self::from_json(&v, &path.display().to_string())

@@ -97,7 +97,7 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
     if !path.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::input::read_text(path)?;
     serde_json::from_str(&text)
         .map(Some)
         .map_err(|e| Error::bad_file(path, format!("not valid JSON: {e}")))

@@ -97,7 +97,7 @@ impl Weights {
         let mut shards = Vec::with_capacity(files.len());
         let mut index: HashMap<String, Entry> = HashMap::new();
         for (k, f) in files.iter().enumerate() {
-            let file = std::fs::File::open(f).map_err(|e| Error::io(f, e))?;
+            let file = crate::input::open_regular(f)?;
             // SAFETY: the file is mapped read-only; like every mmap-based loader we rely on it
             // not being modified while mapped.
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(f, e))?;

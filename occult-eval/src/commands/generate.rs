@@ -4,7 +4,7 @@
 //! own, in step with the others), and the results come back in the file's order.
 
 use super::model_opts::ModelOpts;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use candle::{DType, Device, Tensor};
 use occult_core::models::model::{Logits, Model};
 use rand::{Rng, SeedableRng};
@@ -138,8 +138,7 @@ fn prompts(a: &GenerateArgs) -> Result<Vec<String>> {
     match (&a.prompt, &a.prompts) {
         (Some(p), _) => Ok(vec![p.clone()]),
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
+            let text = occult_core::input::read_text(path)?;
             let lines: Vec<String> = text
                 .lines()
                 .filter(|l| !l.trim().is_empty())

@@ -43,8 +43,7 @@ pub struct ProfileArgs {
 
 /// The documents of a calibration file.
 pub fn read_documents(path: &Path) -> Result<Vec<String>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = occult_core::input::read_text(path)?;
     let jsonl = path
         .extension()
         .is_some_and(|e| e == "jsonl" || e == "json");

@@ -161,7 +161,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let file_print = |p: &Option<PathBuf>| -> Result<Option<String>> {
         p.as_ref()
             .map(|p| {
-                let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+                let bytes = occult_core::input::read_bytes(p)?;
                 Ok(format!(
                     "{:016x}",
                     occult_core::models::data_parallel::fingerprint(bytes)

@@ -81,7 +81,7 @@ pub fn task_spec(name: &str) -> Result<TaskSpec> {
         return TaskSpec::parse(text, &format!("tasks/{name}.toml"));
     }
     let p = Path::new(name);
-    if p.extension().is_some_and(|e| e == "toml") && p.is_file() {
+    if p.extension().is_some_and(|e| e == "toml") && p.exists() {
         return TaskSpec::read(p);
     }
     bail!(

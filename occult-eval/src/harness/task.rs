@@ -183,8 +183,7 @@ impl TaskSpec {
 
     /// Reads a task file.
     pub fn read(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text = occult_core::input::read_text(path)?;
         Self::parse(&text, &path.display().to_string())
     }
 

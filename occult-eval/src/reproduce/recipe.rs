@@ -208,10 +208,7 @@ impl Recipe {
     /// Reads a recipe (the built-in one for `None`); returns it with where it came from.
     pub fn load(path: Option<&std::path::Path>) -> Result<(Recipe, String)> {
         let (text, origin) = match path {
-            Some(p) => (
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-                p.display().to_string(),
-            ),
+            Some(p) => (occult_core::input::read_text(p)?, p.display().to_string()),
             None => (DEFAULT_RECIPE.to_string(), "built-in".to_string()),
         };
         let r: Recipe =

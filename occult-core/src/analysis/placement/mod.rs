@@ -211,7 +211,7 @@ impl Placement {
 
     /// Reads and validates a placement file.
     pub fn read(path: &Path) -> Result<Placement> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::input::read_text(path)?;
         let p: Placement = serde_json::from_str(&text)
             .map_err(|e| Error::bad_file(path, format!("not a valid placement file: {e}")))?;
         p.validate()
