@@ -63,6 +63,46 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| Error::io(path, e))
 }
 
+/// A safetensors header's first name that appears twice (serde, like the safetensors crate,
+/// would otherwise keep the last silently); `None` when the names are unique or the header is
+/// not JSON at all (the safetensors reader reports that).
+pub fn duplicate_header_name(file: &[u8]) -> Option<String> {
+    let n = u64::from_le_bytes(file.get(..8)?.try_into().ok()?);
+    let end = 8usize.checked_add(usize::try_from(n).ok()?)?;
+    let header = file.get(8..end)?;
+    serde_json::from_slice::<FirstDuplicate>(header).ok()?.0
+}
+
+/// The first key of a JSON object that appears twice.
+struct FirstDuplicate(Option<String>);
+
+impl<'de> serde::Deserialize<'de> for FirstDuplicate {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Keys;
+        impl<'de> serde::de::Visitor<'de> for Keys {
+            type Value = FirstDuplicate;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<FirstDuplicate, A::Error> {
+                let mut seen = std::collections::HashSet::new();
+                let mut dup = None;
+                while let Some(k) = map.next_key::<String>()? {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                    if dup.is_none() && !seen.insert(k.clone()) {
+                        dup = Some(k);
+                    }
+                }
+                Ok(FirstDuplicate(dup))
+            }
+        }
+        d.deserialize_map(Keys)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,5 +131,21 @@ mod tests {
             assert!(err.contains("a FIFO"), "{err}");
         }
         assert!(read_text(&dir.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn a_name_given_twice_in_a_header_is_found() {
+        let file = |h: &str| {
+            let mut b = (h.len() as u64).to_le_bytes().to_vec();
+            b.extend_from_slice(h.as_bytes());
+            b
+        };
+        let t = r#""dtype":"F32","shape":[1],"data_offsets":[0,4]"#;
+        let twice = format!(r#"{{"a":{{{t}}},"b":{{{t}}},"a":{{{t}}}}}"#);
+        assert_eq!(duplicate_header_name(&file(&twice)), Some("a".into()));
+        let once = format!(r#"{{"a":{{{t}}},"b":{{{t}}}}}"#);
+        assert_eq!(duplicate_header_name(&file(&once)), None);
+        assert_eq!(duplicate_header_name(b"\xff\xff"), None);
+        assert_eq!(duplicate_header_name(&file("not json")), None);
     }
 }

@@ -931,3 +931,92 @@ fn inputs_that_are_not_files_are_named_not_read() {
     }
     assert!(!d.join("p.json").exists() && !d.join("r").exists());
 }
+
+/// Silent garbage turned into named errors: a trace layer without tokens, a header that names
+/// a tensor twice, a task name that would leave the output folder, and NaN logits.
+#[test]
+fn inputs_that_would_give_garbage_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_raw(
+        &d.join("empty.safetensors"),
+        vec![("layers.0.topk_ids", Raw::I32(vec![0, 2], vec![]))],
+        &meta("4", "2"),
+    );
+    let err = occult_err(
+        d,
+        &["collab", "--trace", "empty.safetensors", "--devices", "2"],
+    );
+    contains_all(
+        &err,
+        &["empty.safetensors", "layers.0.topk_ids", "no tokens"],
+    );
+    // The same tensor named twice: safetensors itself keeps the last one silently.
+    write_raw(
+        &d.join("one.safetensors"),
+        vec![("layers.0.topk_ids", Raw::I32(vec![1, 2], vec![0, 1]))],
+        &meta("4", "2"),
+    );
+    let bytes = std::fs::read(d.join("one.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n])
+        .unwrap()
+        .trim_end()
+        .to_string();
+    let entry_at = header.find("\"layers.0.topk_ids\"").unwrap();
+    let entry_end = entry_at + header[entry_at..].find('}').unwrap() + 1;
+    let entry = &header[entry_at..entry_end];
+    let twice = format!("{},{entry}}}", &header[..header.len() - 1]);
+    let mut out = (twice.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(twice.as_bytes());
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(d.join("twice.safetensors"), out).unwrap();
+    let err = occult_err(
+        d,
+        &["collab", "--trace", "twice.safetensors", "--devices", "2"],
+    );
+    contains_all(&err, &["twice.safetensors", "layers.0.topk_ids", "twice"]);
+    // A task whose name is a path.
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tasks/arc_easy.toml");
+    let text = std::fs::read_to_string(shipped).unwrap();
+    let renamed: Vec<String> = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("name =") {
+                "name = \"../../escape\"".to_string()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    std::fs::write(d.join("t.toml"), renamed.join("\n")).unwrap();
+    let err = occult_err(d, &["eval", "--model", "m", "--tasks", "t.toml"]);
+    contains_all(&err, &["t.toml", "../../escape"]);
+    // NaN weights: generate names the fault instead of printing token 0.
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/models/olmoe");
+    std::fs::create_dir(d.join("nan")).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(fixture.join(f), d.join("nan").join(f)).unwrap();
+    }
+    let path = d.join("nan/model.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let (start, end) = {
+        let (h, _) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        let n = 8 + h;
+        let meta: serde_json::Value = serde_json::from_slice(&bytes[8..n]).unwrap();
+        let off = &meta["lm_head.weight"]["data_offsets"];
+        (
+            n + off[0].as_u64().unwrap() as usize,
+            n + off[1].as_u64().unwrap() as usize,
+        )
+    };
+    for c in bytes[start..end].chunks_mut(4) {
+        c.copy_from_slice(&f32::NAN.to_le_bytes());
+    }
+    std::fs::write(&path, bytes).unwrap();
+    let err = occult_err(
+        d,
+        &["generate", "--model", "nan", "--prompt", "hello world"],
+    );
+    contains_all(&err, &["not finite", "NaN"]);
+}

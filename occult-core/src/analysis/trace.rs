@@ -107,6 +107,13 @@ impl Trace {
                 return Err(bad("layers must be unique and in ascending order".into()));
             }
             let name = |t: &str| format!("layers.{}.{t}", l.layer);
+            // Every statistic is per token: a layer without tokens would report zeros.
+            if l.tokens == 0 {
+                return Err(bad(format!(
+                    "{} holds no tokens; a trace needs at least one per layer",
+                    name("topk_ids")
+                )));
+            }
             if l.topk_ids.len() != l.tokens * k {
                 return Err(bad(format!(
                     "{} has {} values, expected tokens x top_k = {} x {k}",
@@ -153,6 +160,9 @@ impl Trace {
         let origin = path.display().to_string();
         let bytes = crate::input::read_bytes(path)?;
         let bad = |msg: String| Error::bad_file(path, msg);
+        if let Some(name) = crate::input::duplicate_header_name(&bytes) {
+            return Err(bad(format!("the header names tensor {name:?} twice")));
+        }
         let st = SafeTensors::deserialize(&bytes)
             .map_err(|e| bad(format!("not a readable safetensors file ({e})")))?;
         let (_, header) = SafeTensors::read_metadata(&bytes)

@@ -104,6 +104,12 @@ impl Weights {
             let bad = |e: safetensors::SafeTensorError| {
                 Error::bad_file(f, format!("not a readable safetensors file ({e})"))
             };
+            if let Some(name) = crate::input::duplicate_header_name(&map) {
+                return Err(Error::bad_file(
+                    f,
+                    format!("the header names tensor {name:?} twice"),
+                ));
+            }
             // Full validation (header, offsets within the file, no overlaps).
             safetensors::SafeTensors::deserialize(&map).map_err(bad)?;
             let (header, meta) = safetensors::SafeTensors::read_metadata(&map).map_err(bad)?;

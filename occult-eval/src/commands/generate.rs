@@ -118,6 +118,14 @@ fn generate_one(
             .flatten_all()?
             .to_dtype(DType::F32)?
             .to_vec1::<f32>()?;
+        // A NaN or infinite logit would silently pick token 0.
+        if let Some(i) = row.iter().position(|v| !v.is_finite()) {
+            bail!(
+                "the model's logits are not finite ({} at token id {i}) at generation step \
+                 {step}: the weights or the dtype overflow",
+                row[i]
+            );
+        }
         let next = pick(&row, a.temperature, a.top_p, &mut rng);
         new.push(next);
         if eos.contains(&next) || step + 1 == limit {

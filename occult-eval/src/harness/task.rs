@@ -188,6 +188,19 @@ impl TaskSpec {
     }
 
     fn check(&self) -> Result<()> {
+        // The name becomes part of file names (samples_NAME.jsonl): keep it one plain name.
+        let n = &self.name;
+        let plain = !n.is_empty()
+            && n.len() <= 128
+            && !n.starts_with('.')
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+        if !plain {
+            bail!(
+                "task name {n:?} must be 1 to 128 letters, digits, '_', '-' or '.', not \
+                 starting with '.' (it names output files)"
+            );
+        }
         let p = &self.prompt;
         match (&p.text, &p.contexts) {
             (Some(_), None) => {
