@@ -114,31 +114,33 @@ fn umask_of(status: &str) -> Option<u32> {
     u32::from_str_radix(line["Umask:".len()..].trim(), 8).ok()
 }
 
+/// The real path of `p`: resolved when it exists, else its folder's real path and its name
+/// (so that two spellings of one file compare equal).
+pub fn absolute_path(p: &Path) -> PathBuf {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return c;
+    }
+    match (p.parent(), p.file_name()) {
+        (Some(dir), Some(name)) => {
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            std::fs::canonicalize(dir).map_or_else(|_| p.to_path_buf(), |d| d.join(name))
+        }
+        _ => p.to_path_buf(),
+    }
+}
+
 /// Checks, before any work, that each output can be written and replaces none of the inputs:
 /// its folder exists and takes new files, it is not an input file nor inside an input folder
 /// (a model's folder), and no two outputs are the same file. `None` entries are skipped.
 pub fn check_outputs(inputs: &[Option<&Path>], outputs: &[Option<&Path>]) -> Result<()> {
-    let absolute = |p: &Path| -> PathBuf {
-        if let Ok(c) = std::fs::canonicalize(p) {
-            return c;
-        }
-        // A file not made yet: its folder's real path, and its name.
-        match (p.parent(), p.file_name()) {
-            (Some(dir), Some(name)) => {
-                let dir = if dir.as_os_str().is_empty() {
-                    Path::new(".")
-                } else {
-                    dir
-                };
-                std::fs::canonicalize(dir).map_or_else(|_| p.to_path_buf(), |d| d.join(name))
-            }
-            _ => p.to_path_buf(),
-        }
-    };
-    let inputs: Vec<PathBuf> = inputs.iter().flatten().map(|p| absolute(p)).collect();
+    let inputs: Vec<PathBuf> = inputs.iter().flatten().map(|p| absolute_path(p)).collect();
     let mut seen: Vec<PathBuf> = Vec::new();
     for out in outputs.iter().flatten() {
-        let target = absolute(&output_target(out)?);
+        let target = absolute_path(&output_target(out)?);
         let refuse = |why: String| {
             Err(Error::io(
                 out,

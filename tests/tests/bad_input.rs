@@ -31,6 +31,29 @@ fn good_trace(d: &Path) {
     );
 }
 
+/// A tiny synthetic OLMoE-shaped checkpoint in `d/name`.
+fn tiny_model(d: &Path, name: &str) {
+    occult_ok(
+        d,
+        &[
+            "model",
+            "synth",
+            "--family",
+            "olmoe",
+            "--hidden",
+            "32",
+            "--experts",
+            "4",
+            "--top-k",
+            "2",
+            "--intermediate",
+            "16",
+            "-o",
+            name,
+        ],
+    );
+}
+
 #[test]
 fn expert_id_out_of_range() {
     let dir = tempfile::tempdir().unwrap();
@@ -693,25 +716,7 @@ fn outputs_never_replace_inputs_or_special_files() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     good_trace(d);
-    occult_ok(
-        d,
-        &[
-            "model",
-            "synth",
-            "--family",
-            "olmoe",
-            "--hidden",
-            "32",
-            "--experts",
-            "4",
-            "--top-k",
-            "2",
-            "--intermediate",
-            "16",
-            "-o",
-            "m",
-        ],
-    );
+    tiny_model(d, "m");
     std::fs::write(d.join("calib.txt"), "one two three\n").unwrap();
     let weights = std::fs::read(d.join("m/model.safetensors")).unwrap();
     let trace = std::fs::read(d.join("good.safetensors")).unwrap();
@@ -1019,4 +1024,100 @@ fn inputs_that_would_give_garbage_are_refused() {
         &["generate", "--model", "nan", "--prompt", "hello world"],
     );
     contains_all(&err, &["not finite", "NaN"]);
+}
+
+/// `model synth` names empty and enormous sizes before creating anything, and a config.json
+/// with an empty vocabulary is refused where it is read.
+#[test]
+fn model_sizes_are_checked_before_anything_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let synth = |extra: &[&str]| {
+        let mut args = vec!["model", "synth", "--family", "olmoe", "-o", "m"];
+        args.extend_from_slice(extra);
+        occult_err(d, &args)
+    };
+    for (flags, needle) in [
+        (&["--vocab", "0"][..], "--vocab must be at least 1"),
+        (&["--layers", "0"][..], "--layers must be at least 1"),
+        (&["--hidden", "0"][..], "--hidden must be at least 1"),
+        (
+            &["--hidden", "100", "--heads", "3"][..],
+            "whole number of --heads",
+        ),
+        (
+            &[
+                "--hidden",
+                "65536",
+                "--experts",
+                "256",
+                "--intermediate",
+                "65536",
+            ][..],
+            "limited to 8 GB",
+        ),
+    ] {
+        let err = synth(flags);
+        contains_all(&err, &[needle]);
+        assert!(!d.join("m").exists(), "{flags:?} left a folder behind");
+    }
+    occult_ok(d, &["model", "synth", "--family", "olmoe", "-o", "ok"]);
+    let cfg = std::fs::read_to_string(d.join("ok/config.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&cfg).unwrap();
+    let mut v0 = v.clone();
+    v0["vocab_size"] = 0.into();
+    std::fs::write(d.join("ok/config.json"), v0.to_string()).unwrap();
+    let err = occult_err(d, &["model", "info", "--model", "ok"]);
+    contains_all(&err, &["config.json", "vocab_size", "at least 1"]);
+}
+
+/// `train --out` over its own model, and bench outputs onto their inputs, are refused first.
+#[test]
+fn training_and_bench_outputs_spare_their_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    good_trace(d);
+    tiny_model(d, "m");
+    std::fs::write(d.join("data.jsonl"), "{\"text\": \"a b c\"}\n").unwrap();
+    let weights = std::fs::read(d.join("m/model.safetensors")).unwrap();
+    for out in ["m", "m/sub", "./m/../m"] {
+        let err = occult_err(
+            d,
+            &[
+                "train",
+                "--model",
+                "m",
+                "--data",
+                "data.jsonl",
+                "--out",
+                out,
+                "--steps",
+                "1",
+            ],
+        );
+        contains_all(&err, &["--out", "input model's folder"]);
+    }
+    assert_eq!(
+        std::fs::read(d.join("m/model.safetensors")).unwrap(),
+        weights
+    );
+    let err = occult_err(
+        d,
+        &[
+            "bench",
+            "place",
+            "--trace",
+            "good.safetensors",
+            "--devices",
+            "2",
+            "--json",
+            "good.safetensors",
+        ],
+    );
+    contains_all(&err, &["good.safetensors", "destroy"]);
+    let err = occult_err(
+        d,
+        &["bench", "model", "--model", "m", "--json", "m/bench.json"],
+    );
+    contains_all(&err, &["inside the input folder"]);
 }

@@ -222,6 +222,16 @@ impl ModelConfig {
         };
         let hidden_size = f.usize("hidden_size")?;
         let num_layers = f.usize("num_hidden_layers")?;
+        // Sizes that make an empty model are named before anything is derived from them.
+        for (key, value) in [
+            ("vocab_size", f.usize("vocab_size")?),
+            ("hidden_size", hidden_size),
+            ("num_hidden_layers", num_layers),
+        ] {
+            if value == 0 {
+                return Err(f.bad(key, "at least 1"));
+            }
+        }
         let num_heads = f.usize("num_attention_heads")?;
         let num_kv_heads = f.usize_or("num_key_value_heads", num_heads)?;
         if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {

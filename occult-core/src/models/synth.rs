@@ -12,6 +12,9 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::Path;
 
+/// The largest synthetic checkpoint `write` makes (it holds the weights twice in memory).
+pub const MAX_SYNTH_BYTES: usize = 8_000_000_000;
+
 /// The shape of a synthetic model.
 #[derive(Clone, Debug)]
 pub struct SynthModel {
@@ -70,9 +73,19 @@ impl SynthModel {
 
     /// `config.json` in the family's own field names.
     pub fn config_json(&self) -> Result<Value> {
-        if self.layers == 0 || self.heads == 0 || self.hidden % self.heads != 0 {
+        for (flag, value) in [
+            ("--layers", self.layers),
+            ("--heads", self.heads),
+            ("--hidden", self.hidden),
+            ("--vocab", self.vocab),
+        ] {
+            if value == 0 {
+                bail!("{flag} must be at least 1");
+            }
+        }
+        if self.hidden % self.heads != 0 {
             bail!(
-                "hidden size {} is not a whole number of {} heads",
+                "--hidden {} is not a whole number of --heads {}",
                 self.hidden,
                 self.heads
             );
@@ -104,18 +117,38 @@ impl SynthModel {
         Ok(c)
     }
 
-    /// Writes `config.json` and `model.safetensors` into `dir` (created if needed). Returns the
+    /// Writes `config.json` and `model.safetensors` into `dir` (created if needed), refusing
+    /// weights over [`MAX_SYNTH_BYTES`] before creating anything. Returns the
     /// configuration and the weights' size in bytes.
     pub fn write(&self, dir: &Path) -> Result<(ModelConfig, u64)> {
         let config = self.config_json()?;
         let cfg = ModelConfig::from_json(&config, "the synthetic configuration")?;
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let width = match self.dtype {
             safetensors::Dtype::F32 => 4,
             safetensors::Dtype::BF16 | safetensors::Dtype::F16 => 2,
             other => bail!("synthetic weights are f32, bf16 or f16, not {other:?}"),
         };
         let shapes = super::layout::tensors(&cfg, self.fused);
+        // Every tensor's size, checked before anything is allocated or created: the weights are
+        // held twice while serialising.
+        let total = shapes.iter().try_fold(0usize, |sum, (_, shape)| {
+            shape
+                .iter()
+                .try_fold(width as usize, |n: usize, &d| n.checked_mul(d))
+                .and_then(|n| sum.checked_add(n))
+        });
+        match total {
+            Some(t) if t <= MAX_SYNTH_BYTES => {}
+            _ => bail!(
+                "these sizes make {} of weights; synthetic checkpoints are limited to {} GB",
+                total.map_or("more than 2^64 bytes".into(), |t| format!(
+                    "{:.1} GB",
+                    t as f64 / 1e9
+                )),
+                MAX_SYNTH_BYTES / 1_000_000_000
+            ),
+        }
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let normal = Normal::new(0.0f32, self.std)
             .map_err(|e| Error::invalid(format!("weight std {}: {e}", self.std)))?;
         let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::with_capacity(shapes.len());

@@ -139,6 +139,10 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
 }
 
 fn suite(a: SuiteArgs) -> Result<()> {
+    super::check_io(
+        &[Some(&a.file), a.placement.as_deref()],
+        &[a.json.as_deref()],
+    )?;
     use crate::bench_suite::{render, run, Suite};
     let mut s = Suite::read(&a.file)?;
     if let Some(m) = &a.model {
@@ -180,6 +184,7 @@ fn suite(a: SuiteArgs) -> Result<()> {
 }
 
 fn train(a: TrainBenchArgs) -> Result<()> {
+    super::check_model_io(&a.model, &[], &[a.json.as_deref()])?;
     let link = a
         .link
         .as_deref()
@@ -220,6 +225,8 @@ fn train(a: TrainBenchArgs) -> Result<()> {
 }
 
 fn place(a: PlaceBenchArgs) -> Result<()> {
+    let traces: Vec<Option<&std::path::Path>> = a.trace.iter().map(|t| Some(t.as_path())).collect();
+    super::check_io(&traces, &[a.json.as_deref()])?;
     let cfg = SearchConfig {
         restarts: a.restarts,
         seed: a.seed,
@@ -335,6 +342,7 @@ pub struct LayerBenchArgs {
 }
 
 fn layer(a: LayerBenchArgs) -> Result<()> {
+    super::check_io(&[], &[a.json.as_deref()])?;
     use crate::bench_layer::{LayerBench, ModeResult};
     use occult_core::ep::cost::LinkProfile;
     let bench = LayerBench {

@@ -131,6 +131,7 @@ pub(crate) fn load_examples(
 }
 
 pub fn run(a: TrainArgs) -> Result<()> {
+    refuse_out_over_model(&a.out, &a.model.model)?;
     let cfg = TrainConfig {
         steps: a.steps,
         batch_size: a.batch_size,
@@ -317,5 +318,22 @@ pub fn run(a: TrainArgs) -> Result<()> {
         "fine-tuned model, log.jsonl and state -> {}",
         a.out.display()
     );
+    Ok(())
+}
+
+/// Refuses an `--out` folder that is the input model's folder or lies inside it: the
+/// fine-tuned model would overwrite (or be read back as) its own start.
+fn refuse_out_over_model(out: &std::path::Path, model: &str) -> Result<()> {
+    let Ok(model) = std::fs::canonicalize(model) else {
+        return Ok(()); // a hub id, resolved in the cache
+    };
+    let out = occult_core::atomic::absolute_path(out);
+    if out.starts_with(&model) {
+        anyhow::bail!(
+            "--out {} is the input model's folder or lies inside it; the fine-tuned model would \
+             overwrite its start: write it elsewhere",
+            out.display()
+        );
+    }
     Ok(())
 }
