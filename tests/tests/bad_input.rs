@@ -1121,3 +1121,67 @@ fn training_and_bench_outputs_spare_their_inputs() {
     );
     contains_all(&err, &["inside the input folder"]);
 }
+
+/// `prune` re-picks experts from the router logits, so a trace whose ids are not the logits'
+/// top-k, best first, is refused with the layer and token.
+#[test]
+fn prune_refuses_ids_that_disagree_with_the_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let logits = vec![0.0, 5.0, 1.0, -1.0, 0.0, 5.0, 1.0, -1.0];
+    for (name, ids, needle) in [
+        ("order", vec![1, 2, 2, 1], "token 1"),
+        ("set", vec![1, 2, 1, 3], "not the top-2"),
+    ] {
+        let file = format!("{name}.safetensors");
+        write_raw(
+            &d.join(&file),
+            vec![
+                ("layers.0.topk_ids", Raw::I32(vec![2, 2], ids)),
+                (
+                    "layers.0.router_logits",
+                    Raw::F32(vec![2, 4], logits.clone()),
+                ),
+            ],
+            &meta("4", "2"),
+        );
+        let err = occult_err(
+            d,
+            &[
+                "prune",
+                "--trace",
+                &file,
+                "--devices",
+                "2",
+                "--max-devices",
+                "1",
+                "--rule",
+                "router",
+            ],
+        );
+        contains_all(&err, &[&file, "layer 0", needle]);
+    }
+    // The same logits with their own top-2, best first, prune.
+    write_raw(
+        &d.join("ok.safetensors"),
+        vec![
+            ("layers.0.topk_ids", Raw::I32(vec![2, 2], vec![1, 2, 1, 2])),
+            ("layers.0.router_logits", Raw::F32(vec![2, 4], logits)),
+        ],
+        &meta("4", "2"),
+    );
+    occult_ok(
+        d,
+        &[
+            "prune",
+            "--trace",
+            "ok.safetensors",
+            "--devices",
+            "2",
+            "--max-devices",
+            "1",
+            "--rule",
+            "router",
+        ],
+    );
+}

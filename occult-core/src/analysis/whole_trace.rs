@@ -278,6 +278,48 @@ fn describe_rule(r: &RouterRule) -> String {
     )
 }
 
+/// Checks that a token's traced experts are what its router logits choose, best first: in
+/// non-increasing order of selection score, and (without group limits or a selection bias,
+/// which a trace does not hold) no unchosen expert scoring above a chosen one. Scores are
+/// compared with a tolerance for models that routed in bf16.
+fn check_traced_choice(
+    router: &RouterRule,
+    logits: &[f32],
+    ids: &[u32],
+) -> std::result::Result<(), String> {
+    let choice = router.selection_scores(&router.scores(logits));
+    let close = |a: f32, b: f32| a >= b - (1e-3 * a.abs().max(b.abs()) + 1e-6);
+    for w in ids.windows(2) {
+        if !close(choice[w[0] as usize], choice[w[1] as usize]) {
+            return Err(format!(
+                "are not best first (expert {} scores {} after expert {} at {})",
+                w[1], choice[w[1] as usize], w[0], choice[w[0] as usize]
+            ));
+        }
+    }
+    if router.group_limit.is_none() && router.selection_bias.is_none() {
+        let worst = ids
+            .iter()
+            .map(|&i| choice[i as usize])
+            .fold(f32::INFINITY, f32::min);
+        if let Some((j, &best)) = choice
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| !ids.contains(&(*j as u32)))
+            .max_by(|a, b| a.1.total_cmp(b.1))
+        {
+            if !close(worst, best) {
+                return Err(format!(
+                    "are not the top-{} of the router logits (expert {j} scores {best}, above \
+                     the chosen {worst})",
+                    ids.len()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Prunes every layer of a trace; returns the rewritten trace and the report. The similarity
 /// rule takes its tables from `calibration` (or from the trace itself).
 pub fn prune_trace(
@@ -329,7 +371,15 @@ pub fn prune_trace(
             let mut changed = 0usize;
             for t in 0..l.tokens {
                 let before = l.ids(t, k);
-                let s = pruner.prune_logits(&logits[t * e..(t + 1) * e], before);
+                let token_logits = &logits[t * e..(t + 1) * e];
+                check_traced_choice(router, token_logits, before).map_err(|why| {
+                    Error::invalid(format!(
+                        "layer {} token {t}: the traced experts {before:?} {why}; pruning \
+                         re-picks from the logits, so they must agree",
+                        l.layer
+                    ))
+                })?;
+                let s = pruner.prune_logits(token_logits, before);
                 changed += changed_choices(before, &s.ids);
                 ids.extend_from_slice(&s.ids);
                 weights.extend_from_slice(&s.weights);
