@@ -194,6 +194,9 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> (f32, f32) {
 }
 
 pub fn run(a: ModelBenchArgs) -> Result<()> {
+    if a.repeats == 0 {
+        bail!("--repeats must be at least 1 (each figure is the best of the repeats)");
+    }
     crate::commands::check_model_io(&a.model, &[], &[a.json.as_deref()])?;
     if a.prompt_len == 0 {
         bail!("--prompt-len must be at least 1");

@@ -1185,3 +1185,94 @@ fn prune_refuses_ids_that_disagree_with_the_logits() {
         ],
     );
 }
+
+/// Accepted absurdities now named: a DeepSeek config whose dense layers leave no MoE layer,
+/// `--revision` on a folder, a window longer than the model's positions, no repeats, and a
+/// trace recorded on other ranks given to `prune`.
+#[test]
+fn absurd_settings_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    tiny_model(d, "m");
+    occult_ok(
+        d,
+        &[
+            "model",
+            "synth",
+            "--family",
+            "deepseek",
+            "--hidden",
+            "32",
+            "--experts",
+            "4",
+            "--top-k",
+            "2",
+            "--intermediate",
+            "16",
+            "--layers",
+            "2",
+            "-o",
+            "ds",
+        ],
+    );
+    let cfg = std::fs::read_to_string(d.join("ds/config.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&cfg).unwrap();
+    v["first_k_dense_replace"] = 5.into();
+    std::fs::write(d.join("ds/config.json"), v.to_string()).unwrap();
+    let err = occult_err(d, &["model", "info", "--model", "ds"]);
+    contains_all(
+        &err,
+        &["ds/config.json", "dense", "not a mixture-of-experts"],
+    );
+    let err = occult_err(d, &["model", "info", "--model", "m", "--revision", "main"]);
+    contains_all(&err, &["--revision", "is a folder"]);
+    std::fs::write(d.join("calib.txt"), "one two three\n").unwrap();
+    let err = occult_err(
+        d,
+        &[
+            "profile",
+            "--model",
+            "m",
+            "--data",
+            "calib.txt",
+            "-o",
+            "t.safetensors",
+            "--seq-len",
+            "100000",
+        ],
+    );
+    contains_all(&err, &["--seq-len 100000", "positions"]);
+    assert!(!d.join("t.safetensors").exists());
+    let err = occult_err(d, &["bench", "model", "--model", "m", "--repeats", "0"]);
+    contains_all(&err, &["--repeats"]);
+    // A trace recorded on 4 ranks, pruned for 2 devices.
+    let mut md = meta("4", "2");
+    md.push(("num_ranks", "4"));
+    write_raw(
+        &d.join("r4.safetensors"),
+        vec![
+            ("layers.0.topk_ids", Raw::I32(vec![1, 2], vec![1, 2])),
+            (
+                "layers.0.router_logits",
+                Raw::F32(vec![1, 4], vec![0.0, 5.0, 1.0, -1.0]),
+            ),
+        ],
+        &md,
+    );
+    let prune = [
+        "prune",
+        "--trace",
+        "r4.safetensors",
+        "--devices",
+        "2",
+        "--max-devices",
+        "1",
+        "--rule",
+        "router",
+    ];
+    let err = occult_err(d, &prune);
+    contains_all(&err, &["4 source rank", "--resplit"]);
+    let mut ok = prune.to_vec();
+    ok.push("--resplit");
+    occult_ok(d, &ok);
+}

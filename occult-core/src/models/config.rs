@@ -317,6 +317,16 @@ impl ModelConfig {
                 ),
             ));
         }
+        if !moe_layers.contains(&true) {
+            return Err(Error::bad_file(
+                origin,
+                format!(
+                    "every one of the {num_layers} layers is dense (first_k_dense_replace, \
+                     mlp_only_layers or decoder_sparse_step leave no MoE layer): this is not \
+                     a mixture-of-experts model"
+                ),
+            ));
+        }
         if moe_layers.contains(&false) && dense_intermediate == 0 {
             return Err(f.missing("intermediate_size"));
         }

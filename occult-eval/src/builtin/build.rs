@@ -131,7 +131,7 @@ impl Builtin {
             model: ModelOpts::local(&self.model().display().to_string()),
             data: self.file("calibration.jsonl"),
             output: trace.clone(),
-            seq_len: 128,
+            seq_len: Some(128),
             max_tokens: Some(20000),
             no_logits: true,
             add_bos: false,

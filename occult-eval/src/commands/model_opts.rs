@@ -125,6 +125,13 @@ impl ModelOpts {
     /// Opens the checkpoint.
     pub fn open(&self) -> Result<Checkpoint> {
         let dtype = parse_dtype(&self.dtype)?;
+        if self.revision.is_some() && std::path::Path::new(&self.model).is_dir() {
+            bail!(
+                "--revision picks a version of a hub model in the cache; {} is a folder, which \
+                 has only the version it holds",
+                self.model
+            );
+        }
         Checkpoint::open(&self.model, self.revision.as_deref(), dtype)
             .with_context(|| format!("loading model {}", self.model))
     }

@@ -27,9 +27,9 @@ pub struct ProfileArgs {
     /// Where to write the trace.
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Longest window of tokens run at once (at most the model's max_position_embeddings).
-    #[arg(long, default_value_t = 512)]
-    pub seq_len: usize,
+    /// Longest window of tokens run at once [default: 512, or the model's positions if fewer].
+    #[arg(long)]
+    pub seq_len: Option<usize>,
     /// Stop after this many tokens.
     #[arg(long)]
     pub max_tokens: Option<usize>,
@@ -71,15 +71,22 @@ pub fn read_documents(path: &Path) -> Result<Vec<String>> {
 
 pub fn run(a: ProfileArgs) -> Result<()> {
     super::check_model_io(&a.model, &[Some(&a.data)], &[Some(&a.output)])?;
-    if a.seq_len == 0 {
+    if a.seq_len == Some(0) {
         bail!("--seq-len must be at least 1");
     }
     if a.max_tokens == Some(0) {
         bail!("--max-tokens must be at least 1");
     }
     let ck = a.model.open()?;
-    // Windows never exceed the model's positions.
-    let seq_len = a.seq_len.min(ck.cfg.positions());
+    // Windows never exceed the model's positions; a longer one asked for is an error.
+    let positions = ck.cfg.positions();
+    let seq_len = match a.seq_len {
+        Some(n) if n > positions => bail!(
+            "--seq-len {n} exceeds the model's {positions} positions (max_position_embeddings)"
+        ),
+        Some(n) => n,
+        None => 512.min(positions),
+    };
     let tok = ck.tokenizer()?;
     let docs = read_documents(&a.data)?;
     let mut windows: Vec<Vec<u32>> = Vec::new();

@@ -66,6 +66,9 @@ pub struct PruneArgs {
     /// Write the pruned trace here.
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+    /// Accept a trace recorded on another number of source ranks than the placement's devices.
+    #[arg(long)]
+    pub resplit: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -99,6 +102,8 @@ pub fn run(a: PruneArgs) -> Result<()> {
     )?;
     let trace = load_trace(&a.trace)?;
     let placement = resolve_placement(&trace, a.devices, a.placement.as_deref())?;
+    // As `collab`: a trace recorded on other ranks is pruned only when asked to.
+    occult_core::analysis::source_split(&trace, 0, placement.num_devices, a.resplit)?;
     let calibration = a.calibration.as_deref().map(load_trace).transpose()?;
     let mut router =
         RouterRule::softmax_topk(trace.meta.num_experts, trace.meta.top_k, a.renormalize);
