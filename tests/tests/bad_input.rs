@@ -1009,7 +1009,7 @@ fn inputs_that_would_give_garbage_are_refused() {
         let (h, _) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
         let n = 8 + h;
         let meta: serde_json::Value = serde_json::from_slice(&bytes[8..n]).unwrap();
-        let off = &meta["lm_head.weight"]["data_offsets"];
+        let off = &meta["model.embed_tokens.weight"]["data_offsets"];
         (
             n + off[0].as_u64().unwrap() as usize,
             n + off[1].as_u64().unwrap() as usize,
@@ -1024,6 +1024,22 @@ fn inputs_that_would_give_garbage_are_refused() {
         &["generate", "--model", "nan", "--prompt", "hello world"],
     );
     contains_all(&err, &["not finite", "NaN"]);
+    // profile says the model's routing is at fault, not the trace file.
+    std::fs::write(d.join("calib.txt"), "hello world\n").unwrap();
+    let err = occult_err(
+        d,
+        &[
+            "profile",
+            "--model",
+            "nan",
+            "--data",
+            "calib.txt",
+            "-o",
+            "nan.safetensors",
+        ],
+    );
+    contains_all(&err, &["routing at layer", "not finite"]);
+    assert!(!d.join("nan.safetensors").exists());
 }
 
 /// `model synth` names empty and enormous sizes before creating anything, and a config.json

@@ -133,6 +133,18 @@ pub fn run(a: ProfileArgs) -> Result<()> {
         &a.data.display().to_string(),
         !a.no_logits,
     );
+    // NaN or infinite routing is the model's fault, not the trace file's: say so.
+    for l in &trace.layers {
+        let values = l.topk_weights.iter().chain(&l.router_logits).flatten();
+        if values.clone().any(|v| !v.is_finite()) {
+            bail!(
+                "the model's routing at layer {} is not finite (NaN or infinite gate weights or \
+                 router logits): its weights hold non-finite values, or the dtype overflows \
+                 (try --dtype f32)",
+                l.layer
+            );
+        }
+    }
     trace.write(&a.output)?;
     eprintln!(
         "profiled {total} tokens in {} windows over {} MoE layers -> {}",
