@@ -111,8 +111,26 @@ impl LayerBench {
         if self.hidden == 0 || self.intermediate == 0 || self.steps == 0 {
             bail!("--hidden, --intermediate and --steps must be at least 1");
         }
-        if self.tokens * self.devices * self.hidden > 1 << 30 {
-            bail!("--tokens x --devices x --hidden is too large for this benchmark");
+        // Every buffer the bench allocates, in elements, checked before any is made (and
+        // without overflow): at most 2^30 each (4 GiB of f32).
+        let product = |xs: &[usize]| xs.iter().try_fold(1usize, |n, &x| n.checked_mul(x));
+        for (what, dims) in [
+            (
+                "--tokens x --devices x --hidden",
+                vec![self.tokens, self.devices, self.hidden],
+            ),
+            (
+                "--experts x --hidden x --intermediate x 3 (the experts' weights)",
+                vec![self.experts, self.hidden, self.intermediate, 3],
+            ),
+            (
+                "--tokens x --devices x --top-k x --intermediate (the experts' activations)",
+                vec![self.tokens, self.devices, self.top_k, self.intermediate],
+            ),
+        ] {
+            if product(&dims).is_none_or(|n| n > 1 << 30) {
+                bail!("{what} is too large for this benchmark (at most 2^30 values)");
+            }
         }
         Ok(())
     }

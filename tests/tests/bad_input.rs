@@ -1077,6 +1077,28 @@ fn model_sizes_are_checked_before_anything_is_made() {
         contains_all(&err, &[needle]);
         assert!(!d.join("m").exists(), "{flags:?} left a folder behind");
     }
+    // bench layer: every buffer's size, with products that would overflow.
+    for (flags, needle) in [
+        (
+            &[
+                "--experts",
+                "64",
+                "--hidden",
+                "65536",
+                "--intermediate",
+                "65536",
+            ][..],
+            "the experts' weights",
+        ),
+        (
+            &["--tokens", "18446744073709551615"][..],
+            "--tokens x --devices x --hidden",
+        ),
+    ] {
+        let mut args = vec!["bench", "layer"];
+        args.extend_from_slice(flags);
+        contains_all(&occult_err(d, &args), &[needle, "too large"]);
+    }
     occult_ok(d, &["model", "synth", "--family", "olmoe", "-o", "ok"]);
     let cfg = std::fs::read_to_string(d.join("ok/config.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&cfg).unwrap();
