@@ -88,6 +88,14 @@ pub struct ModeResult {
     pub projected: Option<Projection>,
 }
 
+/// How a prefill of `tokens` over `devices` ranks is laid out: each rank's share in sequences
+/// of `seq_len` tokens (shorter when the share is), as (sequence length, sequences per rank).
+pub fn prefill_shape(tokens: usize, devices: usize, seq_len: usize) -> (usize, usize) {
+    let per_rank = (tokens / devices.max(1)).max(1);
+    let len = seq_len.clamp(1, per_rank);
+    (len, per_rank / len)
+}
+
 /// Rank `rank`'s batch of random prompts, `[batch, prompt_len]` row-major.
 fn prompt(b: &EpModelBench, vocab: usize, rank: usize) -> Vec<u32> {
     (0..b.batch.max(1))

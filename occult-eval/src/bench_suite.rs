@@ -156,7 +156,7 @@ pub fn run(s: &Suite, opts: &ModelOpts) -> Result<Vec<Point>> {
         SuiteKind::Prefill => s
             .tokens
             .iter()
-            .map(|t| t / (s.devices * s.seq_len))
+            .map(|&t| bench_model_ep::prefill_shape(t, s.devices, s.seq_len).1)
             .collect(),
         _ => s.batches.clone(),
     };

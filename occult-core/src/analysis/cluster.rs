@@ -150,13 +150,7 @@ impl LevelTraffic {
     pub fn exchange_seconds(&self, profile: &LinkProfile, row_bytes: f64) -> f64 {
         let d = self.cluster.devices;
         let level = |m: &[u64], link: &Link, r: usize| {
-            let leg = |rows: u64| {
-                if rows == 0 {
-                    0.0
-                } else {
-                    rows as f64 * row_bytes / link.bandwidth + link.latency
-                }
-            };
+            let leg = |rows: u64| link.message_seconds(rows as f64 * row_bytes);
             let send: f64 = (0..d).filter(|&p| p != r).map(|p| leg(m[r * d + p])).sum();
             let recv: f64 = (0..d).filter(|&p| p != r).map(|p| leg(m[p * d + r])).sum();
             send.max(recv)
@@ -232,6 +226,51 @@ mod tests {
         direct.add_token(0, &ids, &map, Dispatch::Dedup, &mut counter);
         assert_eq!((direct.inter[2], direct.inter[3]), (1, 1));
         assert_eq!(direct.rows_per_token(), (1.0, 2.0));
+    }
+
+    /// Inside one node the counts are `collab`'s link-row matrices (k copies and one row per
+    /// device), computed by its own code on the same tokens and sources.
+    #[test]
+    fn one_node_counts_agree_with_collab_link_rows() {
+        use crate::analysis::collab::layer_stats;
+        use crate::analysis::ranks::RankSplit;
+        use crate::analysis::synth::{synth_trace, SynthConfig};
+        let mut c = SynthConfig::olmoe_like(300, 5);
+        c.layers = 1;
+        let trace = synth_trace(&c, &|| ()).unwrap();
+        let l = &trace.layers[0];
+        let (k, d) = (trace.meta.top_k, 4);
+        let map: Vec<u32> = (0..64).map(|x| (x * 7 % 64 / 16) as u32).collect();
+        let split = RankSplit::new(l.tokens, d);
+        let stats = layer_stats(0, &l.topk_ids, k, &map, d, split, 0);
+        let cluster = Cluster {
+            devices: d,
+            per_node: 8,
+            forward: true,
+        };
+        let mut counter = DeviceCounter::new(d);
+        for (dispatch, want) in [
+            (Dispatch::Copies, &stats.link_rows_standard),
+            (Dispatch::Dedup, &stats.link_rows_occult),
+        ] {
+            let mut t = LevelTraffic::new(cluster);
+            for tok in 0..l.tokens {
+                t.add_token(
+                    split.rank_of(tok),
+                    l.ids(tok, k),
+                    &map,
+                    dispatch,
+                    &mut counter,
+                );
+            }
+            for (s, row) in want.iter().enumerate() {
+                for p in (0..d).filter(|&p| p != s) {
+                    assert_eq!(t.intra[s * d + p], row[p], "{dispatch:?} {s}->{p}");
+                }
+            }
+            assert!(t.inter.iter().all(|&x| x == 0));
+            assert_eq!(t.devices_touched, stats.rows_occult);
+        }
     }
 
     #[test]

@@ -24,6 +24,17 @@ pub struct Link {
     pub latency: f64,
 }
 
+impl Link {
+    /// Seconds of one message of `bytes` bytes over this link (nothing for an empty one).
+    pub fn message_seconds(&self, bytes: f64) -> f64 {
+        if bytes == 0.0 {
+            0.0
+        } else {
+            bytes / self.bandwidth + self.latency
+        }
+    }
+}
+
 /// A machine, from `configs/links/NAME.toml`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -107,14 +118,8 @@ impl LinkProfile {
     /// Time for `rank` in one exchange: the larger of its send and receive times. `all[r]`
     /// is rank r's record of the exchange; `scale` multiplies the bytes.
     pub fn exchange_seconds(&self, rank: usize, all: &[&Exchange], scale: f64) -> f64 {
-        let leg = |bytes: u64, other: usize| {
-            if bytes == 0 {
-                0.0
-            } else {
-                let l = self.link(rank, other);
-                bytes as f64 * scale / l.bandwidth + l.latency
-            }
-        };
+        let leg =
+            |bytes: u64, other: usize| self.link(rank, other).message_seconds(bytes as f64 * scale);
         let send: f64 = all[rank]
             .bytes_to
             .iter()

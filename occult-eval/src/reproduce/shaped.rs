@@ -81,8 +81,7 @@ pub fn run(
 ) -> Result<Vec<SpeedRow>> {
     let dir = out.join("shaped");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let per_rank = (s.prefill_tokens / devices).max(1);
-    let len = s.seq_len.clamp(1, per_rank);
+    let (len, batch) = crate::bench_model_ep::prefill_shape(s.prefill_tokens, devices, s.seq_len);
     let exe = std::env::current_exe().context("finding this binary")?;
     let placement = placement.display().to_string();
     let common = ["--model", model, "--placement", &placement];
@@ -94,7 +93,7 @@ pub fn run(
             "--prompt-len".into(),
             len.to_string(),
             "--batch".into(),
-            (per_rank / len).to_string(),
+            batch.to_string(),
             "--decode-tokens".into(),
             "0".into(),
             "--repeats".into(),

@@ -99,9 +99,7 @@ pub fn speed(opts: &ModelOpts, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
         seed: 0,
     };
     for &tokens in &s.prefill_tokens {
-        let per_rank = (tokens / opts.devices).max(1);
-        let len = s.prefill_seq_len.clamp(1, per_rank);
-        let batch = per_rank / len;
+        let (len, batch) = bench_model_ep::prefill_shape(tokens, opts.devices, s.prefill_seq_len);
         eprintln!(
             "  prefill, {} tokens ({batch} x {len} per rank)",
             opts.devices * batch * len
