@@ -113,13 +113,22 @@ pub struct PlaceInfo {
     pub swaps: Option<usize>,
 }
 
-/// Places every layer of a trace with one method.
+/// Progress steps [`place_trace`] reports for each layer.
+pub fn place_steps_per_layer(method: Method, cfg: &SearchConfig) -> usize {
+    match method {
+        Method::Occult => placement::progress_steps(cfg),
+        Method::Contiguous | Method::Greedy => 1,
+    }
+}
+
+/// Places every layer of a trace with one method, calling `on_step`
+/// [`place_steps_per_layer`] times per layer as the work goes.
 pub fn place_trace(
     trace: &Trace,
     num_devices: usize,
     method: Method,
     cfg: &SearchConfig,
-    on_layer: &(dyn Fn() + Sync),
+    on_step: &(dyn Fn() + Sync),
 ) -> Result<(Placement, Vec<PlaceInfo>)> {
     let (e, k) = (trace.meta.num_experts, trace.meta.top_k);
     placement::check_sizes(e, num_devices)?;
@@ -133,8 +142,10 @@ pub fn place_trace(
         .layers
         .par_iter()
         .map(|l| {
-            let r = place_layer(l, k, e, num_devices, method, cfg);
-            on_layer();
+            let r = place_layer(l, k, e, num_devices, method, cfg, on_step);
+            if method != Method::Occult {
+                on_step();
+            }
             r
         })
         .collect::<Result<Vec<_>>>()?;
@@ -165,6 +176,7 @@ fn place_layer(
     d: usize,
     method: Method,
     cfg: &SearchConfig,
+    on_step: &(dyn Fn() + Sync),
 ) -> Result<(LayerPlacement, PlaceInfo)> {
     let per_token = |total: u64| {
         if l.tokens == 0 {
@@ -178,7 +190,7 @@ fn place_layer(
         Method::Contiguous => (placement::contiguous(e, d), None, None, None),
         Method::Greedy => (placement::greedy(&co(), d), None, None, None),
         Method::Occult => {
-            let out = placement::search(&l.topk_ids, k, &co(), d, cfg)
+            let out = placement::search_with_progress(&l.topk_ids, k, &co(), d, cfg, on_step)
                 .map_err(|err| Error::invalid(format!("layer {}: {err}", l.layer)))?;
             (
                 out.map,

@@ -5,7 +5,7 @@ use crate::table::{fmt_opt, Table};
 use anyhow::{Context, Result};
 use clap::Args;
 use occult_core::analysis::placement::{Method, Placement, SearchConfig};
-use occult_core::analysis::{place_trace, PlaceInfo};
+use occult_core::analysis::{place_steps_per_layer, place_trace, PlaceInfo};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -64,7 +64,8 @@ pub fn run(a: PlaceArgs) -> Result<()> {
         seed: a.seed,
         max_load_factor: a.max_load_factor,
     };
-    let pb = bar(trace.layers.len() as u64, "layers");
+    let steps = place_steps_per_layer(a.method.into(), &cfg) * trace.layers.len();
+    let pb = bar(steps as u64, "search steps");
     let start = Instant::now();
     let (mut placement, infos) =
         place_trace(&trace, a.devices, a.method.into(), &cfg, &|| pb.inc(1))

@@ -8,7 +8,7 @@ mod greedy;
 mod search;
 
 pub use greedy::greedy;
-pub use search::{search, SearchConfig, SearchOutcome};
+pub use search::{progress_steps, search, search_with_progress, SearchConfig, SearchOutcome};
 
 use crate::atomic::write_json_atomic;
 use crate::{bail, Error, Result};
