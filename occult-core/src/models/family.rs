@@ -83,6 +83,18 @@ pub struct Family {
     pub synth_config: fn(&SynthModel) -> Result<ConfigEntries>,
     /// The router rule of the family's MoE blocks.
     pub router_rule: fn(&ModelConfig) -> RouterRule,
+    /// Which optional parts of a synthetic model the family has; a size for a part it lacks
+    /// is refused rather than ignored.
+    pub synth_parts: SynthParts,
+}
+
+/// Optional parts of a family's synthetic model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SynthParts {
+    /// Shared experts (`--shared-intermediate`).
+    pub shared_experts: bool,
+    /// Leading dense layers (`--dense-layers`, `--dense-intermediate`).
+    pub dense_layers: bool,
 }
 
 impl PartialEq for Family {

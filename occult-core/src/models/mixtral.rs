@@ -6,7 +6,7 @@
 //! `head_dim` (newer configs), `sliding_window`, RoPE theta 1e6 by default.
 
 use super::config::{AuxLoss, ConfigFields, QkNorm};
-use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames};
+use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts};
 use super::synth::SynthModel;
 use super::weights::W1_W3_W2;
 use crate::Result;
@@ -27,6 +27,10 @@ pub const FAMILY: Family = Family {
     read_config,
     synth_config,
     router_rule: softmax_top_k,
+    synth_parts: SynthParts {
+        shared_experts: false,
+        dense_layers: false,
+    },
 };
 
 fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {

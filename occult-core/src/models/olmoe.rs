@@ -7,7 +7,7 @@
 //! `config.json`: experts `num_experts`, expert size `intermediate_size`, every layer MoE.
 
 use super::config::{AuxLoss, ConfigFields, QkNorm};
-use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames};
+use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts};
 use super::synth::SynthModel;
 use super::weights::GATE_UP_DOWN;
 use crate::Result;
@@ -28,6 +28,10 @@ pub const FAMILY: Family = Family {
     read_config,
     synth_config,
     router_rule: softmax_top_k,
+    synth_parts: SynthParts {
+        shared_experts: false,
+        dense_layers: false,
+    },
 };
 
 fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {

@@ -8,7 +8,7 @@
 //! refused. Qwen3-MoE reads its experts and layers with the helpers here.
 
 use super::config::{AuxLoss, ConfigFields, QkNorm, SharedConfig};
-use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames};
+use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts};
 use super::synth::SynthModel;
 use super::weights::GATE_UP_DOWN;
 use crate::{Error, Result};
@@ -29,6 +29,10 @@ pub const FAMILY: Family = Family {
     read_config,
     synth_config,
     router_rule: softmax_top_k,
+    synth_parts: SynthParts {
+        shared_experts: true,
+        dense_layers: true,
+    },
 };
 
 fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {

@@ -6,7 +6,7 @@
 //! plus `head_dim`; no shared experts, no q/k/v biases unless `attention_bias`.
 
 use super::config::{AuxLoss, ConfigFields, QkNorm};
-use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames};
+use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts};
 use super::qwen2_moe::{experts, moe_layers, no_sliding_window, synth_common};
 use super::synth::SynthModel;
 use super::weights::GATE_UP_DOWN;
@@ -28,6 +28,10 @@ pub const FAMILY: Family = Family {
     read_config,
     synth_config,
     router_rule: softmax_top_k,
+    synth_parts: SynthParts {
+        shared_experts: false,
+        dense_layers: true,
+    },
 };
 
 fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {

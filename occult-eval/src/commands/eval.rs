@@ -8,7 +8,7 @@
 //! ([`crate::harness::results`]).
 
 use super::model_opts::ModelOpts;
-use crate::harness::evaluate::{prepare, score_task, PrepareOptions};
+use crate::harness::evaluate::{data_sources, prepare, score_task, PrepareOptions};
 use crate::harness::results::{summarise, TaskResults};
 use crate::harness::scorer::ScoreOptions;
 use crate::table::Table;
@@ -76,20 +76,7 @@ fn prepare_options(a: &EvalArgs) -> Result<PrepareOptions> {
     if a.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
-    let mut sources = BTreeMap::new();
-    for d in &a.data {
-        let (t, p) = d
-            .split_once('=')
-            .with_context(|| format!("--data {d:?} is not TASK=PATH"))?;
-        let named = a
-            .tasks
-            .iter()
-            .any(|n| n == t || Path::new(n).file_stem().is_some_and(|s| s == t));
-        if !named {
-            bail!("--data names {t:?}, which is not among --tasks");
-        }
-        sources.insert(t.to_string(), PathBuf::from(p));
-    }
+    let sources = data_sources(&a.tasks, &a.data)?;
     Ok(PrepareOptions {
         data: sources,
         samples: a.samples,

@@ -51,15 +51,15 @@ pub struct SynthArgs {
     /// Expert intermediate size.
     #[arg(long, default_value_t = 64)]
     pub intermediate: usize,
-    /// Dense-layer intermediate size.
-    #[arg(long, default_value_t = 256)]
-    pub dense_intermediate: usize,
-    /// Shared-expert intermediate size (qwen2_moe, deepseek).
-    #[arg(long, default_value_t = 128)]
-    pub shared_intermediate: usize,
-    /// Leading dense layers (deepseek, qwen2_moe, qwen3_moe).
-    #[arg(long, default_value_t = 0)]
-    pub dense_layers: usize,
+    /// Dense-layer intermediate size (with --dense-layers) [default: 256].
+    #[arg(long)]
+    pub dense_intermediate: Option<usize>,
+    /// Shared-expert intermediate size (qwen2_moe, deepseek) [default: 128].
+    #[arg(long)]
+    pub shared_intermediate: Option<usize>,
+    /// Leading dense layers (deepseek, qwen2_moe, qwen3_moe) [default: 0].
+    #[arg(long)]
+    pub dense_layers: Option<usize>,
     /// Store experts fused, as transformers v5 saves them.
     #[arg(long)]
     pub fused: bool,
@@ -111,6 +111,34 @@ fn synth(a: SynthArgs) -> Result<()> {
         "f16" => safetensors::Dtype::F16,
         other => bail!("--dtype {other:?} is not one of f32, bf16, f16"),
     };
+    let parts = family.synth_parts;
+    let lacks = |given: bool, has: bool, flag: &str, part: &str| {
+        if given && !has {
+            bail!("--{flag}: {} models have no {part}", family.model_type)
+        }
+        Ok(())
+    };
+    lacks(
+        a.shared_intermediate.is_some(),
+        parts.shared_experts,
+        "shared-intermediate",
+        "shared experts",
+    )?;
+    lacks(
+        a.dense_layers.is_some(),
+        parts.dense_layers,
+        "dense-layers",
+        "dense layers",
+    )?;
+    lacks(
+        a.dense_intermediate.is_some(),
+        parts.dense_layers,
+        "dense-intermediate",
+        "dense layers",
+    )?;
+    if a.dense_intermediate.is_some() && a.dense_layers.unwrap_or(0) == 0 {
+        bail!("--dense-intermediate sizes the leading dense layers, but --dense-layers is 0");
+    }
     let s = SynthModel {
         family,
         vocab: a.vocab,
@@ -121,9 +149,9 @@ fn synth(a: SynthArgs) -> Result<()> {
         experts: a.experts,
         top_k: a.top_k,
         expert_intermediate: a.intermediate,
-        dense_intermediate: a.dense_intermediate,
-        shared_intermediate: a.shared_intermediate,
-        dense_layers: a.dense_layers,
+        dense_intermediate: a.dense_intermediate.unwrap_or(256),
+        shared_intermediate: a.shared_intermediate.unwrap_or(128),
+        dense_layers: a.dense_layers.unwrap_or(0),
         fused: a.fused,
         dtype,
         seed: a.seed,

@@ -94,6 +94,46 @@ pub fn task_spec(name: &str) -> Result<TaskSpec> {
     )
 }
 
+/// Reads `--data TASK=PATH` flags into sources keyed by the `--tasks` entry each names. A flag
+/// may name an entry as given, a task file by its file stem, or a task by the `name` its task
+/// file declares; one that names no entry is an error that lists what would have matched.
+pub fn data_sources(tasks: &[String], data: &[String]) -> Result<BTreeMap<String, PathBuf>> {
+    // Every name each entry answers to (a task file that cannot be read answers to its path
+    // and stem only; preparing it reports why).
+    let names: Vec<(String, Vec<String>)> = tasks
+        .iter()
+        .map(|n| {
+            let mut also = vec![n.clone()];
+            if let Some(stem) = Path::new(n).file_stem().and_then(|s| s.to_str()) {
+                also.push(stem.to_string());
+            }
+            if let Ok(spec) = task_spec(n) {
+                also.push(spec.name);
+            }
+            also.dedup();
+            (n.clone(), also)
+        })
+        .collect();
+    let mut sources = BTreeMap::new();
+    for d in data {
+        let (t, p) = d
+            .split_once('=')
+            .with_context(|| format!("--data {d:?} is not TASK=PATH"))?;
+        let Some((entry, _)) = names.iter().find(|(_, also)| also.iter().any(|x| x == t)) else {
+            let known: Vec<String> = names.iter().flat_map(|(_, also)| also.clone()).collect();
+            bail!(
+                "--data names {t:?}, which is none of --tasks (a task is named by its entry, \
+                 its task file's stem or the name the file declares: {})",
+                known.join(", ")
+            );
+        };
+        if sources.insert(entry.clone(), PathBuf::from(p)).is_some() {
+            bail!("--data gives task {entry:?} twice");
+        }
+    }
+    Ok(sources)
+}
+
 /// Task `name`'s items: its documents loaded and preprocessed, at most `limit` per group,
 /// each with its few-shot examples.
 pub fn prepare(name: &str, o: &PrepareOptions) -> Result<Prepared> {

@@ -266,6 +266,13 @@ impl TaskSpec {
                     Among::List(l) => l.clone(),
                     Among::Field(f) => list_of_text(doc, f)?,
                 };
+                if list.len() != n {
+                    bail!(
+                        "the gold labels {list:?} are {} for {n} choices: each choice needs \
+                         one label",
+                        list.len()
+                    );
+                }
                 list.iter()
                     .position(|x| x.trim() == v.trim())
                     .with_context(|| format!("gold `{field}` = {v:?} is not one of {list:?}"))?
