@@ -108,8 +108,8 @@ impl LayerBench {
         occult_core::analysis::trace::check_experts_top_k(self.experts, self.top_k)
             .map_err(anyhow::Error::msg)?;
         placement::check_sizes(self.experts, self.devices)?;
-        if self.hidden == 0 || self.intermediate == 0 || self.steps == 0 {
-            bail!("--hidden, --intermediate and --steps must be at least 1");
+        if self.hidden == 0 || self.intermediate == 0 || self.steps == 0 || self.tokens == 0 {
+            bail!("--hidden, --intermediate, --tokens and --steps must be at least 1");
         }
         // Every buffer the bench allocates, in elements, checked before any is made (and
         // without overflow): at most 2^30 each (4 GiB of f32).

@@ -62,6 +62,11 @@ pub fn heldout_loss(m: &Model, examples: &[Example], batch: usize) -> Result<Hel
             "the held-out examples have no target positions".into(),
         ));
     }
+    if !summed.is_finite() {
+        return Err(Error::Invalid(format!(
+            "the held-out loss is {summed}: the model's outputs are not finite"
+        )));
+    }
     Ok(HeldOut {
         loss: summed / targets as f64,
         targets,

@@ -12,7 +12,7 @@ use crate::batches::pad;
 use crate::examples::Example;
 use crate::grad_norm::clip_global_norm;
 use crate::optim::AdamW;
-use crate::Result;
+use crate::{Error, Result};
 use candle::{DType, Device, Tensor, D};
 use occult_core::models::config::AuxLoss;
 use occult_core::models::model::{Logits, Model};
@@ -202,6 +202,15 @@ pub fn train_step(
         Some(n) => clip_global_norm(m, &mut grads, n)?,
         None => crate::grad_norm::global_norm(m, &grads)?,
     };
+    // Every rank sees the same global loss and norm, so all refuse together, before a step
+    // that would write non-finite values into the weights.
+    let loss = m.sum_over_ranks(loss_sum)?;
+    if !(loss.is_finite() && grad_norm.is_finite()) {
+        return Err(Error::Invalid(format!(
+            "the loss is {loss} and the gradient norm {grad_norm}: the model's outputs are not \
+             finite (no step was taken)"
+        )));
+    }
     opt.step(&grads, s.lr)?;
     let by_layer = m.take_ep_stats_by_layer();
     let moe_layers: Vec<usize> = (0..m.cfg.num_layers)
@@ -220,7 +229,7 @@ pub fn train_step(
         routed += r;
     }
     Ok(StepReport {
-        loss: m.sum_over_ranks(loss_sum)?,
+        loss,
         aux_loss: match s.aux {
             Some(_) => Some(m.sum_over_ranks(aux_sum)?),
             None => None,

@@ -158,6 +158,9 @@ pub fn project_trace(
     if s.hidden == 0 || s.intermediate == 0 {
         bail!("the hidden and expert intermediate sizes must be positive");
     }
+    if s.devices.contains(&0) {
+        bail!("device counts must be at least 1");
+    }
     if s.tokens_per_device.contains(&0) {
         bail!("tokens per device must be at least 1");
     }
@@ -459,6 +462,9 @@ mod tests {
         assert!(project_trace(&trace, &p, &s, &|_| ()).is_err());
         let mut s = settings();
         s.tokens_per_device = vec![0];
+        assert!(project_trace(&trace, &p, &s, &|_| ()).is_err());
+        let mut s = settings();
+        s.devices = vec![4, 0];
         assert!(project_trace(&trace, &p, &s, &|_| ()).is_err());
     }
 }

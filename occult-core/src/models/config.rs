@@ -330,6 +330,20 @@ impl ModelConfig {
         if moe_layers.contains(&false) && dense_intermediate == 0 {
             return Err(f.missing("intermediate_size"));
         }
+        let max_positions = if f.present("max_position_embeddings") {
+            Some(f.usize("max_position_embeddings")?)
+        } else {
+            None
+        };
+        if max_positions.is_some_and(|n| n < 2) {
+            return Err(Error::bad_file(
+                origin,
+                format!(
+                    "max_position_embeddings = {} leaves no room for a prompt and a token",
+                    max_positions.unwrap_or(0)
+                ),
+            ));
+        }
         Ok(ModelConfig {
             family,
             vocab_size: f.usize("vocab_size")?,
@@ -346,11 +360,7 @@ impl ModelConfig {
             qk_norm: family.qk_norm,
             clip_qkv,
             sliding_window,
-            max_positions: if f.present("max_position_embeddings") {
-                Some(f.usize("max_position_embeddings")?)
-            } else {
-                None
-            },
+            max_positions,
             bos_token_id: if f.present("bos_token_id") {
                 Some(f.usize("bos_token_id")? as u32)
             } else {

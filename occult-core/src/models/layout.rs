@@ -82,6 +82,35 @@ pub fn tensors(cfg: &ModelConfig, fused: bool) -> Vec<(String, Vec<usize>)> {
 /// Tensors some checkpoints carry that no model reads.
 const IGNORED_SUFFIXES: [&str; 1] = ["rotary_emb.inv_freq"];
 
+/// The first tensor the configuration needs that the checkpoint lacks, holds in another shape,
+/// or stores as something other than floating point: `(name, what is wrong)`. Per-expert or
+/// fused experts are taken as the checkpoint stores them. Header reads only; nothing is loaded.
+pub fn first_misfit(
+    cfg: &ModelConfig,
+    shape_of: &dyn Fn(&str) -> Option<(safetensors::Dtype, Vec<usize>)>,
+) -> Option<(String, String)> {
+    let per_expert: BTreeSet<String> = tensors(cfg, false).into_iter().map(|t| t.0).collect();
+    let fused = tensors(cfg, true)
+        .into_iter()
+        .any(|(n, _)| !per_expert.contains(&n) && shape_of(&n).is_some());
+    for (name, expected) in tensors(cfg, fused) {
+        let Some((dtype, shape)) = shape_of(&name) else {
+            return Some((name, "is missing".into()));
+        };
+        if shape != expected {
+            return Some((name, format!("has shape {shape:?}, expected {expected:?}")));
+        }
+        use safetensors::Dtype::{BF16, F16, F32, F64};
+        if !matches!(dtype, F32 | F16 | BF16 | F64) {
+            return Some((
+                name,
+                format!("is stored as {dtype:?}; weights must be floating point"),
+            ));
+        }
+    }
+    None
+}
+
 /// The checkpoint's tensors that `cfg` does not explain (either expert layout is accepted), in
 /// name order.
 pub fn unexplained<'a>(cfg: &ModelConfig, names: impl Iterator<Item = &'a str>) -> Vec<String> {

@@ -8,7 +8,7 @@ use crate::models::weights::Weights;
 use crate::{Error, Result};
 use candle::{DType, Device};
 use serde_json::Value;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// An opened checkpoint: its files, configuration, mapped weights and tokenizer.
 pub struct Checkpoint {
@@ -55,6 +55,13 @@ impl Checkpoint {
                     extra.len(),
                     extra.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
                 ),
+            ));
+        }
+        let shape_of = |n: &str| Some((weights.source_dtype(n)?, weights.shape(n)?));
+        if let Some((name, fault)) = super::layout::first_misfit(&cfg, &shape_of) {
+            return Err(Error::bad_file(
+                weights_origin(&files),
+                format!("tensor {name} {fault}"),
             ));
         }
         let tokenizer = files
@@ -155,4 +162,12 @@ fn special_ids(
         }
     }
     Ok((bos, eos))
+}
+
+/// The weight file (or the folder of the shards) that errors about tensors name.
+fn weights_origin(files: &ModelFiles) -> PathBuf {
+    match files.weights.as_slice() {
+        [one] => one.clone(),
+        _ => files.dir.clone(),
+    }
 }

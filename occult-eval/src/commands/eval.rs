@@ -88,8 +88,17 @@ fn prepare_options(a: &EvalArgs) -> Result<PrepareOptions> {
 
 /// `occult eval`: prepares, scores and reports every task; fails if any task failed.
 pub fn run(a: EvalArgs) -> Result<()> {
-    super::check_model_io(&a.model, &[], &[a.output.as_deref(), a.trace.as_deref()])?;
     let po = prepare_options(&a)?;
+    // Task files and data are inputs too: no output may replace them.
+    let task_files: Vec<&Path> = a
+        .tasks
+        .iter()
+        .map(Path::new)
+        .filter(|p| p.exists())
+        .chain(po.data.values().map(PathBuf::as_path))
+        .collect();
+    let more: Vec<Option<&Path>> = task_files.into_iter().map(Some).collect();
+    super::check_model_io(&a.model, &more, &[a.output.as_deref(), a.trace.as_deref()])?;
     // Tasks that cannot be prepared are reported; the others go on.
     let mut errors: BTreeMap<String, String> = BTreeMap::new();
     let mut prepared = Vec::new();
@@ -202,7 +211,8 @@ pub fn run(a: EvalArgs) -> Result<()> {
             "dtype": a.model.dtype,
         },
     });
-    if let Some(out) = &a.output {
+    // With no task scored there are no results to write; the errors say why.
+    if let (Some(out), false) = (&a.output, results.is_empty()) {
         super::write_json(out, &super::with_provenance(report))?;
         if a.log_samples {
             let dir = out.parent().unwrap_or(Path::new("."));

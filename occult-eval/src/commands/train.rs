@@ -215,6 +215,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         );
         return Ok(());
     }
+    let created = !a.out.exists();
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let log_path = a.out.join("log.jsonl");
     // The log keeps the steps before the resumed one.
@@ -254,7 +255,7 @@ pub fn run(a: TrainArgs) -> Result<()> {
         cfg.steps,
         a.model.devices
     );
-    a.model.run_training(&ck, |m| {
+    let ran = a.model.run_training(&ck, |m| {
         let rank = m.rank_and_size().0;
         let bar = crate::progress::rank_bar(rank, until - start, "steps");
         let mut log = if rank == 0 {
@@ -313,7 +314,13 @@ pub fn run(a: TrainArgs) -> Result<()> {
         })?;
         bar.finish_and_clear();
         Ok(())
-    })?;
+    });
+    if ran.is_err() && created && !a.out.join("state").exists() {
+        // A run that failed before saving anything leaves no folder behind (a saved state
+        // stays, for --resume).
+        let _ = std::fs::remove_dir_all(&a.out);
+    }
+    ran?;
     eprintln!(
         "fine-tuned model, log.jsonl and state -> {}",
         a.out.display()

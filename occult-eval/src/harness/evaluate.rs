@@ -100,6 +100,7 @@ pub fn task_spec(name: &str) -> Result<TaskSpec> {
 pub fn data_sources(tasks: &[String], data: &[String]) -> Result<BTreeMap<String, PathBuf>> {
     // Every name each entry answers to (a task file that cannot be read answers to its path
     // and stem only; preparing it reports why).
+    let mut unreadable = Vec::new();
     let names: Vec<(String, Vec<String>)> = tasks
         .iter()
         .map(|n| {
@@ -107,8 +108,9 @@ pub fn data_sources(tasks: &[String], data: &[String]) -> Result<BTreeMap<String
             if let Some(stem) = Path::new(n).file_stem().and_then(|s| s.to_str()) {
                 also.push(stem.to_string());
             }
-            if let Ok(spec) = task_spec(n) {
-                also.push(spec.name);
+            match task_spec(n) {
+                Ok(spec) => also.push(spec.name),
+                Err(e) => unreadable.push(format!("{e:#}")),
             }
             also.dedup();
             (n.clone(), also)
@@ -120,6 +122,10 @@ pub fn data_sources(tasks: &[String], data: &[String]) -> Result<BTreeMap<String
             .split_once('=')
             .with_context(|| format!("--data {d:?} is not TASK=PATH"))?;
         let Some((entry, _)) = names.iter().find(|(_, also)| also.iter().any(|x| x == t)) else {
+            // A task whose file cannot be read may be the one meant: say why it cannot be.
+            if let Some(why) = unreadable.first() {
+                bail!("--data names {t:?}, which is none of --tasks; {why}");
+            }
             let known: Vec<String> = names.iter().flat_map(|(_, also)| also.clone()).collect();
             bail!(
                 "--data names {t:?}, which is none of --tasks (a task is named by its entry, \
@@ -178,7 +184,12 @@ pub fn prepare(name: &str, o: &PrepareOptions) -> Result<Prepared> {
         })
         .collect();
     if selected.is_empty() {
-        bail!("no documents to score in {}", spec.name);
+        let from = match &source {
+            Source::Path(p) => p.display().to_string(),
+            Source::Samples => "the built-in samples".into(),
+            Source::Hub => format!("the cached {}", spec.data.hub),
+        };
+        bail!("no documents to score in {} (from {from})", spec.name);
     }
     let items = selected
         .into_iter()
