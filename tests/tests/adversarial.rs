@@ -154,17 +154,17 @@ fn rejoin(header: &serde_json::Map<String, serde_json::Value>, data: &[u8]) -> V
 
 /// One tensor of a file being rebuilt: dtype, shape, bytes.
 type Owned = (safetensors::Dtype, Vec<usize>, Vec<u8>);
+/// A file's tensors by name, and its metadata.
+type Tensors = BTreeMap<String, Owned>;
+type Metadata = std::collections::HashMap<String, String>;
 
 /// Reads a safetensors file, lets `f` change its tensors and metadata, and writes a valid file
 /// again (offsets and lengths consistent), so that only the intended fault is in it.
-fn rebuild(
-    good: &[u8],
-    f: &dyn Fn(&mut BTreeMap<String, Owned>, &mut std::collections::HashMap<String, String>),
-) -> Vec<u8> {
+fn rebuild(good: &[u8], f: &dyn Fn(&mut Tensors, &mut Metadata)) -> Vec<u8> {
     let st = safetensors::SafeTensors::deserialize(good).unwrap();
     let (_, m) = safetensors::SafeTensors::read_metadata(good).unwrap();
     let mut meta = m.metadata().clone().unwrap_or_default();
-    let mut tensors: BTreeMap<String, Owned> = st
+    let mut tensors: Tensors = st
         .tensors()
         .into_iter()
         .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
@@ -1114,83 +1114,77 @@ fn output_commands() -> Vec<Vec<&'static str>> {
     ]
 }
 
+/// `base` followed by `more`.
+fn with(base: &[&'static str], more: &[&'static str]) -> Vec<&'static str> {
+    base.iter().chain(more).copied().collect()
+}
+
 /// Flags with values no run can honour, per command, and a word the error must hold.
 fn flag_faults() -> Vec<(Vec<&'static str>, &'static str)> {
     let t = "../base/trace.safetensors";
     let m = "../base/model";
-    let g = |more: &[&'static str]| {
-        let mut v = vec!["generate", "--model", m, "--prompt", "the cat"];
-        v.extend_from_slice(more);
-        v
-    };
+    let g = |more: &[&'static str]| with(&["generate", "--model", m, "--prompt", "the cat"], more);
     let tr = |more: &[&'static str]| {
-        let mut v = vec![
-            "train",
-            "--model",
-            m,
-            "--data",
-            "../base/train.jsonl",
-            "--out",
-            "tuned",
-        ];
-        v.extend_from_slice(more);
-        v
+        with(
+            &[
+                "train",
+                "--model",
+                m,
+                "--data",
+                "../base/train.jsonl",
+                "--out",
+                "tuned",
+            ],
+            more,
+        )
     };
-    let synth = |more: &[&'static str]| {
-        let mut v = vec!["model", "synth", "--family", "olmoe", "-o", "out"];
-        v.extend_from_slice(more);
-        v
-    };
-    let ts = |more: &[&'static str]| {
-        let mut v = vec!["trace", "synth", "-o", "out.safetensors"];
-        v.extend_from_slice(more);
-        v
-    };
+    let synth =
+        |more: &[&'static str]| with(&["model", "synth", "--family", "olmoe", "-o", "out"], more);
+    let ts = |more: &[&'static str]| with(&["trace", "synth", "-o", "out.safetensors"], more);
     let pr = |more: &[&'static str]| {
-        let mut v = vec![
-            "prune",
-            "--trace",
-            t,
-            "--devices",
-            "2",
-            "--rule",
-            "router",
-            "-o",
-            "out.safetensors",
-        ];
-        v.extend_from_slice(more);
-        v
+        with(
+            &[
+                "prune",
+                "--trace",
+                t,
+                "--devices",
+                "2",
+                "--rule",
+                "router",
+                "-o",
+                "out.safetensors",
+            ],
+            more,
+        )
     };
-    let pl = |more: &[&'static str]| {
-        let mut v = vec!["place", "--trace", t, "-o", "out.json"];
-        v.extend_from_slice(more);
-        v
-    };
+    let pl = |more: &[&'static str]| with(&["place", "--trace", t, "-o", "out.json"], more);
     let pj = |more: &[&'static str]| {
-        let mut v = vec![
-            "project",
-            "--trace",
-            t,
-            "--hidden",
-            "64",
-            "--intermediate",
-            "16",
-        ];
-        v.extend_from_slice(more);
-        v
+        with(
+            &[
+                "project",
+                "--trace",
+                t,
+                "--hidden",
+                "64",
+                "--intermediate",
+                "16",
+            ],
+            more,
+        )
     };
     let ev = |more: &[&'static str]| {
-        let mut v = vec![
-            "eval",
-            "--model",
-            m,
-            "--tasks",
-            "../base/task.toml",
-            "--data",
-            "tiny=../base/task.jsonl",
-        ];
-        v.extend_from_slice(more);
-        v
+        with(
+            &[
+                "eval",
+                "--model",
+                m,
+                "--tasks",
+                "../base/task.toml",
+                "--data",
+                "tiny=../base/task.jsonl",
+            ],
+            more,
+        )
     };
     vec![
         (vec!["collab", "--trace", t, "--devices", "0"], "devices"),

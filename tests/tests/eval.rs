@@ -183,7 +183,7 @@ fn bad_tasks_are_reported_and_good_ones_go_on() {
     let err = String::from_utf8_lossy(&run(&["--tasks", "rte", "--data", "piqa=x.jsonl"]).stderr)
         .to_string();
     assert!(
-        err.contains("--data names \"piqa\", which is not among --tasks"),
+        err.contains("--data names \"piqa\", which is none of --tasks"),
         "{err}"
     );
     // --limit applies per MMLU subject.

@@ -82,12 +82,15 @@ pub fn tensors(cfg: &ModelConfig, fused: bool) -> Vec<(String, Vec<usize>)> {
 /// Tensors some checkpoints carry that no model reads.
 const IGNORED_SUFFIXES: [&str; 1] = ["rotary_emb.inv_freq"];
 
+/// How a checkpoint stores one tensor: its dtype and shape.
+pub type StoredAs = (safetensors::Dtype, Vec<usize>);
+
 /// The first tensor the configuration needs that the checkpoint lacks, holds in another shape,
 /// or stores as something other than floating point: `(name, what is wrong)`. Per-expert or
 /// fused experts are taken as the checkpoint stores them. Header reads only; nothing is loaded.
 pub fn first_misfit(
     cfg: &ModelConfig,
-    shape_of: &dyn Fn(&str) -> Option<(safetensors::Dtype, Vec<usize>)>,
+    shape_of: &dyn Fn(&str) -> Option<StoredAs>,
 ) -> Option<(String, String)> {
     let per_expert: BTreeSet<String> = tensors(cfg, false).into_iter().map(|t| t.0).collect();
     let fused = tensors(cfg, true)
