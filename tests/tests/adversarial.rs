@@ -1436,6 +1436,113 @@ fn build_cases(base: &Base) -> Vec<Case> {
             });
         }
     }
+    // Traces other commands may read but `prune` must not trust: ids that disagree with the
+    // logits, or tokens recorded on other ranks.
+    let ids_of = |t: &Tensors| -> Vec<i32> {
+        t["layers.0.topk_ids"]
+            .2
+            .chunks(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let set_ids = |t: &mut Tensors, v: &[i32]| {
+        t.get_mut("layers.0.topk_ids").unwrap().2 =
+            v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    };
+    let prune_faults: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "ids not best first",
+            rebuild(&base.trace, &|t, _| {
+                let mut v = ids_of(t);
+                v.swap(0, 1);
+                set_ids(t, &v);
+            }),
+            "layer 0",
+        ),
+        (
+            "ids not the logits' top-k",
+            rebuild(&base.trace, &|t, _| {
+                let mut v = ids_of(t);
+                // An expert outside the token's top-2 (neither of its two ids).
+                v[1] = (0..8).find(|x| *x != v[0] && *x != v[1]).unwrap();
+                set_ids(t, &v);
+            }),
+            "layer 0",
+        ),
+        (
+            "recorded on 4 ranks",
+            rebuild(&base.trace, &|_, m| {
+                m.insert("num_ranks".into(), "4".into());
+            }),
+            "--resplit",
+        ),
+    ];
+    for (label, bytes, word) in prune_faults {
+        cases.push(Case {
+            class: "trace file",
+            label: format!("{label} | prune"),
+            items: vec![Item::File("t.safetensors".into(), bytes)],
+            args: s(&[
+                "prune",
+                "--trace",
+                "t.safetensors",
+                "--devices",
+                "2",
+                "--max-devices",
+                "1",
+                "--rule",
+                "router",
+                "-o",
+                "out.safetensors",
+            ]),
+            expect: s(&["t.safetensors", word]),
+        });
+    }
+    // A second output that cannot be written is found before the first is written.
+    for (cmd, second) in [
+        (
+            vec![
+                "prune",
+                "--trace",
+                "../base/trace.safetensors",
+                "--devices",
+                "2",
+                "--max-devices",
+                "1",
+                "--rule",
+                "router",
+                "-o",
+                "out.safetensors",
+                "--json",
+                "O",
+            ],
+            "--json",
+        ),
+        (
+            vec![
+                "eval",
+                "--model",
+                "../base/model",
+                "--tasks",
+                "../base/task.toml",
+                "--data",
+                "tiny=../base/task.jsonl",
+                "--output",
+                "out.json",
+                "--trace",
+                "O",
+            ],
+            "--trace",
+        ),
+    ] {
+        cases.push(Case {
+            class: "output location",
+            label: format!("second output {second} in a missing folder | {}", cmd[0]),
+            items: vec![],
+            args: sub(&cmd, "O", "no/such/x"),
+            expect: s(&["no/such"]),
+        });
+    }
     for (label, bytes, words) in placement_faults(&base.placement) {
         for cmd in placement_commands() {
             let mut expect = vec!["p.json".to_string()];

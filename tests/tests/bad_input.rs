@@ -1314,3 +1314,49 @@ fn absurd_settings_are_named() {
     ok.push("--resplit");
     occult_ok(d, &ok);
 }
+
+/// `place` at the documented maximum of 4,096 experts finishes in bounded time (it used to run
+/// for minutes: a full scan of every pair per swap). The trace is small; the experts are many.
+#[test]
+fn place_at_the_maximum_expert_count_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    occult_ok(
+        d,
+        &[
+            "trace",
+            "synth",
+            "--experts",
+            "4096",
+            "--top-k",
+            "8",
+            "--layers",
+            "1",
+            "--tokens",
+            "500",
+            "-o",
+            "t.safetensors",
+        ],
+    );
+    let start = std::time::Instant::now();
+    occult_ok(
+        d,
+        &[
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "8",
+            "-o",
+            "p.json",
+        ],
+    );
+    let took = start.elapsed();
+    assert!(took.as_secs() < 120, "place took {took:?}");
+    let p: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("p.json")).unwrap()).unwrap();
+    assert_eq!(
+        p["layers"][0]["device_of_expert"].as_array().unwrap().len(),
+        4096
+    );
+}

@@ -103,7 +103,8 @@ pub fn run(a: PruneArgs) -> Result<()> {
     let trace = load_trace(&a.trace)?;
     let placement = resolve_placement(&trace, a.devices, a.placement.as_deref())?;
     // As `collab`: a trace recorded on other ranks is pruned only when asked to.
-    occult_core::analysis::source_split(&trace, 0, placement.num_devices, a.resplit)?;
+    occult_core::analysis::source_split(&trace, 0, placement.num_devices, a.resplit)
+        .with_context(|| a.trace.display().to_string())?;
     let calibration = a.calibration.as_deref().map(load_trace).transpose()?;
     let mut router =
         RouterRule::softmax_topk(trace.meta.num_experts, trace.meta.top_k, a.renormalize);
