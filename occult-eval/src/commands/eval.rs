@@ -94,7 +94,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
         .tasks
         .iter()
         .map(Path::new)
-        .filter(|p| p.exists())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml") && p.exists())
         .chain(po.data.values().map(PathBuf::as_path))
         .collect();
     let more: Vec<Option<&Path>> = task_files.into_iter().map(Some).collect();
