@@ -14,6 +14,7 @@ pub mod data;
 pub mod evaluate;
 pub mod metrics;
 pub mod preprocess;
+pub mod pyrandom;
 pub mod results;
 pub mod scorer;
 pub mod task;
