@@ -74,7 +74,15 @@ fn the_built_in_data_is_seeded_complete_and_covered_by_its_tokenizer() {
         assert_eq!(docs.docs.len(), 30);
         assert!(few.is_some_and(|f| f.docs.len() == 10));
         for i in 0..docs.docs.len() {
-            let it = spec.item(&docs.docs, i, None, 0, 1).unwrap();
+            let it = spec
+                .item(
+                    &docs.docs,
+                    i,
+                    None,
+                    0,
+                    &mut occult_eval::harness::pyrandom::PyRandom::new(1),
+                )
+                .unwrap();
             let right = &it.continuations[it.gold];
             no_unknown(&format!("{}{right}", it.contexts[0]));
             // The question comes in the Alpaca template.

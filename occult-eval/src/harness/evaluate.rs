@@ -5,12 +5,14 @@
 //! order). Aggregating the scores is [`super::results`]'s part.
 
 use super::data::{self, Source};
+use super::pyrandom::PyRandom;
 use super::scorer::{ScoreOptions, Scorer};
 use super::task::{Item, TaskSpec};
 use super::template::{as_text, lookup};
 use anyhow::{bail, Context, Result};
 use occult_core::models::model::{Model, RoutingRecorder};
 use occult_core::models::tokenizer::TextTokenizer;
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -171,14 +173,15 @@ pub fn prepare(name: &str, o: &PrepareOptions) -> Result<Prepared> {
     let few = few.map(|f| spec.prepare(&f.docs, &f.origins)).transpose()?;
     // The limit applies per group (each MMLU subject), as the harness limits each subtask.
     let mut taken: BTreeMap<Option<String>, usize> = BTreeMap::new();
+    let group_of = |d: &Value| {
+        spec.data
+            .group_field
+            .as_ref()
+            .and_then(|f| lookup(d, f).and_then(as_text))
+    };
     let selected: Vec<usize> = (0..docs.len())
         .filter(|&i| {
-            let g = spec
-                .data
-                .group_field
-                .as_ref()
-                .and_then(|f| lookup(&docs[i], f).and_then(as_text));
-            let n = taken.entry(g).or_default();
+            let n = taken.entry(group_of(&docs[i])).or_default();
             *n += 1;
             o.limit.is_none_or(|l| *n <= l)
         })
@@ -191,10 +194,16 @@ pub fn prepare(name: &str, o: &PrepareOptions) -> Result<Prepared> {
         };
         bail!("no documents to score in {} (from {from})", spec.name);
     }
+    // One random.Random(seed) per group (each MMLU subject is a task of its own in the
+    // harness), advanced over the group's documents in order.
+    let mut rngs: BTreeMap<Option<String>, PyRandom> = BTreeMap::new();
     let items = selected
         .into_iter()
         .map(|i| {
-            spec.item(&docs, i, few.as_deref(), shots, o.seed)
+            let rng = rngs
+                .entry(group_of(&docs[i]))
+                .or_insert_with(|| PyRandom::new(u128::from(o.seed)));
+            spec.item(&docs, i, few.as_deref(), shots, rng)
                 .with_context(|| eval.origins[i].clone())
         })
         .collect::<Result<Vec<_>>>()?;

@@ -187,11 +187,18 @@ mod tests {
 
     #[test]
     fn matches_what_cpython_produced() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/pyrandom.json");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/pyrandom.json"
+        );
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let nums = |x: &serde_json::Value| -> Vec<u64> {
-            x.as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).collect()
+            x.as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n.as_u64().unwrap())
+                .collect()
         };
         let mut checked = 0;
         for stream in v["streams"].as_array().unwrap() {

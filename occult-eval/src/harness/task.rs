@@ -5,10 +5,9 @@
 //! (WinoGrande) instead have one context per choice and a shared continuation.
 
 use super::preprocess::{apply, Preprocess};
+use super::pyrandom::PyRandom;
 use super::template::{as_text, lookup, render};
 use anyhow::{bail, Context, Result};
-use rand::seq::index::sample;
-use rand::SeedableRng;
 use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
@@ -314,14 +313,16 @@ impl TaskSpec {
 
     /// The item of eval document `i` of `docs`, with `shots` few-shot examples drawn from
     /// `fewshot` (the same list as `docs` when the task has no few-shot split: the item itself
-    /// is then never drawn). `seed` fixes the random draw.
+    /// is then never drawn). Random draws come from `rng`, as lm-evaluation-harness draws them:
+    /// one `random.Random(seed)` per task (per group here: each MMLU subject is a task there),
+    /// advanced document by document in order.
     pub fn item(
         &self,
         docs: &[Value],
         i: usize,
         fewshot: Option<&[Value]>,
         shots: usize,
-        seed: u64,
+        rng: &mut PyRandom,
     ) -> Result<Item> {
         let doc = &docs[i];
         let p = &self.prompt;
@@ -337,33 +338,27 @@ impl TaskSpec {
             (Some(f), Some(g)) => lookup(d, f).and_then(as_text).as_deref() == Some(g.as_str()),
             _ => true,
         };
-        // Few-shot pool: the few-shot split, else the eval split without this document; in the
-        // same group.
-        let pool: Vec<&Value> = match fewshot {
-            Some(f) => f.iter().filter(|d| same_group(d)).collect(),
-            None => docs
-                .iter()
-                .enumerate()
-                .filter(|(j, d)| *j != i && same_group(d))
-                .map(|(_, d)| d)
-                .collect(),
-        };
-        if shots > pool.len() {
-            bail!(
-                "{shots} few-shot examples asked for, the pool has {}",
-                pool.len()
-            );
-        }
-        let picked: Vec<&Value> = match p.fewshot_sampler {
-            Sampler::FirstN => pool[..shots].to_vec(),
-            Sampler::Random => {
-                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ (i as u64) << 32);
-                sample(&mut rng, pool.len(), shots)
-                    .into_iter()
-                    .map(|j| pool[j])
-                    .collect()
-            }
-        };
+        // Few-shot pool: the few-shot split, else the eval split (the document itself is then
+        // drawn around); in the same group. As the harness does: from the same split, draw
+        // n + 1, drop every copy of the document, keep n (and if copies left fewer than n,
+        // draw n again from the pool without them).
+        let same_split = fewshot.is_none();
+        let pool: Vec<&Value> = fewshot
+            .unwrap_or(docs)
+            .iter()
+            .filter(|d| same_group(d))
+            .collect();
+        let picked: Vec<&Value> = draw_fewshot(
+            rng,
+            pool.len(),
+            shots,
+            p.fewshot_sampler,
+            same_split,
+            &|j| pool[j] == doc,
+        )?
+        .into_iter()
+        .map(|j| pool[j])
+        .collect();
         let mut prefix = render(&p.description, doc)?;
         for ex in picked {
             prefix.push_str(&self.example(ex)?);
@@ -413,10 +408,106 @@ fn list_of_text(doc: &Value, path: &str) -> Result<Vec<String>> {
         .collect()
 }
 
+/// Indices into a pool of `pool_len` documents of the `shots` few-shot examples, drawn as
+/// lm-evaluation-harness 0.4.13 draws them (`ContextSampler.sample`, `FirstNSampler.sample`).
+/// From the eval split itself (`same_split`), where `is_doc(j)` says that pool document `j`
+/// equals the eval document: draw n + 1, drop every copy of the document, keep the first n;
+/// if copies left fewer than n, draw n again from the pool without them. From another split:
+/// draw n. `first_n` takes the pool in order, without the document.
+pub fn draw_fewshot(
+    rng: &mut PyRandom,
+    pool_len: usize,
+    shots: usize,
+    sampler: Sampler,
+    same_split: bool,
+    is_doc: &dyn Fn(usize) -> bool,
+) -> Result<Vec<usize>> {
+    if shots == 0 {
+        return Ok(Vec::new());
+    }
+    let keep = |j: &usize| !same_split || !is_doc(*j);
+    let rest: Vec<usize> = (0..pool_len).filter(keep).collect();
+    if rest.len() < shots {
+        bail!(
+            "{shots} few-shot examples asked for, the pool has {}{}",
+            rest.len(),
+            if same_split {
+                " besides this document"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(match sampler {
+        Sampler::FirstN => rest[..shots].to_vec(),
+        Sampler::Random => {
+            let draw = shots + usize::from(same_split);
+            if draw > pool_len {
+                bail!("{shots} few-shot examples asked for, the pool has {pool_len} with this document");
+            }
+            let got: Vec<usize> = rng
+                .sample(pool_len, draw)
+                .into_iter()
+                .filter(keep)
+                .take(shots)
+                .collect();
+            if got.len() == shots {
+                got
+            } else {
+                rng.sample(rest.len(), shots)
+                    .into_iter()
+                    .map(|j| rest[j])
+                    .collect()
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn few_shot_draws_are_lm_eval_0_4_13s() {
+        // What lm-evaluation-harness 0.4.13's own samplers picked, document after document
+        // (scripts/make_fewshot_fixtures.py), with copies of eval documents in the pool.
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/lmeval_fewshot.json"
+        );
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let ids = |x: &Value| -> Vec<u64> {
+            x.as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n.as_u64().unwrap())
+                .collect()
+        };
+        let cases = v["cases"].as_array().unwrap();
+        assert_eq!(cases.len(), 40);
+        for c in cases {
+            let pool = ids(&c["pool"]);
+            let sampler = match c["sampler"].as_str().unwrap() {
+                "default" => Sampler::Random,
+                _ => Sampler::FirstN,
+            };
+            let same = c["same_split"].as_bool().unwrap();
+            let shots = c["shots"].as_u64().unwrap() as usize;
+            let mut rng = PyRandom::new(u128::from(c["seed"].as_u64().unwrap()));
+            for (doc, want) in ids(&c["eval"])
+                .into_iter()
+                .zip(c["picks"].as_array().unwrap())
+            {
+                let got = draw_fewshot(&mut rng, pool.len(), shots, sampler, same, &|j| {
+                    pool[j] == doc
+                })
+                .unwrap();
+                let got: Vec<u64> = got.into_iter().map(|j| j as u64).collect();
+                assert_eq!(got, ids(want), "case {c}, document {doc}");
+            }
+        }
+    }
 
     const ARC: &str = r#"
 name = "arc_easy"
@@ -441,18 +532,18 @@ gold = { field = "answerKey", among = "choices.label" }
     fn requests_follow_the_harness_rules() {
         let t = TaskSpec::parse(ARC, "arc_easy.toml").unwrap();
         let docs = vec![arc_doc("Sky?", "B"), arc_doc("Rose?", "A")];
-        let it = t.item(&docs, 0, None, 0, 0).unwrap();
+        let it = t.item(&docs, 0, None, 0, &mut PyRandom::new(0)).unwrap();
         assert_eq!(it.contexts, vec!["Question: Sky?\nAnswer:"; 2]);
         assert_eq!(it.continuations, vec![" red", " blue"]);
         assert_eq!((it.gold, it.choice_chars.clone()), (1, vec![3, 4]));
         assert!(it.shared_context());
         // One shot from the eval split is never the item itself.
-        let it = t.item(&docs, 0, None, 1, 7).unwrap();
+        let it = t.item(&docs, 0, None, 1, &mut PyRandom::new(7)).unwrap();
         assert_eq!(
             it.contexts[0],
             "Question: Rose?\nAnswer: red\n\nQuestion: Sky?\nAnswer:"
         );
-        assert!(t.item(&docs, 0, None, 2, 7).is_err());
+        assert!(t.item(&docs, 0, None, 2, &mut PyRandom::new(7)).is_err());
     }
 
     #[test]
@@ -480,7 +571,7 @@ gold = { field = "answer", among = ["1", "2"] }
                 &["w row 0".to_string()],
             )
             .unwrap();
-        let it = t.item(&docs, 0, None, 0, 0).unwrap();
+        let it = t.item(&docs, 0, None, 0, &mut PyRandom::new(0)).unwrap();
         assert_eq!(
             it.contexts,
             vec![
@@ -512,7 +603,9 @@ gold = { field = "answer", among = ["1", "2"] }
             "{e:#}"
         );
         let t = TaskSpec::parse(ARC, "arc").unwrap();
-        let e = t.item(&[arc_doc("Q", "C")], 0, None, 0, 0).unwrap_err();
+        let e = t
+            .item(&[arc_doc("Q", "C")], 0, None, 0, &mut PyRandom::new(0))
+            .unwrap_err();
         assert!(e.to_string().contains("\"C\" is not one of"), "{e}");
         let e = t
             .item(
@@ -523,7 +616,7 @@ gold = { field = "answer", among = ["1", "2"] }
                 0,
                 None,
                 0,
-                0,
+                &mut PyRandom::new(0),
             )
             .unwrap_err();
         assert!(
