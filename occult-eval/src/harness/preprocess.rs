@@ -194,16 +194,11 @@ pub fn apply(p: Preprocess, doc: &Value) -> Result<Value> {
                 let q = question(p)?;
                 let (_, answer) = answer_of(p)?;
                 if q.ends_with("  _  .") {
-                    // The harness appends the question's last five characters (sic).
-                    let tail: String = q
-                        .chars()
-                        .rev()
-                        .take(5)
-                        .collect::<Vec<_>>()
-                        .into_iter()
-                        .rev()
-                        .collect();
-                    text.push_str(&format!("{tail}{answer}\n"));
+                    // A fill-in question: the harness keeps all but its last five characters
+                    // (`question[:-5]`, code points) and appends the answer.
+                    let n = q.chars().count();
+                    let head: String = q.chars().take(n - 5).collect();
+                    text.push_str(&format!("{head}{answer}\n"));
                 } else {
                     text.push_str(&format!("Question: {q}\nAnswer: {answer}\n"));
                 }
@@ -405,6 +400,31 @@ mod tests {
     }
 
     #[test]
+    fn race_is_lm_eval_0_4_13s_on_the_samples() {
+        // What lm-evaluation-harness's own preprocess_race.py made of the built-in samples
+        // (scripts/make_race_fixtures.py); one has an earlier fill-in question.
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let docs =
+            std::fs::read_to_string(format!("{root}/tasks/samples/race/test.jsonl")).unwrap();
+        let want: Value = serde_json::from_str(
+            &std::fs::read_to_string(format!("{root}/tests/fixtures/lmeval_race.json")).unwrap(),
+        )
+        .unwrap();
+        let want = want["docs"].as_array().unwrap();
+        let docs: Vec<Value> = docs
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(docs.len(), want.len());
+        for (d, w) in docs.iter().zip(want) {
+            let p = apply(Preprocess::Race, d).unwrap();
+            assert_eq!(p["text_pre"], w["text"]);
+            assert_eq!(p["choices_pre"], w["choices"]);
+            assert_eq!(p["answer_pre"], w["gold"]);
+        }
+    }
+
+    #[test]
     fn wsc_mathqa_and_race_hand_checked() {
         let d = json!({"text": "Mark told Pete many lies about himself , which Pete included in his book .",
             "span1_index": 0, "span1_text": "Mark", "span2_index": 6, "span2_text": "himself",
@@ -429,7 +449,7 @@ mod tests {
         let p = apply(Preprocess::Race, &r).unwrap();
         assert_eq!(
             p["text_pre"],
-            "Article: Tom has a cat.\n\n _  .a cat\nIs it Tom's?"
+            "Article: Tom has a cat.\n\nTom has a cat\nIs it Tom's?"
         );
         assert_eq!(
             p["choices_pre"],
