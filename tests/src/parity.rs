@@ -290,15 +290,36 @@ impl Fixture {
             close("input gradient", &gx, gx_ref, 1e-6)?;
         }
         let st = &got.stats;
-        let rows = match c.mode {
-            DispatchMode::Standard => st.tokens * c.k,
-            DispatchMode::Occult => st.devices_touched,
-        };
-        if st.rows_sent != rows {
-            return Err(format!(
-                "rank {rank}: {} rows sent, expected {rows}",
-                st.rows_sent
-            ));
+        // Rows counted here from the inputs alone (a plain top-k of the router logits and the
+        // placement), not from anything the layer reports.
+        let touched = self.devices_per_token(at, n);
+        let unpruned: usize = touched.iter().sum();
+        match (c.mode, c.prune) {
+            (DispatchMode::Standard, _) if st.rows_sent != n * c.k => {
+                return Err(format!(
+                    "rank {rank}: {} rows sent, expected {} (tokens x k)",
+                    st.rows_sent,
+                    n * c.k
+                ));
+            }
+            (DispatchMode::Occult, None) if st.rows_sent != unpruned => {
+                return Err(format!(
+                    "rank {rank}: {} rows sent, expected {unpruned} (distinct devices per token)",
+                    st.rows_sent
+                ));
+            }
+            // Pruned: each token keeps at least one device and at most max_devices, and never
+            // more than it had.
+            (DispatchMode::Occult, Some((_, max_devices))) => {
+                let most: usize = touched.iter().map(|&t| t.min(max_devices)).sum();
+                if st.rows_sent < n || st.rows_sent > most {
+                    return Err(format!(
+                        "rank {rank}: {} rows sent, expected between {n} and {most}",
+                        st.rows_sent
+                    ));
+                }
+            }
+            _ => {}
         }
         // Exchanges: slot metadata, payload, combine, then the backward ones.
         // Occult rows carry the token's k gate weights; standard rows only the hidden state.
@@ -324,6 +345,30 @@ impl Fixture {
             ));
         }
         Ok(())
+    }
+
+    /// Distinct devices each of tokens `at..at + n` routes to, unpruned: the top-k of its
+    /// router logits, computed in plain loops, mapped through the placement.
+    fn devices_per_token(&self, at: usize, n: usize) -> Vec<usize> {
+        let c = &self.case;
+        let router = flat(&self.w.router);
+        (at..at + n)
+            .map(|t| {
+                let x = &self.x[t * H..(t + 1) * H];
+                let mut logits: Vec<(f32, usize)> = (0..c.e)
+                    .map(|e| {
+                        let w = &router[e * H..(e + 1) * H];
+                        (x.iter().zip(w).map(|(a, b)| a * b).sum(), e)
+                    })
+                    .collect();
+                logits.sort_by(|a, b| b.0.total_cmp(&a.0));
+                let mut devices: Vec<u32> =
+                    logits[..c.k].iter().map(|&(_, e)| self.map[e]).collect();
+                devices.sort_unstable();
+                devices.dedup();
+                devices.len()
+            })
+            .collect()
     }
 
     /// Checks parameter gradients summed over ranks against the reference. A gradient that
