@@ -81,7 +81,11 @@ fn analysis_pipeline_end_to_end() {
                 dev.len()
             })
             .sum();
-        assert_eq!(l["rows_occult"].as_u64().unwrap() as usize, distinct, "{name}");
+        assert_eq!(
+            l["rows_occult"].as_u64().unwrap() as usize,
+            distinct,
+            "{name}"
+        );
         assert!((l["ect"].as_f64().unwrap() - distinct as f64 / 600.0).abs() < 1e-12);
     }
     for l in layers {

@@ -300,3 +300,46 @@ fn traced_evaluation_records_every_token_and_bench_compares_reuse() {
         "{out}"
     );
 }
+
+/// Whole few-shot prompts, request by request, equal to the ones lm-evaluation-harness 0.4.13
+/// built for the built-in samples with seed 1234 (scripts/make_prompt_fixtures.py): the draw,
+/// the n + 1 rule, the order, the delimiters and the preprocessing together.
+#[test]
+fn few_shot_prompts_are_lm_eval_0_4_13s() {
+    use occult_eval::harness::evaluate::{prepare, PrepareOptions};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lmeval_prompts.json");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let tasks = v["tasks"].as_object().unwrap();
+    assert_eq!(tasks.len(), 8);
+    for (name, t) in tasks {
+        let shots = t["shots"].as_u64().unwrap() as usize;
+        let opts = PrepareOptions {
+            data: Default::default(),
+            samples: true,
+            num_fewshot: Some(shots),
+            limit: None,
+            seed: 1234,
+        };
+        let p = prepare(name, &opts).unwrap();
+        let want = t["docs"].as_array().unwrap();
+        assert_eq!(p.items.len(), want.len(), "{name}");
+        for (item, reqs) in p.items.iter().zip(want) {
+            let reqs = reqs.as_array().unwrap();
+            assert_eq!(item.continuations.len(), reqs.len(), "{name}");
+            for (i, r) in reqs.iter().enumerate() {
+                assert_eq!(
+                    item.contexts[i],
+                    r[0].as_str().unwrap(),
+                    "{name} doc {}",
+                    item.doc_id
+                );
+                assert_eq!(
+                    item.continuations[i],
+                    r[1].as_str().unwrap(),
+                    "{name} doc {}",
+                    item.doc_id
+                );
+            }
+        }
+    }
+}

@@ -133,6 +133,13 @@ pub struct PromptSpec {
     pub num_fewshot: usize,
     #[serde(default)]
     pub fewshot_sampler: Sampler,
+    /// Draw n + 1 examples and drop the eval document, as the harness does when its few-shot
+    /// split equals its test split. Both may be unset there, so tasks scored on a validation
+    /// split with examples from train do it too; RACE, whose examples come from the test split
+    /// itself, does not (the document may be its own example). Default: the few-shot split is
+    /// the eval split.
+    #[serde(default)]
+    pub fewshot_exclude_doc: Option<bool>,
 }
 
 fn preprocess_none() -> Preprocess {
@@ -342,7 +349,7 @@ impl TaskSpec {
         // drawn around); in the same group. As the harness does: from the same split, draw
         // n + 1, drop every copy of the document, keep n (and if copies left fewer than n,
         // draw n again from the pool without them).
-        let same_split = fewshot.is_none();
+        let exclude_doc = p.fewshot_exclude_doc.unwrap_or(fewshot.is_none());
         let pool: Vec<&Value> = fewshot
             .unwrap_or(docs)
             .iter()
@@ -353,7 +360,7 @@ impl TaskSpec {
             pool.len(),
             shots,
             p.fewshot_sampler,
-            same_split,
+            exclude_doc,
             &|j| pool[j] == doc,
         )?
         .into_iter()
@@ -410,28 +417,28 @@ fn list_of_text(doc: &Value, path: &str) -> Result<Vec<String>> {
 
 /// Indices into a pool of `pool_len` documents of the `shots` few-shot examples, drawn as
 /// lm-evaluation-harness 0.4.13 draws them (`ContextSampler.sample`, `FirstNSampler.sample`).
-/// From the eval split itself (`same_split`), where `is_doc(j)` says that pool document `j`
-/// equals the eval document: draw n + 1, drop every copy of the document, keep the first n;
-/// if copies left fewer than n, draw n again from the pool without them. From another split:
-/// draw n. `first_n` takes the pool in order, without the document.
+/// With `exclude_doc`, where `is_doc(j)` says that pool document `j` equals the eval document:
+/// draw n + 1, drop every copy of the document, keep the first n; if copies left fewer than n,
+/// draw n again from the pool without them. Otherwise draw n. `first_n` takes the pool in
+/// order (without the document under `exclude_doc`).
 pub fn draw_fewshot(
     rng: &mut PyRandom,
     pool_len: usize,
     shots: usize,
     sampler: Sampler,
-    same_split: bool,
+    exclude_doc: bool,
     is_doc: &dyn Fn(usize) -> bool,
 ) -> Result<Vec<usize>> {
     if shots == 0 {
         return Ok(Vec::new());
     }
-    let keep = |j: &usize| !same_split || !is_doc(*j);
+    let keep = |j: &usize| !exclude_doc || !is_doc(*j);
     let rest: Vec<usize> = (0..pool_len).filter(keep).collect();
     if rest.len() < shots {
         bail!(
             "{shots} few-shot examples asked for, the pool has {}{}",
             rest.len(),
-            if same_split {
+            if exclude_doc {
                 " besides this document"
             } else {
                 ""
@@ -441,7 +448,7 @@ pub fn draw_fewshot(
     Ok(match sampler {
         Sampler::FirstN => rest[..shots].to_vec(),
         Sampler::Random => {
-            let draw = shots + usize::from(same_split);
+            let draw = shots + usize::from(exclude_doc);
             if draw > pool_len {
                 bail!("{shots} few-shot examples asked for, the pool has {pool_len} with this document");
             }
