@@ -22,6 +22,10 @@ TASKS = {
     # Scored on validation: the harness draws n + 1 from train, so the pool needs n + 1.
     "piqa": ({"train": "train", "validation": "validation"}, 1),
     "boolq": ({"train": "train", "validation": "validation"}, 1),
+    "hellaswag": ({"train": "train", "validation": "validation"}, 1),
+    "copa": ({"train": "train", "validation": "validation"}, 1),
+    "rte": ({"train": "train", "validation": "validation"}, 1),
+    "winogrande": ({"train": "train", "validation": "validation"}, 1),
     "openbookqa": ({"train": "train", "test": "test"}, 1),
     "sciq": ({"train": "train", "test": "test"}, 1),
     "mathqa": ({"train": "train", "test": "test"}, 1),

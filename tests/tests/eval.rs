@@ -310,7 +310,7 @@ fn few_shot_prompts_are_lm_eval_0_4_13s() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lmeval_prompts.json");
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     let tasks = v["tasks"].as_object().unwrap();
-    assert_eq!(tasks.len(), 8);
+    assert_eq!(tasks.len(), 12);
     for (name, t) in tasks {
         let shots = t["shots"].as_u64().unwrap() as usize;
         let opts = PrepareOptions {
