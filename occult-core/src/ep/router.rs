@@ -99,3 +99,91 @@ pub fn route(
         router_logits: logits,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle::{Device, Var};
+
+    /// The sigmoid-scored router (DeepSeek-V3 style: selection bias, renormalised, scaled) on
+    /// the graph, against its definition in plain loops: ids, gate weights, and a router
+    /// gradient by central differences.
+    #[test]
+    fn sigmoid_scoring_on_the_graph_matches_its_definition() {
+        let (t, h, e, k) = (5usize, 6usize, 8usize, 3usize);
+        let xs: Vec<f32> = (0..t * h)
+            .map(|i| ((i * 37 % 17) as f32 - 8.0) / 9.0)
+            .collect();
+        let rs: Vec<f32> = (0..e * h)
+            .map(|i| ((i * 53 % 23) as f32 - 11.0) / 13.0)
+            .collect();
+        let bias: Vec<f32> = (0..e).map(|j| (j as f32 - 3.5) / 20.0).collect();
+        let mut rule = RouterRule::softmax_topk(e, k, true);
+        rule.scoring = Scoring::Sigmoid;
+        rule.scaling_factor = 2.5;
+        rule.selection_bias = Some(bias.clone());
+        let x = Tensor::from_slice(&xs, (t, h), &Device::Cpu).unwrap();
+        let router = Var::from_slice(&rs, (e, h), &Device::Cpu).unwrap();
+        let routed = route(&x, router.as_tensor(), &rule, None).unwrap();
+        let got: Vec<Vec<f32>> = routed.weights.to_vec2().unwrap();
+        // The definition: scores sigmoid(x . r_e); choose the k largest score + bias; gate
+        // weights the chosen scores over their sum, times the scaling factor.
+        let plain = |rs: &[f32]| -> (Vec<u32>, Vec<f32>) {
+            let (mut ids, mut w) = (Vec::new(), Vec::new());
+            for tok in 0..t {
+                let s: Vec<f32> = (0..e)
+                    .map(|j| {
+                        let l: f32 = (0..h).map(|c| xs[tok * h + c] * rs[j * h + c]).sum();
+                        1.0 / (1.0 + (-l).exp())
+                    })
+                    .collect();
+                let mut order: Vec<usize> = (0..e).collect();
+                order.sort_by(|&a, &b| (s[b] + bias[b]).total_cmp(&(s[a] + bias[a])));
+                let chosen = &order[..k];
+                let sum: f32 = chosen.iter().map(|&j| s[j]).sum();
+                ids.extend(chosen.iter().map(|&j| j as u32));
+                w.extend(chosen.iter().map(|&j| 2.5 * s[j] / sum));
+            }
+            (ids, w)
+        };
+        let (want_ids, want_w) = plain(&rs);
+        assert_eq!(routed.ids, want_ids);
+        for (g, w) in got.iter().flatten().zip(&want_w) {
+            assert!((g - w).abs() < 1e-5, "{g} vs {w}");
+        }
+        // d(sum of weights x c)/d router[j][c'] against central differences, ids held fixed
+        // (the step is small enough not to change them).
+        let coef: Vec<f32> = (0..t * k).map(|i| (i % 5) as f32 - 2.0).collect();
+        let c = Tensor::from_slice(&coef, (t, k), &Device::Cpu).unwrap();
+        let grads = (routed.weights * c)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let g: Vec<f32> = grads
+            .get(router.as_tensor())
+            .expect("the router gets a gradient")
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let loss = |rs: &[f32]| -> f32 {
+            let (ids, w) = plain(rs);
+            assert_eq!(ids, want_ids, "the step changed the choice");
+            w.iter().zip(&coef).map(|(a, b)| a * b).sum()
+        };
+        for at in [0usize, 7, 20, 33, 47] {
+            let eps = 1e-2f32;
+            let (mut up, mut down) = (rs.clone(), rs.clone());
+            up[at] += eps;
+            down[at] -= eps;
+            let fd = (loss(&up) - loss(&down)) / (2.0 * eps);
+            assert!(
+                (g[at] - fd).abs() < 2e-3 * (1.0 + fd.abs()),
+                "router[{at}]: {} vs {fd}",
+                g[at]
+            );
+        }
+    }
+}
