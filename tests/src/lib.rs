@@ -3,3 +3,4 @@
 pub mod data_parallel;
 pub mod parity;
 pub mod placements;
+pub mod plain_moe;

@@ -1,7 +1,9 @@
 //! The EP-layer parity check shared by the local-backend tests and the `mpi-parity` binary:
 //! a deterministic fixture (weights, inputs, loss weights, placement) built from a [`Case`],
-//! the single-device reference, one rank's EP forward and backward, and the comparisons.
+//! the single-device reference (held to [`crate::plain_moe`], the layer in plain loops), one
+//! rank's EP forward and backward, and the comparisons.
 
+use crate::plain_moe::{plain_similarity, PlainMoe, PlainPrune, PlainShared};
 use candle::{Device, Tensor, Var};
 use occult_core::analysis::placement::{contiguous, random_balanced};
 use occult_core::analysis::pruning::PruneRule;
@@ -232,7 +234,78 @@ impl Fixture {
             .and_then(|l| l.sum_all())
             .and_then(|l| l.backward())
             .expect("reference backward");
-        self.outcome(&out, &x, &grads, StepStats::default(), CommStats::default())
+        let outcome = self.outcome(&out, &x, &grads, StepStats::default(), CommStats::default());
+        if let Err(e) = self.check_plain(&outcome.out) {
+            panic!("the candle reference departs from the plain definition: {e}");
+        }
+        outcome
+    }
+
+    /// Holds a single-device output to [`PlainMoe`], the layer written from its definition in
+    /// plain loops (tokens whose routing is a float tie are skipped). Also holds the
+    /// similarity table, the similarity rule's input, to its definition.
+    pub fn check_plain(&self, out: &[f32]) -> Result<(), String> {
+        let c = &self.case;
+        let router = flat(&self.w.router);
+        let [gate, up, down] = [
+            &self.w.experts.gate,
+            &self.w.experts.up,
+            &self.w.experts.down,
+        ]
+        .map(flat);
+        let shared = self.w.shared.as_ref().map(|s| {
+            (
+                flat(&s.gate_proj),
+                flat(&s.up_proj),
+                flat(&s.down_proj),
+                s.gate.as_ref().map(flat),
+            )
+        });
+        let mut similarity = Vec::new();
+        if let Some(table) = self.prune.as_ref().and_then(|p| p.similarity.as_ref()) {
+            let plain = plain_similarity(&self.x, &router, H, c.e);
+            for a in 0..c.e {
+                for b in 0..c.e {
+                    let (got, want) = (table.get(a, b) as f64, plain[a * c.e + b]);
+                    if (got - want).abs() > 1e-5 {
+                        return Err(format!("similarity [{a}][{b}] {got}, defined {want}"));
+                    }
+                    similarity.push(got as f32);
+                }
+            }
+        }
+        let plain = PlainMoe {
+            hidden: H,
+            intermediate: I,
+            experts: c.e,
+            top_k: c.k,
+            renormalize: c.renormalize,
+            scaling_factor: self.rule.scaling_factor as f64,
+            router: &router,
+            gate: &gate,
+            up: &up,
+            down: &down,
+            shared: shared.as_ref().map(|(g, u, d, sg)| PlainShared {
+                width: 2 * I,
+                gate_proj: g,
+                up_proj: u,
+                down_proj: d,
+                gate: sg.as_deref(),
+            }),
+            prune: self.prune.as_ref().map(|p| PlainPrune {
+                rule: p.rule,
+                max_devices: p.max_devices,
+                device_of_expert: &self.map,
+                similarity: &similarity,
+            }),
+        }
+        .forward(&self.x);
+        let (mut ours, mut want) = (Vec::new(), Vec::new());
+        for t in (0..c.total()).filter(|&t| !plain.ambiguous[t]) {
+            ours.extend_from_slice(&out[t * H..(t + 1) * H]);
+            want.extend_from_slice(&plain.out[t * H..(t + 1) * H]);
+        }
+        close("output", &ours, &want, 1e-6)
     }
 
     /// This rank's EP forward and backward on its own tokens.
