@@ -310,7 +310,7 @@ fn few_shot_prompts_are_lm_eval_0_4_13s() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lmeval_prompts.json");
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     let tasks = v["tasks"].as_object().unwrap();
-    assert_eq!(tasks.len(), 12);
+    assert_eq!(tasks.len(), 14);
     for (name, t) in tasks {
         let shots = t["shots"].as_u64().unwrap() as usize;
         let opts = PrepareOptions {
@@ -342,4 +342,87 @@ fn few_shot_prompts_are_lm_eval_0_4_13s() {
             }
         }
     }
+}
+
+/// Every task's items, scored by `occult eval` on the qwen2_moe fixture, against what
+/// lm-evaluation-harness 0.4.13 (HF backend, float32) gave the same checkpoint on the same
+/// samples (scripts/make_score_fixtures.py): each choice's log-likelihood within 2e-5 (plus
+/// 2e-7 of its size, f32 sums), and acc,
+/// acc_norm and the gold index exactly; zero-shot, and with each task's few-shot count.
+#[test]
+fn scores_are_lm_eval_0_4_13s_item_by_item() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lmeval_scores.json");
+    let v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    assert_eq!(v["model"], "qwen2_moe");
+    let t = tempfile::tempdir().unwrap();
+    let m = model();
+    let (mut items, mut choices) = (0, 0);
+    for (r, run) in v["runs"].as_array().unwrap().iter().enumerate() {
+        let run = run.as_object().unwrap();
+        assert_eq!(run.len(), 14);
+        // One eval per few-shot count.
+        let mut by_shots: std::collections::BTreeMap<u64, Vec<&str>> = Default::default();
+        for (name, task) in run {
+            by_shots
+                .entry(task["shots"].as_u64().unwrap())
+                .or_default()
+                .push(name);
+        }
+        for (shots, names) in by_shots {
+            let dir = t.path().join(format!("run{r}_{shots}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let (tasks, res) = (names.join(","), dir.join("results.json"));
+            let (shots_s, res_s) = (shots.to_string(), res.display().to_string());
+            occult_ok(
+                &dir,
+                &[
+                    "eval",
+                    "--model",
+                    &m,
+                    "--tasks",
+                    &tasks,
+                    "--samples",
+                    "--num-fewshot",
+                    &shots_s,
+                    "--output",
+                    &res_s,
+                    "--log-samples",
+                    "--quiet",
+                ],
+            );
+            for (name, ours) in read_samples(&dir, &tasks) {
+                let want = run[&name]["docs"].as_array().unwrap();
+                assert_eq!(ours.len(), want.len(), "{name} {shots}-shot");
+                for (i, (o, w)) in ours.iter().zip(want).enumerate() {
+                    let at = format!("{name} {shots}-shot doc {i}");
+                    assert_eq!(o["target"], w["target"], "{at}: gold");
+                    assert_eq!(o["acc"], w["acc"], "{at}: acc");
+                    if !w["acc_norm"].is_null() {
+                        assert_eq!(o["acc_norm"], w["acc_norm"], "{at}: acc_norm");
+                    }
+                    let (lo, lw) = (
+                        o["loglikelihoods"].as_array().unwrap(),
+                        w["loglikelihoods"].as_array().unwrap(),
+                    );
+                    assert_eq!(lo.len(), lw.len(), "{at}: choices");
+                    for (a, b) in lo.iter().zip(lw) {
+                        let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+                        // Both sides sum token log-probabilities in f32: long
+                        // continuations carry that rounding (seen: 1.4e-7 relative).
+                        assert!(
+                            (a - b).abs() <= 2e-5 + 2e-7 * b.abs(),
+                            "{at}: log-likelihood {a}, harness {b}"
+                        );
+                    }
+                    items += 1;
+                    choices += lw.len();
+                }
+            }
+        }
+    }
+    // 14 tasks' samples, twice.
+    assert!(
+        items >= 2 * 40 && choices > items,
+        "{items} items, {choices} choices"
+    );
 }
