@@ -106,22 +106,35 @@ pub fn saved_step(
     settings: &Value,
 ) -> Result<u64> {
     let path = state_dir(out).join("state.json");
-    let text = std::fs::read_to_string(&path)
+    let (run, step) = read_state_record(&path)?;
+    if run != cfg.fingerprint(model, data, d, settings) {
+        return Err(Error::Invalid(format!(
+            "{}: the saved run used other settings ({run}); resume with the same flags, or give \
+             another --out",
+            path.display(),
+        )));
+    }
+    Ok(step)
+}
+
+/// The run fingerprint and step that a run's `state.json` records.
+pub fn read_state_record(path: &Path) -> Result<(String, u64)> {
+    let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Invalid(format!("{}: nothing to resume from: {e}", path.display())))?;
     let v: Value = serde_json::from_str(&text)
         .map_err(|e| Error::Invalid(format!("{}: not valid JSON: {e}", path.display())))?;
-    let want = cfg.fingerprint(model, data, d, settings);
-    if v["run"].as_str() != Some(want.as_str()) {
-        return Err(Error::Invalid(format!(
-            "{}: the saved run used other settings ({}); resume with the same flags, or give \
-             another --out",
-            path.display(),
-            v["run"]
-        )));
-    }
-    v["step"]
+    let run = v["run"]
+        .as_str()
+        .ok_or_else(|| Error::Invalid(format!("{}: no run settings", path.display())))?;
+    let step = v["step"]
         .as_u64()
-        .ok_or_else(|| Error::Invalid(format!("{}: no step", path.display())))
+        .ok_or_else(|| Error::Invalid(format!("{}: no step", path.display())))?;
+    Ok((run.to_string(), step))
+}
+
+/// Whether `out` holds a saved state to resume from.
+pub fn has_saved_state(out: &Path) -> bool {
+    state_dir(out).join("state.json").is_file()
 }
 
 /// Whether `out` holds anything of a run.
@@ -186,8 +199,16 @@ fn load_state(m: &Model, opt: &mut AdamW, params: &[Tensor], out: &Path, step: u
     let path = state_dir(out)
         .join(format!("step-{step}"))
         .join(format!("rank{rank}.safetensors"));
+    let state = read_rank_state(&path, step, params.len())?;
+    opt.load_state(state)
+        .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))
+}
+
+/// One rank's saved optimiser state (`count` tensors, each with its two moments) at `step`,
+/// as `save_state` wrote it. Shapes are checked against the model by [`AdamW::load_state`].
+pub fn read_rank_state(path: &Path, step: u64, count: usize) -> Result<AdamWState> {
     let bytes =
-        std::fs::read(&path).map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
+        std::fs::read(path).map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))?;
     let (_, header) = safetensors::SafeTensors::read_metadata(&bytes)
@@ -212,18 +233,17 @@ fn load_state(m: &Model, opt: &mut AdamW, params: &[Tensor], out: &Path, step: u
             &candle::Device::Cpu,
         )?)
     };
-    let mut values = Vec::with_capacity(params.len());
-    let mut moments = Vec::with_capacity(params.len());
-    for i in 0..params.len() {
+    let mut values = Vec::new();
+    let mut moments = Vec::new();
+    for i in 0..count {
         values.push(get(&format!("{i}.param"))?);
         moments.push((get(&format!("{i}.m"))?, get(&format!("{i}.v"))?));
     }
-    opt.load_state(AdamWState {
+    Ok(AdamWState {
         step,
         values,
         moments,
     })
-    .map_err(|e| Error::Invalid(format!("{}: {e}", path.display())))
 }
 
 /// What a fine-tuning run works on.

@@ -451,3 +451,108 @@ fn bench_train_compares_the_modes_on_the_same_steps() {
     assert_eq!(get(3, "ect"), 1.0);
     assert!(get(1, "projected_seconds") < get(0, "projected_seconds"));
 }
+
+/// Training killed 10 times at random points, by a signal it cannot handle (SIGKILL) or one it
+/// does not (SIGTERM), outside its control: a point is a random step (from the log) and a
+/// random moment within that step, which lands mid-step, mid-save or mid-log. Each time it is
+/// started again, with `--resume` once it has saved a state (and `--overwrite`, as the error
+/// says, when it was killed before its first save). It ends bit-identical to a run never
+/// interrupted, its log one line per step with the same losses.
+#[test]
+fn training_killed_at_random_points_resumes_bit_identical() {
+    use rand::{Rng, SeedableRng};
+    use std::time::{Duration, Instant};
+    const STEPS: usize = 10;
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    write_data(d);
+    let m = model();
+    let flags = |out: &'static str| with(base(&m, out), &["--steps", "10", "--save-every", "1"]);
+    let started = Instant::now();
+    occult_ok(d, &flags("straight"));
+    let step_time = started.elapsed() / STEPS as u32;
+    let logged =
+        || std::fs::read_to_string(d.join("killed/log.jsonl")).map_or(0, |l| l.lines().count());
+
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(16);
+    let mut kills = Vec::new();
+    let (mut resumed, mut finished_first) = (0, 0);
+    while kills.len() < 10 {
+        let mut args = flags("killed");
+        if d.join("killed/state/state.json").exists() {
+            args.push("--resume");
+            resumed += 1;
+        } else if d.join("killed/log.jsonl").exists() || d.join("killed/state").exists() {
+            let e = occult_err(d, &args);
+            assert!(e.contains("saved no state"), "{e}");
+            args.push("--overwrite");
+        }
+        let at_step = (logged() + rng.random_range(0..3)).min(STEPS - 1);
+        let within = step_time.mul_f64(rng.random_range(0.0..1.0));
+        let term = rng.random_bool(0.3);
+        let mut child = std::process::Command::new(common::occult_bin())
+            .args(&args)
+            .current_dir(d)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Wait for the step to be logged (or the run to end), then into the next one.
+        while logged() < at_step && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(within);
+        if term {
+            let pid = child.id().to_string();
+            let sent = std::process::Command::new("kill")
+                .args(["-TERM", &pid])
+                .status();
+            assert!(sent.is_ok());
+        } else {
+            let _ = child.kill();
+        }
+        if child.wait().unwrap().success() {
+            // It finished before the signal: start over so that every kill lands in a live run.
+            finished_first += 1;
+            assert!(finished_first < 20, "runs keep finishing before the kill");
+            std::fs::remove_dir_all(d.join("killed")).unwrap();
+            continue;
+        }
+        kills.push(format!(
+            "{} after step {at_step} + {:.0}%",
+            if term { "TERM" } else { "KILL" },
+            100.0 * within.as_secs_f64() / step_time.as_secs_f64()
+        ));
+    }
+    assert!(resumed >= 5, "only {resumed} resumed runs: {kills:?}");
+    // The last start runs to the end.
+    let mut args = flags("killed");
+    args.push(if d.join("killed/state/state.json").exists() {
+        "--resume"
+    } else {
+        "--overwrite"
+    });
+    occult_ok(d, &args);
+    let read = |p: &str| std::fs::read(d.join(p)).unwrap();
+    assert_eq!(
+        read("straight/model.safetensors"),
+        read("killed/model.safetensors"),
+        "bit-identical after kills: {kills:?}"
+    );
+    let losses = |p: &str| -> Vec<(u64, String)> {
+        String::from_utf8(read(p))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("{p}: a broken line {l:?} ({e}); kills {kills:?}"));
+                (v["step"].as_u64().unwrap(), v["loss"].to_string())
+            })
+            .collect()
+    };
+    assert_eq!(
+        losses("straight/log.jsonl"),
+        losses("killed/log.jsonl"),
+        "kills: {kills:?}"
+    );
+}

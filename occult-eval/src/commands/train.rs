@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use occult_core::models::loader::Checkpoint;
 use occult_train::dataset::{build, read_records, Dataset};
 use occult_train::heldout::heldout_loss;
-use occult_train::run::{holds_a_run, saved_step, train, Job, TrainConfig};
+use occult_train::run::{has_saved_state, holds_a_run, saved_step, train, Job, TrainConfig};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -184,6 +184,13 @@ pub fn run(a: TrainArgs) -> Result<()> {
     let start = if a.resume {
         saved_step(&a.out, &cfg, &ck.name, &a.data, a.model.devices, &settings)?
     } else {
+        if holds_a_run(&a.out) && !a.overwrite && !has_saved_state(&a.out) {
+            bail!(
+                "{} holds a run that saved no state (it stopped before its first save): give \
+                 --overwrite to start afresh, or another --out",
+                a.out.display()
+            );
+        }
         if holds_a_run(&a.out) && !a.overwrite {
             bail!(
                 "{} holds another run: give --resume to continue it, --overwrite to start \
