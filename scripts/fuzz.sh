@@ -4,10 +4,10 @@
 # is sought is a panic, a hang, or an allocation sized from an untrusted field, which
 # -malloc_limit_mb turns into a finding).
 #
-#   scripts/fuzz.sh                 every target for 20 s, new inputs kept out of the repository
-#                                   (the CI smoke run; the committed corpora replay first)
-#   scripts/fuzz.sh --runs 1000000 [TARGET...]   at least that many executions per target,
-#                                   new coverage added to fuzz/corpus/TARGET
+#   scripts/fuzz.sh [--smoke S]     every target for S (20) seconds, new inputs kept out of the
+#                                   repository (CI's smoke run; the committed corpora replay first)
+#   scripts/fuzz.sh --runs 1000000 [TARGET...]   that many executions per target; the new
+#                                   inputs that add coverage are merged into fuzz/corpus/TARGET
 #   scripts/fuzz.sh --time 60 [TARGET...]        that many seconds per target, likewise
 #
 # A finding stops the run with exit 1 and leaves the input under fuzz/artifacts/TARGET/;
@@ -18,7 +18,7 @@ cd "$(dirname "$0")/../fuzz"
 
 mode=smoke
 limit=20
-if [[ "${1:-}" == --runs || "${1:-}" == --time ]]; then
+if [[ "${1:-}" == --runs || "${1:-}" == --time || "${1:-}" == --smoke ]]; then
   mode=${1#--}
   limit=$2
   shift 2
@@ -36,10 +36,12 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 for t in "${targets[@]}"; do
   echo "== fuzz $t ($mode $limit)"
+  # New inputs go to a scratch folder; the committed corpus is read as seeds.
+  dirs=("$scratch/$t" "corpus/$t")
+  mkdir -p "$scratch/$t"
   case $mode in
-    smoke) dirs=("$scratch/$t" "corpus/$t"); mkdir -p "$scratch/$t"; stop=(-max_total_time="$limit") ;;
-    runs) dirs=("corpus/$t"); stop=(-runs="$limit") ;;
-    time) dirs=("corpus/$t"); stop=(-max_total_time="$limit") ;;
+    smoke | time) stop=(-max_total_time="$limit") ;;
+    runs) stop=(-runs="$limit") ;;
   esac
   set +e
   cargo fuzz run -s none -O "$t" "${dirs[@]}" -- "${flags[@]}" "${stop[@]}" >"$scratch/$t.log" 2>&1
@@ -51,5 +53,11 @@ for t in "${targets[@]}"; do
     tail -40 "$scratch/$t.log"
     echo "fuzz $t: finding (see fuzz/artifacts/$t)"
     exit 1
+  fi
+  if [[ $mode != smoke ]]; then
+    # Keep only the new inputs that add coverage to the committed corpus.
+    before=$(ls "corpus/$t" | wc -l)
+    cargo fuzz run -s none -O "$t" "corpus/$t" "$scratch/$t" -- -merge=1 >"$scratch/$t.merge" 2>&1
+    echo "corpus/$t: $before -> $(ls "corpus/$t" | wc -l) inputs"
   fi
 done

@@ -35,6 +35,7 @@ pub mod analysis;
 pub mod atomic;
 pub mod ep;
 mod error;
+pub mod fault;
 pub mod input;
 pub mod models;
 

@@ -171,6 +171,7 @@ fn save_state(m: &Model, opt: &AdamW, out: &Path, run: &str) -> Result<()> {
         &entries,
         Some(meta),
     )?;
+    occult_core::fault::pause_point("checkpoint", rank);
     // Every rank has written its part before rank 0 makes the save the one in force.
     if let Some(c) = m.comm().filter(|c| c.size() > 1) {
         c.barrier()?;

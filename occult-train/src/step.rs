@@ -163,6 +163,7 @@ pub fn train_step(
     let (mut loss_sum, mut aux_sum) = (0.0, 0.0);
     for k in 0..micro {
         let part = &share[split.range(k)];
+        occult_core::fault::pause_point("forward", m.rank_and_size().0);
         let ShareLoss { ce, aux } = share_loss(m, part, targets, aux)?;
         loss_sum += ce.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let loss = match aux {
@@ -172,6 +173,7 @@ pub fn train_step(
             }
             None => ce,
         };
+        occult_core::fault::pause_point("backward", m.rank_and_size().0);
         let g = loss.backward()?;
         grads = Some(match grads {
             None => g,

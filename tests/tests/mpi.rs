@@ -686,3 +686,136 @@ fn reproduce_runs_under_mpirun_as_on_threads() {
     assert_eq!(base(&a).len(), 4);
     assert!(d.join("mpi/collaboration.png").exists());
 }
+
+/// A rank of `occult train` under mpirun killed from outside (SIGKILL) mid-forward,
+/// mid-backward and mid-checkpoint (`OCCULT_FAULT_PAUSE` holds it at the point, so that its peer
+/// is blocked in an exchange or the save's barrier with it): the job exits non-zero within 30 s
+/// of the kill, naming rank 1; every file left in the output is whole (the state names a step
+/// whose files all load); and `--resume` ends bit-identical to a run never interrupted.
+#[test]
+fn a_rank_killed_mid_forward_backward_or_checkpoint_ends_the_job_and_leaves_whole_files() {
+    use std::io::{BufRead, BufReader};
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let mut text = String::new();
+    for i in 0..8 {
+        text.push_str(&format!(
+            "{{\"instruction\": \"Add {i} and 1.\", \"output\": \"{}\"}}\n",
+            i + 1
+        ));
+    }
+    std::fs::write(dir.join("a.jsonl"), text).unwrap();
+    let model = fixture("olmoe");
+    let args = |out: &str, extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "train",
+            "--model",
+            &model,
+            "--data",
+            "a.jsonl",
+            "--out",
+            out,
+            "--steps",
+            "4",
+            "--batch-size",
+            "4",
+            "--lr",
+            "1e-3",
+            "--seq-len",
+            "128",
+            "--devices",
+            "2",
+            "--save-every",
+            "1",
+            "--backend",
+            "mpi",
+        ]
+        .map(String::from)
+        .to_vec();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let run = |a: Vec<String>| {
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let out = mpirun_occult(2, dir, &a);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(args("straight", &[]));
+    for point in ["forward", "backward", "checkpoint"] {
+        let out = format!("killed_{point}");
+        run(args(&out, &["--stop-at", "2"]));
+        let mut child = Command::new("mpirun")
+            .current_dir(dir)
+            .args([
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+                "--mca",
+                "btl",
+                "self,vader",
+            ])
+            .args(["-np", "2"])
+            .arg(occult_bin())
+            .args(args(&out, &["--resume"]))
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("OCCULT_FAULT_PAUSE", format!("1:{point}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut printed = String::new();
+        let pid = loop {
+            let line = lines
+                .next()
+                .unwrap_or_else(|| panic!("{point}: the job ended unpaused:\n{printed}"))
+                .unwrap();
+            printed.push_str(&line);
+            printed.push('\n');
+            if let Some(rest) = line.strip_prefix(&format!("rank 1: paused at the {point}")) {
+                break rest.rsplit(' ').next().unwrap().to_string();
+            }
+        };
+        let killed = Instant::now();
+        assert!(Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .unwrap()
+            .success());
+        for l in lines {
+            printed.push_str(&l.unwrap());
+            printed.push('\n');
+        }
+        let status = child.wait().unwrap();
+        let took = killed.elapsed();
+        assert!(!status.success(), "{point}: {printed}");
+        assert!(took < Duration::from_secs(30), "{point}: {took:?}");
+        assert!(
+            printed.contains("rank 1") && printed.contains("exited on signal 9"),
+            "{point}: the lost rank is not named:\n{printed}"
+        );
+        // Whole files: the state in force and each of its ranks' files load; so does the model.
+        let o = dir.join(&out);
+        let state: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(o.join("state/state.json")).unwrap())
+                .unwrap();
+        assert_eq!(state["step"], 2, "{point}");
+        let folder = o.join("state").join(state["folder"].as_str().unwrap());
+        for r in 0..2 {
+            let bytes = std::fs::read(folder.join(format!("rank{r}.safetensors"))).unwrap();
+            safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        }
+        occult_ok(dir, &["model", "check", "--model", &out]);
+        run(args(&out, &["--resume"]));
+        assert_eq!(
+            std::fs::read(dir.join("straight/model.safetensors")).unwrap(),
+            std::fs::read(o.join("model.safetensors")).unwrap(),
+            "{point}: resumed after the kill"
+        );
+    }
+}
