@@ -786,3 +786,169 @@ fn bench_suites_run_from_their_files_and_record_where_they_ran() {
         );
     }
 }
+
+/// A checkpoint larger than this machine's memory (an OLMoE-shaped model of about 1 TiB in
+/// f32, as a sparse file: the header is real, the data a hole) is refused by eval, bench and
+/// train before any weight is read, with the estimate; `--max-memory` caps any model; `model
+/// info` reports the estimate and reads no weights. The estimate is checked against the
+/// tensor sizes counted here from the header.
+#[test]
+fn a_model_larger_than_memory_is_refused_with_an_estimate_before_loading() {
+    use occult_core::models::config::ModelConfig;
+    use occult_core::models::family::family;
+    use occult_core::models::synth::SynthModel;
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    let big = d.join("big");
+    std::fs::create_dir(&big).unwrap();
+    let mut s = SynthModel::tiny(family("olmoe").unwrap());
+    (s.vocab, s.hidden, s.layers, s.heads, s.kv_heads) = (50304, 8192, 16, 64, 64);
+    (s.experts, s.top_k, s.expert_intermediate) = (256, 8, 4096);
+    let config = s.config_json().unwrap();
+    std::fs::write(big.join("config.json"), config.to_string()).unwrap();
+    let cfg = ModelConfig::from_json(&config, "test").unwrap();
+    let mut header = serde_json::Map::new();
+    let mut at = 0u64;
+    for (name, shape) in occult_core::models::layout::tensors(&cfg, false) {
+        let bytes = 4 * shape.iter().map(|&n| n as u64).product::<u64>();
+        header.insert(
+            name,
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + bytes]}),
+        );
+        at += bytes;
+    }
+    assert!(at > 1 << 40, "{at} bytes");
+    let mut h = serde_json::to_vec(&header).unwrap();
+    h.resize(h.len().div_ceil(8) * 8, b' ');
+    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(&h);
+    let f = big.join("model.safetensors");
+    std::fs::write(&f, &bytes).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(bytes.len() as u64 + at)
+        .unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/models/tokenizer.json"),
+        big.join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::write(d.join("d.jsonl"), "{\"text\": \"hello world\"}\n").unwrap();
+
+    let gib = |e: &str| -> f64 {
+        let n = e.split("needs about ").nth(1).unwrap();
+        let (v, unit) = n.split_at(n.find(' ').unwrap());
+        let v: f64 = v.parse().unwrap();
+        v * match &unit[1..4] {
+            "TiB" => 1024.0,
+            "GiB" => 1.0,
+            other => panic!("{other} in {e}"),
+        }
+    };
+    let weights = at as f64 / (1u64 << 30) as f64;
+    for args in [
+        &["eval", "--model", "big", "--tasks", "arc_easy", "--samples"][..],
+        &["bench", "model", "--model", "big"],
+        &[
+            "train", "--model", "big", "--data", "d.jsonl", "--out", "o", "--steps", "1",
+        ],
+    ] {
+        let e = occult_err(d, args);
+        assert!(
+            e.contains("more than the memory available"),
+            "{args:?}: {e}"
+        );
+        let need = gib(&e);
+        // Training adds gradients and two moments in f32: 4x the weights.
+        let want = if args[0] == "train" {
+            4.0 * weights
+        } else {
+            weights
+        };
+        assert!(
+            (need - want).abs() / want < 0.01,
+            "{args:?}: {need} GiB, want {want}: {e}"
+        );
+    }
+    assert!(!d.join("o").exists(), "train left an output folder");
+    // bf16 halves the weights.
+    let e = occult_err(
+        d,
+        &[
+            "eval",
+            "--model",
+            "big",
+            "--tasks",
+            "arc_easy",
+            "--samples",
+            "--dtype",
+            "bf16",
+        ],
+    );
+    assert!((gib(&e) - weights / 2.0).abs() / weights < 0.01, "{e}");
+    // Under mpirun each rank holds the dense weights and its share of the experts.
+    let info: Value = serde_json::from_str(&occult_ok(
+        d,
+        &["model", "info", "--model", "big", "--devices", "8"],
+    ))
+    .unwrap();
+    let est = &info["memory_estimate"];
+    assert_eq!(est["weights_bytes"].as_u64().unwrap(), at);
+    let per_rank = est["per_rank_bytes_under_mpirun"]["bytes"]
+        .as_u64()
+        .unwrap();
+    let experts = 4 * 3 * (s.layers * s.experts * s.hidden * s.expert_intermediate) as u64;
+    assert_eq!(per_rank, at - experts + experts / 8);
+    // --max-memory caps a model that fits the machine.
+    let m = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/models/olmoe");
+    let m = m.display().to_string();
+    let e = occult_err(
+        d,
+        &[
+            "eval",
+            "--model",
+            &m,
+            "--tasks",
+            "arc_easy",
+            "--samples",
+            "--max-memory",
+            "100K",
+        ],
+    );
+    assert!(e.contains("more than --max-memory (100.0 KiB)"), "{e}");
+    occult_ok(
+        d,
+        &[
+            "eval",
+            "--model",
+            &m,
+            "--tasks",
+            "arc_easy",
+            "--samples",
+            "--max-memory",
+            "1G",
+        ],
+    );
+    // A size that is not one is a usage error (exit 2), named.
+    let out = common::occult(
+        d,
+        &[
+            "eval",
+            "--model",
+            &m,
+            "--tasks",
+            "arc_easy",
+            "--samples",
+            "--max-memory",
+            "lots",
+        ],
+    );
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("--max-memory") && e.contains("is not a size"),
+        "{e}"
+    );
+}

@@ -28,6 +28,7 @@ pub mod family;
 pub mod layers;
 pub mod layout;
 pub mod loader;
+pub mod memory;
 pub mod model;
 pub mod synth;
 pub mod tokenizer;

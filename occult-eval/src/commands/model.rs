@@ -3,6 +3,7 @@
 use super::model_opts::ModelOpts;
 use anyhow::{bail, Result};
 use occult_core::models::family::{family, supported};
+use occult_core::models::memory;
 use occult_core::models::synth::SynthModel;
 use std::path::PathBuf;
 
@@ -170,9 +171,13 @@ fn synth(a: SynthArgs) -> Result<()> {
 }
 
 fn info(a: InfoArgs) -> Result<()> {
-    let ck = a.model.open()?;
+    let ck = a.model.open_header()?;
     let c = &ck.cfg;
     let bytes = weight_bytes(&ck);
+    let ranks = a.model.devices.max(1);
+    let serve = memory::estimate(&ck.weights, ck.weights.dtype(), 1, false);
+    let per_rank = memory::estimate(&ck.weights, ck.weights.dtype(), ranks, false);
+    let train = memory::estimate(&ck.weights, ck.weights.dtype(), 1, true);
     let v = serde_json::json!({
         "model": ck.name,
         "folder": ck.files.dir,
@@ -192,6 +197,13 @@ fn info(a: InfoArgs) -> Result<()> {
         "weight_files": ck.files.weights.len(),
         "weight_bytes": bytes,
         "tokenizer": ck.files.tokenizer,
+        "memory_estimate": {
+            "dtype": a.model.dtype,
+            "weights_bytes": serve.weights,
+            "per_rank_bytes_under_mpirun": {"ranks": ranks, "bytes": per_rank.weights},
+            "training_bytes": train.total(),
+            "available_bytes": memory::available(),
+        },
     });
     println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())

@@ -16,6 +16,7 @@ use occult_core::ep::comm::Communicator;
 use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::PruneSpec;
 use occult_core::models::loader::{parse_dtype, Checkpoint};
+use occult_core::models::memory;
 use occult_core::models::model::{DenseParts, Model, MoeSetup};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -80,6 +81,12 @@ pub struct ModelOpts {
     /// A trace with router logits (`occult profile`) to build the similarity rule's tables.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
+    /// Refuse to load a model whose estimated memory (weights in --dtype, this rank's share of
+    /// the experts under mpirun, and training state for train) is over this size: bytes, or
+    /// with K, M, G or T (binary). Default: the memory available (MemAvailable and the cgroup
+    /// limit), shared by the ranks of a node.
+    #[arg(long, value_parser = occult_core::models::memory::parse_size)]
+    pub max_memory: Option<u64>,
 }
 
 impl ModelOpts {
@@ -97,6 +104,7 @@ impl ModelOpts {
             max_devices: None,
             prune_rule: PruneRuleArg::Router,
             calibration: None,
+            max_memory: None,
         }
     }
 
@@ -132,8 +140,34 @@ impl ModelOpts {
                 self.model
             );
         }
+        let ck = Checkpoint::open(&self.model, self.revision.as_deref(), dtype)
+            .with_context(|| format!("loading model {}", self.model))?;
+        self.check_memory(&ck, false)?;
+        Ok(ck)
+    }
+
+    /// Opens the checkpoint's header, config and tokenizer without the memory check (for
+    /// commands that read no weights).
+    pub fn open_header(&self) -> Result<Checkpoint> {
+        let dtype = parse_dtype(&self.dtype)?;
         Checkpoint::open(&self.model, self.revision.as_deref(), dtype)
             .with_context(|| format!("loading model {}", self.model))
+    }
+
+    /// Refuses a model that will not fit (see [`memory`]) before its weights are read;
+    /// `train` adds gradients and optimiser state.
+    pub fn check_memory(&self, ck: &Checkpoint, train: bool) -> Result<()> {
+        let mpi = self.backend == Backend::Mpi;
+        let ranks = if mpi { self.devices } else { 1 };
+        let need = memory::estimate(&ck.weights, ck.weights.dtype(), ranks, train);
+        // Ranks that mpirun put on this node share its memory.
+        let local = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|_| mpi)
+            .unwrap_or(1);
+        let what = format!("model {} in {}", self.model, self.dtype);
+        Ok(memory::check(need, self.max_memory, local, &what)?)
     }
 
     /// The MoE setup these options ask for, checked against the model.

@@ -149,7 +149,8 @@ pub fn run(a: TrainArgs) -> Result<()> {
     if a.out.exists() && !a.out.is_dir() {
         bail!("--out {} is not a folder", a.out.display());
     }
-    let mut ck = a.model.open()?;
+    let mut ck = a.model.open_header()?;
+    a.model.check_memory(&ck, true)?;
     let data = load_examples(&ck, &a.data, seq_len(&ck, a.seq_len), a.add_bos)?;
     let held_out = match &a.eval_data {
         Some(d) => Some(load_examples(&ck, d, seq_len(&ck, a.seq_len), a.add_bos)?),
