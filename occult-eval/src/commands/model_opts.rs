@@ -130,8 +130,17 @@ impl ModelOpts {
         })
     }
 
-    /// Opens the checkpoint.
+    /// Opens the checkpoint, refusing one that will not fit in memory (before any weight is
+    /// read).
     pub fn open(&self) -> Result<Checkpoint> {
+        let ck = self.open_header()?;
+        self.check_memory(&ck, false)?;
+        Ok(ck)
+    }
+
+    /// Opens the checkpoint's header, config and tokenizer without the memory check (for
+    /// commands that read no weights, and for train, which checks its own need).
+    pub fn open_header(&self) -> Result<Checkpoint> {
         let dtype = parse_dtype(&self.dtype)?;
         if self.revision.is_some() && std::path::Path::new(&self.model).is_dir() {
             bail!(
@@ -140,16 +149,6 @@ impl ModelOpts {
                 self.model
             );
         }
-        let ck = Checkpoint::open(&self.model, self.revision.as_deref(), dtype)
-            .with_context(|| format!("loading model {}", self.model))?;
-        self.check_memory(&ck, false)?;
-        Ok(ck)
-    }
-
-    /// Opens the checkpoint's header, config and tokenizer without the memory check (for
-    /// commands that read no weights).
-    pub fn open_header(&self) -> Result<Checkpoint> {
-        let dtype = parse_dtype(&self.dtype)?;
         Checkpoint::open(&self.model, self.revision.as_deref(), dtype)
             .with_context(|| format!("loading model {}", self.model))
     }
