@@ -149,3 +149,34 @@ mod tests {
         assert_eq!(duplicate_header_name(&file("not json")), None);
     }
 }
+
+thread_local! {
+    /// Set while [`contain_panics`] runs a decoder on this thread.
+    static CONTAINING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs a third-party decoder of untrusted bytes, turning a panic inside it into `Err` with
+/// the panic's message, and keeping that panic off stderr. For decoders that assert on
+/// malformed input instead of returning errors (the parquet crate does; fuzzing found it).
+/// A panic anywhere else still reaches the hook that was installed before (a test's, or a
+/// fuzzer's that aborts).
+pub fn contain_panics<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !CONTAINING.with(|c| c.get()) {
+                previous(info);
+            }
+        }));
+    });
+    let was = CONTAINING.with(|c| c.replace(true));
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    CONTAINING.with(|c| c.set(was));
+    out.map_err(|p| {
+        p.downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into())
+    })
+}

@@ -55,17 +55,50 @@ pub fn read_parquet(path: &Path) -> Result<Vec<Value>> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
     let shown = path.display();
     let f = occult_core::input::open_regular(path).map_err(|e| bad(e.to_string()))?;
-    let r = SerializedFileReader::new(f)
-        .map_err(|e| bad(format!("{shown}: not a readable Parquet file: {e}")))?;
-    let rows = r
-        .get_row_iter(None)
-        .map_err(|e| bad(format!("{shown}: reading rows: {e}")))?;
-    rows.enumerate()
-        .map(|(i, row)| {
-            row.map(|r| r.to_json_value())
-                .map_err(|e| bad(format!("{shown}: row {i}: {e}")))
-        })
-        .collect()
+    let size = f.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+    let decode = || -> Result<Vec<Value>> {
+        let r = SerializedFileReader::new(f)
+            .map_err(|e| bad(format!("{shown}: not a readable Parquet file: {e}")))?;
+        check_chunks(r.metadata(), size).map_err(|e| bad(format!("{shown}: {e}")))?;
+        let rows = r
+            .get_row_iter(None)
+            .map_err(|e| bad(format!("{shown}: reading rows: {e}")))?;
+        rows.enumerate()
+            .map(|(i, row)| {
+                row.map(|r| r.to_json_value())
+                    .map_err(|e| bad(format!("{shown}: row {i}: {e}")))
+            })
+            .collect()
+    };
+    // The parquet crate asserts on some malformed pages instead of returning an error.
+    occult_core::input::contain_panics(decode).unwrap_or_else(|msg| {
+        Err(bad(format!(
+            "{shown}: malformed Parquet data (the decoder stopped: {msg})"
+        )))
+    })
+}
+
+/// Every column chunk the footer names lies inside the file (the parquet crate asserts this
+/// while reading, and a malformed footer would panic it).
+fn check_chunks(
+    meta: &parquet::file::metadata::ParquetMetaData,
+    size: u64,
+) -> std::result::Result<(), String> {
+    for (g, group) in meta.row_groups().iter().enumerate() {
+        for (c, col) in group.columns().iter().enumerate() {
+            let start = col
+                .dictionary_page_offset()
+                .unwrap_or_else(|| col.data_page_offset());
+            let len = col.compressed_size();
+            if start < 0 || len < 0 || (start as u64).saturating_add(len as u64) > size {
+                return Err(format!(
+                    "row group {g}, column {c}: its chunk ({len} bytes at offset {start}) lies \
+                     outside the file ({size} bytes)"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Reads one file of records (Parquet, JSONL or JSON, by extension).
