@@ -1024,6 +1024,27 @@ fn inputs_that_would_give_garbage_are_refused() {
         &["generate", "--model", "nan", "--prompt", "hello world"],
     );
     contains_all(&err, &["not finite", "NaN"]);
+    // A tokenizer.json cut short inside its decoder (found by fuzzing: the tokenizers crate
+    // panics on it); the panic is contained and the file named.
+    std::fs::create_dir(d.join("badtok")).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture.join(f), d.join("badtok").join(f)).unwrap();
+    }
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/malformed/tokenizer_cut_in_decoder.json"),
+        d.join("badtok/tokenizer.json"),
+    )
+    .unwrap();
+    let err = occult_err(d, &["generate", "--model", "badtok", "--prompt", "hi"]);
+    contains_all(
+        &err,
+        &[
+            "tokenizer.json",
+            "not a readable tokenizer.json (the tokenizers crate stopped",
+        ],
+    );
+    assert!(!err.contains("panicked"), "{err}");
     // profile says the model's routing is at fault, not the trace file.
     std::fs::write(d.join("calib.txt"), "hello world\n").unwrap();
     let err = occult_err(

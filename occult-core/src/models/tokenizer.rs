@@ -19,7 +19,14 @@ pub struct TextTokenizer {
 impl TextTokenizer {
     /// Reads `tokenizer.json`; every id it can produce must be below `vocab_size`.
     pub fn read(path: &Path, vocab_size: usize) -> Result<Self> {
-        let tok = tokenizers::Tokenizer::from_file(path)
+        // The tokenizers crate panics on some malformed files (a decoder entry cut short).
+        let tok = crate::input::contain_panics(|| tokenizers::Tokenizer::from_file(path))
+            .map_err(|msg| {
+                Error::bad_file(
+                    path,
+                    format!("not a readable tokenizer.json (the tokenizers crate stopped: {msg})"),
+                )
+            })?
             .map_err(|e| Error::bad_file(path, format!("not a readable tokenizer.json: {e}")))?;
         let max_id = tok.get_vocab(true).values().copied().max();
         if let Some(m) = max_id.filter(|&m| m as usize >= vocab_size) {
