@@ -9,7 +9,9 @@ For each run below, the script fine-tunes tests/fixtures/models/ARCH with `targe
 train` on tests/fixtures/finetuned/alpaca.jsonl (written here), loads the saved folder with
 transformers' `from_pretrained` (no missing or unexpected tensors allowed), and writes ARCH.json
 with the run's flags and the logits at every prompt position. The fine-tuned weights are not
-committed: the test runs the same command and compares its checkpoint's logits with these.
+committed: the test runs the same command and compares its checkpoint's logits with these. Both
+train on the portable kernels (OCCULT_KERNELS=portable), the same on every CPU: AdamW's first
+steps turn a kernel's rounding of a near-zero gradient into a step of 2 lr.
 
 The runs cover the three ways a checkpoint keeps its experts and what training can touch:
 fused experts with every tensor trained (`--train all`, Qwen2-MoE), per-expert tensors read from
@@ -18,6 +20,7 @@ two shards and written as one file under pruning to one device (Qwen3-MoE), and 
 is chosen so that no router decision on the prompt is closer than MARGIN after fine-tuning.
 """
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -68,7 +71,8 @@ def main():
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "tuned"
                 subprocess.run([str(OCCULT), "train", "--model", str(source), "--data", str(data),
-                                "--out", str(out)] + args, check=True, capture_output=True)
+                                "--out", str(out)] + args, check=True, capture_output=True,
+                               env={**os.environ, "OCCULT_KERNELS": "portable"})
                 model, info = cls.from_pretrained(out, output_loading_info=True, attn_implementation="eager",
                                                   experts_implementation="eager")
             assert not any(info.values()), f"{arch}: from_pretrained loading info {info}"

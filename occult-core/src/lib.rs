@@ -37,6 +37,7 @@ pub mod ep;
 mod error;
 pub mod fault;
 pub mod input;
+pub mod kernels;
 pub mod models;
 
 pub use error::{Error, Result};

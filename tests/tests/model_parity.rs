@@ -220,7 +220,18 @@ fn models_fine_tuned_by_occult_give_transformers_logits() {
                 .iter()
                 .map(|a| a.as_str().unwrap()),
         );
-        common::occult_ok(t.path(), &args);
+        // On the portable kernels, as the fixture was made: AdamW's first steps move every
+        // weight by about ±lr whatever its gradient's size, so a gradient near zero whose sign
+        // another kernel's rounding flips moves a weight by 2 lr, beyond any logit tolerance
+        // (our AVX-512 kernels gave 4e-4 here). The kernels are held to plain loops in
+        // tests/tests/kernels.rs; this test holds the saved checkpoint to transformers.
+        let status = std::process::Command::new(common::occult_bin())
+            .args(&args)
+            .current_dir(t.path())
+            .env("OCCULT_KERNELS", "portable")
+            .status()
+            .unwrap();
+        assert!(status.success(), "{arch}: occult train failed");
         let ck = Checkpoint::open(out.to_str().unwrap(), None, candle::DType::F32).unwrap();
         let m = Model::load_reference(&ck.weights, &ck.cfg).unwrap();
         let got = m

@@ -94,7 +94,7 @@ impl RouterRule {
             bail!("router rule: scaling factor must be finite");
         }
         if let Some(g) = &self.group_limit {
-            if g.num_groups == 0 || e % g.num_groups != 0 {
+            if g.num_groups == 0 || !e.is_multiple_of(g.num_groups) {
                 bail!(
                     "router rule: {} experts cannot be split into {} equal groups",
                     e,

@@ -32,7 +32,7 @@ impl SimilarityAccumulator {
     /// Adds router logits of some tokens (`[tokens, E]`, row-major).
     pub fn add(&mut self, logits: &[f32]) -> Result<()> {
         let e = self.num_experts;
-        if logits.len() % e != 0 {
+        if !logits.len().is_multiple_of(e) {
             bail!(
                 "router logits have {} values, not a multiple of {e} experts",
                 logits.len()

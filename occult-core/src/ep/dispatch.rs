@@ -101,7 +101,7 @@ pub struct SendPlan {
 impl SendPlan {
     /// Plans the dispatch of `tokens = ids.len() / k` tokens.
     pub fn new(ids: &[u32], k: usize, loc: &ExpertLocations, mode: DispatchMode) -> Result<Self> {
-        if k == 0 || ids.len() % k != 0 {
+        if k == 0 || !ids.len().is_multiple_of(k) {
             bail!(
                 "routing of {} ids is not a whole number of top-{k} rows",
                 ids.len()
@@ -249,7 +249,7 @@ impl ComputePlan {
         } else {
             slots_per_row
         };
-        if width == 0 || meta.len() % width != 0 {
+        if width == 0 || !meta.len().is_multiple_of(width) {
             bail!(
                 "received metadata of {} values is not whole rows of {width}",
                 meta.len()

@@ -3,15 +3,16 @@
 //! of one MoE layer. Every op here is differentiable in candle.
 
 use crate::ep::dispatch::ComputePlan;
+use crate::kernels::linear;
 use crate::{bail, Result};
 use candle::Tensor;
 
 /// `down(silu(gate(x)) * up(x))` for rows `x` `[n, H]` and weights `gate`, `up` `[I, H]`,
 /// `down` `[H, I]`.
 pub fn swiglu(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
-    let g = x.matmul(&gate.t()?)?.silu()?;
-    let u = x.matmul(&up.t()?)?;
-    Ok((g * u)?.matmul(&down.t()?)?)
+    let g = linear(x, gate)?.silu()?;
+    let u = linear(x, up)?;
+    linear(&(g * u)?, down)
 }
 
 /// `sigmoid(z)` from differentiable primitives.
@@ -155,7 +156,7 @@ impl SharedExperts {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = swiglu(x, &self.gate_proj, &self.up_proj, &self.down_proj)?;
         match &self.gate {
-            Some(g) => Ok(y.broadcast_mul(&sigmoid(&x.matmul(&g.t()?)?)?)?),
+            Some(g) => Ok(y.broadcast_mul(&sigmoid(&linear(x, g)?)?)?),
             None => Ok(y),
         }
     }

@@ -55,7 +55,7 @@ pub fn route(
     rule: &RouterRule,
     pruner: Option<&Pruner>,
 ) -> Result<Routed> {
-    let logits = x.matmul(&router.t()?)?;
+    let logits = crate::kernels::linear(x, router)?;
     let tokens = logits.dims2()?.0;
     let k = rule.top_k;
     if tokens == 0 {

@@ -84,7 +84,7 @@ fn read_aux_loss(f: &ConfigFields) -> Result<AuxLoss> {
 }
 
 fn synth_config(s: &SynthModel) -> Result<ConfigEntries> {
-    if s.expert_intermediate == 0 || s.shared_intermediate % s.expert_intermediate != 0 {
+    if s.expert_intermediate == 0 || !s.shared_intermediate.is_multiple_of(s.expert_intermediate) {
         bail!(
             "DeepSeek's shared experts are whole experts: {} is not a multiple of {}",
             s.shared_intermediate,

@@ -12,7 +12,7 @@ use candle::{DType, Device, Tensor, D};
 
 /// `x @ w^T (+ b)` for `x` `[.., in]` and `w` `[out, in]`.
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let y = x.broadcast_matmul(&w.t()?)?;
+    let y = crate::kernels::linear(x, w)?;
     Ok(match b {
         Some(b) => y.broadcast_add(b)?,
         None => y,

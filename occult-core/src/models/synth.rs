@@ -83,7 +83,7 @@ impl SynthModel {
                 bail!("{flag} must be at least 1");
             }
         }
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             bail!(
                 "--hidden {} is not a whole number of --heads {}",
                 self.hidden,

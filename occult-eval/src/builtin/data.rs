@@ -96,7 +96,7 @@ fn task_doc(it: &Item, r: &mut ChaCha8Rng) -> Value {
 
 /// An item as an instruction: the question form, or (every other one) completing the text.
 fn instruction(it: &Item, i: usize) -> Value {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         json!({"instruction": it.instruction, "input": "", "output": it.choices[0]})
     } else {
         json!({"instruction": "complete the text .", "input": it.context, "output": it.choices[0]})

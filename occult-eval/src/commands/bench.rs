@@ -54,6 +54,34 @@ pub enum BenchCmd {
     #[command(after_help = "Example:\n  \
         occult bench eval --model tests/fixtures/models/olmoe --tasks hellaswag,arc_easy,mmlu --samples")]
     Eval(super::eval::EvalArgs),
+    /// The linear kernels side by side on the same operands: candle's matmul, the portable path
+    /// and Occult's AVX-512 kernels, in f32 and bf16, with GFLOP/s and each one's largest
+    /// difference from the portable path; and the memory read bandwidth that bounds decode.
+    #[command(after_help = "Examples:\n  \
+        occult bench kernels                                 # OLMoE's expert shapes\n  \
+        occult bench kernels --shapes 64x1024x2048,1x2048x1024 --json kernels.json")]
+    Kernels(KernelBenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct KernelBenchArgs {
+    /// Shapes MxNxK (rows x output features x input features): by default an OLMoE expert's
+    /// gate/up (N=1024, K=2048) and down (N=2048, K=1024) projections at 64 rows (512 tokens,
+    /// top-8 of 64 experts) and at 1 row (decode), and a 512-row dense projection.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "64x1024x2048,64x2048x1024,1x1024x2048,512x2048x2048"
+    )]
+    pub shapes: Vec<String>,
+    /// Timed calls per candidate (the best is kept).
+    #[arg(long, default_value_t = 10)]
+    pub repeat: usize,
+    /// Buffer for the bandwidth measurement, MiB.
+    #[arg(long, default_value_t = 512)]
+    pub bandwidth_mib: usize,
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -135,7 +163,81 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Eval(a) => super::eval::bench(a),
         BenchCmd::Train(a) => train(a),
         BenchCmd::Suite(a) => suite(a),
+        BenchCmd::Kernels(a) => kernels(a),
     }
+}
+
+fn kernels(a: KernelBenchArgs) -> Result<()> {
+    use occult_core::kernels::{bench, describe, isa};
+    super::check_io(&[], &[a.json.as_deref()])?;
+    let mut shapes = Vec::new();
+    for s in &a.shapes {
+        let dims: Vec<usize> = s
+            .split('x')
+            .map(|d| d.trim().parse::<usize>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| anyhow::anyhow!("--shapes: {s:?} is not MxNxK (three whole numbers)"))?;
+        let [m, n, k] = dims[..] else {
+            anyhow::bail!("--shapes: {s:?} is not MxNxK (three whole numbers)");
+        };
+        if m * n * k > 1 << 34 {
+            anyhow::bail!("--shapes: {s} is over 2^34 multiply-adds; give a smaller shape");
+        }
+        shapes.push((m, n, k));
+    }
+    let threads = rayon::current_num_threads();
+    eprintln!(
+        "{threads} threads; AVX-512 F {}, BF16 {}; f32: {}; bf16: {}",
+        isa().avx512f,
+        isa().avx512bf16,
+        describe(candle::DType::F32),
+        describe(candle::DType::BF16)
+    );
+    let mut rows = Vec::new();
+    let mut t = Table::new(&[
+        "shape",
+        "dtype",
+        "candidate",
+        "ms",
+        "GFLOP/s",
+        "vs candle",
+        "max |diff|",
+    ]);
+    for &(m, n, k) in &shapes {
+        for dtype in [candle::DType::F32, candle::DType::BF16] {
+            let r = bench::time_linear(m, n, k, dtype, a.repeat)?;
+            let candle_s = r[0].seconds;
+            for c in &r {
+                t.row(vec![
+                    format!("{m}x{n}x{k}"),
+                    c.dtype.clone(),
+                    c.candidate.clone(),
+                    format!("{:.3}", c.seconds * 1e3),
+                    format!("{:.1}", c.gflops),
+                    format!("{:.2}x", candle_s / c.seconds),
+                    format!("{:.2e}", c.max_abs_diff),
+                ]);
+            }
+            rows.extend(r);
+        }
+    }
+    println!("{}", t.render());
+    let bw = bench::read_bandwidth(a.bandwidth_mib << 20, 5);
+    println!(
+        "memory read bandwidth: {:.1} GB/s ({} MiB buffer, best of 5)",
+        bw / 1e9,
+        a.bandwidth_mib
+    );
+    if let Some(p) = &a.json {
+        let v = serde_json::json!({
+            "threads": threads,
+            "isa": {"avx512f": isa().avx512f, "avx512bf16": isa().avx512bf16},
+            "timings": rows,
+            "read_bandwidth_bytes_per_s": bw,
+        });
+        write_json(p, &with_provenance(v))?;
+    }
+    Ok(())
 }
 
 fn suite(a: SuiteArgs) -> Result<()> {

@@ -162,7 +162,7 @@ impl<T: Pod> RecvBuffer for Vec<T> {
     fn prepare(&mut self, bytes: usize) -> &mut [u8] {
         let size = std::mem::size_of::<T>();
         assert!(
-            bytes % size == 0,
+            bytes.is_multiple_of(size),
             "{bytes} bytes is not a whole number of elements"
         );
         self.clear();

@@ -1,0 +1,104 @@
+//! Side-by-side timing of the ways to compute `x · wᵀ` on this CPU (candle's matmul, the
+//! portable path, our kernels) on the same operands in one run, and the machine's memory read
+//! bandwidth, which bounds decode. Behind `occult bench kernels`.
+
+use super::{linear_with, Path};
+use crate::Result;
+use candle::{DType, Device, Tensor};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::time::Instant;
+
+/// One candidate on one shape and dtype.
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelTiming {
+    pub dtype: String,
+    /// `candle` (candle's matmul as models call it), `portable`, or `occult`.
+    pub candidate: String,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Best of the timed calls, seconds.
+    pub seconds: f64,
+    pub gflops: f64,
+    /// Largest difference from the portable path's output (0 for itself).
+    pub max_abs_diff: f64,
+}
+
+/// The candidates for `dtype`, each as a name and the call.
+type Candidate<'a> = (&'static str, Box<dyn Fn() -> Result<Tensor> + 'a>);
+
+/// Times candle's matmul, the portable path and ours on `[m, k] · [n, k]ᵀ` in `dtype`: one
+/// warm-up call, then the best of `repeat` (of 2 for a candidate expected to take over a
+/// second a call, as candle's bf16 matmul does at prefill sizes).
+pub fn time_linear(
+    m: usize,
+    n: usize,
+    k: usize,
+    dtype: DType,
+    repeat: usize,
+) -> Result<Vec<KernelTiming>> {
+    let dev = Device::Cpu;
+    let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?.to_dtype(dtype)?;
+    let w = Tensor::randn(0f32, 1.0, (n, k), &dev)?.to_dtype(dtype)?;
+    let flops = 2.0 * (m * n * k) as f64;
+    let candidates: Vec<Candidate> = vec![
+        ("candle", Box::new(|| Ok(x.matmul(&w.t()?)?))),
+        ("portable", Box::new(|| linear_with(&x, &w, Path::Portable))),
+        ("occult", Box::new(|| linear_with(&x, &w, Path::Auto))),
+    ];
+    let base = linear_with(&x, &w, Path::Portable)?.to_dtype(DType::F64)?;
+    let mut out = Vec::new();
+    for (name, f) in &candidates {
+        let t = Instant::now();
+        let y = f()?;
+        let first = t.elapsed().as_secs_f64();
+        let runs = if first > 1.0 {
+            repeat.min(2)
+        } else {
+            repeat.max(1)
+        };
+        let mut best = f64::INFINITY;
+        for _ in 0..runs {
+            let t = Instant::now();
+            f()?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let diff = (y.to_dtype(DType::F64)? - &base)?
+            .abs()?
+            .flatten_all()?
+            .max(0)?;
+        out.push(KernelTiming {
+            dtype: format!("{dtype:?}").to_lowercase(),
+            candidate: name.to_string(),
+            m,
+            n,
+            k,
+            seconds: best,
+            gflops: flops / best / 1e9,
+            max_abs_diff: if m * n == 0 { 0.0 } else { diff.to_scalar()? },
+        });
+    }
+    Ok(out)
+}
+
+/// Memory read bandwidth in bytes per second: the best of `repeat` parallel sums over a buffer
+/// of `bytes` (make it far larger than the last-level cache).
+pub fn read_bandwidth(bytes: usize, repeat: usize) -> f64 {
+    // Integer sums: the compiler may reorder them, so the loop vectorises and the time is the
+    // memory's.
+    let buf: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
+    let mut best = f64::INFINITY;
+    let mut sink = 0u64;
+    for _ in 0..repeat.max(1) {
+        let t = Instant::now();
+        let s = buf
+            .par_chunks(1 << 15)
+            .map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b)))
+            .reduce(|| 0, u64::wrapping_add);
+        best = best.min(t.elapsed().as_secs_f64());
+        sink = sink.wrapping_add(s);
+    }
+    std::hint::black_box(sink);
+    (buf.len() * 8) as f64 / best
+}

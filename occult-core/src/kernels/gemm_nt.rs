@@ -1,0 +1,298 @@
+//! `C = A · Bᵀ` on slices, the shape of every linear layer (`A` rows `[m, k]`, `B` a weight
+//! `[n, k]` in its stored layout, `C` `[m, n]`), with AVX-512 kernels: `vdpbf16ps` for bf16
+//! (bf16 operands, f32 accumulation) and FMA for f32.
+//!
+//! Both operands are read along `k`, where they are contiguous, so nothing is packed: a tile of
+//! `MR` rows of `A` and `NR` rows of `B` keeps `MR x NR` vector accumulators over the whole of
+//! `k` and reduces each to one output at the end (a tail of `k` shorter than a vector is read
+//! with a masked load). Columns of `C` are split in blocks across rayon's threads; each block of
+//! `B` stays in cache while every tile of `A` passes over it. A single row (decode) streams each
+//! weight row once.
+//!
+//! Callers check [`Isa::detect`] first; the functions here are only sound on a CPU that has the
+//! instructions they name.
+
+use half::bf16;
+use rayon::prelude::*;
+
+/// Rows of `A` per tile.
+const MR: usize = 4;
+/// Rows of `B` (columns of `C`) per tile.
+const NR: usize = 4;
+/// Columns of `C` per parallel task, unless fewer are needed to keep every thread busy.
+const NB: usize = 64;
+
+/// The instruction sets these kernels use, as found on this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Isa {
+    /// AVX-512 F: the f32 kernel.
+    pub avx512f: bool,
+    /// AVX-512 BF16 (with F): the bf16 kernel.
+    pub avx512bf16: bool,
+}
+
+impl Isa {
+    /// What this CPU supports (nothing off x86-64).
+    pub fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let f = std::arch::is_x86_feature_detected!("avx512f");
+            Isa {
+                avx512f: f,
+                avx512bf16: f && std::arch::is_x86_feature_detected!("avx512bf16"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa {
+            avx512f: false,
+            avx512bf16: false,
+        }
+    }
+}
+
+/// A raw output pointer shared by tasks that write disjoint columns.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The pointer (a method, so that closures capture the `Sync` wrapper, not the field).
+    fn at(&self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// Splits the `n` columns into blocks, at most [`NB`] wide, and at least two per thread when
+/// `n` allows (so that a short `n` still uses every core).
+fn column_blocks(n: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let by_width = n.div_ceil(NB);
+    let by_threads = (2 * threads).min(n.div_ceil(NR));
+    let blocks = by_width.max(by_threads).max(1);
+    // Round block width up to a whole number of tiles.
+    let width = n.div_ceil(blocks).div_ceil(NR) * NR;
+    width.max(NR)
+}
+
+/// Runs `tile(row0, rows, col0, cols)` over every tile of an `m x n` output, in parallel over
+/// column blocks.
+fn for_each_tile(m: usize, n: usize, tile: impl Fn(usize, usize, usize, usize) + Sync) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let width = column_blocks(n);
+    let blocks = n.div_ceil(width);
+    (0..blocks).into_par_iter().for_each(|b| {
+        let c0 = b * width;
+        let c1 = (c0 + width).min(n);
+        let mut r = 0;
+        while r < m {
+            let rows = MR.min(m - r);
+            let mut c = c0;
+            while c < c1 {
+                let cols = NR.min(c1 - c);
+                tile(r, rows, c, cols);
+                c += cols;
+            }
+            r += rows;
+        }
+    });
+}
+
+/// `c[m, n] = a[m, k] · b[n, k]ᵀ` in f32.
+///
+/// # Safety
+/// The CPU must support AVX-512 F ([`Isa::detect`]).
+pub unsafe fn gemm_nt_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usize, k: usize) {
+    check_lengths(a.len(), b.len(), c.len(), m, n, k);
+    let out = Out(c.as_mut_ptr());
+    let (pa, pb) = (a.as_ptr() as usize, b.as_ptr() as usize);
+    for_each_tile(m, n, |r, rows, col, cols| {
+        let a = (pa as *const f32).add(r * k);
+        let b = (pb as *const f32).add(col * k);
+        let c = out.at(r * n + col);
+        #[cfg(target_arch = "x86_64")]
+        x86::tile_f32(rows, cols, a, b, c, k, n);
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("AVX-512 kernels on a CPU without them ({a:?} {b:?} {c:?} {rows} {cols})");
+    });
+}
+
+/// `c[m, n] = a[m, k] · b[n, k]ᵀ` with bf16 operands, accumulated and returned in f32.
+///
+/// # Safety
+/// The CPU must support AVX-512 F and BF16 ([`Isa::detect`]).
+pub unsafe fn gemm_nt_bf16(a: &[bf16], b: &[bf16], c: &mut [f32], m: usize, n: usize, k: usize) {
+    check_lengths(a.len(), b.len(), c.len(), m, n, k);
+    let out = Out(c.as_mut_ptr());
+    let (pa, pb) = (a.as_ptr() as usize, b.as_ptr() as usize);
+    for_each_tile(m, n, |r, rows, col, cols| {
+        let a = (pa as *const u16).add(r * k);
+        let b = (pb as *const u16).add(col * k);
+        let c = out.at(r * n + col);
+        #[cfg(target_arch = "x86_64")]
+        x86::tile_bf16(rows, cols, a, b, c, k, n);
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("AVX-512 kernels on a CPU without them ({a:?} {b:?} {c:?} {rows} {cols})");
+    });
+}
+
+fn check_lengths(a: usize, b: usize, c: usize, m: usize, n: usize, k: usize) {
+    assert!(
+        a == m * k && b == n * k && c == m * n,
+        "gemm_nt: operand lengths {a}, {b}, {c} do not match m={m} n={n} k={k}"
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! The tiles: `ROWS x COLS` accumulators over all of `k`, one instantiation per tile shape.
+    use super::{MR, NR};
+    use std::arch::x86_64::*;
+
+    /// Dispatches a tile of `rows <= MR` by `cols <= NR` to its instantiation.
+    macro_rules! dispatch {
+        ($f:ident, $rows:expr, $cols:expr, $($arg:expr),*) => {
+            match ($rows, $cols) {
+                (4, 4) => $f::<4, 4>($($arg),*),
+                (4, 3) => $f::<4, 3>($($arg),*),
+                (4, 2) => $f::<4, 2>($($arg),*),
+                (4, 1) => $f::<4, 1>($($arg),*),
+                (3, 4) => $f::<3, 4>($($arg),*),
+                (3, 3) => $f::<3, 3>($($arg),*),
+                (3, 2) => $f::<3, 2>($($arg),*),
+                (3, 1) => $f::<3, 1>($($arg),*),
+                (2, 4) => $f::<2, 4>($($arg),*),
+                (2, 3) => $f::<2, 3>($($arg),*),
+                (2, 2) => $f::<2, 2>($($arg),*),
+                (2, 1) => $f::<2, 1>($($arg),*),
+                (1, 4) => $f::<1, 4>($($arg),*),
+                (1, 3) => $f::<1, 3>($($arg),*),
+                (1, 2) => $f::<1, 2>($($arg),*),
+                (1, 1) => $f::<1, 1>($($arg),*),
+                (r, c) => unreachable!("tile {r}x{c} larger than {MR}x{NR}"),
+            }
+        };
+    }
+
+    pub unsafe fn tile_f32(
+        rows: usize,
+        cols: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        k: usize,
+        ldc: usize,
+    ) {
+        dispatch!(tile_f32_const, rows, cols, a, b, c, k, ldc)
+    }
+
+    pub unsafe fn tile_bf16(
+        rows: usize,
+        cols: usize,
+        a: *const u16,
+        b: *const u16,
+        c: *mut f32,
+        k: usize,
+        ldc: usize,
+    ) {
+        dispatch!(tile_bf16_const, rows, cols, a, b, c, k, ldc)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tile_f32_const<const R: usize, const C: usize>(
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        k: usize,
+        ldc: usize,
+    ) {
+        const W: usize = 16;
+        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        let full = k / W * W;
+        let mut p = 0;
+        while p < full {
+            let mut bv = [_mm512_setzero_ps(); C];
+            for (j, v) in bv.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(b.add(j * k + p));
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm512_loadu_ps(a.add(i * k + p));
+                for (j, s) in row.iter_mut().enumerate() {
+                    *s = _mm512_fmadd_ps(av, bv[j], *s);
+                }
+            }
+            p += W;
+        }
+        if p < k {
+            let mask: __mmask16 = ((1u32 << (k - p)) - 1) as __mmask16;
+            let mut bv = [_mm512_setzero_ps(); C];
+            for (j, v) in bv.iter_mut().enumerate() {
+                *v = _mm512_maskz_loadu_ps(mask, b.add(j * k + p));
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm512_maskz_loadu_ps(mask, a.add(i * k + p));
+                for (j, s) in row.iter_mut().enumerate() {
+                    *s = _mm512_fmadd_ps(av, bv[j], *s);
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (j, s) in row.iter().enumerate() {
+                *c.add(i * ldc + j) = _mm512_reduce_add_ps(*s);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn tile_bf16_const<const R: usize, const C: usize>(
+        a: *const u16,
+        b: *const u16,
+        c: *mut f32,
+        k: usize,
+        ldc: usize,
+    ) {
+        // 32 bf16 per vector; vdpbf16ps adds the products of each adjacent pair into one f32
+        // lane, so every lane sums its own pairs and the final reduction sums the lanes.
+        const W: usize = 32;
+        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        let full = k / W * W;
+        let mut p = 0;
+        while p < full {
+            let mut bv = [_mm512_setzero_si512(); C];
+            for (j, v) in bv.iter_mut().enumerate() {
+                *v = _mm512_loadu_si512(b.add(j * k + p) as *const _);
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av: __m512bh =
+                    std::mem::transmute(_mm512_loadu_si512(a.add(i * k + p) as *const _));
+                for (j, s) in row.iter_mut().enumerate() {
+                    *s = _mm512_dpbf16_ps(*s, av, std::mem::transmute::<__m512i, __m512bh>(bv[j]));
+                }
+            }
+            p += W;
+        }
+        if p < k {
+            let mask: __mmask32 = ((1u64 << (k - p)) - 1) as __mmask32;
+            let mut bv = [_mm512_setzero_si512(); C];
+            for (j, v) in bv.iter_mut().enumerate() {
+                *v = _mm512_maskz_loadu_epi16(mask, b.add(j * k + p) as *const i16);
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av: __m512bh = std::mem::transmute(_mm512_maskz_loadu_epi16(
+                    mask,
+                    a.add(i * k + p) as *const i16,
+                ));
+                for (j, s) in row.iter_mut().enumerate() {
+                    *s = _mm512_dpbf16_ps(*s, av, std::mem::transmute::<__m512i, __m512bh>(bv[j]));
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (j, s) in row.iter().enumerate() {
+                *c.add(i * ldc + j) = _mm512_reduce_add_ps(*s);
+            }
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! CPU kernels for the linear layers that dominate a MoE forward and backward: every expert
+//! projection and every dense projection is `x · wᵀ`, and [`linear`] computes it.
+//!
+//! On a CPU with AVX-512 it runs our own kernels ([`gemm_nt`]): bf16 operands stay bf16 (half
+//! the memory traffic) and multiply with `vdpbf16ps` into f32 accumulators; f32 uses FMA. The
+//! op is a candle `CustomOp2` with its own backward ([`linear_op`]), so training goes through
+//! it too. Elsewhere, or with `OCCULT_KERNELS=portable`, it runs the portable path: candle's
+//! matmul in f32 (bf16 operands are widened to f32 first, because candle's bf16 CPU matmul is
+//! two orders of magnitude slower). Both paths accumulate in f32 and round once.
+
+pub mod bench;
+pub mod gemm_nt;
+mod linear_op;
+
+use crate::Result;
+use candle::{DType, Device, Tensor};
+pub use gemm_nt::Isa;
+use std::sync::OnceLock;
+
+/// Which implementation computes a [`linear`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// Our AVX-512 kernels where the CPU and dtype allow, else [`Path::Portable`].
+    Auto,
+    /// candle's matmul, in f32 for bf16 operands.
+    Portable,
+}
+
+/// The path this process uses: `OCCULT_KERNELS=portable` forces the portable one (to compare,
+/// or to test the fallback on a CPU that has the instructions); unset or `auto` picks.
+pub fn process_path() -> Path {
+    static PATH: OnceLock<Path> = OnceLock::new();
+    *PATH.get_or_init(|| match std::env::var("OCCULT_KERNELS").as_deref() {
+        Ok("portable") => Path::Portable,
+        _ => Path::Auto,
+    })
+}
+
+/// This CPU's instruction sets, detected once.
+pub fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(Isa::detect)
+}
+
+/// What [`linear`] runs for operands of `dtype` in this process, in words (for bench output).
+pub fn describe(dtype: DType) -> &'static str {
+    match (process_path(), fast_kernel(dtype)) {
+        (Path::Auto, Some(DType::BF16)) => "avx512-bf16 (vdpbf16ps, f32 accumulation)",
+        (Path::Auto, Some(_)) => "avx512-f32 (fma)",
+        _ if dtype == DType::BF16 => "portable (candle matmul, widened to f32)",
+        _ => "portable (candle matmul)",
+    }
+}
+
+/// The dtype whose AVX-512 kernel this CPU can run for operands of `dtype`, if any.
+fn fast_kernel(dtype: DType) -> Option<DType> {
+    let isa = isa();
+    match dtype {
+        DType::F32 if isa.avx512f => Some(DType::F32),
+        DType::BF16 if isa.avx512bf16 => Some(DType::BF16),
+        _ => None,
+    }
+}
+
+/// `x · wᵀ` for `x` `[.., K]` and a weight `w` `[N, K]` in its stored layout: `[.., N]`, in
+/// `x`'s dtype. Differentiable in both operands.
+pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    linear_with(x, w, process_path())
+}
+
+/// [`linear`] on a chosen path (tests hold the paths to each other with this).
+pub fn linear_with(x: &Tensor, w: &Tensor, path: Path) -> Result<Tensor> {
+    let (n, k) = w.dims2()?;
+    let dims = x.dims().to_vec();
+    let Some((&kx, lead)) = dims.split_last() else {
+        return Err(candle::Error::Msg("linear of a scalar".into()).into());
+    };
+    if kx != k {
+        return Err(candle::Error::ShapeMismatchBinaryOp {
+            lhs: x.shape().clone(),
+            rhs: w.shape().clone(),
+            op: "linear",
+        }
+        .into());
+    }
+    let rows: usize = lead.iter().product();
+    let x2 = x.reshape((rows, k))?;
+    let fast = path == Path::Auto
+        && matches!(x.device(), Device::Cpu)
+        && x.dtype() == w.dtype()
+        && fast_kernel(x.dtype()).is_some();
+    let y = if fast {
+        x2.contiguous()?
+            .apply_op2(&w.contiguous()?, linear_op::LinearNt)?
+    } else {
+        portable(&x2, w)?
+    };
+    let mut out = lead.to_vec();
+    out.push(n);
+    Ok(y.reshape(out)?)
+}
+
+/// candle's matmul; bf16 widened to f32 and rounded back once.
+fn portable(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if x.dtype() == DType::BF16 && w.dtype() == DType::BF16 {
+        let y = x
+            .to_dtype(DType::F32)?
+            .matmul(&w.to_dtype(DType::F32)?.t()?)?;
+        return Ok(y.to_dtype(DType::BF16)?);
+    }
+    Ok(x.matmul(&w.t()?)?)
+}

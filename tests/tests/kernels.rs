@@ -1,0 +1,192 @@
+//! The CPU linear kernels (`occult_core::kernels`) against plain f64 loops over the same
+//! operands: forward and backward, f32 and bf16, shapes with 0 and 1 rows, odd sizes, and sizes
+//! that are not a multiple of a tile or a vector; the fast path and the forced portable path.
+
+use candle::{DType, Device, Tensor, Var};
+use occult_core::kernels::{self, linear_with, Path};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// `[rows, cols]` of uniform values in [-1, 1), as f64 (for the reference) and as a tensor of
+/// `dtype` holding the same values (rounded to `dtype` first, so both see one operand).
+fn operand(rng: &mut ChaCha8Rng, rows: usize, cols: usize, dtype: DType) -> (Vec<f64>, Tensor) {
+    let raw: Vec<f32> = (0..rows * cols)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+    let t = Tensor::from_vec(raw, (rows, cols), &Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    (values(&t), t)
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// `a [m, k] · b [n, k]ᵀ` and, per output, `Σ |a b|` (what bounds its rounding error).
+fn reference_nt(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut y = vec![0.0; m * n];
+    let mut mag = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            for p in 0..k {
+                y[i * n + j] += a[i * k + p] * b[j * k + p];
+                mag[i * n + j] += (a[i * k + p] * b[j * k + p]).abs();
+            }
+        }
+    }
+    (y, mag)
+}
+
+fn transpose(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    let mut t = vec![0.0; a.len()];
+    for i in 0..rows {
+        for j in 0..cols {
+            t[j * rows + i] = a[i * cols + j];
+        }
+    }
+    t
+}
+
+/// Holds `got` to `want` within f32 summation error, plus one rounding to `dtype`.
+fn assert_close(got: &[f64], want: &[f64], mag: &[f64], dtype: DType, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let round = if dtype == DType::BF16 {
+        2f64.powi(-8)
+    } else {
+        2f64.powi(-23)
+    };
+    for (i, ((g, w), m)) in got.iter().zip(want).zip(mag).enumerate() {
+        let tol = round * w.abs() + 1e-6 * m + 1e-30;
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: element {i} is {g}, expected {w} (tolerance {tol})"
+        );
+    }
+}
+
+const SHAPES: &[(usize, usize, usize)] = &[
+    (0, 5, 7),
+    (1, 1, 1),
+    (1, 64, 2048),
+    (3, 5, 7),
+    (4, 4, 16),
+    (4, 4, 32),
+    (5, 9, 33),
+    (7, 13, 31),
+    (9, 130, 65),
+    (17, 3, 100),
+    (64, 67, 129),
+    (2, 1, 0),
+];
+
+fn check_forward(path: Path) {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for dtype in [DType::F32, DType::BF16] {
+        for &(m, n, k) in SHAPES {
+            let (a, x) = operand(&mut rng, m, k, dtype);
+            let (b, w) = operand(&mut rng, n, k, dtype);
+            let y = linear_with(&x, &w, path).unwrap();
+            assert_eq!(y.dims(), [m, n]);
+            assert_eq!(y.dtype(), dtype);
+            let (want, mag) = reference_nt(&a, &b, m, n, k);
+            assert_close(
+                &values(&y),
+                &want,
+                &mag,
+                dtype,
+                &format!("{path:?} {dtype:?} {m}x{n}x{k}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn fast_forward_equals_plain_loops() {
+    check_forward(Path::Auto);
+}
+
+#[test]
+fn forced_portable_forward_equals_plain_loops() {
+    check_forward(Path::Portable);
+}
+
+/// Gradients of `Σ r ⊙ (x · wᵀ)`: `dx = r · w`, `dw = rᵀ · x`.
+fn check_backward(path: Path) {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for dtype in [DType::F32, DType::BF16] {
+        for &(m, n, k) in SHAPES {
+            let (a, x) = operand(&mut rng, m, k, dtype);
+            let (b, w) = operand(&mut rng, n, k, dtype);
+            let (r, rt) = operand(&mut rng, m, n, dtype);
+            let (xv, wv) = (Var::from_tensor(&x).unwrap(), Var::from_tensor(&w).unwrap());
+            let y = linear_with(xv.as_tensor(), wv.as_tensor(), path).unwrap();
+            let loss = (y * rt)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .sum_all()
+                .unwrap();
+            let grads = loss.backward().unwrap();
+            let what = format!("{path:?} {dtype:?} {m}x{n}x{k}");
+            // dx [m, k] = r [m, n] · (wᵀ [k, n])ᵀ
+            let (dx, dx_mag) = reference_nt(&r, &transpose(&b, n, k), m, k, n);
+            let got = grads
+                .get(xv.as_tensor())
+                .map(values)
+                .unwrap_or(vec![0.0; m * k]);
+            assert_close(&got, &dx, &dx_mag, dtype, &format!("{what} dx"));
+            // dw [n, k] = rᵀ [n, m] · (xᵀ [k, m])ᵀ
+            let (dw, dw_mag) = reference_nt(&transpose(&r, m, n), &transpose(&a, m, k), n, k, m);
+            let got = grads
+                .get(wv.as_tensor())
+                .map(values)
+                .unwrap_or(vec![0.0; n * k]);
+            assert_close(&got, &dw, &dw_mag, dtype, &format!("{what} dw"));
+        }
+    }
+}
+
+#[test]
+fn fast_backward_equals_plain_loops() {
+    check_backward(Path::Auto);
+}
+
+#[test]
+fn forced_portable_backward_equals_plain_loops() {
+    check_backward(Path::Portable);
+}
+
+#[test]
+fn leading_dimensions_and_strided_operands_are_accepted() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    for dtype in [DType::F32, DType::BF16] {
+        let (a, x) = operand(&mut rng, 6, 10, dtype);
+        let (b, w) = operand(&mut rng, 10, 5, dtype);
+        // x as [2, 3, 10]; w given transposed (a strided view of [10, 5]).
+        let y = kernels::linear(&x.reshape((2, 3, 10)).unwrap(), &w.t().unwrap()).unwrap();
+        assert_eq!(y.dims(), [2, 3, 5]);
+        let (want, mag) = reference_nt(&a, &transpose(&b, 10, 5), 6, 5, 10);
+        assert_close(&values(&y), &want, &mag, dtype, &format!("{dtype:?} 3-d"));
+    }
+    let x = Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap();
+    let w = Tensor::zeros((4, 5), DType::F32, &Device::Cpu).unwrap();
+    let err = kernels::linear(&x, &w).unwrap_err().to_string();
+    assert!(err.contains("shape mismatch"), "{err}");
+}
+
+/// The process's path is what `OCCULT_KERNELS` says, and the fast path names its kernel.
+#[test]
+fn the_path_in_use_is_reported() {
+    let d = kernels::describe(DType::BF16);
+    match (kernels::process_path(), kernels::isa().avx512bf16) {
+        (Path::Auto, true) => assert!(d.starts_with("avx512-bf16"), "{d}"),
+        _ => assert!(d.starts_with("portable"), "{d}"),
+    }
+}
