@@ -1,6 +1,7 @@
 //! The CPU linear kernels (`occult_core::kernels`) against plain f64 loops over the same
 //! operands: forward and backward, f32 and bf16, shapes with 0 and 1 rows, odd sizes, and sizes
-//! that are not a multiple of a tile or a vector; the fast path and the forced portable path.
+//! that are not a multiple of a tile, a panel, a k block or a vector; the fast path and the
+//! forced portable path.
 
 use candle::{DType, Device, Tensor, Var};
 use occult_core::kernels::{self, linear_with, Path};
@@ -83,6 +84,10 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (9, 130, 65),
     (17, 3, 100),
     (64, 67, 129),
+    (8, 33, 600),
+    (13, 40, 1029),
+    (256, 33, 7),
+    (260, 50, 300),
     (2, 1, 0),
 ];
 

@@ -7,7 +7,8 @@
 //! `k` and reduces each to one output at the end (a tail of `k` shorter than a vector is read
 //! with a masked load). Columns of `C` are split in blocks across rayon's threads; each block of
 //! `B` stays in cache while every tile of `A` passes over it. A single row (decode) streams each
-//! weight row once.
+//! weight row once. For f32 from [`PACKED_MIN_ROWS`] rows on, the packed outer-product path
+//! takes over.
 //!
 //! Callers check [`Isa::detect`] first; the functions here are only sound on a CPU that has the
 //! instructions they name.
@@ -19,6 +20,12 @@ use rayon::prelude::*;
 const MR: usize = 4;
 /// Rows of `B` (columns of `C`) per tile.
 const NR: usize = 4;
+/// From this many rows on, f32 takes the packed outer-product path ([`super::packed`]). Measured
+/// side by side on OLMoE's expert shapes (2 threads): the tiles here win up to 128 rows (2x
+/// candle at 16 rows), the packed path from 256 (1.15-1.3x candle at 512 rows, where the tiles
+/// fall to 0.8x). For bf16 the tiles won at every size measured (16 to 512 rows), so bf16 has no
+/// packed path.
+const PACKED_MIN_ROWS: usize = 256;
 /// Columns of `C` per parallel task, unless fewer are needed to keep every thread busy.
 const NB: usize = 64;
 
@@ -83,7 +90,7 @@ fn for_each_tile(m: usize, n: usize, tile: impl Fn(usize, usize, usize, usize) +
     }
     let width = column_blocks(n);
     let blocks = n.div_ceil(width);
-    (0..blocks).into_par_iter().for_each(|b| {
+    let block = |b: usize| {
         let c0 = b * width;
         let c1 = (c0 + width).min(n);
         let mut r = 0;
@@ -97,7 +104,14 @@ fn for_each_tile(m: usize, n: usize, tile: impl Fn(usize, usize, usize, usize) +
             }
             r += rows;
         }
-    });
+    };
+    // One thread or one block: no hand-off to the pool (its wake-up costs more than a decode
+    // step's block).
+    if blocks <= 1 || rayon::current_num_threads() <= 1 {
+        (0..blocks).for_each(block);
+    } else {
+        (0..blocks).into_par_iter().for_each(block);
+    }
 }
 
 /// `c[m, n] = a[m, k] · b[n, k]ᵀ` in f32.
@@ -106,6 +120,10 @@ fn for_each_tile(m: usize, n: usize, tile: impl Fn(usize, usize, usize, usize) +
 /// The CPU must support AVX-512 F ([`Isa::detect`]).
 pub unsafe fn gemm_nt_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usize, k: usize) {
     check_lengths(a.len(), b.len(), c.len(), m, n, k);
+    #[cfg(target_arch = "x86_64")]
+    if m >= PACKED_MIN_ROWS {
+        return super::packed::gemm_f32(a, b, c, m, n, k);
+    }
     let out = Out(c.as_mut_ptr());
     let (pa, pb) = (a.as_ptr() as usize, b.as_ptr() as usize);
     for_each_tile(m, n, |r, rows, col, cols| {

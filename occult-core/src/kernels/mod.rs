@@ -11,6 +11,7 @@
 pub mod bench;
 pub mod gemm_nt;
 mod linear_op;
+mod packed;
 
 use crate::Result;
 use candle::{DType, Device, Tensor};

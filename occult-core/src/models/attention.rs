@@ -4,7 +4,7 @@
 //! cache for incremental decoding.
 
 use super::config::{ModelConfig, QkNorm};
-use super::layers::{causal_mask, linear, repeat_kv, rms_norm, softmax_f32, Rope};
+use super::layers::{causal_mask, linear, rms_norm, softmax_f32, Rope};
 use crate::models::weights::Weights;
 use crate::{bail, Result};
 use candle::Tensor;
@@ -173,14 +173,21 @@ impl Attention {
             }
             None => (k, v),
         };
-        let k = repeat_kv(&k, nh / nkv)?;
-        let v = repeat_kv(&v, nh / nkv)?;
+        // Grouped-query attention reads each key/value head in place: the g = nh / nkv query
+        // heads that share one (consecutive, as transformers' repeat_kv lays them out) are
+        // stacked as g * T rows against it, instead of copying the cache g times.
+        let g = nh / nkv;
+        let s = k.dim(2)?;
+        let q = q.contiguous()?.reshape((b, nkv, g * t, hd))?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let scores = (q.matmul(&k.t()?)? * scale)?.reshape((b, nkv, g, t, s))?;
         let mask = causal_mask(t, offset, self.window, scores.dtype(), x.device())?;
         let probs = softmax_f32(&scores.broadcast_add(&mask)?, fused)?;
-        let y = probs.matmul(&v)?; // [B, nh, T, hd]
-        let y = y.transpose(1, 2)?.reshape((b, t, nh * hd))?;
+        let y = probs.reshape((b, nkv, g * t, s))?.matmul(&v)?; // [B, nkv, g T, hd]
+        let y = y
+            .reshape((b, nh, t, hd))?
+            .transpose(1, 2)?
+            .reshape((b, t, nh * hd))?;
         linear(&y, &self.o, None)
     }
 }

@@ -115,17 +115,6 @@ pub fn causal_mask(
     Ok(Tensor::from_vec(mask, (t, s), dev)?.to_dtype(dtype)?)
 }
 
-/// `[B, kv_heads, S, d]` repeated to `[B, kv_heads * n, S, d]`, each head `n` times in a row.
-pub fn repeat_kv(x: &Tensor, n: usize) -> Result<Tensor> {
-    if n == 1 {
-        return Ok(x.clone());
-    }
-    let (b, h, s, d) = x.dims4()?;
-    Ok(x.unsqueeze(2)?
-        .broadcast_as((b, h, n, s, d))?
-        .reshape((b, h * n, s, d))?)
-}
-
 /// Softmax over the last dimension in f32, cast back to the input's dtype.
 pub fn softmax_f32(x: &Tensor, fused: bool) -> Result<Tensor> {
     let dt = x.dtype();
