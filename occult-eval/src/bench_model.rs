@@ -19,6 +19,10 @@ use std::time::Instant;
 pub enum Against {
     /// candle-transformers' model of the same family (build with `--features candle-transformers`).
     CandleTransformers,
+    /// Hugging Face transformers (PyTorch) on the same checkpoint, dtype and thread count, in a
+    /// Python process beside this one ($OCCULT_PYTHON, default python3, with torch and
+    /// transformers installed; scripts/bench_transformers.py).
+    Transformers,
 }
 
 #[derive(clap::Args, Debug)]
@@ -70,6 +74,34 @@ pub trait Decoder {
     fn step(&mut self, ids: &[u32], offset: usize) -> Result<Vec<f32>>;
 }
 
+/// Something whose prefill and greedy decode can be timed: (prefill s, decode s per token,
+/// the prompt's last-position logits).
+pub trait Timed {
+    fn name(&self) -> String;
+    fn time(&mut self, prompt: &[u32], steps: usize) -> Result<(f64, f64, Vec<f32>)>;
+}
+
+impl<D: Decoder + ?Sized> Timed for D {
+    fn name(&self) -> String {
+        Decoder::name(self)
+    }
+    fn time(&mut self, prompt: &[u32], steps: usize) -> Result<(f64, f64, Vec<f32>)> {
+        time_one(self, prompt, steps)
+    }
+}
+
+impl Decoder for Box<dyn Decoder> {
+    fn name(&self) -> String {
+        self.as_ref().name()
+    }
+    fn reset(&mut self) {
+        self.as_mut().reset()
+    }
+    fn step(&mut self, ids: &[u32], offset: usize) -> Result<Vec<f32>> {
+        self.as_mut().step(ids, offset)
+    }
+}
+
 /// Our model with its cache.
 pub struct Ours<'a> {
     pub model: &'a Model,
@@ -95,7 +127,11 @@ impl Decoder for Ours<'_> {
 
 /// Prefill `prompt`, then decode greedily; returns (prefill s, decode s per token, first
 /// logits).
-fn time_one(d: &mut dyn Decoder, prompt: &[u32], steps: usize) -> Result<(f64, f64, Vec<f32>)> {
+fn time_one<D: Decoder + ?Sized>(
+    d: &mut D,
+    prompt: &[u32],
+    steps: usize,
+) -> Result<(f64, f64, Vec<f32>)> {
     d.reset();
     let clock = Instant::now();
     let first = d.step(prompt, 0)?;
@@ -128,7 +164,7 @@ pub struct Timings {
 /// Runs every decoder `repeats` times, alternating (ours, theirs, ours, theirs...), so that
 /// each repeat is a paired comparison under the same machine load.
 pub fn compare(
-    decoders: &mut [&mut dyn Decoder],
+    decoders: &mut [&mut dyn Timed],
     prompt: &[u32],
     steps: usize,
     repeats: usize,
@@ -139,7 +175,7 @@ pub fn compare(
     let mut logits = vec![Vec::new(); n];
     for _ in 0..repeats.max(1) {
         for (i, d) in decoders.iter_mut().enumerate() {
-            let (p, s, l) = time_one(*d, prompt, steps)?;
+            let (p, s, l) = d.time(prompt, steps)?;
             prefill[i].push(p);
             decode[i].push(s);
             logits[i] = l;
@@ -222,7 +258,20 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
             Some(Against::CandleTransformers) => {
                 let mut theirs = reference_impl::load(&ck)?;
                 compare(
-                    &mut [&mut ours, theirs.as_mut()],
+                    &mut [&mut ours, &mut theirs],
+                    &prompt,
+                    a.decode_tokens,
+                    a.repeats,
+                )
+            }
+            Some(Against::Transformers) => {
+                let mut theirs = crate::bench_transformers::Transformers::start(
+                    &ck.files.dir,
+                    &a.model.dtype,
+                    rayon::current_num_threads(),
+                )?;
+                compare(
+                    &mut [&mut ours, &mut theirs],
                     &prompt,
                     a.decode_tokens,
                     a.repeats,
