@@ -2,7 +2,7 @@
 //! `[n, k]` in its stored layout, `C` `[m, n]`), with AVX-512 kernels: `vdpbf16ps` for bf16
 //! (bf16 operands, f32 accumulation) and FMA for f32.
 //!
-//! Both operands are read along `k`, where they are contiguous, so nothing is packed: a tile of
+//! Both operands are read along `k`, where they are contiguous, so the tiles pack nothing: a tile of
 //! `MR` rows of `A` and `NR` rows of `B` keeps `MR x NR` vector accumulators over the whole of
 //! `k` and reduces each to one output at the end (a tail of `k` shorter than a vector is read
 //! with a masked load). Columns of `C` are split in blocks across rayon's threads; each block of
