@@ -2,16 +2,5 @@
 //! Fuzz target:  an evaluation task's data as a .json file (`--data arc_easy=FILE`), prepared
 //! 1-shot as `occult eval` would.
 use libfuzzer_sys::fuzz_target;
-use occult_eval::harness::evaluate::{prepare, PrepareOptions};
 
-fuzz_target!(|data: &[u8]| {
-    let path = occult_fuzz::put("test.json", data);
-    let opts = PrepareOptions {
-        data: [("arc_easy".to_string(), path)].into(),
-        samples: false,
-        num_fewshot: Some(1),
-        limit: None,
-        seed: 1234,
-    };
-    let _ = prepare("arc_easy", &opts);
-});
+fuzz_target!(|data: &[u8]| occult_fuzz::prepare_task_data("test.json", data));

@@ -81,3 +81,17 @@ pub fn open_model(dir: &Path) {
     }
     let _ = occult_core::models::model::Model::load_reference(&ck.weights, &ck.cfg);
 }
+
+/// Prepares arc_easy 1-shot, as `occult eval --data arc_easy=FILE` would, from `bytes` written
+/// as `file_name` (whose extension picks the reader: .json, .jsonl or .parquet).
+pub fn prepare_task_data(file_name: &str, bytes: &[u8]) {
+    use occult_eval::harness::evaluate::{prepare, PrepareOptions};
+    let opts = PrepareOptions {
+        data: [("arc_easy".to_string(), put(file_name, bytes))].into(),
+        samples: false,
+        num_fewshot: Some(1),
+        limit: None,
+        seed: 1234,
+    };
+    let _ = prepare("arc_easy", &opts);
+}

@@ -485,18 +485,24 @@ fn a_rank_that_fails_or_reads_other_inputs_ends_the_job_with_its_reason() {
     );
 }
 
+/// Eight Alpaca records ("Add i and 1.") as `a.jsonl` in `dir`.
+fn write_add_one_data(dir: &Path) {
+    let text: String = (0..8)
+        .map(|i| {
+            format!(
+                "{{\"instruction\": \"Add {i} and 1.\", \"output\": \"{}\"}}\n",
+                i + 1
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("a.jsonl"), text).unwrap();
+}
+
 #[test]
 fn training_under_mpirun_takes_the_steps_of_threads() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path();
-    let mut text = String::new();
-    for i in 0..8 {
-        text.push_str(&format!(
-            "{{\"instruction\": \"Add {i} and 1.\", \"output\": \"{}\"}}\n",
-            i + 1
-        ));
-    }
-    std::fs::write(dir.join("a.jsonl"), text).unwrap();
+    write_add_one_data(dir);
     let model = fixture("olmoe");
     let args = |out: &str, mpi: bool| {
         let mut a: Vec<String> = [
@@ -697,14 +703,7 @@ fn a_rank_killed_mid_forward_backward_or_checkpoint_ends_the_job_and_leaves_whol
     use std::io::{BufRead, BufReader};
     let t = tempfile::tempdir().unwrap();
     let dir = t.path();
-    let mut text = String::new();
-    for i in 0..8 {
-        text.push_str(&format!(
-            "{{\"instruction\": \"Add {i} and 1.\", \"output\": \"{}\"}}\n",
-            i + 1
-        ));
-    }
-    std::fs::write(dir.join("a.jsonl"), text).unwrap();
+    write_add_one_data(dir);
     let model = fixture("olmoe");
     let args = |out: &str, extra: &[&str]| -> Vec<String> {
         let mut a: Vec<String> = [

@@ -13,6 +13,7 @@
 //! Callers check [`Isa::detect`] first; the functions here are only sound on a CPU that has the
 //! instructions they name.
 
+use super::Shared;
 use half::bf16;
 use rayon::prelude::*;
 
@@ -54,19 +55,6 @@ impl Isa {
             avx512f: false,
             avx512bf16: false,
         }
-    }
-}
-
-/// A raw output pointer shared by tasks that write disjoint columns.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
-impl Out {
-    /// The pointer (a method, so that closures capture the `Sync` wrapper, not the field).
-    fn at(&self, offset: usize) -> *mut f32 {
-        self.0.wrapping_add(offset)
     }
 }
 
@@ -124,12 +112,13 @@ pub unsafe fn gemm_nt_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usiz
     if m >= PACKED_MIN_ROWS {
         return super::packed::gemm_f32(a, b, c, m, n, k);
     }
-    let out = Out(c.as_mut_ptr());
-    let (pa, pb) = (a.as_ptr() as usize, b.as_ptr() as usize);
+    let (pa, pb, out) = (
+        Shared(a.as_ptr()),
+        Shared(b.as_ptr()),
+        Shared(c.as_mut_ptr()),
+    );
     for_each_tile(m, n, |r, rows, col, cols| {
-        let a = (pa as *const f32).add(r * k);
-        let b = (pb as *const f32).add(col * k);
-        let c = out.at(r * n + col);
+        let (a, b, c) = (pa.at(r * k), pb.at(col * k), out.at(r * n + col));
         #[cfg(target_arch = "x86_64")]
         x86::tile_f32(rows, cols, a, b, c, k, n);
         #[cfg(not(target_arch = "x86_64"))]
@@ -143,12 +132,13 @@ pub unsafe fn gemm_nt_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usiz
 /// The CPU must support AVX-512 F and BF16 ([`Isa::detect`]).
 pub unsafe fn gemm_nt_bf16(a: &[bf16], b: &[bf16], c: &mut [f32], m: usize, n: usize, k: usize) {
     check_lengths(a.len(), b.len(), c.len(), m, n, k);
-    let out = Out(c.as_mut_ptr());
-    let (pa, pb) = (a.as_ptr() as usize, b.as_ptr() as usize);
+    let (pa, pb) = (
+        Shared(a.as_ptr() as *const u16),
+        Shared(b.as_ptr() as *const u16),
+    );
+    let out = Shared(c.as_mut_ptr());
     for_each_tile(m, n, |r, rows, col, cols| {
-        let a = (pa as *const u16).add(r * k);
-        let b = (pb as *const u16).add(col * k);
-        let c = out.at(r * n + col);
+        let (a, b, c) = (pa.at(r * k), pb.at(col * k), out.at(r * n + col));
         #[cfg(target_arch = "x86_64")]
         x86::tile_bf16(rows, cols, a, b, c, k, n);
         #[cfg(not(target_arch = "x86_64"))]

@@ -19,6 +19,26 @@ use candle::{DType, Device, Tensor};
 pub use gemm_nt::Isa;
 use std::sync::OnceLock;
 
+/// A raw pointer shared by the parallel tasks of a kernel, which only read through it or write
+/// disjoint elements. A method gives the address, so that closures capture the `Sync` wrapper
+/// rather than the pointer field.
+#[derive(Clone, Copy)]
+struct Shared<P>(P);
+unsafe impl<P> Send for Shared<P> {}
+unsafe impl<P> Sync for Shared<P> {}
+
+impl<T> Shared<*const T> {
+    fn at(&self, offset: usize) -> *const T {
+        self.0.wrapping_add(offset)
+    }
+}
+
+impl<T> Shared<*mut T> {
+    fn at(&self, offset: usize) -> *mut T {
+        self.0.wrapping_add(offset)
+    }
+}
+
 /// Which implementation computes a [`linear`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {

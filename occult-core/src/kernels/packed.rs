@@ -9,6 +9,7 @@
 //! while every micro-tile passes over it. Panels are split across rayon's threads; each writes
 //! its own columns of `C`.
 
+use super::Shared;
 use rayon::prelude::*;
 
 /// Rows of `A` per micro-tile.
@@ -17,26 +18,6 @@ pub const PR: usize = 8;
 const PC: usize = 32;
 /// `k` per block: 32 KB of panel.
 const KC_F32: usize = 256;
-
-#[derive(Clone, Copy)]
-struct Ptr<T>(*const T);
-unsafe impl<T> Send for Ptr<T> {}
-unsafe impl<T> Sync for Ptr<T> {}
-impl<T> Ptr<T> {
-    fn at(&self, i: usize) -> *const T {
-        self.0.wrapping_add(i)
-    }
-}
-
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-impl OutPtr {
-    fn at(&self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
 
 /// Runs `panel(n0, cols)` for every panel, in parallel when there is more than one thread.
 fn for_each_panel(n: usize, panel: impl Fn(usize, usize) + Sync + Send) {
@@ -62,7 +43,11 @@ pub unsafe fn gemm_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usize, 
         c.fill(0.0);
         return;
     }
-    let (pa, pb, pc) = (Ptr(a.as_ptr()), Ptr(b.as_ptr()), OutPtr(c.as_mut_ptr()));
+    let (pa, pb, pc) = (
+        Shared(a.as_ptr()),
+        Shared(b.as_ptr()),
+        Shared(c.as_mut_ptr()),
+    );
     for_each_panel(n, |n0, cols| {
         let mut panel = vec![0f32; k * PC];
         for j in 0..cols {
