@@ -1,10 +1,10 @@
 //! The CPU linear kernels (`occult_core::kernels`) against plain f64 loops over the same
 //! operands: forward and backward, f32 and bf16, shapes with 0 and 1 rows, odd sizes, and sizes
-//! that are not a multiple of a tile, a panel, a k block or a vector; the fast path and the
-//! forced portable path.
+//! that are not a multiple of a tile, a panel, a k block or a vector; the fast path, each of
+//! its kernels forced, and the forced portable path.
 
 use candle::{DType, Device, Tensor, Var};
-use occult_core::kernels::{self, linear_with, Path};
+use occult_core::kernels::{self, linear_with, Kernel, Path};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -88,6 +88,14 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (13, 40, 1029),
     (256, 33, 7),
     (260, 50, 300),
+    // Outer-product tiles of 1 to 4 vectors, after full tiles; `n` off the micro-tile widths
+    // and the column blocks; `k` off its blocks.
+    (49, 50, 300),
+    (69, 97, 257),
+    (84, 49, 513),
+    (104, 7, 40),
+    (128, 145, 256),
+    (200, 300, 33),
     (2, 1, 0),
 ];
 
@@ -120,6 +128,13 @@ fn fast_forward_equals_plain_loops() {
 #[test]
 fn forced_portable_forward_equals_plain_loops() {
     check_forward(Path::Portable);
+}
+
+/// Each kernel at every shape, whatever the row count would pick.
+#[test]
+fn each_kernel_forward_equals_plain_loops() {
+    check_forward(Path::Kernel(Kernel::Dot));
+    check_forward(Path::Kernel(Kernel::Outer));
 }
 
 /// Gradients of `Σ r ⊙ (x · wᵀ)`: `dx = r · w`, `dw = rᵀ · x`.
@@ -166,6 +181,12 @@ fn fast_backward_equals_plain_loops() {
 #[test]
 fn forced_portable_backward_equals_plain_loops() {
     check_backward(Path::Portable);
+}
+
+#[test]
+fn each_kernel_backward_equals_plain_loops() {
+    check_backward(Path::Kernel(Kernel::Dot));
+    check_backward(Path::Kernel(Kernel::Outer));
 }
 
 #[test]

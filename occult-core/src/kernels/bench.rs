@@ -2,7 +2,7 @@
 //! portable path, our kernels) on the same operands in one run, and the machine's memory read
 //! bandwidth, which bounds decode. Behind `occult bench kernels`.
 
-use super::{linear_with, Path};
+use super::{linear_with, Kernel, Path};
 use crate::Result;
 use candle::{DType, Device, Tensor};
 use rayon::prelude::*;
@@ -13,7 +13,8 @@ use std::time::Instant;
 #[derive(Clone, Debug, Serialize)]
 pub struct KernelTiming {
     pub dtype: String,
-    /// `candle` (candle's matmul as models call it), `portable`, or `occult`.
+    /// `candle` (candle's matmul as models call it), `portable`, `occult` (the kernel picked by
+    /// rows), or one kernel forced: `occult-dot`, `occult-outer`.
     pub candidate: String,
     pub m: usize,
     pub n: usize,
@@ -28,7 +29,7 @@ pub struct KernelTiming {
 /// The candidates for `dtype`, each as a name and the call.
 type Candidate<'a> = (&'static str, Box<dyn Fn() -> Result<Tensor> + 'a>);
 
-/// Times candle's matmul, the portable path and ours on `[m, k] · [n, k]ᵀ` in `dtype`: one
+/// Times candle's matmul, the portable path, ours as picked and each of our kernels forced, on `[m, k] · [n, k]ᵀ` in `dtype`: one
 /// warm-up call, then the best of `repeat` (of 2 for a candidate expected to take over a
 /// second a call, as candle's bf16 matmul does at prefill sizes).
 pub fn time_linear(
@@ -46,6 +47,14 @@ pub fn time_linear(
         ("candle", Box::new(|| Ok(x.matmul(&w.t()?)?))),
         ("portable", Box::new(|| linear_with(&x, &w, Path::Portable))),
         ("occult", Box::new(|| linear_with(&x, &w, Path::Auto))),
+        (
+            "occult-dot",
+            Box::new(|| linear_with(&x, &w, Path::Kernel(Kernel::Dot))),
+        ),
+        (
+            "occult-outer",
+            Box::new(|| linear_with(&x, &w, Path::Kernel(Kernel::Outer))),
+        ),
     ];
     let base = linear_with(&x, &w, Path::Portable)?.to_dtype(DType::F64)?;
     let mut out = Vec::new();

@@ -1,14 +1,15 @@
 //! `C = A · Bᵀ` on slices, the shape of every linear layer (`A` rows `[m, k]`, `B` a weight
-//! `[n, k]` in its stored layout, `C` `[m, n]`), with AVX-512 kernels: `vdpbf16ps` for bf16
-//! (bf16 operands, f32 accumulation) and FMA for f32.
+//! `[n, k]` in its stored layout, `C` `[m, n]`, accumulated in f32), with AVX-512 kernels for
+//! f32 and bf16 operands. There are two:
 //!
-//! Both operands are read along `k`, where they are contiguous, so the tiles pack nothing: a tile of
-//! `MR` rows of `A` and `NR` rows of `B` keeps `MR x NR` vector accumulators over the whole of
-//! `k` and reduces each to one output at the end (a tail of `k` shorter than a vector is read
-//! with a masked load). Columns of `C` are split in blocks across rayon's threads; each block of
-//! `B` stays in cache while every tile of `A` passes over it. A single row (decode) streams each
-//! weight row once. For f32 from [`PACKED_MIN_ROWS`] rows on, the packed outer-product path
-//! takes over.
+//! - [`Kernel::Dot`], for few rows (decode, small experts): both operands are read along `k`,
+//!   where they are contiguous, so nothing is packed. A tile of `MR` rows of `A` and `NR` rows
+//!   of `B` keeps `MR x NR` vector accumulators over the whole of `k` and reduces each to one
+//!   output at the end (a tail of `k` is read with a masked load); bf16 multiplies with
+//!   `vdpbf16ps`. Columns of `C` are split in blocks across rayon's threads; a single row
+//!   streams each weight row once.
+//! - [`Kernel::Outer`] ([`super::outer`]), from [`OUTER_MIN_ROWS`] rows: outer products with
+//!   rows of `A` across the lanes, at f32's FMA rate for both dtypes.
 //!
 //! Callers check [`Isa::detect`] first; the functions here are only sound on a CPU that has the
 //! instructions they name.
@@ -21,12 +22,10 @@ use rayon::prelude::*;
 const MR: usize = 4;
 /// Rows of `B` (columns of `C`) per tile.
 const NR: usize = 4;
-/// From this many rows on, f32 takes the packed outer-product path ([`super::packed`]). Measured
-/// side by side on OLMoE's expert shapes (2 threads): the tiles here win up to 128 rows (2x
-/// candle at 16 rows), the packed path from 256 (1.15-1.3x candle at 512 rows, where the tiles
-/// fall to 0.8x). For bf16 the tiles won at every size measured (16 to 512 rows), so bf16 has no
-/// packed path.
-const PACKED_MIN_ROWS: usize = 256;
+/// From this many rows on, [`Kernel::Outer`] runs. Measured side by side on OLMoE's expert
+/// shapes (2 threads, f32 and bf16): the dot tiles win up to 16 rows (2-4x at 2 to 8 rows), the
+/// two are even at 32, and the outer kernel wins from 64 (1.2-1.9x).
+pub const OUTER_MIN_ROWS: usize = 48;
 /// Columns of `C` per parallel task, unless fewer are needed to keep every thread busy.
 const NB: usize = 64;
 
@@ -102,15 +101,125 @@ fn for_each_tile(m: usize, n: usize, tile: impl Fn(usize, usize, usize, usize) +
     }
 }
 
-/// `c[m, n] = a[m, k] · b[n, k]ᵀ` in f32.
+/// Which kernel computes a product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// Dot-product tiles over `k`: few rows.
+    Dot,
+    /// Outer products over a packed `A`: many rows.
+    Outer,
+}
+
+impl Kernel {
+    /// The faster kernel for `m` rows of `A`.
+    pub fn for_rows(m: usize) -> Kernel {
+        if m >= OUTER_MIN_ROWS {
+            Kernel::Outer
+        } else {
+            Kernel::Dot
+        }
+    }
+}
+
+/// An operand element type with kernels here: f32 or bf16.
+pub trait Elem: Copy + Send + Sync + 'static {
+    /// Whether the element is f32 already (weight rows are then read in place).
+    const IS_F32: bool;
+    fn to_f32(self) -> f32;
+    /// Widens `src` into `dst` (same length).
+    ///
+    /// # Safety
+    /// AVX-512 F.
+    unsafe fn widen(src: &[Self], dst: &mut [f32]);
+    /// One dot-product tile of `rows x cols` outputs.
+    ///
+    /// # Safety
+    /// The instructions of the element's kernel; `a`, `b` and `c` valid for the tile.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn dot_tile(
+        rows: usize,
+        cols: usize,
+        a: *const Self,
+        b: *const Self,
+        c: *mut f32,
+        k: usize,
+        ldc: usize,
+    );
+}
+
+impl Elem for f32 {
+    const IS_F32: bool = true;
+    fn to_f32(self) -> f32 {
+        self
+    }
+    unsafe fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
+    }
+    unsafe fn dot_tile(
+        rows: usize,
+        cols: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        k: usize,
+        ldc: usize,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        x86::tile_f32(rows, cols, a, b, c, k, ldc);
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!(
+            "AVX-512 kernels on a CPU without them ({rows} {cols} {a:?} {b:?} {c:?} {k} {ldc})"
+        );
+    }
+}
+
+impl Elem for bf16 {
+    const IS_F32: bool = false;
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    unsafe fn widen(src: &[bf16], dst: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        x86::widen_bf16(src, dst);
+        #[cfg(not(target_arch = "x86_64"))]
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = s.to_f32();
+        }
+    }
+    unsafe fn dot_tile(
+        rows: usize,
+        cols: usize,
+        a: *const bf16,
+        b: *const bf16,
+        c: *mut f32,
+        k: usize,
+        ldc: usize,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        x86::tile_bf16(rows, cols, a as *const u16, b as *const u16, c, k, ldc);
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!(
+            "AVX-512 kernels on a CPU without them ({rows} {cols} {a:?} {b:?} {c:?} {k} {ldc})"
+        );
+    }
+}
+
+/// `c[m, n] = a[m, k] · b[n, k]ᵀ`, accumulated in f32, by `kernel`.
 ///
 /// # Safety
-/// The CPU must support AVX-512 F ([`Isa::detect`]).
-pub unsafe fn gemm_nt_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usize, k: usize) {
+/// The CPU must support AVX-512 F, and BF16 for bf16 operands ([`Isa::detect`]).
+pub unsafe fn gemm_nt<T: Elem>(
+    a: &[T],
+    b: &[T],
+    c: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    kernel: Kernel,
+) {
     check_lengths(a.len(), b.len(), c.len(), m, n, k);
-    #[cfg(target_arch = "x86_64")]
-    if m >= PACKED_MIN_ROWS {
-        return super::packed::gemm_f32(a, b, c, m, n, k);
+    if kernel == Kernel::Outer {
+        return super::outer::gemm(a, b, c, m, n, k);
     }
     let (pa, pb, out) = (
         Shared(a.as_ptr()),
@@ -118,31 +227,15 @@ pub unsafe fn gemm_nt_f32(a: &[f32], b: &[f32], c: &mut [f32], m: usize, n: usiz
         Shared(c.as_mut_ptr()),
     );
     for_each_tile(m, n, |r, rows, col, cols| {
-        let (a, b, c) = (pa.at(r * k), pb.at(col * k), out.at(r * n + col));
-        #[cfg(target_arch = "x86_64")]
-        x86::tile_f32(rows, cols, a, b, c, k, n);
-        #[cfg(not(target_arch = "x86_64"))]
-        unreachable!("AVX-512 kernels on a CPU without them ({a:?} {b:?} {c:?} {rows} {cols})");
-    });
-}
-
-/// `c[m, n] = a[m, k] · b[n, k]ᵀ` with bf16 operands, accumulated and returned in f32.
-///
-/// # Safety
-/// The CPU must support AVX-512 F and BF16 ([`Isa::detect`]).
-pub unsafe fn gemm_nt_bf16(a: &[bf16], b: &[bf16], c: &mut [f32], m: usize, n: usize, k: usize) {
-    check_lengths(a.len(), b.len(), c.len(), m, n, k);
-    let (pa, pb) = (
-        Shared(a.as_ptr() as *const u16),
-        Shared(b.as_ptr() as *const u16),
-    );
-    let out = Shared(c.as_mut_ptr());
-    for_each_tile(m, n, |r, rows, col, cols| {
-        let (a, b, c) = (pa.at(r * k), pb.at(col * k), out.at(r * n + col));
-        #[cfg(target_arch = "x86_64")]
-        x86::tile_bf16(rows, cols, a, b, c, k, n);
-        #[cfg(not(target_arch = "x86_64"))]
-        unreachable!("AVX-512 kernels on a CPU without them ({a:?} {b:?} {c:?} {rows} {cols})");
+        T::dot_tile(
+            rows,
+            cols,
+            pa.at(r * k),
+            pb.at(col * k),
+            out.at(r * n + col),
+            k,
+            n,
+        );
     });
 }
 
@@ -157,7 +250,27 @@ fn check_lengths(a: usize, b: usize, c: usize, m: usize, n: usize, k: usize) {
 mod x86 {
     //! The tiles: `ROWS x COLS` accumulators over all of `k`, one instantiation per tile shape.
     use super::{MR, NR};
+    use half::bf16;
     use std::arch::x86_64::*;
+
+    /// bf16 to f32 is a shift into the high half.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        let s = src.as_ptr() as *const u16;
+        let d = dst.as_mut_ptr();
+        let mut i = 0;
+        while i + 16 <= n {
+            let h = _mm256_loadu_si256(s.add(i) as *const __m256i);
+            let w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+            _mm512_storeu_ps(d.add(i), _mm512_castsi512_ps(w));
+            i += 16;
+        }
+        while i < n {
+            *d.add(i) = f32::from_bits((*s.add(i) as u32) << 16);
+            i += 1;
+        }
+    }
 
     /// Dispatches a tile of `rows <= MR` by `cols <= NR` to its instantiation.
     macro_rules! dispatch {

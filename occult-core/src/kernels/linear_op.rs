@@ -1,14 +1,17 @@
 //! `x · wᵀ` as a candle `CustomOp2` over [`super::gemm_nt`], with its backward
 //! (`dx = dy · w`, `dw = dyᵀ · x`), itself computed through [`super::linear`].
 
-use super::gemm_nt::{gemm_nt_bf16, gemm_nt_f32};
+use super::gemm_nt::{gemm_nt, Kernel};
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use half::bf16;
 
 /// The op; [`super::linear`] applies it only to contiguous f32 or bf16 operands of one dtype on
-/// a CPU with the matching AVX-512 instructions.
-pub(super) struct LinearNt;
+/// a CPU with the matching AVX-512 instructions. `kernel` forces one kernel (tests and
+/// benchmarks); `None` picks by rows.
+pub(super) struct LinearNt {
+    pub kernel: Option<Kernel>,
+}
 
 fn contiguous<'a, T: candle::WithDType>(
     s: &'a CpuStorage,
@@ -40,19 +43,20 @@ impl CustomOp2 for LinearNt {
         }
         let isa = super::isa();
         let mut c = vec![0f32; m * n];
+        let kernel = self.kernel.unwrap_or(Kernel::for_rows(m));
         let out = match (s1, s2) {
             (CpuStorage::F32(_), CpuStorage::F32(_)) if isa.avx512f => {
                 let a = contiguous::<f32>(s1, l1, "x")?;
                 let b = contiguous::<f32>(s2, l2, "w")?;
                 // SAFETY: AVX-512 F was detected.
-                unsafe { gemm_nt_f32(a, b, &mut c, m, n, k) };
+                unsafe { gemm_nt(a, b, &mut c, m, n, k, kernel) };
                 CpuStorage::F32(c)
             }
             (CpuStorage::BF16(_), CpuStorage::BF16(_)) if isa.avx512bf16 => {
                 let a = contiguous::<bf16>(s1, l1, "x")?;
                 let b = contiguous::<bf16>(s2, l2, "w")?;
                 // SAFETY: AVX-512 F and BF16 were detected.
-                unsafe { gemm_nt_bf16(a, b, &mut c, m, n, k) };
+                unsafe { gemm_nt(a, b, &mut c, m, n, k, kernel) };
                 CpuStorage::BF16(c.into_iter().map(bf16::from_f32).collect())
             }
             _ => candle::bail!(
@@ -71,8 +75,12 @@ impl CustomOp2 for LinearNt {
         _y: &Tensor,
         dy: &Tensor,
     ) -> candle::Result<(Option<Tensor>, Option<Tensor>)> {
+        let path = match self.kernel {
+            Some(k) => super::Path::Kernel(k),
+            None => super::Path::Auto,
+        };
         let lin = |a: &Tensor, b: &Tensor| {
-            super::linear(a, b)
+            super::linear_with(a, b, path)
                 .map_err(|e| candle::Error::Msg(format!("occult linear backward: {e}")))
         };
         // dx [m, k] = dy [m, n] · w [n, k] = dy · (wᵀ)ᵀ

@@ -1,9 +1,9 @@
 //! CPU kernels for the linear layers that dominate a MoE forward and backward: every expert
 //! projection and every dense projection is `x · wᵀ`, and [`linear`] computes it.
 //!
-//! On a CPU with AVX-512 it runs our own kernels ([`gemm_nt`]): bf16 operands stay bf16 (half
-//! the memory traffic) and multiply with `vdpbf16ps` into f32 accumulators; f32 uses FMA, and
-//! from 256 rows a packed outer-product path. The op is a candle `CustomOp2` with its own
+//! On a CPU with AVX-512 it runs our own kernels ([`gemm_nt`]): bf16 operands stay bf16 in
+//! memory (half the traffic) and accumulate in f32. Few rows run dot-product tiles (bf16 with
+//! `vdpbf16ps`), many rows outer products at f32's FMA rate ([`outer`]). The op is a candle `CustomOp2` with its own
 //! backward ([`linear_op`]), so training goes through it too. Elsewhere, or with
 //! `OCCULT_KERNELS=portable`, it runs the portable path: candle's matmul in f32 (bf16 operands
 //! are widened to f32 first: candle's bf16 CPU matmul measured 1.2x slower than its f32 at 512
@@ -12,11 +12,11 @@
 pub mod bench;
 pub mod gemm_nt;
 mod linear_op;
-mod packed;
+mod outer;
 
 use crate::Result;
 use candle::{DType, Device, Tensor};
-pub use gemm_nt::Isa;
+pub use gemm_nt::{Isa, Kernel};
 use std::sync::OnceLock;
 
 /// A raw pointer shared by the parallel tasks of a kernel, which only read through it or write
@@ -46,6 +46,9 @@ pub enum Path {
     Auto,
     /// candle's matmul, in f32 for bf16 operands.
     Portable,
+    /// One of our kernels at every row count where the CPU and dtype allow, else
+    /// [`Path::Portable`] (tests and benchmarks hold the kernels to each other with this).
+    Kernel(Kernel),
 }
 
 /// The path this process uses: `OCCULT_KERNELS=portable` forces the portable one (to compare,
@@ -67,10 +70,14 @@ pub fn isa() -> Isa {
 /// What [`linear`] runs for operands of `dtype` in this process, in words (for bench output).
 pub fn describe(dtype: DType) -> &'static str {
     match (process_path(), fast_kernel(dtype)) {
-        (Path::Auto, Some(DType::BF16)) => "avx512-bf16 (vdpbf16ps, f32 accumulation)",
-        (Path::Auto, Some(_)) => "avx512-f32 (fma)",
-        _ if dtype == DType::BF16 => "portable (candle matmul, widened to f32)",
-        _ => "portable (candle matmul)",
+        (Path::Portable, _) | (_, None) if dtype == DType::BF16 => {
+            "portable (candle matmul, widened to f32)"
+        }
+        (Path::Portable, _) | (_, None) => "portable (candle matmul)",
+        (_, Some(DType::BF16)) => {
+            "avx512-bf16 (bf16 in memory, f32 accumulation: vdpbf16ps tiles, fma outer products)"
+        }
+        (_, Some(_)) => "avx512-f32 (fma)",
     }
 }
 
@@ -107,13 +114,20 @@ pub fn linear_with(x: &Tensor, w: &Tensor, path: Path) -> Result<Tensor> {
     }
     let rows: usize = lead.iter().product();
     let x2 = x.reshape((rows, k))?;
-    let fast = path == Path::Auto
+    let fast = path != Path::Portable
         && matches!(x.device(), Device::Cpu)
         && x.dtype() == w.dtype()
         && fast_kernel(x.dtype()).is_some();
     let y = if fast {
-        x2.contiguous()?
-            .apply_op2(&w.contiguous()?, linear_op::LinearNt)?
+        x2.contiguous()?.apply_op2(
+            &w.contiguous()?,
+            linear_op::LinearNt {
+                kernel: match path {
+                    Path::Kernel(k) => Some(k),
+                    _ => None,
+                },
+            },
+        )?
     } else {
         portable(&x2, w)?
     };
