@@ -1,5 +1,5 @@
 //! The CPU linear kernels (`occult_core::kernels`) against plain f64 loops over the same
-//! operands: forward and backward, f32 and bf16, shapes with 0 and 1 rows, odd sizes, and sizes
+//! operands: forward and backward, f32, bf16 and f32 activations with bf16 weights, shapes with 0 and 1 rows, odd sizes, and sizes
 //! that are not a multiple of a tile, a panel, a k block or a vector; the fast path, each of
 //! its kernels forced, and the forced portable path.
 
@@ -99,12 +99,19 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (2, 1, 0),
 ];
 
+/// Activation and weight dtypes: one dtype, or f32 activations with bf16 weights.
+const DTYPES: &[(DType, DType)] = &[
+    (DType::F32, DType::F32),
+    (DType::BF16, DType::BF16),
+    (DType::F32, DType::BF16),
+];
+
 fn check_forward(path: Path) {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    for dtype in [DType::F32, DType::BF16] {
+    for &(dtype, wdtype) in DTYPES {
         for &(m, n, k) in SHAPES {
             let (a, x) = operand(&mut rng, m, k, dtype);
-            let (b, w) = operand(&mut rng, n, k, dtype);
+            let (b, w) = operand(&mut rng, n, k, wdtype);
             let y = linear_with(&x, &w, path).unwrap();
             assert_eq!(y.dims(), [m, n]);
             assert_eq!(y.dtype(), dtype);
@@ -114,7 +121,7 @@ fn check_forward(path: Path) {
                 &want,
                 &mag,
                 dtype,
-                &format!("{path:?} {dtype:?} {m}x{n}x{k}"),
+                &format!("{path:?} {dtype:?} x {wdtype:?} {m}x{n}x{k}"),
             );
         }
     }
@@ -140,10 +147,10 @@ fn each_kernel_forward_equals_plain_loops() {
 /// Gradients of `Σ r ⊙ (x · wᵀ)`: `dx = r · w`, `dw = rᵀ · x`.
 fn check_backward(path: Path) {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
-    for dtype in [DType::F32, DType::BF16] {
+    for &(dtype, wdtype) in DTYPES {
         for &(m, n, k) in SHAPES {
             let (a, x) = operand(&mut rng, m, k, dtype);
-            let (b, w) = operand(&mut rng, n, k, dtype);
+            let (b, w) = operand(&mut rng, n, k, wdtype);
             let (r, rt) = operand(&mut rng, m, n, dtype);
             let (xv, wv) = (Var::from_tensor(&x).unwrap(), Var::from_tensor(&w).unwrap());
             let y = linear_with(xv.as_tensor(), wv.as_tensor(), path).unwrap();
@@ -154,7 +161,7 @@ fn check_backward(path: Path) {
                 .sum_all()
                 .unwrap();
             let grads = loss.backward().unwrap();
-            let what = format!("{path:?} {dtype:?} {m}x{n}x{k}");
+            let what = format!("{path:?} {dtype:?} x {wdtype:?} {m}x{n}x{k}");
             // dx [m, k] = r [m, n] · (wᵀ [k, n])ᵀ
             let (dx, dx_mag) = reference_nt(&r, &transpose(&b, n, k), m, k, n);
             let got = grads
@@ -168,7 +175,7 @@ fn check_backward(path: Path) {
                 .get(wv.as_tensor())
                 .map(values)
                 .unwrap_or(vec![0.0; n * k]);
-            assert_close(&got, &dw, &dw_mag, dtype, &format!("{what} dw"));
+            assert_close(&got, &dw, &dw_mag, wdtype, &format!("{what} dw"));
         }
     }
 }
@@ -205,6 +212,10 @@ fn leading_dimensions_and_strided_operands_are_accepted() {
     let w = Tensor::zeros((4, 5), DType::F32, &Device::Cpu).unwrap();
     let err = kernels::linear(&x, &w).unwrap_err().to_string();
     assert!(err.contains("shape mismatch"), "{err}");
+    // bf16 activations with f32 weights have no meaning here: refused, not guessed.
+    let x = Tensor::zeros((2, 5), DType::BF16, &Device::Cpu).unwrap();
+    let err = kernels::linear(&x, &w).unwrap_err().to_string();
+    assert!(err.contains("dtype mismatch"), "{err}");
 }
 
 /// The process's path is what `OCCULT_KERNELS` says, and the fast path names its kernel.

@@ -5,14 +5,40 @@
 use crate::ep::dispatch::ComputePlan;
 use crate::kernels::linear;
 use crate::{bail, Result};
-use candle::Tensor;
+use candle::{DType, Tensor};
 
 /// `down(silu(gate(x)) * up(x))` for rows `x` `[n, H]` and weights `gate`, `up` `[I, H]`,
-/// `down` `[H, I]`.
+/// `down` `[H, I]`, in `x`'s dtype.
+///
+/// With bf16 rows and weights, the activations inside are f32 (the weights stay bf16): the
+/// projections accumulate in f32 and their outputs, SiLU and the product are not rounded to
+/// bf16, only the result is. This is at least as exact as rounding each step, and measured
+/// faster on CPU (candle's bf16 elementwise ops convert every element twice).
 pub fn swiglu(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
-    let g = linear(x, gate)?.silu()?;
-    let u = linear(x, up)?;
-    linear(&(g * u)?, down)
+    let dtype = x.dtype();
+    let inner = |x: &Tensor| -> Result<Tensor> {
+        let g = linear(x, gate)?.silu()?;
+        let u = linear(x, up)?;
+        linear(&(g * u)?, down)
+    };
+    if dtype == DType::BF16 && gate.dtype() == DType::BF16 {
+        Ok(inner(&x.to_dtype(DType::F32)?)?.to_dtype(dtype)?)
+    } else {
+        inner(x)
+    }
+}
+
+/// `f` of every item (an expert and its rows), in parallel across rayon's threads, in order.
+/// Experts are independent, so the work splits at the grain where each thread runs whole
+/// GEMMs: measured on OLMoE's shapes at 512 tokens, 1.05-1.15x the prefill of splitting each
+/// GEMM across the threads, and the results are the same bits (each product is computed by
+/// one thread either way, in the same order).
+pub fn each_expert<I: Sync, T: Send>(
+    items: &[I],
+    f: impl Fn(&I) -> Result<T> + Sync + Send,
+) -> Result<Vec<T>> {
+    use rayon::prelude::*;
+    items.par_iter().map(f).collect()
 }
 
 /// `sigmoid(z)` from differentiable primitives.
@@ -117,13 +143,11 @@ impl SwigluStack {
         }
         let rows = rows.contiguous()?;
         let weights = weights.map(|w| w.contiguous()).transpose()?;
-        let mut outputs = Vec::new();
-        let mut dest = Vec::new();
-        for slot in 0..plan.num_local {
+        let busy: Vec<usize> = (0..plan.num_local)
+            .filter(|&slot| !plan.range(slot).is_empty())
+            .collect();
+        let (outputs, dest): (Vec<Tensor>, Vec<Tensor>) = each_expert(&busy, |&slot| {
             let range = plan.range(slot);
-            if range.is_empty() {
-                continue;
-            }
             let n = range.len();
             let pair_rows = Tensor::from_slice(&plan.pair_row[range.clone()], n, dev)?;
             // Gather the rows first, then drop the extra columns: no full-width copy.
@@ -133,9 +157,10 @@ impl SwigluStack {
                 let at = Tensor::from_slice(&plan.pair_weight[range], n, dev)?;
                 y = y.broadcast_mul(&w.index_select(&at, 0)?.unsqueeze(1)?)?;
             }
-            outputs.push(y);
-            dest.push(pair_rows);
-        }
+            Ok((y, pair_rows))
+        })?
+        .into_iter()
+        .unzip();
         let zeros = Tensor::zeros((num_rows, hidden), rows.dtype(), dev)?;
         Ok(zeros.index_add(&Tensor::cat(&dest, 0)?, &Tensor::cat(&outputs, 0)?, 0)?)
     }

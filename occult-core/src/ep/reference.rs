@@ -2,7 +2,7 @@
 //! summed back into token order; plus shared experts. It shares nothing with the EP layer but
 //! the router, and is the oracle every EP mode, backend and placement is checked against.
 
-use super::experts::MoeWeights;
+use super::experts::{each_expert, MoeWeights};
 use super::router::{route, PruneSpec, Routed};
 use crate::analysis::routing::RouterRule;
 use crate::Result;
@@ -41,20 +41,18 @@ pub fn reference_forward_routed(
         token_of[id as usize].push((i / k) as u32);
         weight_at[id as usize].push(i as u32);
     }
-    let mut outputs = Vec::new();
-    let mut dest = Vec::new();
-    for expert in 0..w.experts.len() {
-        if token_of[expert].is_empty() {
-            continue;
-        }
+    let busy: Vec<usize> = (0..w.experts.len())
+        .filter(|&e| !token_of[e].is_empty())
+        .collect();
+    let one = |&expert: &usize| -> Result<(Tensor, Tensor)> {
         let n = token_of[expert].len();
         let tok = Tensor::from_slice(&token_of[expert], n, x.device())?;
         let at = Tensor::from_slice(&weight_at[expert], n, x.device())?;
         let y = w.experts.expert(expert, &x.index_select(&tok, 0)?)?;
         let gate = flat_weights.index_select(&at, 0)?.unsqueeze(1)?;
-        outputs.push(y.broadcast_mul(&gate)?);
-        dest.push(tok);
-    }
+        Ok((y.broadcast_mul(&gate)?, tok))
+    };
+    let (outputs, dest): (Vec<Tensor>, Vec<Tensor>) = each_expert(&busy, one)?.into_iter().unzip();
     // One scatter of every expert's weighted rows back to their tokens.
     let zeros = Tensor::zeros((tokens, hidden), x.dtype(), x.device())?;
     let mut out = if outputs.is_empty() {

@@ -36,6 +36,15 @@ pub struct Isa {
     pub avx512f: bool,
     /// AVX-512 BF16 (with F): the bf16 kernel.
     pub avx512bf16: bool,
+    /// AVX-512 BW and VL (with F): f32 activations with bf16 weights.
+    pub avx512bw: bool,
+}
+
+impl Isa {
+    /// Whether f32 activations times bf16 weights have a kernel here.
+    pub fn mixed(&self) -> bool {
+        self.avx512f && self.avx512bw
+    }
 }
 
 impl Isa {
@@ -47,12 +56,16 @@ impl Isa {
             Isa {
                 avx512f: f,
                 avx512bf16: f && std::arch::is_x86_feature_detected!("avx512bf16"),
+                avx512bw: f
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vl"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         Isa {
             avx512f: false,
             avx512bf16: false,
+            avx512bw: false,
         }
     }
 }
@@ -131,20 +144,6 @@ pub trait Elem: Copy + Send + Sync + 'static {
     /// # Safety
     /// AVX-512 F.
     unsafe fn widen(src: &[Self], dst: &mut [f32]);
-    /// One dot-product tile of `rows x cols` outputs.
-    ///
-    /// # Safety
-    /// The instructions of the element's kernel; `a`, `b` and `c` valid for the tile.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn dot_tile(
-        rows: usize,
-        cols: usize,
-        a: *const Self,
-        b: *const Self,
-        c: *mut f32,
-        k: usize,
-        ldc: usize,
-    );
 }
 
 impl Elem for f32 {
@@ -154,22 +153,6 @@ impl Elem for f32 {
     }
     unsafe fn widen(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src)
-    }
-    unsafe fn dot_tile(
-        rows: usize,
-        cols: usize,
-        a: *const f32,
-        b: *const f32,
-        c: *mut f32,
-        k: usize,
-        ldc: usize,
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        x86::tile_f32(rows, cols, a, b, c, k, ldc);
-        #[cfg(not(target_arch = "x86_64"))]
-        unreachable!(
-            "AVX-512 kernels on a CPU without them ({rows} {cols} {a:?} {b:?} {c:?} {k} {ldc})"
-        );
     }
 }
 
@@ -186,31 +169,61 @@ impl Elem for bf16 {
             *d = s.to_f32();
         }
     }
+}
+
+/// Activations of type `Self` times weights of type `W` in a dot-product tile: f32 by f32 and
+/// bf16 by bf16, and f32 activations by bf16 weights (weights widened as they are read).
+pub trait Dot<W: Elem>: Elem {
+    /// One tile of `rows x cols` outputs.
+    ///
+    /// # Safety
+    /// The instructions of the pair's kernel; `a`, `b` and `c` valid for the tile.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn dot_tile(
         rows: usize,
         cols: usize,
-        a: *const bf16,
-        b: *const bf16,
+        a: *const Self,
+        b: *const W,
         c: *mut f32,
         k: usize,
         ldc: usize,
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        x86::tile_bf16(rows, cols, a as *const u16, b as *const u16, c, k, ldc);
-        #[cfg(not(target_arch = "x86_64"))]
-        unreachable!(
-            "AVX-512 kernels on a CPU without them ({rows} {cols} {a:?} {b:?} {c:?} {k} {ldc})"
-        );
-    }
+    );
 }
+
+/// The tile for a pair, on x86-64 (the kernels exist nowhere else).
+macro_rules! dot_pair {
+    ($a:ty, $w:ty, $tile:ident, $pa:ty, $pw:ty) => {
+        impl Dot<$w> for $a {
+            unsafe fn dot_tile(
+                rows: usize,
+                cols: usize,
+                a: *const $a,
+                b: *const $w,
+                c: *mut f32,
+                k: usize,
+                ldc: usize,
+            ) {
+                #[cfg(target_arch = "x86_64")]
+                x86::$tile(rows, cols, a as *const $pa, b as *const $pw, c, k, ldc);
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!(
+                    "AVX-512 kernels on a CPU without them ({rows} {cols} {a:?} {b:?} {c:?} {k} {ldc})"
+                );
+            }
+        }
+    };
+}
+dot_pair!(f32, f32, tile_f32, f32, f32);
+dot_pair!(bf16, bf16, tile_bf16, u16, u16);
+dot_pair!(f32, bf16, tile_f32_bf16, f32, u16);
 
 /// `c[m, n] = a[m, k] · b[n, k]ᵀ`, accumulated in f32, by `kernel`.
 ///
 /// # Safety
-/// The CPU must support AVX-512 F, and BF16 for bf16 operands ([`Isa::detect`]).
-pub unsafe fn gemm_nt<T: Elem>(
-    a: &[T],
-    b: &[T],
+/// The CPU must support AVX-512 F, and BF16 for bf16 by bf16 ([`Isa::detect`]).
+pub unsafe fn gemm_nt<A: Dot<W>, W: Elem>(
+    a: &[A],
+    b: &[W],
     c: &mut [f32],
     m: usize,
     n: usize,
@@ -227,7 +240,7 @@ pub unsafe fn gemm_nt<T: Elem>(
         Shared(c.as_mut_ptr()),
     );
     for_each_tile(m, n, |r, rows, col, cols| {
-        T::dot_tile(
+        A::dot_tile(
             rows,
             cols,
             pa.at(r * k),
@@ -319,6 +332,59 @@ mod x86 {
         ldc: usize,
     ) {
         dispatch!(tile_bf16_const, rows, cols, a, b, c, k, ldc)
+    }
+
+    pub unsafe fn tile_f32_bf16(
+        rows: usize,
+        cols: usize,
+        a: *const f32,
+        b: *const u16,
+        c: *mut f32,
+        k: usize,
+        ldc: usize,
+    ) {
+        dispatch!(tile_f32_bf16_const, rows, cols, a, b, c, k, ldc)
+    }
+
+    /// Sixteen bf16 from `p` (`mask` of them) as f32.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn widen16(p: *const u16, mask: __mmask16) -> __m512 {
+        let h = _mm256_maskz_loadu_epi16(mask, p as *const i16);
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+    }
+
+    /// [`tile_f32_const`] with bf16 weights, widened as they are read.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn tile_f32_bf16_const<const R: usize, const C: usize>(
+        a: *const f32,
+        b: *const u16,
+        c: *mut f32,
+        k: usize,
+        ldc: usize,
+    ) {
+        const W: usize = 16;
+        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        let mut p = 0;
+        while p < k {
+            let lanes = W.min(k - p);
+            let mask: __mmask16 = ((1u32 << lanes) - 1) as __mmask16;
+            let mut bv = [_mm512_setzero_ps(); C];
+            for (j, v) in bv.iter_mut().enumerate() {
+                *v = widen16(b.add(j * k + p), mask);
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = _mm512_maskz_loadu_ps(mask, a.add(i * k + p));
+                for (j, s) in row.iter_mut().enumerate() {
+                    *s = _mm512_fmadd_ps(av, bv[j], *s);
+                }
+            }
+            p += W;
+        }
+        for (i, row) in acc.iter().enumerate() {
+            for (j, s) in row.iter().enumerate() {
+                *c.add(i * ldc + j) = _mm512_reduce_add_ps(*s);
+            }
+        }
     }
 
     #[target_feature(enable = "avx512f")]

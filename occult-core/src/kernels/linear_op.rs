@@ -6,8 +6,8 @@ use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use half::bf16;
 
-/// The op; [`super::linear`] applies it only to contiguous f32 or bf16 operands of one dtype on
-/// a CPU with the matching AVX-512 instructions. `kernel` forces one kernel (tests and
+/// The op; [`super::linear`] applies it only to contiguous f32 or bf16 operands of one dtype,
+/// or f32 activations with bf16 weights, on a CPU with the matching AVX-512 instructions. `kernel` forces one kernel (tests and
 /// benchmarks); `None` picks by rows.
 pub(super) struct LinearNt {
     pub kernel: Option<Kernel>,
@@ -52,6 +52,13 @@ impl CustomOp2 for LinearNt {
                 unsafe { gemm_nt(a, b, &mut c, m, n, k, kernel) };
                 CpuStorage::F32(c)
             }
+            (CpuStorage::F32(_), CpuStorage::BF16(_)) if isa.mixed() => {
+                let a = contiguous::<f32>(s1, l1, "x")?;
+                let b = contiguous::<bf16>(s2, l2, "w")?;
+                // SAFETY: AVX-512 F and BW were detected.
+                unsafe { gemm_nt(a, b, &mut c, m, n, k, kernel) };
+                CpuStorage::F32(c)
+            }
             (CpuStorage::BF16(_), CpuStorage::BF16(_)) if isa.avx512bf16 => {
                 let a = contiguous::<bf16>(s1, l1, "x")?;
                 let b = contiguous::<bf16>(s2, l2, "w")?;
@@ -86,7 +93,7 @@ impl CustomOp2 for LinearNt {
         // dx [m, k] = dy [m, n] · w [n, k] = dy · (wᵀ)ᵀ
         let dx = lin(dy, &w.t()?.contiguous()?)?;
         // dw [n, k] = dyᵀ [n, m] · x [m, k] = dyᵀ · (xᵀ)ᵀ
-        let dw = lin(&dy.t()?.contiguous()?, &x.t()?.contiguous()?)?;
+        let dw = lin(&dy.t()?.contiguous()?, &x.t()?.contiguous()?)?.to_dtype(w.dtype())?;
         Ok((Some(dx), Some(dw)))
     }
 }

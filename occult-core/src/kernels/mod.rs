@@ -92,7 +92,9 @@ fn fast_kernel(dtype: DType) -> Option<DType> {
 }
 
 /// `x · wᵀ` for `x` `[.., K]` and a weight `w` `[N, K]` in its stored layout: `[.., N]`, in
-/// `x`'s dtype. Differentiable in both operands.
+/// `x`'s dtype. Differentiable in both operands. `x` and `w` share a dtype, or `x` is f32 and
+/// `w` bf16 (activations kept in f32 with bf16 weights: half the weight traffic, no rounding of
+/// the activations).
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     linear_with(x, w, process_path())
 }
@@ -114,10 +116,22 @@ pub fn linear_with(x: &Tensor, w: &Tensor, path: Path) -> Result<Tensor> {
     }
     let rows: usize = lead.iter().product();
     let x2 = x.reshape((rows, k))?;
+    let mixed = x.dtype() == DType::F32 && w.dtype() == DType::BF16;
+    if x.dtype() != w.dtype() && !mixed {
+        return Err(candle::Error::DTypeMismatchBinaryOp {
+            lhs: x.dtype(),
+            rhs: w.dtype(),
+            op: "linear",
+        }
+        .into());
+    }
     let fast = path != Path::Portable
         && matches!(x.device(), Device::Cpu)
-        && x.dtype() == w.dtype()
-        && fast_kernel(x.dtype()).is_some();
+        && if mixed {
+            isa().mixed()
+        } else {
+            fast_kernel(x.dtype()).is_some()
+        };
     let y = if fast {
         x2.contiguous()?.apply_op2(
             &w.contiguous()?,
@@ -136,8 +150,11 @@ pub fn linear_with(x: &Tensor, w: &Tensor, path: Path) -> Result<Tensor> {
     Ok(y.reshape(out)?)
 }
 
-/// candle's matmul; bf16 widened to f32 and rounded back once.
+/// candle's matmul; bf16 widened to f32 (and rounded back once for bf16 activations).
 fn portable(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if x.dtype() == DType::F32 && w.dtype() == DType::BF16 {
+        return Ok(x.matmul(&w.to_dtype(DType::F32)?.t()?)?);
+    }
     if x.dtype() == DType::BF16 && w.dtype() == DType::BF16 {
         let y = x
             .to_dtype(DType::F32)?

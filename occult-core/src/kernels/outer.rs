@@ -84,7 +84,14 @@ const KC: usize = 256;
 ///
 /// # Safety
 /// AVX-512 F; slices of `m * k`, `n * k` and `m * n` elements.
-pub unsafe fn gemm<T: Elem>(a: &[T], b: &[T], c: &mut [f32], m: usize, n: usize, k: usize) {
+pub unsafe fn gemm<A: Elem, W: Elem>(
+    a: &[A],
+    b: &[W],
+    c: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -121,7 +128,7 @@ pub unsafe fn gemm<T: Elem>(a: &[T], b: &[T], c: &mut [f32], m: usize, n: usize,
                     // f32 rows are read in place (copying them measured slower); bf16 rows
                     // are widened, and a tail is padded with zero rows, with the buffer's row
                     // stride off a multiple of 4 KB so that its rows do not share L1 sets.
-                    let (w, ldw) = if T::IS_F32 && cols == nr {
+                    let (w, ldw) = if W::IS_F32 && cols == nr {
                         (pb.at(j * k + kb) as *const f32, k)
                     } else {
                         let ldw = kc + 16;
@@ -129,7 +136,7 @@ pub unsafe fn gemm<T: Elem>(a: &[T], b: &[T], c: &mut [f32], m: usize, n: usize,
                             let dst = &mut wbuf[r * ldw..r * ldw + kc];
                             if r < cols {
                                 let src = std::slice::from_raw_parts(pb.at((j + r) * k + kb), kc);
-                                T::widen(src, dst);
+                                W::widen(src, dst);
                             } else {
                                 dst.fill(0.0);
                             }
