@@ -23,9 +23,10 @@ const MR: usize = 4;
 /// Rows of `B` (columns of `C`) per tile.
 const NR: usize = 4;
 /// From this many rows on, [`Kernel::Outer`] runs. Measured side by side on OLMoE's expert
-/// shapes (2 threads, f32 and bf16): the dot tiles win up to 16 rows (2-4x at 2 to 8 rows), the
-/// two are even at 32, and the outer kernel wins from 64 (1.2-1.9x).
-pub const OUTER_MIN_ROWS: usize = 48;
+/// shapes (2 threads): the dot tiles win at 2 to 8 rows (2-4x), the two are even at 16, and
+/// from 24 rows the outer kernel wins in f32 (1.3-1.7x) and is even or ahead in bf16 (0.95-1.4x
+/// at 24-40 rows, 1.2-1.9x from 64).
+pub const OUTER_MIN_ROWS: usize = 24;
 /// Columns of `C` per parallel task, unless fewer are needed to keep every thread busy.
 const NB: usize = 64;
 
