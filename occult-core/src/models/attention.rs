@@ -7,7 +7,7 @@ use super::config::{ModelConfig, QkNorm};
 use super::layers::{causal_mask, linear, rms_norm, softmax_f32, Rope};
 use crate::models::weights::Weights;
 use crate::{bail, Result};
-use candle::Tensor;
+use candle::{DType, Tensor};
 
 /// One layer's attention weights.
 #[derive(Clone, Debug)]
@@ -180,9 +180,13 @@ impl Attention {
         let s = k.dim(2)?;
         let q = q.contiguous()?.reshape((b, nkv, g * t, hd))?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let scores = (q.matmul(&k.t()?)? * scale)?.reshape((b, nkv, g, t, s))?;
-        let mask = causal_mask(t, offset, self.window, scores.dtype(), x.device())?;
-        let probs = softmax_f32(&scores.broadcast_add(&mask)?, fused)?;
+        // Scale, mask and softmax in f32 (transformers scales and masks in the model's dtype,
+        // then softmaxes in f32): one rounding fewer, and candle's bf16 element-wise ops
+        // convert every element twice, which cost 3% of a bf16 prefill.
+        let scores = (q.matmul(&k.t()?)?.to_dtype(DType::F32)? * scale)?;
+        let scores = scores.reshape((b, nkv, g, t, s))?;
+        let mask = causal_mask(t, offset, self.window, DType::F32, x.device())?;
+        let probs = softmax_f32(&scores.broadcast_add(&mask)?, fused)?.to_dtype(v.dtype())?;
         let y = probs.reshape((b, nkv, g * t, s))?.matmul(&v)?; // [B, nkv, g T, hd]
         let y = y
             .reshape((b, nh, t, hd))?
