@@ -309,10 +309,37 @@ fn half_precision_forwards_run_and_stay_close_to_f32() {
             assert_eq!(got.dtype(), dtype, "{f}");
             let got = got.to_dtype(DType::F32).unwrap();
             let err = max_abs_diff(&got, &want);
-            // f16 keeps 11 bits: within 1% (measured: 0.15% to 0.19%). bf16 keeps 8, enough to
-            // flip a near-tied top-k choice: within 15% (measured: 1.2% to 9.6%).
-            let tolerance = if dtype == DType::F16 { 0.01 } else { 0.15 };
+            // f16 keeps 11 bits: the largest error within 1% of the logits' scale (measured
+            // 0.15% to 0.19%), the mean within 0.2% (measured 0.03% to 0.04%). bf16 keeps 8,
+            // enough to flip a near-tied top-k choice, which moves the tokens after it: the
+            // largest error within 25% (measured 1.2% to 14% here; over 20 prompts the worst
+            // reached 5% to 23% per family, the same before and after the experts kept their
+            // activations in f32), the mean within 2% (measured 0.28% to 0.86% here, 0.28% to
+            // 0.41% averaged over those 20 prompts).
+            let (tolerance, mean_tolerance) = if dtype == DType::F16 {
+                (0.01, 0.002)
+            } else {
+                (0.25, 0.02)
+            };
             assert!(err.is_finite(), "{f} {dtype:?}: not finite");
+            let mean = (&got - &want)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .mean_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            eprintln!(
+                "{f} {dtype:?}: max error {:.2}% of scale, mean {:.3}%",
+                100.0 * err / scale(&want),
+                100.0 * mean / scale(&want)
+            );
+            assert!(
+                mean <= mean_tolerance * scale(&want),
+                "{f} {dtype:?}: mean error {mean} against a scale of {}",
+                scale(&want)
+            );
             assert!(
                 err <= tolerance * scale(&want),
                 "{f} {dtype:?}: max error {err} against a scale of {}",
