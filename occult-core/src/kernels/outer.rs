@@ -40,29 +40,34 @@ fn vectors(rows: usize) -> usize {
 }
 
 /// `A` `[m, k]` packed tile by tile: tile `t` (rows `MT * t ..`) starts at `MT * t * k` and
-/// holds `[k][16 * vectors(rows)]`, zero past its last row.
+/// holds `[k][16 * vectors(rows)]`, zero past its last row. Tiles and blocks of `k` are packed
+/// in parallel (one tile packed on one thread measured 8-16% of a 64-row product on two).
 fn pack_a<T: Elem>(a: &[T], m: usize, k: usize) -> Vec<f32> {
     let tiles = m.div_ceil(MT);
     let last = m - (tiles - 1) * MT;
     let len = (tiles - 1) * MT * k + 16 * vectors(last) * k;
     let mut packed = vec![0f32; len];
     let ptr = Shared(packed.as_mut_ptr());
-    let tile = |t: usize| {
+    let chunks = k.div_ceil(KC);
+    let task = |task: usize| {
+        let (t, chunk) = (task / chunks, task % chunks);
         let rows = MT.min(m - t * MT);
         let width = 16 * vectors(rows);
         let dst = ptr.at(t * MT * k);
+        let (k0, k1) = (chunk * KC, ((chunk + 1) * KC).min(k));
         for i in 0..rows {
-            let src = &a[(t * MT + i) * k..(t * MT + i + 1) * k];
-            for (kk, &x) in src.iter().enumerate() {
-                // SAFETY: tiles write disjoint ranges of `packed`, within its length.
+            let src = &a[(t * MT + i) * k + k0..(t * MT + i) * k + k1];
+            for (kk, &x) in (k0..k1).zip(src) {
+                // SAFETY: tasks write disjoint elements of `packed`, within its length.
                 unsafe { *dst.add(kk * width + i) = x.to_f32() };
             }
         }
     };
-    if tiles > 1 && rayon::current_num_threads() > 1 {
-        (0..tiles).into_par_iter().for_each(tile);
+    let tasks = tiles * chunks;
+    if tasks > 1 && rayon::current_num_threads() > 1 {
+        (0..tasks).into_par_iter().for_each(task);
     } else {
-        (0..tiles).for_each(tile);
+        (0..tasks).for_each(task);
     }
     packed
 }
