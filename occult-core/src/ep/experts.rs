@@ -9,23 +9,37 @@ use candle::{DType, Tensor};
 
 /// `down(silu(gate(x)) * up(x))` for rows `x` `[n, H]` and weights `gate`, `up` `[I, H]`,
 /// `down` `[H, I]`, in `x`'s dtype.
+pub fn swiglu(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
+    Ok(swiglu_wide(x, gate, up, down)?.to_dtype(x.dtype())?)
+}
+
+/// The dtype sums of expert outputs are kept in for rows of `dtype`: f32 for bf16 (rounded
+/// once, when the sum is done), else `dtype` itself.
+pub fn sum_dtype(dtype: DType) -> DType {
+    if dtype == DType::BF16 {
+        DType::F32
+    } else {
+        dtype
+    }
+}
+
+/// [`swiglu`] in [`sum_dtype`], for callers that weight and sum expert outputs before rounding.
 ///
 /// With bf16 rows and weights, the activations inside are f32 (the weights stay bf16): the
 /// projections accumulate in f32 and their outputs, SiLU and the product are not rounded to
-/// bf16, only the result is. This is at least as exact as rounding each step, and measured
-/// faster on CPU (candle's bf16 elementwise ops convert every element twice).
-pub fn swiglu(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
-    let dtype = x.dtype();
-    let inner = |x: &Tensor| -> Result<Tensor> {
-        let g = linear(x, gate)?.silu()?;
-        let u = linear(x, up)?;
-        linear(&(g * u)?, down)
-    };
-    if dtype == DType::BF16 && gate.dtype() == DType::BF16 {
-        Ok(inner(&x.to_dtype(DType::F32)?)?.to_dtype(dtype)?)
+/// bf16, and neither is the result. This is at least as exact as rounding each step, and
+/// measured faster on CPU (candle's bf16 element-wise ops convert every element twice).
+pub fn swiglu_wide(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
+    let wide = sum_dtype(x.dtype());
+    let x = if wide != x.dtype() && gate.dtype() == DType::BF16 {
+        x.to_dtype(wide)?
     } else {
-        inner(x)
-    }
+        x.clone()
+    };
+    let g = linear(&x, gate)?.silu()?;
+    let u = linear(&x, up)?;
+    let y = linear(&(g * u)?, down)?;
+    Ok(y.to_dtype(wide)?)
 }
 
 /// `f` of every item (an expert and its rows), in parallel across rayon's threads, in order.
@@ -109,9 +123,9 @@ impl SwigluStack {
         )
     }
 
-    /// Expert `x` applied to rows `[n, H]`.
+    /// Expert `x` applied to rows `[n, H]`, in [`sum_dtype`] of the rows' dtype.
     pub fn expert(&self, x: usize, rows: &Tensor) -> Result<Tensor> {
-        swiglu(
+        swiglu_wide(
             rows,
             &self.gate.get(x)?,
             &self.up.get(x)?,
@@ -141,8 +155,13 @@ impl SwigluStack {
             let no_rows = self.gate.get(0)?.narrow(0, 0, 0)?;
             return Ok(Tensor::cat(&[&rows.narrow(1, 0, hidden)?, &no_rows], 0)?);
         }
-        let rows = rows.contiguous()?;
-        let weights = weights.map(|w| w.contiguous()).transpose()?;
+        // Rows, gate weights and sums in the sum dtype (f32 for bf16 rows), rounded once at
+        // the end.
+        let wide = sum_dtype(rows.dtype());
+        let xs_all = rows.narrow(1, 0, hidden)?.to_dtype(wide)?.contiguous()?;
+        let weights = weights
+            .map(|w| w.to_dtype(wide)?.contiguous())
+            .transpose()?;
         let busy: Vec<usize> = (0..plan.num_local)
             .filter(|&slot| !plan.range(slot).is_empty())
             .collect();
@@ -150,8 +169,7 @@ impl SwigluStack {
             let range = plan.range(slot);
             let n = range.len();
             let pair_rows = Tensor::from_slice(&plan.pair_row[range.clone()], n, dev)?;
-            // Gather the rows first, then drop the extra columns: no full-width copy.
-            let xs = rows.index_select(&pair_rows, 0)?.narrow(1, 0, hidden)?;
+            let xs = xs_all.index_select(&pair_rows, 0)?;
             let mut y = self.expert(slot, &xs)?;
             if let Some(w) = &weights {
                 let at = Tensor::from_slice(&plan.pair_weight[range], n, dev)?;
@@ -161,8 +179,9 @@ impl SwigluStack {
         })?
         .into_iter()
         .unzip();
-        let zeros = Tensor::zeros((num_rows, hidden), rows.dtype(), dev)?;
-        Ok(zeros.index_add(&Tensor::cat(&dest, 0)?, &Tensor::cat(&outputs, 0)?, 0)?)
+        let zeros = Tensor::zeros((num_rows, hidden), wide, dev)?;
+        let sum = zeros.index_add(&Tensor::cat(&dest, 0)?, &Tensor::cat(&outputs, 0)?, 0)?;
+        Ok(sum.to_dtype(rows.dtype())?)
     }
 }
 

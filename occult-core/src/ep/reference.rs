@@ -2,7 +2,7 @@
 //! summed back into token order; plus shared experts. It shares nothing with the EP layer but
 //! the router, and is the oracle every EP mode, backend and placement is checked against.
 
-use super::experts::{each_expert, MoeWeights};
+use super::experts::{each_expert, sum_dtype, MoeWeights};
 use super::router::{route, PruneSpec, Routed};
 use crate::analysis::routing::RouterRule;
 use crate::Result;
@@ -32,7 +32,11 @@ pub fn reference_forward_routed(
     let routed = route(x, &w.router, rule, pruner.as_ref())?;
     let (tokens, hidden) = x.dims2()?;
     let k = rule.top_k;
-    let flat_weights = routed.weights.flatten_all()?;
+    // Rows, gate weights and the sum in the sum dtype (f32 for bf16), rounded once, as the EP
+    // layer does.
+    let wide = sum_dtype(x.dtype());
+    let xw = x.to_dtype(wide)?;
+    let flat_weights = routed.weights.flatten_all()?.to_dtype(wide)?;
     // Each expert's tokens and the flat (token, kpos) index of their gate weights, in token
     // order.
     let mut token_of = vec![Vec::new(); w.experts.len()];
@@ -48,18 +52,19 @@ pub fn reference_forward_routed(
         let n = token_of[expert].len();
         let tok = Tensor::from_slice(&token_of[expert], n, x.device())?;
         let at = Tensor::from_slice(&weight_at[expert], n, x.device())?;
-        let y = w.experts.expert(expert, &x.index_select(&tok, 0)?)?;
+        let y = w.experts.expert(expert, &xw.index_select(&tok, 0)?)?;
         let gate = flat_weights.index_select(&at, 0)?.unsqueeze(1)?;
         Ok((y.broadcast_mul(&gate)?, tok))
     };
     let (outputs, dest): (Vec<Tensor>, Vec<Tensor>) = each_expert(&busy, one)?.into_iter().unzip();
     // One scatter of every expert's weighted rows back to their tokens.
-    let zeros = Tensor::zeros((tokens, hidden), x.dtype(), x.device())?;
+    let zeros = Tensor::zeros((tokens, hidden), wide, x.device())?;
     let mut out = if outputs.is_empty() {
         zeros
     } else {
         zeros.index_add(&Tensor::cat(&dest, 0)?, &Tensor::cat(&outputs, 0)?, 0)?
-    };
+    }
+    .to_dtype(x.dtype())?;
     if let Some(s) = &w.shared {
         out = (out + s.forward(x)?)?;
     }
