@@ -180,9 +180,10 @@ fn bad_tasks_are_reported_and_good_ones_go_on() {
     )
     .to_string();
     assert!(err.contains("2-shot mmlu needs its dev split"), "{err}");
-    // Malformed Parquet found by fuzzing, each once a panic in the parquet crate: a footer whose
-    // column chunk lies outside the file (now checked), a page shorter than its header says
-    // (the panic is contained).
+    // Malformed Parquet found by fuzzing: two were panics in the parquet crate, a footer whose
+    // column chunk lies outside the file (now checked) and a page shorter than its header says
+    // (the panic is contained); one was a hang, a page header whose list runs billions of
+    // elements past the end of the file (reads at the end now fail).
     let parquet_err = |fixture: &str| {
         std::fs::copy(
             Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -207,6 +208,13 @@ fn bad_tasks_are_reported_and_good_ones_go_on() {
         err.contains("arc.parquet: malformed Parquet data (the decoder stopped: "),
         "{err}"
     );
+    let started = std::time::Instant::now();
+    let err = parquet_err("endless_list.parquet");
+    assert!(
+        err.contains("arc.parquet: row 0: ") && err.contains("read past the end of the file"),
+        "{err}"
+    );
+    assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
     let err = String::from_utf8_lossy(&run(&["--tasks", "rte", "--data", "piqa=x.jsonl"]).stderr)
         .to_string();
     assert!(
