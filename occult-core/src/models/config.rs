@@ -185,6 +185,9 @@ impl ConfigFields<'_> {
 /// Positions a model covers when its config does not say (`max_position_embeddings`).
 pub const DEFAULT_MAX_POSITIONS: usize = 4096;
 
+/// The most layers a config may declare (the deepest released MoE models have under 100).
+pub const MAX_LAYERS: usize = 1 << 16;
+
 impl ModelConfig {
     /// The positions the model's RoPE tables cover: `max_position_embeddings`, or
     /// [`DEFAULT_MAX_POSITIONS`].
@@ -231,6 +234,11 @@ impl ModelConfig {
             if value == 0 {
                 return Err(f.bad(key, "at least 1"));
             }
+        }
+        // Per-layer tables are sized from the layer count before any weight is read (a fuzzed
+        // config asked for 66,600,001,232 layers, and the allocation aborted the process).
+        if num_layers > MAX_LAYERS {
+            return Err(f.bad("num_hidden_layers", &format!("at most {MAX_LAYERS}")));
         }
         let num_heads = f.usize("num_attention_heads")?;
         let num_kv_heads = f.usize_or("num_key_value_heads", num_heads)?;
@@ -510,6 +518,18 @@ mod tests {
 
     #[test]
     fn bad_configs_are_named() {
+        // Found by fuzzing: the layer count sized a table before anything else was checked.
+        let e = parse(
+            json!({"model_type": "olmoe", "hidden_size": 8, "intermediate_size": 4,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "num_experts": 4,
+            "num_experts_per_tok": 2, "num_hidden_layers": 66600001232u64, "vocab_size": 304}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("field `num_hidden_layers` = 66600001232 is not at most 65536"),
+            "{e}"
+        );
         let e = parse(json!({"model_type": "llama"}))
             .unwrap_err()
             .to_string();
