@@ -314,12 +314,13 @@ fn half_precision_forwards_run_and_stay_close_to_f32() {
             // enough to flip a near-tied top-k choice, which moves the tokens after it: the
             // largest error within 25% (measured 1.2% to 14% here; over 20 prompts the worst
             // reached 5% to 23% per family, the same before and after the experts kept their
-            // activations in f32), the mean within 2% (measured 0.28% to 0.86% here, 0.28% to
-            // 0.41% averaged over those 20 prompts).
+            // activations in f32), the mean within 0.75% (measured 0.28% to 0.56% here, 0.28% to
+            // 0.41% averaged over those 20 prompts; gate weights 10% too large in bf16 gave
+            // 0.46% to 1.29%).
             let (tolerance, mean_tolerance) = if dtype == DType::F16 {
                 (0.01, 0.002)
             } else {
-                (0.25, 0.02)
+                (0.25, 0.0075)
             };
             assert!(err.is_finite(), "{f} {dtype:?}: not finite");
             let mean = (&got - &want)

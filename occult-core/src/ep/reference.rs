@@ -1,6 +1,7 @@
 //! The plain single-device MoE forward: for each expert, its tokens, its MLP, the gate weights,
 //! summed back into token order; plus shared experts. It shares nothing with the EP layer but
-//! the router, and is the oracle every EP mode, backend and placement is checked against.
+//! the router and the expert MLPs, and is the oracle every EP mode, backend and placement is
+//! checked against (itself held to a plain-loop MoE in the tests).
 
 use super::experts::{each_expert, sum_dtype, MoeWeights};
 use super::router::{route, PruneSpec, Routed};

@@ -29,9 +29,10 @@ pub struct KernelTiming {
 /// The candidates for `dtype`, each as a name and the call.
 type Candidate<'a> = (&'static str, Box<dyn Fn() -> Result<Tensor> + 'a>);
 
-/// Times candle's matmul, the portable path, ours as picked and each of our kernels forced, on `[m, k] · [n, k]ᵀ` in `dtype`: one
-/// warm-up call, then the best of `repeat` (of 2 for a candidate expected to take over a
-/// second a call, as candle's bf16 matmul does at prefill sizes).
+/// Times candle's matmul, the portable path, ours as picked and each of our kernels forced, on
+/// `[m, k] · [n, k]ᵀ` in `dtype`: one warm-up call, then the best of `repeat` (of 2 for a
+/// candidate expected to take over a second a call, as candle's bf16 matmul does at prefill
+/// sizes).
 pub fn time_linear(
     m: usize,
     n: usize,

@@ -23,9 +23,9 @@ const MR: usize = 4;
 /// Rows of `B` (columns of `C`) per tile.
 const NR: usize = 4;
 /// From this many rows on, [`Kernel::Outer`] runs. Measured side by side on OLMoE's expert
-/// shapes (2 threads): the dot tiles win at 2 to 8 rows (2-4x), the two are even at 16, and
-/// from 24 rows the outer kernel wins in f32 (1.3-1.7x) and is even or ahead in bf16 (0.95-1.4x
-/// at 24-40 rows, 1.2-1.9x from 64).
+/// shapes (2 threads): the dot tiles win at 2 to 8 rows (1.8-3.8x), the two are even at 16,
+/// and from 24 rows the outer kernel wins in f32 (1.3-1.75x) and is even or ahead in bf16
+/// (0.94-1.35x at 24-40 rows, 1.2-1.9x from 64).
 pub const OUTER_MIN_ROWS: usize = 24;
 /// Columns of `C` per parallel task, unless fewer are needed to keep every thread busy.
 const NB: usize = 64;
@@ -46,9 +46,7 @@ impl Isa {
     pub fn mixed(&self) -> bool {
         self.avx512f && self.avx512bw
     }
-}
 
-impl Isa {
     /// What this CPU supports (nothing off x86-64).
     pub fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
@@ -221,7 +219,8 @@ dot_pair!(f32, bf16, tile_f32_bf16, f32, u16);
 /// `c[m, n] = a[m, k] · b[n, k]ᵀ`, accumulated in f32, by `kernel`.
 ///
 /// # Safety
-/// The CPU must support AVX-512 F, and BF16 for bf16 by bf16 ([`Isa::detect`]).
+/// The CPU must support AVX-512 F, and BF16 for bf16 by bf16, BW and VL for f32 by bf16
+/// ([`Isa::detect`]).
 pub unsafe fn gemm_nt<A: Dot<W>, W: Elem>(
     a: &[A],
     b: &[W],
@@ -348,7 +347,7 @@ mod x86 {
     }
 
     /// Sixteen bf16 from `p` (`mask` of them) as f32.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn widen16(p: *const u16, mask: __mmask16) -> __m512 {
         let h = _mm256_maskz_loadu_epi16(mask, p as *const i16);
         _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))

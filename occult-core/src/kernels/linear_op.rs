@@ -2,15 +2,17 @@
 //! (`dx = dy · w`, `dw = dyᵀ · x`), itself computed through [`super::linear`].
 
 use super::gemm_nt::{gemm_nt, Kernel};
+use super::Path;
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use half::bf16;
 
 /// The op; [`super::linear`] applies it only to contiguous f32 or bf16 operands of one dtype,
-/// or f32 activations with bf16 weights, on a CPU with the matching AVX-512 instructions. `kernel` forces one kernel (tests and
-/// benchmarks); `None` picks by rows.
+/// or f32 activations with bf16 weights, on a CPU with the matching AVX-512 instructions.
+/// `path` is [`Path::Kernel`] to force one kernel (tests and benchmarks), else the kernel is
+/// picked by rows; the backward runs on the same path.
 pub(super) struct LinearNt {
-    pub kernel: Option<Kernel>,
+    pub path: Path,
 }
 
 fn contiguous<'a, T: candle::WithDType>(
@@ -43,7 +45,10 @@ impl CustomOp2 for LinearNt {
         }
         let isa = super::isa();
         let mut c = vec![0f32; m * n];
-        let kernel = self.kernel.unwrap_or(Kernel::for_rows(m));
+        let kernel = match self.path {
+            Path::Kernel(k) => k,
+            _ => Kernel::for_rows(m),
+        };
         let out = match (s1, s2) {
             (CpuStorage::F32(_), CpuStorage::F32(_)) if isa.avx512f => {
                 let a = contiguous::<f32>(s1, l1, "x")?;
@@ -82,12 +87,8 @@ impl CustomOp2 for LinearNt {
         _y: &Tensor,
         dy: &Tensor,
     ) -> candle::Result<(Option<Tensor>, Option<Tensor>)> {
-        let path = match self.kernel {
-            Some(k) => super::Path::Kernel(k),
-            None => super::Path::Auto,
-        };
         let lin = |a: &Tensor, b: &Tensor| {
-            super::linear_with(a, b, path)
+            super::linear_with(a, b, self.path)
                 .map_err(|e| candle::Error::Msg(format!("occult linear backward: {e}")))
         };
         // dx [m, k] = dy [m, n] · w [n, k] = dy · (wᵀ)ᵀ

@@ -3,11 +3,11 @@
 //!
 //! On a CPU with AVX-512 it runs our own kernels ([`gemm_nt`]): bf16 operands stay bf16 in
 //! memory (half the traffic) and accumulate in f32. Few rows run dot-product tiles (bf16 with
-//! `vdpbf16ps`), many rows outer products at f32's FMA rate ([`outer`]). The op is a candle `CustomOp2` with its own
-//! backward ([`linear_op`]), so training goes through it too. Elsewhere, or with
-//! `OCCULT_KERNELS=portable`, it runs the portable path: candle's matmul in f32 (bf16 operands
-//! are widened to f32 first: candle's bf16 CPU matmul measured 1.2x slower than its f32 at 512
-//! rows and 4x at one row). Both paths accumulate in f32 and round once.
+//! `vdpbf16ps`), many rows outer products at f32's FMA rate ([`outer`]). The op is a candle
+//! `CustomOp2` with its own backward ([`linear_op`]), so training goes through it too.
+//! Elsewhere, or with `OCCULT_KERNELS=portable`, it runs the portable path: candle's matmul in
+//! f32 (bf16 operands are widened to f32 first: candle's bf16 CPU matmul measured 1.2x slower
+//! than its f32 at 512 rows and 4x at one row). Both paths accumulate in f32 and round once.
 
 pub mod bench;
 pub mod gemm_nt;
@@ -133,15 +133,8 @@ pub fn linear_with(x: &Tensor, w: &Tensor, path: Path) -> Result<Tensor> {
             fast_kernel(x.dtype()).is_some()
         };
     let y = if fast {
-        x2.contiguous()?.apply_op2(
-            &w.contiguous()?,
-            linear_op::LinearNt {
-                kernel: match path {
-                    Path::Kernel(k) => Some(k),
-                    _ => None,
-                },
-            },
-        )?
+        x2.contiguous()?
+            .apply_op2(&w.contiguous()?, linear_op::LinearNt { path })?
     } else {
         portable(&x2, w)?
     };

@@ -8,8 +8,9 @@
 //! each `k` step and multiplies them into `V` vectors of the packed tile, keeping `V x NR`
 //! accumulators over a block of `k`. They are stored as they are, a column of `C` per vector,
 //! into a transposed buffer for the thread's block of columns, which is turned into rows of `C`
-//! when the tile is done. (Scattering straight into `C` measured 1.5x slower: a column's
-//! sixteen rows of a 1024-wide `C` fall in one L1 set.) bf16 weight rows are widened to f32 a
+//! when the tile is done. (Scattering straight into `C` measured up to 1.5x slower, most at
+//! short `k`; the sixteen rows of a column of a 1024-wide `C` map to one L1 set.) bf16 weight
+//! rows are widened to f32 a
 //! micro-tile at a time into a small buffer, so that the inner loop runs at f32's FMA rate
 //! (this CPU's `vdpbf16ps` issues at half of it: 80 against 164 GFLOP/s a core, measured).
 //! Columns of `C` are split in blocks across rayon's threads.
@@ -22,6 +23,11 @@ use rayon::prelude::*;
 pub const MT: usize = 64;
 /// Widest micro-tile (columns of `C` per micro-tile, for one vector of rows).
 const NR_MAX: usize = 16;
+/// `k` per block: the packed tile's block (`KC x 64` f32, 64 KB) stays near the core while
+/// every micro-tile of the column block passes over it, and a widened bf16 micro-tile stays in
+/// L1. Measured against 128 and unblocked `k`: within the noise at OLMoE's shapes, and it keeps
+/// long `k` (Mixtral's 14336) out of L3.
+const KC: usize = 256;
 
 /// Columns of `C` per micro-tile for a tile of `v` vectors of rows: 24 accumulators at most
 /// (16 for one vector, where each step is one load and sixteen broadcasts).
@@ -78,12 +84,6 @@ fn block_width(n: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     n.div_ceil(4 * threads).div_ceil(48).max(1) * 48
 }
-
-/// `k` per block: the packed tile's block (`KC x 64` f32, 64 KB) stays near the core while
-/// every micro-tile of the column block passes over it, and a widened bf16 micro-tile stays in
-/// L1. Measured against 128 and unblocked `k`: within the noise at OLMoE's shapes, and it keeps
-/// long `k` (Mixtral's 14336) out of L3.
-const KC: usize = 256;
 
 /// `c[m, n] = a[m, k] · b[n, k]ᵀ`, accumulated in f32.
 ///
@@ -159,6 +159,8 @@ pub unsafe fn gemm<A: Elem, W: Elem>(
                         cols,
                         kb == 0,
                     );
+                    #[cfg(not(target_arch = "x86_64"))]
+                    unreachable!("AVX-512 kernels on a CPU without them ({w:?} {ldw})");
                     j += cols;
                 }
                 kb += kc;
@@ -182,7 +184,7 @@ pub unsafe fn gemm<A: Elem, W: Elem>(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    //! The micro-tiles, one instantiation per vector count, and the bf16 widening.
+    //! The micro-tiles, one instantiation per vector count.
     use super::nr_for;
     use std::arch::x86_64::*;
 
