@@ -55,8 +55,18 @@ fn transpose(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
     t
 }
 
-/// Holds `got` to `want` within f32 summation error, plus one rounding to `dtype`.
-fn assert_close(got: &[f64], want: &[f64], mag: &[f64], dtype: DType, what: &str) {
+/// Whether `path` may round f32 activations to bf16 before multiplying them by bf16 weights:
+/// the AMX kernel does (its products are of bf16 values), where this CPU has it.
+fn rounds_activations(path: Path, dtype: DType, wdtype: DType) -> bool {
+    dtype == DType::F32
+        && wdtype == DType::BF16
+        && kernels::isa().amx
+        && matches!(path, Path::Auto | Path::Kernel(Kernel::Amx))
+}
+
+/// Holds `got` to `want` within f32 summation error, plus one rounding to `dtype`, plus (with
+/// `rounded`) the rounding of one operand to bf16 (relative 2⁻⁸ per product).
+fn assert_close(got: &[f64], want: &[f64], mag: &[f64], dtype: DType, rounded: bool, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let round = if dtype == DType::BF16 {
         2f64.powi(-8)
@@ -64,7 +74,8 @@ fn assert_close(got: &[f64], want: &[f64], mag: &[f64], dtype: DType, what: &str
         2f64.powi(-23)
     };
     for (i, ((g, w), m)) in got.iter().zip(want).zip(mag).enumerate() {
-        let tol = round * w.abs() + 1e-6 * m + 1e-30;
+        let operand = if rounded { 2f64.powi(-8) * m } else { 0.0 };
+        let tol = round * w.abs() + 1e-6 * m + operand + 1e-30;
         assert!(
             (g - w).abs() <= tol,
             "{what}: element {i} is {g}, expected {w} (tolerance {tol})"
@@ -97,6 +108,12 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (128, 145, 256),
     (200, 300, 33),
     (2, 1, 0),
+    // AMX: weights read in place (`n` a multiple of 32, `k` of 32) with 1 to 5 row tiles, a
+    // last column block of one weight tile, and a long `k`.
+    (16, 32, 32),
+    (33, 64, 64),
+    (40, 48, 96),
+    (70, 96, 512),
 ];
 
 /// Activation and weight dtypes: one dtype, or f32 activations with bf16 weights.
@@ -121,6 +138,7 @@ fn check_forward(path: Path) {
                 &want,
                 &mag,
                 dtype,
+                rounds_activations(path, dtype, wdtype),
                 &format!("{path:?} {dtype:?} x {wdtype:?} {m}x{n}x{k}"),
             );
         }
@@ -142,6 +160,9 @@ fn forced_portable_forward_equals_plain_loops() {
 fn each_kernel_forward_equals_plain_loops() {
     check_forward(Path::Kernel(Kernel::Dot));
     check_forward(Path::Kernel(Kernel::Outer));
+    // Without AMX this runs the outer kernel; say which, so that a log shows what was held.
+    eprintln!("AMX on this CPU: {}", kernels::isa().amx);
+    check_forward(Path::Kernel(Kernel::Amx));
 }
 
 /// Gradients of `Σ r ⊙ (x · wᵀ)`: `dx = r · w`, `dw = rᵀ · x`.
@@ -168,14 +189,15 @@ fn check_backward(path: Path) {
                 .get(xv.as_tensor())
                 .map(values)
                 .unwrap_or(vec![0.0; m * k]);
-            assert_close(&got, &dx, &dx_mag, dtype, &format!("{what} dx"));
+            let rounded = rounds_activations(path, dtype, wdtype);
+            assert_close(&got, &dx, &dx_mag, dtype, rounded, &format!("{what} dx"));
             // dw [n, k] = rᵀ [n, m] · (xᵀ [k, m])ᵀ
             let (dw, dw_mag) = reference_nt(&transpose(&r, m, n), &transpose(&a, m, k), n, k, m);
             let got = grads
                 .get(wv.as_tensor())
                 .map(values)
                 .unwrap_or(vec![0.0; n * k]);
-            assert_close(&got, &dw, &dw_mag, wdtype, &format!("{what} dw"));
+            assert_close(&got, &dw, &dw_mag, wdtype, false, &format!("{what} dw"));
         }
     }
 }
@@ -194,6 +216,7 @@ fn forced_portable_backward_equals_plain_loops() {
 fn each_kernel_backward_equals_plain_loops() {
     check_backward(Path::Kernel(Kernel::Dot));
     check_backward(Path::Kernel(Kernel::Outer));
+    check_backward(Path::Kernel(Kernel::Amx));
 }
 
 #[test]
@@ -206,7 +229,14 @@ fn leading_dimensions_and_strided_operands_are_accepted() {
         let y = kernels::linear(&x.reshape((2, 3, 10)).unwrap(), &w.t().unwrap()).unwrap();
         assert_eq!(y.dims(), [2, 3, 5]);
         let (want, mag) = reference_nt(&a, &transpose(&b, 10, 5), 6, 5, 10);
-        assert_close(&values(&y), &want, &mag, dtype, &format!("{dtype:?} 3-d"));
+        assert_close(
+            &values(&y),
+            &want,
+            &mag,
+            dtype,
+            false,
+            &format!("{dtype:?} 3-d"),
+        );
     }
     let x = Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap();
     let w = Tensor::zeros((4, 5), DType::F32, &Device::Cpu).unwrap();

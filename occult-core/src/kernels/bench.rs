@@ -44,7 +44,7 @@ pub fn time_linear(
     let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?.to_dtype(dtype)?;
     let w = Tensor::randn(0f32, 1.0, (n, k), &dev)?.to_dtype(dtype)?;
     let flops = 2.0 * (m * n * k) as f64;
-    let candidates: Vec<Candidate> = vec![
+    let mut candidates: Vec<Candidate> = vec![
         ("candle", Box::new(|| Ok(x.matmul(&w.t()?)?))),
         ("portable", Box::new(|| linear_with(&x, &w, Path::Portable))),
         ("occult", Box::new(|| linear_with(&x, &w, Path::Auto))),
@@ -57,6 +57,12 @@ pub fn time_linear(
             Box::new(|| linear_with(&x, &w, Path::Kernel(Kernel::Outer))),
         ),
     ];
+    if dtype == DType::BF16 && super::isa().amx {
+        candidates.push((
+            "occult-amx",
+            Box::new(|| linear_with(&x, &w, Path::Kernel(Kernel::Amx))),
+        ));
+    }
     let base = linear_with(&x, &w, Path::Portable)?.to_dtype(DType::F64)?;
     let mut out = Vec::new();
     for (name, f) in &candidates {

@@ -27,6 +27,8 @@ const NR: usize = 4;
 /// and from 24 rows the outer kernel wins in f32 (1.3-1.75x) and is even or ahead in bf16
 /// (0.94-1.35x at 24-40 rows, 1.2-1.9x from 64).
 pub const OUTER_MIN_ROWS: usize = 24;
+/// From this many rows on, [`Kernel::Amx`] runs where it can.
+pub const AMX_MIN_ROWS: usize = 8;
 /// Columns of `C` per parallel task, unless fewer are needed to keep every thread busy.
 const NB: usize = 64;
 
@@ -39,6 +41,9 @@ pub struct Isa {
     pub avx512bf16: bool,
     /// AVX-512 BW and VL (with F): f32 activations with bf16 weights.
     pub avx512bw: bool,
+    /// AMX-TILE and AMX-BF16, granted by the OS (with AVX-512 F): bf16 weights on tile
+    /// multiplies ([`super::amx`]).
+    pub amx: bool,
 }
 
 impl Isa {
@@ -58,6 +63,12 @@ impl Isa {
                 avx512bw: f
                     && std::arch::is_x86_feature_detected!("avx512bw")
                     && std::arch::is_x86_feature_detected!("avx512vl"),
+                // The AMX path packs activations with AVX-512 BW and BF16 (every CPU with
+                // AMX has them).
+                amx: f
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512bf16")
+                    && super::amx::detect(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -65,6 +76,7 @@ impl Isa {
             avx512f: false,
             avx512bf16: false,
             avx512bw: false,
+            amx: false,
         }
     }
 }
@@ -120,12 +132,18 @@ pub enum Kernel {
     Dot,
     /// Outer products over a packed `A`: many rows.
     Outer,
+    /// AMX tile multiplies, for bf16 weights where the CPU has AMX ([`super::amx`]; products
+    /// of bf16 values, f32 sums); elsewhere, and for f32 weights, [`Kernel::Outer`].
+    Amx,
 }
 
 impl Kernel {
-    /// The faster kernel for `m` rows of `A`.
-    pub fn for_rows(m: usize) -> Kernel {
-        if m >= OUTER_MIN_ROWS {
+    /// The faster kernel for `m` rows of `A`, where `amx` says whether [`Kernel::Amx`] can run
+    /// (bf16 weights on a CPU with AMX).
+    pub fn pick(m: usize, amx: bool) -> Kernel {
+        if amx && m >= AMX_MIN_ROWS {
+            Kernel::Amx
+        } else if m >= OUTER_MIN_ROWS {
             Kernel::Outer
         } else {
             Kernel::Dot
@@ -138,6 +156,8 @@ pub trait Elem: Copy + Send + Sync + 'static {
     /// Whether the element is f32 already (weight rows are then read in place).
     const IS_F32: bool;
     fn to_f32(self) -> f32;
+    /// The nearest bf16, as bits (round to nearest even).
+    fn to_bf16_bits(self) -> u16;
     /// Widens `src` into `dst` (same length).
     ///
     /// # Safety
@@ -150,6 +170,9 @@ impl Elem for f32 {
     fn to_f32(self) -> f32 {
         self
     }
+    fn to_bf16_bits(self) -> u16 {
+        bf16::from_f32(self).to_bits()
+    }
     unsafe fn widen(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src)
     }
@@ -159,6 +182,9 @@ impl Elem for bf16 {
     const IS_F32: bool = false;
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
+    }
+    fn to_bf16_bits(self) -> u16 {
+        self.to_bits()
     }
     unsafe fn widen(src: &[bf16], dst: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
@@ -231,7 +257,7 @@ pub unsafe fn gemm_nt<A: Dot<W>, W: Elem>(
     kernel: Kernel,
 ) {
     check_lengths(a.len(), b.len(), c.len(), m, n, k);
-    if kernel == Kernel::Outer {
+    if matches!(kernel, Kernel::Outer | Kernel::Amx) {
         return super::outer::gemm(a, b, c, m, n, k);
     }
     let (pa, pb, out) = (

@@ -1,6 +1,7 @@
 //! `x · wᵀ` as a candle `CustomOp2` over [`super::gemm_nt`], with its backward
 //! (`dx = dy · w`, `dw = dyᵀ · x`), itself computed through [`super::linear`].
 
+use super::amx;
 use super::gemm_nt::{gemm_nt, Kernel};
 use super::Path;
 use candle::backend::BackendStorage;
@@ -45,10 +46,12 @@ impl CustomOp2 for LinearNt {
         }
         let isa = super::isa();
         let mut c = vec![0f32; m * n];
+        let bf16_weights = matches!(s2, CpuStorage::BF16(_));
         let kernel = match self.path {
             Path::Kernel(k) => k,
-            _ => Kernel::for_rows(m),
+            _ => Kernel::pick(m, bf16_weights && isa.amx),
         };
+        let amx = kernel == Kernel::Amx && bf16_weights && isa.amx;
         let out = match (s1, s2) {
             (CpuStorage::F32(_), CpuStorage::F32(_)) if isa.avx512f => {
                 let a = contiguous::<f32>(s1, l1, "x")?;
@@ -60,15 +63,27 @@ impl CustomOp2 for LinearNt {
             (CpuStorage::F32(_), CpuStorage::BF16(_)) if isa.mixed() => {
                 let a = contiguous::<f32>(s1, l1, "x")?;
                 let b = contiguous::<bf16>(s2, l2, "w")?;
-                // SAFETY: AVX-512 F and BW were detected.
-                unsafe { gemm_nt(a, b, &mut c, m, n, k, kernel) };
+                // SAFETY: AVX-512 F and BW were detected, and AMX where it runs.
+                unsafe {
+                    if amx {
+                        amx::gemm(a, b, &mut c, m, n, k)
+                    } else {
+                        gemm_nt(a, b, &mut c, m, n, k, kernel)
+                    }
+                };
                 CpuStorage::F32(c)
             }
             (CpuStorage::BF16(_), CpuStorage::BF16(_)) if isa.avx512bf16 => {
                 let a = contiguous::<bf16>(s1, l1, "x")?;
                 let b = contiguous::<bf16>(s2, l2, "w")?;
-                // SAFETY: AVX-512 F and BF16 were detected.
-                unsafe { gemm_nt(a, b, &mut c, m, n, k, kernel) };
+                // SAFETY: AVX-512 F and BF16 were detected, and AMX where it runs.
+                unsafe {
+                    if amx {
+                        amx::gemm(a, b, &mut c, m, n, k)
+                    } else {
+                        gemm_nt(a, b, &mut c, m, n, k, kernel)
+                    }
+                };
                 CpuStorage::BF16(c.into_iter().map(bf16::from_f32).collect())
             }
             _ => candle::bail!(

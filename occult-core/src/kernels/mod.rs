@@ -9,6 +9,7 @@
 //! f32 (bf16 operands are widened to f32 first: candle's bf16 CPU matmul measured 1.2x slower
 //! than its f32 at 512 rows and 4x at one row). Both paths accumulate in f32 and round once.
 
+mod amx;
 pub mod bench;
 pub mod gemm_nt;
 mod linear_op;
@@ -74,6 +75,9 @@ pub fn describe(dtype: DType) -> &'static str {
             "portable (candle matmul, widened to f32)"
         }
         (Path::Portable, _) | (_, None) => "portable (candle matmul)",
+        (_, Some(DType::BF16)) if isa().amx => {
+            "avx512-bf16 with amx (bf16 in memory, f32 accumulation: amx tile multiplies from 8 rows, vdpbf16ps tiles below)"
+        }
         (_, Some(DType::BF16)) => {
             "avx512-bf16 (bf16 in memory, f32 accumulation: vdpbf16ps tiles, fma outer products)"
         }
@@ -125,14 +129,7 @@ pub fn linear_with(x: &Tensor, w: &Tensor, path: Path) -> Result<Tensor> {
         }
         .into());
     }
-    let fast = path != Path::Portable
-        && matches!(x.device(), Device::Cpu)
-        && if mixed {
-            isa().mixed()
-        } else {
-            fast_kernel(x.dtype()).is_some()
-        };
-    let y = if fast {
+    let y = if runs_fast(x, w, path) {
         x2.contiguous()?
             .apply_op2(&w.contiguous()?, linear_op::LinearNt { path })?
     } else {
@@ -141,6 +138,54 @@ pub fn linear_with(x: &Tensor, w: &Tensor, path: Path) -> Result<Tensor> {
     let mut out = lead.to_vec();
     out.push(n);
     Ok(y.reshape(out)?)
+}
+
+/// Whether `x · wᵀ` runs on our kernels (else on [`portable`]); the dtypes are checked.
+fn runs_fast(x: &Tensor, w: &Tensor, path: Path) -> bool {
+    let mixed = x.dtype() == DType::F32 && w.dtype() == DType::BF16;
+    path != Path::Portable
+        && matches!(x.device(), Device::Cpu)
+        && if mixed {
+            isa().mixed()
+        } else {
+            fast_kernel(x.dtype()).is_some()
+        }
+}
+
+/// `a · bᵀ` over leading dimensions: `a` `[.., M, K]` and `b` `[.., N, K]` (the same leading
+/// dimensions, one dtype) give `[.., M, N]` (attention's scores against keys, and its
+/// probabilities against transposed values). Each item is a [`linear`], the items in parallel;
+/// where [`linear`] would take the portable path, candle's batched matmul runs instead.
+/// Differentiable.
+pub fn batched_nt(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let dims = a.dims().to_vec();
+    if dims.len() < 2
+        || b.rank() != dims.len()
+        || b.dims()[..dims.len() - 2] != dims[..dims.len() - 2]
+    {
+        return Err(candle::Error::ShapeMismatchBinaryOp {
+            lhs: a.shape().clone(),
+            rhs: b.shape().clone(),
+            op: "batched_nt",
+        }
+        .into());
+    }
+    if a.dtype() != b.dtype() || !runs_fast(a, b, process_path()) {
+        return Ok(a.matmul(&b.t()?)?);
+    }
+    let (m, k) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+    let n = b.dims()[dims.len() - 2];
+    let items: usize = dims[..dims.len() - 2].iter().product();
+    let a3 = a.reshape((items, m, k))?;
+    let b3 = b.reshape((items, n, k))?;
+    use rayon::prelude::*;
+    let outs = (0..items)
+        .into_par_iter()
+        .map(|i| linear(&a3.get(i)?, &b3.get(i)?))
+        .collect::<Result<Vec<_>>>()?;
+    let mut shape = dims[..dims.len() - 2].to_vec();
+    shape.extend([m, n]);
+    Ok(Tensor::stack(&outs, 0)?.reshape(shape)?)
 }
 
 /// candle's matmul; bf16 widened to f32 (and rounded back once for bf16 activations).

@@ -11,7 +11,7 @@
 
 use super::attention::{Attention, LayerCache};
 use super::config::ModelConfig;
-use super::layers::{linear, rms_norm, Rope};
+use super::layers::{linear, residual_add, rms_norm, Rope};
 use crate::analysis::routing::RouterRule;
 use crate::ep::comm::Communicator;
 use crate::ep::dispatch::DispatchMode;
@@ -708,7 +708,7 @@ impl Model {
                 lc,
                 fused,
             )?;
-            x = (x + a)?;
+            x = residual_add(&x, &a)?;
             let hnorm = rms_norm(&x, &layer.post_norm, eps, fused)?;
             let y = match &layer.mlp {
                 Mlp::Dense(m) => swiglu_3d(&hnorm, m)?,
@@ -718,7 +718,7 @@ impl Model {
                     y.reshape((b, t, self.cfg.hidden_size))?
                 }
             };
-            x = (x + y)?;
+            x = residual_add(&x, &y)?;
         }
         let x = match which {
             Logits::All => x,
