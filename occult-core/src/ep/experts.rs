@@ -42,12 +42,12 @@ pub fn swiglu_wide(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Res
     Ok(y.to_dtype(wide)?)
 }
 
-/// `f` of every item (an expert and its rows), in parallel across rayon's threads, in order.
-/// Experts are independent, so the work splits at the grain where each thread runs whole
-/// GEMMs: measured on OLMoE's shapes at 512 tokens, 1.05-1.15x the prefill of splitting each
+/// `f` of every item (an expert and its rows, or an attention head), in parallel across
+/// rayon's threads, in order. Experts are independent, so the work splits at the grain where
+/// each thread runs whole GEMMs: measured on OLMoE's shapes at 512 tokens, 1.05-1.15x the prefill of splitting each
 /// GEMM across the threads, and the results are the same bits (each product is computed by
 /// one thread either way, in the same order).
-pub fn each_expert<I: Sync, T: Send>(
+pub fn par_map<I: Sync, T: Send>(
     items: &[I],
     f: impl Fn(&I) -> Result<T> + Sync + Send,
 ) -> Result<Vec<T>> {
@@ -165,7 +165,7 @@ impl SwigluStack {
         let busy: Vec<usize> = (0..plan.num_local)
             .filter(|&slot| !plan.range(slot).is_empty())
             .collect();
-        let (outputs, dest): (Vec<Tensor>, Vec<Tensor>) = each_expert(&busy, |&slot| {
+        let (outputs, dest): (Vec<Tensor>, Vec<Tensor>) = par_map(&busy, |&slot| {
             let range = plan.range(slot);
             let n = range.len();
             let pair_rows = Tensor::from_slice(&plan.pair_row[range.clone()], n, dev)?;

@@ -3,7 +3,7 @@
 //! the router and the expert MLPs, and is the oracle every EP mode, backend and placement is
 //! checked against (itself held to a plain-loop MoE in the tests).
 
-use super::experts::{each_expert, sum_dtype, MoeWeights};
+use super::experts::{par_map, sum_dtype, MoeWeights};
 use super::router::{route, PruneSpec, Routed};
 use crate::analysis::routing::RouterRule;
 use crate::Result;
@@ -57,7 +57,7 @@ pub fn reference_forward_routed(
         let gate = flat_weights.index_select(&at, 0)?.unsqueeze(1)?;
         Ok((y.broadcast_mul(&gate)?, tok))
     };
-    let (outputs, dest): (Vec<Tensor>, Vec<Tensor>) = each_expert(&busy, one)?.into_iter().unzip();
+    let (outputs, dest): (Vec<Tensor>, Vec<Tensor>) = par_map(&busy, one)?.into_iter().unzip();
     // One scatter of every expert's weighted rows back to their tokens.
     let zeros = Tensor::zeros((tokens, hidden), wide, x.device())?;
     let mut out = if outputs.is_empty() {

@@ -152,42 +152,6 @@ fn runs_fast(x: &Tensor, w: &Tensor, path: Path) -> bool {
         }
 }
 
-/// `a · bᵀ` over leading dimensions: `a` `[.., M, K]` and `b` `[.., N, K]` (the same leading
-/// dimensions, one dtype) give `[.., M, N]` (attention's scores against keys, and its
-/// probabilities against transposed values). Each item is a [`linear`], the items in parallel;
-/// where [`linear`] would take the portable path, candle's batched matmul runs instead.
-/// Differentiable.
-pub fn batched_nt(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let dims = a.dims().to_vec();
-    if dims.len() < 2
-        || b.rank() != dims.len()
-        || b.dims()[..dims.len() - 2] != dims[..dims.len() - 2]
-    {
-        return Err(candle::Error::ShapeMismatchBinaryOp {
-            lhs: a.shape().clone(),
-            rhs: b.shape().clone(),
-            op: "batched_nt",
-        }
-        .into());
-    }
-    if a.dtype() != b.dtype() || !runs_fast(a, b, process_path()) {
-        return Ok(a.matmul(&b.t()?)?);
-    }
-    let (m, k) = (dims[dims.len() - 2], dims[dims.len() - 1]);
-    let n = b.dims()[dims.len() - 2];
-    let items: usize = dims[..dims.len() - 2].iter().product();
-    let a3 = a.reshape((items, m, k))?;
-    let b3 = b.reshape((items, n, k))?;
-    use rayon::prelude::*;
-    let outs = (0..items)
-        .into_par_iter()
-        .map(|i| linear(&a3.get(i)?, &b3.get(i)?))
-        .collect::<Result<Vec<_>>>()?;
-    let mut shape = dims[..dims.len() - 2].to_vec();
-    shape.extend([m, n]);
-    Ok(Tensor::stack(&outs, 0)?.reshape(shape)?)
-}
-
 /// candle's matmul; bf16 widened to f32 (and rounded back once for bf16 activations).
 fn portable(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if x.dtype() == DType::F32 && w.dtype() == DType::BF16 {

@@ -20,10 +20,20 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
 }
 
 /// RMSNorm over the last dimension: `w * x / sqrt(mean(x^2) + eps)`, normalised in f32 and
-/// cast back before the weight, as transformers does.
+/// cast back before the weight, as transformers does. `fused` (inference) runs candle's kernel
+/// in f32; for bf16 it rounds once, after the weight (transformers rounds before it too):
+/// candle's bf16 element-wise ops measured 5 ms a norm of 512 x 2048 on CPU, over 5x this.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, fused: bool) -> Result<Tensor> {
     if fused && x.dtype() == DType::F32 {
         return Ok(candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)?);
+    }
+    if fused && x.dtype() == DType::BF16 && x.device().is_cpu() {
+        let y = candle_nn::ops::rms_norm(
+            &x.to_dtype(DType::F32)?,
+            &w.to_dtype(DType::F32)?,
+            eps as f32,
+        )?;
+        return Ok(y.to_dtype(DType::BF16)?);
     }
     Ok(candle_nn::ops::rms_norm_slow(x, w, eps as f32)?)
 }
