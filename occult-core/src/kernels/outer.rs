@@ -61,11 +61,15 @@ fn pack_a<T: Elem>(a: &[T], m: usize, k: usize) -> Vec<f32> {
         let width = 16 * vectors(rows);
         let dst = ptr.at(t * MT * k);
         let (k0, k1) = (chunk * KC, ((chunk + 1) * KC).min(k));
-        for i in 0..rows {
-            let src = &a[(t * MT + i) * k + k0..(t * MT + i) * k + k1];
-            for (kk, &x) in (k0..k1).zip(src) {
-                // SAFETY: tasks write disjoint elements of `packed`, within its length.
-                unsafe { *dst.add(kk * width + i) = x.to_f32() };
+        // Along `k`, a row of the packed tile at a time: its writes are contiguous, and the
+        // rows' reads stay in L1 from one `k` to the next (the other order, a row of `A` at a
+        // time, wrote with a stride of the tile's width: 13% of a small-model prefill).
+        let rows_at = &a[t * MT * k..(t * MT + rows) * k];
+        for kk in k0..k1 {
+            // SAFETY: tasks write disjoint elements of `packed`, within its length.
+            let out = unsafe { std::slice::from_raw_parts_mut(dst.add(kk * width), rows) };
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = rows_at[i * k + kk].to_f32();
             }
         }
     };
