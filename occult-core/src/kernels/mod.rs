@@ -3,7 +3,9 @@
 //!
 //! On a CPU with AVX-512 it runs our own kernels ([`gemm_nt`]): bf16 operands stay bf16 in
 //! memory (half the traffic) and accumulate in f32. Few rows run dot-product tiles (bf16 with
-//! `vdpbf16ps`), many rows outer products at f32's FMA rate ([`outer`]). The op is a candle
+//! `vdpbf16ps`), many rows outer products at f32's FMA rate ([`outer`]); with bf16 weights on a
+//! CPU with AMX, from 8 rows, tile multiplies ([`amx`]; `OCCULT_KERNELS=avx512` turns them
+//! off, to compare). The op is a candle
 //! `CustomOp2` with its own backward ([`linear_op`]), so training goes through it too.
 //! Elsewhere, or with `OCCULT_KERNELS=portable`, it runs the portable path: candle's matmul in
 //! f32 (bf16 operands are widened to f32 first: candle's bf16 CPU matmul measured 1.2x slower
@@ -52,20 +54,40 @@ pub enum Path {
     Kernel(Kernel),
 }
 
-/// The path this process uses: `OCCULT_KERNELS=portable` forces the portable one (to compare,
-/// or to test the fallback on a CPU that has the instructions); unset or `auto` picks.
-pub fn process_path() -> Path {
-    static PATH: OnceLock<Path> = OnceLock::new();
-    *PATH.get_or_init(|| match std::env::var("OCCULT_KERNELS").as_deref() {
-        Ok("portable") => Path::Portable,
-        _ => Path::Auto,
+/// What `OCCULT_KERNELS` asks for: `portable` (candle's matmul: to compare, or to test the
+/// fallback on a CPU that has the instructions), `avx512` (our kernels without AMX), or unset
+/// or `auto` (the fastest this CPU has). Another value is named on stderr, once, and ignored.
+fn kernels_setting() -> &'static str {
+    static SETTING: OnceLock<&'static str> = OnceLock::new();
+    SETTING.get_or_init(|| match std::env::var("OCCULT_KERNELS").as_deref() {
+        Ok("portable") => "portable",
+        Ok("avx512") => "avx512",
+        Ok("auto") | Err(_) => "auto",
+        Ok(other) => {
+            eprintln!("OCCULT_KERNELS={other:?} is not auto, avx512 or portable; using auto");
+            "auto"
+        }
     })
 }
 
-/// This CPU's instruction sets, detected once.
+/// The path this process uses: the portable one with `OCCULT_KERNELS=portable`, else
+/// [`Path::Auto`].
+pub fn process_path() -> Path {
+    if kernels_setting() == "portable" {
+        Path::Portable
+    } else {
+        Path::Auto
+    }
+}
+
+/// This CPU's instruction sets, detected once (AMX off with `OCCULT_KERNELS=avx512`).
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(Isa::detect)
+    *ISA.get_or_init(|| {
+        let mut isa = Isa::detect();
+        isa.amx &= kernels_setting() != "avx512";
+        isa
+    })
 }
 
 /// What [`linear`] runs for operands of `dtype` in this process, in words (for bench output).

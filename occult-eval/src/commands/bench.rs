@@ -187,9 +187,10 @@ fn kernels(a: KernelBenchArgs) -> Result<()> {
     }
     let threads = rayon::current_num_threads();
     eprintln!(
-        "{threads} threads; AVX-512 F {}, BF16 {}; f32: {}; bf16: {}",
+        "{threads} threads; AVX-512 F {}, BF16 {}, AMX {}; f32: {}; bf16: {}",
         isa().avx512f,
         isa().avx512bf16,
+        isa().amx,
         describe(candle::DType::F32),
         describe(candle::DType::BF16)
     );
