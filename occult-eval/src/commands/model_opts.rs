@@ -52,7 +52,8 @@ pub struct ModelOpts {
     #[arg(long)]
     pub revision: Option<String>,
     /// Compute dtype: f32, bf16 or f16. On a CPU with AVX-512, bf16 keeps the weights in bf16 (half
-    /// the memory) and runs about as fast as f32; f16 runs on the portable path.
+    /// the memory) and runs about as fast as f32, or about twice as fast where the CPU has AMX;
+    /// f16 runs on the portable path.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// Expert-parallel ranks: threads (`--backend local`), or the processes mpirun started
