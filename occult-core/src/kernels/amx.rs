@@ -12,8 +12,11 @@
 //! stored to a small buffer and transposed into `C`. Blocks of columns are split across
 //! rayon's threads, and each task configures the tiles itself (tile state is per thread).
 //!
-//! A `k` that is not a multiple of 32, and a last block of fewer than 16 weight rows, are read
-//! through a zero-padded copy of the block's weight rows.
+//! While a column pair computes, the next pair's weight rows (contiguous in memory) are
+//! prefetched into L2, a share per step. A `k` that is not a multiple of 32, and a last column
+//! pair of fewer than 32 weight rows, are read through a zero-padded copy of the pair's rows.
+//! Activations are packed with AVX-512 (`vcvtne2ps2bf16` rounds f32 to nearest even), every
+//! CPU with AMX has it.
 //!
 //! Linux hands the tile registers to a process only after it asks (`arch_prctl`); [`detect`]
 //! asks, and says no if the CPU lacks the instructions or the kernel refuses. Rust has no
