@@ -44,9 +44,9 @@ pub fn swiglu_wide(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Res
 
 /// `f` of every item (an expert and its rows, or an attention head), in parallel across
 /// rayon's threads, in order. Experts are independent, so the work splits at the grain where
-/// each thread runs whole GEMMs: measured on OLMoE's shapes at 512 tokens, 1.05-1.15x the prefill of splitting each
-/// GEMM across the threads, and the results are the same bits (each product is computed by
-/// one thread either way, in the same order).
+/// each thread runs whole GEMMs: measured on OLMoE's shapes at 512 tokens, 1.05-1.15x the
+/// prefill of splitting each GEMM across the threads, and the results are the same bits (each
+/// product is computed by one thread either way, in the same order).
 pub fn par_map<I: Sync, T: Send>(
     items: &[I],
     f: impl Fn(&I) -> Result<T> + Sync + Send,

@@ -115,11 +115,14 @@ unsafe fn pack_a<A: AmxRow>(a: &[A], m: usize, k: usize, steps: usize) -> Vec<u3
             )
         }
     };
-    let chunks = packed.chunks_mut(steps * XTILE).enumerate();
+    let tile_len = steps * XTILE;
     if tiles > 1 && rayon::current_num_threads() > 1 {
-        chunks.par_bridge().for_each(pack_tile);
+        packed
+            .par_chunks_mut(tile_len)
+            .enumerate()
+            .for_each(pack_tile);
     } else {
-        chunks.for_each(pack_tile);
+        packed.chunks_mut(tile_len).enumerate().for_each(pack_tile);
     }
     packed
 }

@@ -3,13 +3,13 @@
 //!
 //! On a CPU with AVX-512 it runs our own kernels ([`gemm_nt`]): bf16 operands stay bf16 in
 //! memory (half the traffic) and accumulate in f32. Few rows run dot-product tiles (bf16 with
-//! `vdpbf16ps`), many rows outer products at f32's FMA rate ([`outer`]); with bf16 weights on a
-//! CPU with AMX, from 8 rows, tile multiplies ([`amx`]; `OCCULT_KERNELS=avx512` turns them
-//! off, to compare). The op is a candle
-//! `CustomOp2` with its own backward ([`linear_op`]), so training goes through it too.
-//! Elsewhere, or with `OCCULT_KERNELS=portable`, it runs the portable path: candle's matmul in
-//! f32 (bf16 operands are widened to f32 first: candle's bf16 CPU matmul measured 1.2x slower
-//! than its f32 at 512 rows and 4x at one row). Both paths accumulate in f32 and round once.
+//! `vdpbf16ps`), many rows outer products at f32's FMA rate ([`outer`]); with bf16 weights on
+//! a CPU with AMX, from 8 rows, tile multiplies ([`amx`]; `OCCULT_KERNELS=avx512` turns them
+//! off, to compare). The op is a candle `CustomOp2` with its own backward ([`linear_op`]), so
+//! training goes through it too. Elsewhere, or with `OCCULT_KERNELS=portable`, it runs the
+//! portable path: candle's matmul in f32 (bf16 operands are widened to f32 first: candle's
+//! bf16 CPU matmul measured 1.2x slower than its f32 at 512 rows and 4x at one row). Every path
+//! accumulates in f32 and rounds once.
 
 mod amx;
 pub mod bench;
@@ -119,8 +119,8 @@ fn fast_kernel(dtype: DType) -> Option<DType> {
 
 /// `x · wᵀ` for `x` `[.., K]` and a weight `w` `[N, K]` in its stored layout: `[.., N]`, in
 /// `x`'s dtype. Differentiable in both operands. `x` and `w` share a dtype, or `x` is f32 and
-/// `w` bf16 (activations kept in f32 with bf16 weights: half the weight traffic, no rounding of
-/// the activations).
+/// `w` bf16 (activations kept in f32 with bf16 weights: half the weight traffic; the AMX kernel
+/// rounds them to bf16 for its products, the others do not).
 pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     linear_with(x, w, process_path())
 }

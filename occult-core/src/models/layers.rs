@@ -21,8 +21,9 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
 
 /// RMSNorm over the last dimension: `w * x / sqrt(mean(x^2) + eps)`, normalised in f32 and
 /// cast back before the weight, as transformers does. `fused` (inference) runs candle's kernel
-/// in f32; for bf16 it rounds once, after the weight (transformers rounds before it too):
-/// candle's bf16 element-wise ops measured 5 ms a norm of 512 x 2048 on CPU, over 5x this.
+/// in f32; for bf16 it rounds once, after the weight (transformers rounds before it too). The
+/// q and k norms of a 512-token bf16 prefill measured 5.5 ms through candle's bf16 element-wise
+/// ops, 3.6 ms this way.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64, fused: bool) -> Result<Tensor> {
     if fused && x.dtype() == DType::F32 {
         return Ok(candle_nn::ops::rms_norm(&x.contiguous()?, w, eps as f32)?);
@@ -125,7 +126,6 @@ pub fn causal_mask(
     Ok(Tensor::from_vec(mask, (t, s), dev)?.to_dtype(dtype)?)
 }
 
-/// Softmax over the last dimension in f32, cast back to the input's dtype.
 /// `x + y` (a residual connection). bf16 is added in f32 and rounded once, which is the same
 /// bits as candle's bf16 add: that add converts through function calls per eight elements on
 /// CPU and measured 10% of a bf16 prefill of a one-layer OLMoE-shaped model.
@@ -137,6 +137,7 @@ pub fn residual_add(x: &Tensor, y: &Tensor) -> Result<Tensor> {
     Ok((x + y)?)
 }
 
+/// Softmax over the last dimension in f32, cast back to the input's dtype.
 pub fn softmax_f32(x: &Tensor, fused: bool) -> Result<Tensor> {
     let dt = x.dtype();
     let x = x.to_dtype(DType::F32)?;
