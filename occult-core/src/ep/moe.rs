@@ -29,20 +29,28 @@ use crate::analysis::collab::total_devices;
 use crate::analysis::placement::validate_map;
 use crate::analysis::routing::RouterRule;
 use crate::{bail, Result};
-use candle::Tensor;
+use candle::{DType, Tensor};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// `h + y` for a residual connection around an EP layer, safe on ranks without tokens.
+/// `h + y` for a residual connection (around attention, a dense MLP or an EP layer), safe on
+/// ranks without tokens.
 ///
 /// On empty tensors candle's `+` returns its left operand and drops the right one from the
 /// graph. A rank without tokens would then lose the EP layer from its backward, although its
 /// experts processed other ranks' rows, and its peers would wait for its reverse exchanges.
 /// For two empty tensors, concatenation along rows is the sum and keeps both on the graph.
+///
+/// bf16 on CPU is added in f32 and rounded once: the same bits as candle's bf16 add, whose
+/// CPU path converts through a function call per eight values and measured 10% of a bf16
+/// prefill of a one-layer OLMoE-shaped model.
 pub fn residual_add(h: &Tensor, y: &Tensor) -> Result<Tensor> {
     if h.elem_count() == 0 && y.elem_count() == 0 && h.dims() == y.dims() {
         Ok(Tensor::cat(&[h, y], 0)?)
+    } else if h.dtype() == DType::BF16 && y.dtype() == DType::BF16 && h.device().is_cpu() {
+        let sum = (h.to_dtype(DType::F32)? + y.to_dtype(DType::F32)?)?;
+        Ok(sum.to_dtype(DType::BF16)?)
     } else {
         Ok((h + y)?)
     }
@@ -388,5 +396,41 @@ impl EpMoe {
             out = (out + shared.forward(x)?)?;
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle::Device;
+
+    /// The bf16 shortcut gives candle's own bf16 sum, bit for bit (lengths off its 8-value
+    /// chunks included), and the empty case keeps both operands.
+    #[test]
+    fn residual_add_matches_candles_add() {
+        let dev = Device::Cpu;
+        for n in [1, 7, 8, 33, 1000] {
+            let h = Tensor::randn(0f32, 3.0, (n, 5), &dev).unwrap();
+            let y = Tensor::randn(0f32, 0.01, (n, 5), &dev).unwrap();
+            for dtype in [DType::BF16, DType::F32] {
+                let (h, y) = (h.to_dtype(dtype).unwrap(), y.to_dtype(dtype).unwrap());
+                let bits = |t: Tensor| -> Vec<u32> {
+                    t.to_dtype(DType::F32)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap()
+                        .into_iter()
+                        .map(f32::to_bits)
+                        .collect()
+                };
+                let got = residual_add(&h, &y).unwrap();
+                assert_eq!(got.dtype(), dtype);
+                assert_eq!(bits(got), bits((&h + &y).unwrap()), "{dtype:?} n={n}");
+            }
+        }
+        let empty = Tensor::zeros((0, 5), DType::BF16, &dev).unwrap();
+        assert_eq!(residual_add(&empty, &empty).unwrap().dims(), [0, 5]);
     }
 }

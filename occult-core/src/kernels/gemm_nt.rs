@@ -159,8 +159,6 @@ pub trait Elem: Copy + Send + Sync + 'static {
     /// Whether the element is f32 already (weight rows are then read in place).
     const IS_F32: bool;
     fn to_f32(self) -> f32;
-    /// The nearest bf16, as bits (round to nearest even).
-    fn to_bf16_bits(self) -> u16;
     /// Widens `src` into `dst` (same length).
     ///
     /// # Safety
@@ -173,9 +171,6 @@ impl Elem for f32 {
     fn to_f32(self) -> f32 {
         self
     }
-    fn to_bf16_bits(self) -> u16 {
-        bf16::from_f32(self).to_bits()
-    }
     unsafe fn widen(src: &[f32], dst: &mut [f32]) {
         dst.copy_from_slice(src)
     }
@@ -185,9 +180,6 @@ impl Elem for bf16 {
     const IS_F32: bool = false;
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
-    }
-    fn to_bf16_bits(self) -> u16 {
-        self.to_bits()
     }
     unsafe fn widen(src: &[bf16], dst: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]

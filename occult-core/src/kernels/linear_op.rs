@@ -2,7 +2,7 @@
 //! (`dx = dy · w`, `dw = dyᵀ · x`), itself computed through [`super::linear`].
 
 use super::amx;
-use super::gemm_nt::{gemm_nt, Kernel};
+use super::gemm_nt::{gemm_nt, Dot, Kernel};
 use super::Path;
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
@@ -25,6 +25,28 @@ fn contiguous<'a, T: candle::WithDType>(
         .contiguous_offsets()
         .ok_or_else(|| candle::Error::Msg(format!("occult linear: {what} is not contiguous")))?;
     Ok(&s.as_slice::<T>()?[start..end])
+}
+
+/// `c = a · bᵀ` with bf16 weights: on AMX if `amx`, else by `kernel`.
+///
+/// # Safety
+/// As [`gemm_nt`] for the pair, and [`amx::gemm`] when `amx`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn bf16_weights_gemm<A: Dot<bf16> + amx::AmxRow>(
+    a: &[A],
+    b: &[bf16],
+    c: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    kernel: Kernel,
+    amx: bool,
+) {
+    if amx {
+        amx::gemm(a, b, c, m, n, k)
+    } else {
+        gemm_nt(a, b, c, m, n, k, kernel)
+    }
 }
 
 impl CustomOp2 for LinearNt {
@@ -63,27 +85,15 @@ impl CustomOp2 for LinearNt {
             (CpuStorage::F32(_), CpuStorage::BF16(_)) if isa.mixed() => {
                 let a = contiguous::<f32>(s1, l1, "x")?;
                 let b = contiguous::<bf16>(s2, l2, "w")?;
-                // SAFETY: AVX-512 F and BW were detected, and AMX where it runs.
-                unsafe {
-                    if amx {
-                        amx::gemm(a, b, &mut c, m, n, k)
-                    } else {
-                        gemm_nt(a, b, &mut c, m, n, k, kernel)
-                    }
-                };
+                // SAFETY: AVX-512 F and BW were detected, and AMX where `amx` says so.
+                unsafe { bf16_weights_gemm(a, b, &mut c, m, n, k, kernel, amx) };
                 CpuStorage::F32(c)
             }
             (CpuStorage::BF16(_), CpuStorage::BF16(_)) if isa.avx512bf16 => {
                 let a = contiguous::<bf16>(s1, l1, "x")?;
                 let b = contiguous::<bf16>(s2, l2, "w")?;
-                // SAFETY: AVX-512 F and BF16 were detected, and AMX where it runs.
-                unsafe {
-                    if amx {
-                        amx::gemm(a, b, &mut c, m, n, k)
-                    } else {
-                        gemm_nt(a, b, &mut c, m, n, k, kernel)
-                    }
-                };
+                // SAFETY: AVX-512 F and BF16 were detected, and AMX where `amx` says so.
+                unsafe { bf16_weights_gemm(a, b, &mut c, m, n, k, kernel, amx) };
                 CpuStorage::BF16(c.into_iter().map(bf16::from_f32).collect())
             }
             _ => candle::bail!(

@@ -126,17 +126,6 @@ pub fn causal_mask(
     Ok(Tensor::from_vec(mask, (t, s), dev)?.to_dtype(dtype)?)
 }
 
-/// `x + y` (a residual connection). bf16 is added in f32 and rounded once, which is the same
-/// bits as candle's bf16 add: that add converts through function calls per eight elements on
-/// CPU and measured 10% of a bf16 prefill of a one-layer OLMoE-shaped model.
-pub fn residual_add(x: &Tensor, y: &Tensor) -> Result<Tensor> {
-    if x.dtype() == DType::BF16 && y.dtype() == DType::BF16 && x.device().is_cpu() {
-        let sum = (x.to_dtype(DType::F32)? + y.to_dtype(DType::F32)?)?;
-        return Ok(sum.to_dtype(DType::BF16)?);
-    }
-    Ok((x + y)?)
-}
-
 /// Softmax over the last dimension in f32, cast back to the input's dtype.
 pub fn softmax_f32(x: &Tensor, fused: bool) -> Result<Tensor> {
     let dt = x.dtype();

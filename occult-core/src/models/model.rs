@@ -11,13 +11,14 @@
 
 use super::attention::{Attention, LayerCache};
 use super::config::ModelConfig;
-use super::layers::{linear, residual_add, rms_norm, Rope};
+use super::layers::{linear, rms_norm, Rope};
 use crate::analysis::routing::RouterRule;
 use crate::ep::comm::Communicator;
 use crate::ep::dispatch::DispatchMode;
 use crate::ep::experts::{swiglu, SharedExperts};
 use crate::ep::{
-    reference_forward_routed, EpMoe, EpSettings, MoeWeights, PruneSpec, Routed, StepStats,
+    reference_forward_routed, residual_add, EpMoe, EpSettings, MoeWeights, PruneSpec, Routed,
+    StepStats,
 };
 use crate::models::weights::Weights;
 use crate::{bail, Result};
