@@ -41,5 +41,7 @@ pub mod fault;
 pub mod input;
 pub mod kernels;
 pub mod models;
+#[cfg(test)]
+mod test_util;
 
 pub use error::{Error, Result};

@@ -109,11 +109,13 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (200, 300, 33),
     (2, 1, 0),
     // AMX: weights read in place (`n` a multiple of 32, `k` of 32) with 1 to 5 row tiles, a
-    // last column block of one weight tile, and a long `k`.
+    // last column block of one weight tile, a long `k`, and rows in three row blocks (64 rows
+    // a block at k = 4096, the last one a part tile).
     (16, 32, 32),
     (33, 64, 64),
     (40, 48, 96),
     (70, 96, 512),
+    (150, 40, 4096),
 ];
 
 /// Activation and weight dtypes: one dtype, or f32 activations with bf16 weights.

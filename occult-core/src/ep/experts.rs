@@ -3,6 +3,7 @@
 //! of one MoE layer. Every op here is differentiable in candle.
 
 use crate::ep::dispatch::ComputePlan;
+use crate::ep::experts_fast::{grouped_sum, Group};
 use crate::kernels::linear;
 use crate::{bail, Result};
 use candle::{DType, Tensor};
@@ -136,7 +137,8 @@ impl SwigluStack {
     /// Grouped compute of received rows: for every (row, expert) pair of `plan`, the expert's
     /// output on the row's first `H` columns (rows may carry more, such as gate weights), times
     /// the pair's gate weight from `weights` (flat, indexed by `plan.pair_weight`) if given,
-    /// summed per row. Experts with no pairs cost nothing. Returns `[rows, H]`.
+    /// summed per row. Experts with no pairs cost nothing. Returns `[rows, H]`. At inference on
+    /// CPU this runs on [`grouped_sum`] (the same bits).
     pub fn grouped(
         &self,
         rows: &Tensor,
@@ -165,6 +167,20 @@ impl SwigluStack {
         let busy: Vec<usize> = (0..plan.num_local)
             .filter(|&slot| !plan.range(slot).is_empty())
             .collect();
+        let groups: Vec<Group> = busy
+            .iter()
+            .map(|&slot| {
+                let range = plan.range(slot);
+                Group {
+                    slot,
+                    rows: &plan.pair_row[range.clone()],
+                    weight_at: weights.as_ref().map(|_| &plan.pair_weight[range]),
+                }
+            })
+            .collect();
+        if let Some(sum) = grouped_sum(self, &xs_all, weights.as_ref(), &groups, rows.dtype())? {
+            return Ok(sum);
+        }
         let (outputs, dest): (Vec<Tensor>, Vec<Tensor>) = par_map(&busy, |&slot| {
             let range = plan.range(slot);
             let n = range.len();

@@ -19,6 +19,7 @@ pub mod cost;
 pub mod dispatch;
 pub mod exchange;
 pub mod experts;
+pub mod experts_fast;
 pub mod moe;
 pub mod reference;
 pub mod router;

@@ -1,9 +1,11 @@
 //! The plain single-device MoE forward: for each expert, its tokens, its MLP, the gate weights,
 //! summed back into token order; plus shared experts. It shares nothing with the EP layer but
 //! the router and the expert MLPs, and is the oracle every EP mode, backend and placement is
-//! checked against (itself held to a plain-loop MoE in the tests).
+//! checked against (itself held to a plain-loop MoE in the tests). At inference on CPU the
+//! experts' sums run on [`super::experts_fast`], the same bits as the tensor path below.
 
 use super::experts::{par_map, sum_dtype, MoeWeights};
+use super::experts_fast::{grouped_sum, Group};
 use super::router::{route, PruneSpec, Routed};
 use crate::analysis::routing::RouterRule;
 use crate::Result;
@@ -49,6 +51,20 @@ pub fn reference_forward_routed(
     let busy: Vec<usize> = (0..w.experts.len())
         .filter(|&e| !token_of[e].is_empty())
         .collect();
+    let groups: Vec<Group> = busy
+        .iter()
+        .map(|&e| Group {
+            slot: e,
+            rows: &token_of[e],
+            weight_at: Some(&weight_at[e]),
+        })
+        .collect();
+    if let Some(mut out) = grouped_sum(&w.experts, &xw, Some(&flat_weights), &groups, x.dtype())? {
+        if let Some(s) = &w.shared {
+            out = (out + s.forward(x)?)?;
+        }
+        return Ok((out, routed));
+    }
     let one = |&expert: &usize| -> Result<(Tensor, Tensor)> {
         let n = token_of[expert].len();
         let tok = Tensor::from_slice(&token_of[expert], n, x.device())?;

@@ -134,6 +134,13 @@ fn pairs_per_task(pairs: usize) -> usize {
     pairs.div_ceil(4 * threads).max(1)
 }
 
+/// Row tiles per row block: an even number whose packed rows (1 KB a tile per step) come to
+/// about 512 KB, a quarter of L2, so that they are read from L2 by every column of a task
+/// rather than from memory (measured on 512 rows: the whole of `A` is 2 MB at k = 2048).
+fn row_block_tiles(steps: usize) -> usize {
+    (512 / steps.max(1)).max(2) & !1
+}
+
 /// `c[m, n] = a[m, k] · b[n, k]ᵀ` with the products in bf16 and the sums in f32.
 ///
 /// # Safety
@@ -157,6 +164,8 @@ pub unsafe fn gemm<A: AmxRow>(a: &[A], b: &[bf16], c: &mut [f32], m: usize, n: u
     let pairs = n.div_ceil(2 * T);
     let per_task = pairs_per_task(pairs);
     let tasks = pairs.div_ceil(per_task);
+    let row_tiles = m.div_ceil(T);
+    let block_tiles = row_block_tiles(steps);
     let task = |task: usize| {
         // Accumulators of one (column pair, row pair) block: tile `2 i + j` is weight block `i`
         // by row tile `j`, `[16 columns][16 rows]` f32.
@@ -165,62 +174,70 @@ pub unsafe fn gemm<A: AmxRow>(a: &[A], b: &[bf16], c: &mut [f32], m: usize, n: u
         let mut wbuf: Vec<u16> = Vec::new();
         #[cfg(target_arch = "x86_64")]
         x86::configure();
-        for pair in task * per_task..((task + 1) * per_task).min(pairs) {
-            let n0 = pair * 2 * T;
-            let cols = (2 * T).min(n - n0);
-            let wblocks = cols.div_ceil(T);
-            let (w, ldw) = if k == kp && cols == 2 * T {
-                (pb.at(n0 * k), k)
-            } else {
-                wbuf.clear();
-                wbuf.resize(2 * T * kp, 0);
-                for r in 0..cols {
-                    let src = std::slice::from_raw_parts(pb.at((n0 + r) * k), k);
-                    wbuf[r * kp..r * kp + k].copy_from_slice(src);
-                }
-                (wbuf.as_ptr(), kp)
-            };
-            let row_tiles = m.div_ceil(T);
-            let row_pairs = row_tiles.div_ceil(2);
-            // The next column pair's weight rows (contiguous when read in place), prefetched
-            // into L2 a share per step: measured 5-10% off a bf16 prefill whose expert weights
-            // stream from memory (prefetching each row a few steps ahead gained nothing).
-            let next_len = if pair + 1 < pairs && k == kp {
-                (2 * T).min(n - n0 - 2 * T) * k * 2
-            } else {
-                0
-            };
-            let share = next_len.div_ceil(64 * row_pairs) * 64;
-            let next = pb.at((n0 + 2 * T) * k) as *const u8;
-            let mut t0 = 0;
-            while t0 < row_tiles {
-                let rtiles = 2.min(row_tiles - t0);
-                let start = (t0 / 2 * share).min(next_len);
-                let block = Block {
-                    wblocks,
-                    rtiles,
-                    w,
-                    ldw,
-                    x: pa.at(t0 * steps * XTILE),
-                    steps,
-                    prefetch: next.wrapping_add(start),
-                    prefetch_end: next.wrapping_add((start + share).min(next_len)),
-                    prefetch_lines: share.div_ceil(64 * steps),
+        // Row blocks outer, so that a block's packed rows stay in L2 while the task's
+        // columns stream past them.
+        for rb in (0..row_tiles).step_by(block_tiles) {
+            let rb_end = (rb + block_tiles).min(row_tiles);
+            for pair in task * per_task..((task + 1) * per_task).min(pairs) {
+                let n0 = pair * 2 * T;
+                let cols = (2 * T).min(n - n0);
+                let wblocks = cols.div_ceil(T);
+                let (w, ldw) = if k == kp && cols == 2 * T {
+                    (pb.at(n0 * k), k)
+                } else {
+                    wbuf.clear();
+                    wbuf.resize(2 * T * kp, 0);
+                    for r in 0..cols {
+                        let src = std::slice::from_raw_parts(pb.at((n0 + r) * k), k);
+                        wbuf[r * kp..r * kp + k].copy_from_slice(src);
+                    }
+                    (wbuf.as_ptr(), kp)
                 };
-                #[cfg(target_arch = "x86_64")]
-                x86::block(&block, ct.as_mut_ptr());
-                #[cfg(not(target_arch = "x86_64"))]
-                unreachable!("AMX on a CPU without it ({:?})", block.w);
-                for j in 0..rtiles {
-                    for r in 0..T.min(m - (t0 + j) * T) {
-                        let dst = pc.at(((t0 + j) * T + r) * n + n0);
-                        for col in 0..cols {
-                            let (i, cc) = (col / T, col % T);
-                            *dst.add(col) = ct[(2 * i + j) * T * T + cc * T + r];
+                let row_pairs = (rb_end - rb).div_ceil(2);
+                // The next column pair's weight rows (contiguous when read in place), prefetched
+                // into L2 a share per step: measured 5-10% off a bf16 prefill whose expert weights
+                // stream from memory (prefetching each row a few steps ahead gained nothing).
+                let next_len = if pair + 1 < pairs && k == kp {
+                    (2 * T).min(n - n0 - 2 * T) * k * 2
+                } else {
+                    0
+                };
+                let share = next_len.div_ceil(64 * row_pairs) * 64;
+                let next = pb.at((n0 + 2 * T) * k) as *const u8;
+                let mut t0 = rb;
+                while t0 < rb_end {
+                    let rtiles = 2.min(rb_end - t0);
+                    let start = ((t0 - rb) / 2 * share).min(next_len);
+                    let block = Block {
+                        wblocks,
+                        rtiles,
+                        w,
+                        ldw,
+                        x: pa.at(t0 * steps * XTILE),
+                        steps,
+                        prefetch: next.wrapping_add(start),
+                        prefetch_end: next.wrapping_add((start + share).min(next_len)),
+                        prefetch_lines: share.div_ceil(64 * steps),
+                    };
+                    #[cfg(target_arch = "x86_64")]
+                    x86::block(&block, ct.as_mut_ptr());
+                    #[cfg(not(target_arch = "x86_64"))]
+                    unreachable!("AMX on a CPU without it ({:?})", block.w);
+                    for j in 0..rtiles {
+                        let rows = T.min(m - (t0 + j) * T);
+                        for i in 0..wblocks {
+                            #[cfg(target_arch = "x86_64")]
+                            x86::store_transposed(
+                                ct.as_ptr().add((2 * i + j) * T * T),
+                                pc.at((t0 + j) * T * n + n0 + i * T),
+                                n,
+                                rows,
+                                T.min(cols - i * T),
+                            );
                         }
                     }
+                    t0 += rtiles;
                 }
-                t0 += rtiles;
             }
         }
         #[cfg(target_arch = "x86_64")]
@@ -255,7 +272,8 @@ mod x86 {
     use std::arch::asm;
     use std::arch::x86_64::*;
 
-    /// Offsets of one row's 16 pairs in a packed tile: pair `p` at `16 p`.
+    /// Offsets of one row's 16 pairs in a packed tile (pair `p` at `16 p`), and of a row's 16
+    /// columns in an accumulator tile.
     #[target_feature(enable = "avx512f")]
     unsafe fn pair_offsets() -> __m512i {
         _mm512_mullo_epi32(
@@ -303,6 +321,28 @@ mod x86 {
                 let pairs = _mm512_maskz_loadu_epi16(step_mask(k0, k), row.add(k0) as *const i16);
                 _mm512_i32scatter_epi32::<4>(dst.add(s * XTILE + r) as *mut _, idx, pairs);
             }
+        }
+    }
+
+    /// Stores an accumulator tile `ct` (`[16 columns][16 rows]`) as the first `rows` rows and
+    /// `cols` columns of `C` at `dst` (row stride `ldc`): one gather of a row's columns each.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn store_transposed(
+        ct: *const f32,
+        dst: *mut f32,
+        ldc: usize,
+        rows: usize,
+        cols: usize,
+    ) {
+        let idx = pair_offsets();
+        let mask = if cols >= T {
+            u16::MAX
+        } else {
+            (1u16 << cols) - 1
+        };
+        for r in 0..rows {
+            let row = _mm512_i32gather_ps::<4>(idx, ct.add(r));
+            _mm512_mask_storeu_ps(dst.add(r * ldc), mask, row);
         }
     }
 

@@ -16,6 +16,15 @@ pub(super) struct LinearNt {
     pub path: Path,
 }
 
+/// A storage's contiguous f32 or bf16 elements (`None` for other dtypes).
+fn operand<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle::Result<Option<Operand<'a>>> {
+    Ok(match s {
+        CpuStorage::F32(_) => Some(Operand::F32(contiguous::<f32>(s, l, what)?)),
+        CpuStorage::BF16(_) => Some(Operand::Bf16(contiguous::<bf16>(s, l, what)?)),
+        _ => None,
+    })
+}
+
 fn contiguous<'a, T: candle::WithDType>(
     s: &'a CpuStorage,
     l: &Layout,
@@ -49,6 +58,67 @@ unsafe fn bf16_weights_gemm<A: Dot<bf16> + amx::AmxRow>(
     }
 }
 
+/// An operand of a [`rows`] product, as stored: activations `[m, k]` or weights `[n, k]`.
+#[derive(Clone, Copy, Debug)]
+pub enum Operand<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+}
+
+/// The kernel for `m` rows on `path`, and whether it is the AMX kernel (bf16 weights on a CPU
+/// with AMX).
+fn kernel_for(path: Path, m: usize, bf16_weights: bool) -> (Kernel, bool) {
+    let amx_here = bf16_weights && super::isa().amx;
+    let kernel = match path {
+        Path::Kernel(k) => k,
+        _ => Kernel::pick(m, amx_here),
+    };
+    (kernel, kernel == Kernel::Amx && amx_here)
+}
+
+/// `c[m, n] = a[m, k] · wᵀ` in f32, on the kernel `path` picks for the operands (the kernel
+/// [`super::linear`] runs for the same operands, so the same bits before its rounding of a bf16
+/// result). Returns false, with `c` untouched, where this CPU has no kernel for the pair (bf16
+/// activations take bf16 weights).
+///
+/// # Panics
+/// If the slices' lengths do not match `m`, `n` and `k`.
+pub(crate) fn rows(
+    a: Operand<'_>,
+    w: Operand<'_>,
+    c: &mut [f32],
+    (m, n, k): (usize, usize, usize),
+    path: Path,
+) -> bool {
+    let isa = super::isa();
+    let (kernel, amx) = kernel_for(path, m, matches!(w, Operand::Bf16(_)));
+    match (a, w) {
+        (Operand::F32(a), Operand::F32(b)) if isa.avx512f => {
+            // SAFETY: AVX-512 F was detected; `gemm_nt` checks the lengths.
+            unsafe { gemm_nt(a, b, c, m, n, k, kernel) };
+        }
+        (Operand::F32(a), Operand::Bf16(b)) if isa.mixed() => {
+            check_lengths(a.len(), b.len(), c.len(), (m, n, k));
+            // SAFETY: AVX-512 F and BW were detected, and AMX where `amx` says so.
+            unsafe { bf16_weights_gemm(a, b, c, m, n, k, kernel, amx) };
+        }
+        (Operand::Bf16(a), Operand::Bf16(b)) if isa.avx512bf16 => {
+            check_lengths(a.len(), b.len(), c.len(), (m, n, k));
+            // SAFETY: AVX-512 F and BF16 were detected, and AMX where `amx` says so.
+            unsafe { bf16_weights_gemm(a, b, c, m, n, k, kernel, amx) };
+        }
+        _ => return false,
+    }
+    true
+}
+
+fn check_lengths(a: usize, b: usize, c: usize, (m, n, k): (usize, usize, usize)) {
+    assert!(
+        a == m * k && b == n * k && c == m * n,
+        "occult linear: operand lengths {a}, {b}, {c} do not match m={m} n={n} k={k}"
+    );
+}
+
 impl CustomOp2 for LinearNt {
     fn name(&self) -> &'static str {
         "occult-linear"
@@ -66,41 +136,21 @@ impl CustomOp2 for LinearNt {
         if k != k2 {
             candle::bail!("occult linear: x [{m}, {k}] and w [{n}, {k2}] disagree on K");
         }
-        let isa = super::isa();
         let mut c = vec![0f32; m * n];
-        let bf16_weights = matches!(s2, CpuStorage::BF16(_));
-        let kernel = match self.path {
-            Path::Kernel(k) => k,
-            _ => Kernel::pick(m, bf16_weights && isa.amx),
+        let done = match (operand(s1, l1, "x")?, operand(s2, l2, "w")?) {
+            (Some(a), Some(w)) => rows(a, w, &mut c, (m, n, k), self.path),
+            _ => false,
         };
-        let amx = kernel == Kernel::Amx && bf16_weights && isa.amx;
-        let out = match (s1, s2) {
-            (CpuStorage::F32(_), CpuStorage::F32(_)) if isa.avx512f => {
-                let a = contiguous::<f32>(s1, l1, "x")?;
-                let b = contiguous::<f32>(s2, l2, "w")?;
-                // SAFETY: AVX-512 F was detected.
-                unsafe { gemm_nt(a, b, &mut c, m, n, k, kernel) };
-                CpuStorage::F32(c)
-            }
-            (CpuStorage::F32(_), CpuStorage::BF16(_)) if isa.mixed() => {
-                let a = contiguous::<f32>(s1, l1, "x")?;
-                let b = contiguous::<bf16>(s2, l2, "w")?;
-                // SAFETY: AVX-512 F and BW were detected, and AMX where `amx` says so.
-                unsafe { bf16_weights_gemm(a, b, &mut c, m, n, k, kernel, amx) };
-                CpuStorage::F32(c)
-            }
-            (CpuStorage::BF16(_), CpuStorage::BF16(_)) if isa.avx512bf16 => {
-                let a = contiguous::<bf16>(s1, l1, "x")?;
-                let b = contiguous::<bf16>(s2, l2, "w")?;
-                // SAFETY: AVX-512 F and BF16 were detected, and AMX where `amx` says so.
-                unsafe { bf16_weights_gemm(a, b, &mut c, m, n, k, kernel, amx) };
-                CpuStorage::BF16(c.into_iter().map(bf16::from_f32).collect())
-            }
-            _ => candle::bail!(
+        if !done {
+            candle::bail!(
                 "occult linear: no kernel for {:?} x {:?} on this CPU",
                 s1.dtype(),
                 s2.dtype()
-            ),
+            );
+        }
+        let out = match s1 {
+            CpuStorage::BF16(_) => CpuStorage::BF16(c.into_iter().map(bf16::from_f32).collect()),
+            _ => CpuStorage::F32(c),
         };
         Ok((out, Shape::from((m, n))))
     }

@@ -16,10 +16,13 @@ pub mod bench;
 pub mod gemm_nt;
 mod linear_op;
 mod outer;
+pub mod scratch;
+pub mod vmath;
 
 use crate::Result;
-use candle::{DType, Device, Tensor};
+use candle::{CpuStorage, DType, Device, Layout, Storage, Tensor};
 pub use gemm_nt::{Isa, Kernel};
+pub use linear_op::Operand;
 use std::sync::OnceLock;
 
 /// A raw pointer shared by the parallel tasks of a kernel, which only read through it or write
@@ -160,6 +163,34 @@ pub fn linear_with(x: &Tensor, w: &Tensor, path: Path) -> Result<Tensor> {
     let mut out = lead.to_vec();
     out.push(n);
     Ok(y.reshape(out)?)
+}
+
+/// [`linear`] straight on slices, for code that owns its buffers (the inference paths of the
+/// experts and of attention): `c[m, n] = a[m, k] · wᵀ` in f32 on the kernel `linear` runs for
+/// the same operands, so with the same bits (before `linear` rounds a bf16 result). Returns
+/// false, with `c` untouched, where `linear` would take the portable path
+/// (`OCCULT_KERNELS=portable`, or no kernel on this CPU for the pair).
+///
+/// # Panics
+/// If the slices' lengths do not match `m`, `n` and `k`.
+pub fn linear_rows(
+    a: Operand<'_>,
+    w: Operand<'_>,
+    c: &mut [f32],
+    mnk: (usize, usize, usize),
+) -> bool {
+    process_path() != Path::Portable && linear_op::rows(a, w, c, mnk, Path::Auto)
+}
+
+/// A tensor's contiguous f32 or bf16 CPU elements as an [`Operand`] (from
+/// `Tensor::storage_and_layout`), or `None` (another device or dtype, or not contiguous).
+pub fn operand_of<'a>(storage: &'a Storage, layout: &Layout) -> Option<Operand<'a>> {
+    let (start, end) = layout.contiguous_offsets()?;
+    match storage {
+        Storage::Cpu(CpuStorage::F32(v)) => Some(Operand::F32(&v[start..end])),
+        Storage::Cpu(CpuStorage::BF16(v)) => Some(Operand::Bf16(&v[start..end])),
+        _ => None,
+    }
 }
 
 /// Whether `x · wᵀ` runs on our kernels (else on [`portable`]); the dtypes are checked.

@@ -3,6 +3,7 @@
 //! q/k/v clipping (OLMoE), rotate-half RoPE, an optional sliding window, and a key/value
 //! cache for incremental decoding.
 
+use super::attention_fast;
 use super::config::{ModelConfig, QkNorm};
 use super::layers::{causal_mask, linear, rms_norm, softmax_f32, Rope};
 use crate::ep::experts::par_map;
@@ -153,15 +154,17 @@ impl Attention {
             k = k.clamp(-c, c)?;
             v = v.clamp(-c, c)?;
         }
-        let mut q = q.reshape((b, t, nh, hd))?;
-        let mut k = k.reshape((b, t, nkv, hd))?;
+        let q = q.reshape((b, t, nh, hd))?;
+        let k = k.reshape((b, t, nkv, hd))?;
         let v = v.reshape((b, t, nkv, hd))?;
-        if let (QkNorm::PerHead, Some(qn), Some(kn)) = (self.qk_norm, &self.q_norm, &self.k_norm) {
-            q = rms_norm(&q, qn, self.eps, fused)?;
-            k = rms_norm(&k, kn, self.eps, fused)?;
-        }
-        let q = rope.apply(&q.transpose(1, 2)?, offset, fused)?;
-        let k = rope.apply(&k.transpose(1, 2)?, offset, fused)?;
+        // Per-head q/k norms (Qwen3) go with the rotation: one pass over each on the fused path.
+        let per_head = self.qk_norm == QkNorm::PerHead;
+        let (qn, kn) = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) if per_head => (Some((qn, self.eps)), Some((kn, self.eps))),
+            _ => (None, None),
+        };
+        let q = rope.apply_normed(&q.transpose(1, 2)?, offset, fused, qn)?;
+        let k = rope.apply_normed(&k.transpose(1, 2)?, offset, fused, kn)?;
         let v = v.transpose(1, 2)?.contiguous()?;
         let (k, v) = match cache {
             Some(c) => {
@@ -181,25 +184,31 @@ impl Attention {
         let s = k.dim(2)?;
         let q = q.contiguous()?.reshape((b, nkv, g * t, hd))?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let mask = causal_mask(t, offset, self.window, DType::F32, x.device())?;
-        let vt = v.transpose(2, 3)?.contiguous()?; // [B, nkv, hd, S]
-        let (q3, k3) = (
-            q.reshape((b * nkv, g * t, hd))?,
-            k.reshape((b * nkv, s, hd))?,
-        );
-        let vt3 = vt.reshape((b * nkv, hd, s))?;
-        // Each key/value head (and its g query heads) on its own thread: scores, then scale,
-        // mask and softmax in f32 (transformers scales and masks in the model's dtype, then
-        // softmaxes in f32: one rounding fewer here), then the values. The element-wise work
-        // runs on every core this way, where candle runs it on one.
-        let heads: Vec<usize> = (0..b * nkv).collect();
-        let ys = par_map(&heads, |&i| {
-            let scores = (linear(&q3.get(i)?, &k3.get(i)?, None)?.to_dtype(DType::F32)? * scale)?;
-            let scores = scores.reshape((g, t, s))?.broadcast_add(&mask)?;
-            let probs = softmax_f32(&scores, fused)?.to_dtype(v.dtype())?;
-            linear(&probs.reshape((g * t, s))?, &vt3.get(i)?, None)
-        })?;
-        let y = Tensor::stack(&ys, 0)?.reshape((b, nkv, g * t, hd))?;
+        let y = match attention_fast::core(&q, &k, &v, t, offset, self.window, scale)? {
+            Some(y) => y,
+            None => {
+                let mask = causal_mask(t, offset, self.window, DType::F32, x.device())?;
+                let vt = v.transpose(2, 3)?.contiguous()?; // [B, nkv, hd, S]
+                let (q3, k3) = (
+                    q.reshape((b * nkv, g * t, hd))?,
+                    k.reshape((b * nkv, s, hd))?,
+                );
+                let vt3 = vt.reshape((b * nkv, hd, s))?;
+                // Each key/value head (and its g query heads) on its own thread: scores, then scale,
+                // mask and softmax in f32 (transformers scales and masks in the model's dtype, then
+                // softmaxes in f32: one rounding fewer here), then the values. The element-wise work
+                // runs on every core this way, where candle runs it on one.
+                let heads: Vec<usize> = (0..b * nkv).collect();
+                let ys = par_map(&heads, |&i| {
+                    let scores =
+                        (linear(&q3.get(i)?, &k3.get(i)?, None)?.to_dtype(DType::F32)? * scale)?;
+                    let scores = scores.reshape((g, t, s))?.broadcast_add(&mask)?;
+                    let probs = softmax_f32(&scores, fused)?.to_dtype(v.dtype())?;
+                    linear(&probs.reshape((g * t, s))?, &vt3.get(i)?, None)
+                })?;
+                Tensor::stack(&ys, 0)?.reshape((b, nkv, g * t, hd))?
+            }
+        };
         let y = y
             .reshape((b, nh, t, hd))?
             .transpose(1, 2)?

@@ -79,11 +79,33 @@ impl Rope {
     }
 
     /// Rotates `x` `[B, heads, T, head_dim]` whose first position is `offset`; `fused` uses
-    /// candle's kernel (no backward).
+    /// [`super::rope_fast`] on CPU, else candle's kernel (neither has a backward).
     pub fn apply(&self, x: &Tensor, offset: usize, fused: bool) -> Result<Tensor> {
+        self.apply_normed(x, offset, fused, None)
+    }
+
+    /// [`Rope::apply`] after an RMSNorm of each head's features (`(weight [head_dim], eps)`,
+    /// Qwen3's per-head q/k norms), which the fused path computes in the same pass (in f32,
+    /// rounded once, after the rotation).
+    pub fn apply_normed(
+        &self,
+        x: &Tensor,
+        offset: usize,
+        fused: bool,
+        norm: Option<(&Tensor, f64)>,
+    ) -> Result<Tensor> {
         let t = x.dim(2)?;
         let cos = self.cos.narrow(0, offset, t)?;
         let sin = self.sin.narrow(0, offset, t)?;
+        if fused {
+            if let Some(y) = super::rope_fast::apply(x, &cos, &sin, norm)? {
+                return Ok(y);
+            }
+        }
+        let x = match norm {
+            Some((w, eps)) => rms_norm(x, w, eps, fused)?,
+            None => x.clone(),
+        };
         if fused {
             return Ok(candle_nn::rotary_emb::rope(
                 &x.contiguous()?,

@@ -21,6 +21,7 @@
 //! - the decoder: [`layers`] (norms, RoPE, masks), [`attention`] (with its KV cache), [`model`].
 
 pub mod attention;
+pub mod attention_fast;
 pub mod checkpoint;
 pub mod config;
 pub mod data_parallel;
@@ -30,6 +31,7 @@ pub mod layout;
 pub mod loader;
 pub mod memory;
 pub mod model;
+pub mod rope_fast;
 pub mod synth;
 pub mod tokenizer;
 pub mod weights;
