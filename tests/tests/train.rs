@@ -418,12 +418,19 @@ fn the_load_balancing_loss_is_the_familys_formula_and_the_same_on_d_ranks() {
                 );
             }
             for (k, v) in &one {
-                let err = v
-                    .iter()
-                    .zip(&many[k])
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0, f32::max);
-                assert!(err < 1e-4, "{arch} {form:?} D={d} {k}: {err}");
+                // D ranks add in another order than one, and AdamW divides by the root of the
+                // squared gradients: where an element's gradients cancel across the two steps,
+                // a rounding-level difference moves its update by a fraction of a step (lr,
+                // 1e-3; measured up to 1.2e-4 on one element of ~50k, the rest under 1.6e-5).
+                // A tensor that is reduced wrongly moves by about a step in most elements.
+                let errs: Vec<f32> = v.iter().zip(&many[k]).map(|(a, b)| (a - b).abs()).collect();
+                let worst = errs.iter().cloned().fold(0.0, f32::max);
+                let off = errs.iter().filter(|&&e| e > 2e-5).count();
+                assert!(
+                    worst < 5e-4 && off * 1000 <= errs.len().max(1000),
+                    "{arch} {form:?} D={d} {k}: largest difference {worst}, {off} of {} over 2e-5",
+                    errs.len()
+                );
             }
         }
     }

@@ -7,6 +7,7 @@
 //! | [`comm`] | the [`Communicator`] trait, its statistics, and its backends (threads, MPI) | dispatch, combine |
 //! | [`exchange`] | the all-to-all of tensor rows as a differentiable op | dispatch, combine |
 //! | [`experts`] | a layer's weights ([`MoeWeights`]), stacked SwiGLU experts and their grouped compute, shared experts | compute |
+//! | [`experts_fast`] | the grouped compute at inference on CPU, on slices (the same sums) | compute |
 //! | [`moe`] | the EP layer: settings, the named stages, per-step statistics | all |
 //! | [`reference`] | the plain single-device MoE forward: the oracle every EP mode must match | - |
 //! | [`cost`] | link profiles, and a step's projection onto a cluster's links | - |

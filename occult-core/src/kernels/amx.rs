@@ -9,8 +9,10 @@
 //! matmul), and only the sums are f32. Each step multiplies two weight tiles by two activation
 //! tiles into four f32 accumulator tiles (`tmm0`-`tmm3`; weights in `tmm4`, `tmm5`, activations
 //! in `tmm6`, `tmm7`), over the whole of `k`; the results, 32 columns by 32 rows of `Cᵀ`, are
-//! stored to a small buffer and transposed into `C`. Blocks of columns are split across
+//! stored to a small buffer and gathered into rows of `C`. Blocks of columns are split across
 //! rayon's threads, and each task configures the tiles itself (tile state is per thread).
+//! Within a task the rows are walked in blocks of about 512 KB of packed activations, outside
+//! the columns, so that a block stays in L2 while the task's weights stream past it.
 //!
 //! While a column pair computes, the next pair's weight rows (contiguous in memory) are
 //! prefetched into L2, a share per step. A `k` that is not a multiple of 32, and a last column

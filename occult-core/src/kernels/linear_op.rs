@@ -58,7 +58,7 @@ unsafe fn bf16_weights_gemm<A: Dot<bf16> + amx::AmxRow>(
     }
 }
 
-/// An operand of a [`rows`] product, as stored: activations `[m, k]` or weights `[n, k]`.
+/// An operand of a [`super::linear_rows`] product, as stored: activations `[m, k]` or weights `[n, k]`.
 #[derive(Clone, Copy, Debug)]
 pub enum Operand<'a> {
     F32(&'a [f32]),

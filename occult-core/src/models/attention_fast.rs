@@ -11,7 +11,7 @@
 //! one rounding; a test holds them together.
 //!
 //! It runs where nothing needs a gradient, on the CPU, for f32 or bf16 operands of one dtype
-//! that the kernels take; otherwise [`core`] returns `None` and the caller takes the tensor
+//! that the kernels take; otherwise [`core()`] returns `None` and the caller takes the tensor
 //! path.
 
 use crate::kernels::scratch::{give, take};

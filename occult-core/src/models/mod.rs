@@ -18,7 +18,9 @@
 //!   opened and checked together), [`layout`] (the tensors a config implies), [`synth`]
 //!   (random checkpoints);
 //! - configuration: [`config`] (the fields every family shares) and [`family`] (the registry);
-//! - the decoder: [`layers`] (norms, RoPE, masks), [`attention`] (with its KV cache), [`model`].
+//! - the decoder: [`layers`] (norms, RoPE, masks), [`attention`] (with its KV cache), [`model`];
+//!   at inference on CPU, [`attention_fast`] (attention's core) and [`rope_fast`] (RoPE with
+//!   Qwen3's per-head norms) run on slices instead of candle's tensor ops.
 
 pub mod attention;
 pub mod attention_fast;
