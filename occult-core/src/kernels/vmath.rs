@@ -1,5 +1,6 @@
 //! Element-wise math of the inference paths on AVX-512: `exp` (for softmax and SiLU) and f32 to
-//! bf16 rounding, sixteen lanes at a time, with scalar fallbacks that the tests hold them to.
+//! bf16 rounding, sixteen lanes at a time, with scalar fallbacks that the tests hold them to;
+//! and [`Stored`], the element types those paths keep activations in.
 //!
 //! `exp` is `2^n · p(r)`: `n = round(x · log2 e)`, `r = x - n ln 2` (ln 2 in two parts), `p` the
 //! degree-6 Taylor polynomial of `e^r` on `|r| ≤ ln 2 / 2` (truncation under 2e-8, relative),
@@ -8,8 +9,45 @@
 //! in the last bits. The bf16 rounding is `vcvtneps2bf16`: round to nearest even, as
 //! `half::bf16::from_f32`, except that it flushes f32 subnormals to zero.
 
-use super::isa;
+use super::{isa, Operand};
 use half::bf16;
+
+/// An element activations are stored in on the inference paths: f32 or bf16, with its
+/// conversions to and from f32 and its form as a kernel operand.
+pub trait Stored: Copy + Send + Sync + Default + 'static {
+    /// `dst[i] = src[i]` widened to f32 (exact).
+    fn widen(src: &[Self], dst: &mut [f32]);
+    /// `dst[i] = src[i]` rounded to this type (to nearest even).
+    fn round(src: &[f32], dst: &mut [Self]);
+    /// The slice as an operand of [`super::linear_rows`].
+    fn operand(s: &[Self]) -> Operand<'_>;
+}
+
+impl Stored for f32 {
+    fn widen(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
+    }
+    fn round(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src)
+    }
+    fn operand(s: &[f32]) -> Operand<'_> {
+        Operand::F32(s)
+    }
+}
+
+impl Stored for bf16 {
+    fn widen(src: &[bf16], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits((s.to_bits() as u32) << 16);
+        }
+    }
+    fn round(src: &[f32], dst: &mut [bf16]) {
+        to_bf16(src, dst)
+    }
+    fn operand(s: &[bf16]) -> Operand<'_> {
+        Operand::Bf16(s)
+    }
+}
 
 /// `xs[i] = exp(xs[i] - sub)` for every element; returns their sum (in f32, in lane order).
 pub fn exp_sub_sum(xs: &mut [f32], sub: f32) -> f32 {

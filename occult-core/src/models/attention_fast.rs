@@ -15,37 +15,11 @@
 //! path.
 
 use crate::kernels::scratch::{give, take};
-use crate::kernels::vmath::{scaled_softmax, to_bf16};
+use crate::kernels::vmath::{scaled_softmax, Stored};
 use crate::kernels::{linear_rows, operand_of, Operand};
 use crate::Result;
 use candle::{DType, Device, Tensor};
-use half::bf16;
 use rayon::prelude::*;
-
-/// An element attention's operands are stored in: f32 or bf16.
-trait Elem: Copy + Send + Sync + Default {
-    /// `dst[i] = src[i]` rounded to this type (to nearest even).
-    fn round(src: &[f32], dst: &mut [Self]);
-    fn operand(s: &[Self]) -> Operand<'_>;
-}
-
-impl Elem for f32 {
-    fn round(src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src)
-    }
-    fn operand(s: &[f32]) -> Operand<'_> {
-        Operand::F32(s)
-    }
-}
-
-impl Elem for bf16 {
-    fn round(src: &[f32], dst: &mut [bf16]) {
-        to_bf16(src, dst)
-    }
-    fn operand(s: &[bf16]) -> Operand<'_> {
-        Operand::Bf16(s)
-    }
-}
 
 /// The shape of one call: `heads` key/value heads (batch times key/value heads), each with
 /// `rows = g * t` query rows (g query heads of `t` positions, stacked), `s` keys and `hd`
@@ -96,7 +70,7 @@ fn transpose<E: Copy>(src: &[E], dst: &mut [E], rows: usize, cols: usize) {
 
 /// One key/value head: `q` `[rows, hd]`, `k` and `v` `[s, hd]`, into `out` `[rows, hd]`.
 /// Returns false where the kernels do not take the operands.
-fn head<E: Elem>(q: &[E], k: &[E], v: &[E], out: &mut [E], d: &Dims) -> bool {
+fn head<E: Stored>(q: &[E], k: &[E], v: &[E], out: &mut [E], d: &Dims) -> bool {
     let (rows, s, hd) = (d.rows, d.s, d.hd);
     let mut scores = take(rows * s);
     let mut ok = linear_rows(E::operand(q), E::operand(k), &mut scores, (rows, s, hd));
@@ -123,7 +97,7 @@ fn head<E: Elem>(q: &[E], k: &[E], v: &[E], out: &mut [E], d: &Dims) -> bool {
 }
 
 /// Every head of `q`, `k`, `v` (slices of `heads` heads each), into a new vector, or `None`.
-fn all_heads<E: Elem>(q: &[E], k: &[E], v: &[E], d: &Dims) -> Option<Vec<E>> {
+fn all_heads<E: Stored>(q: &[E], k: &[E], v: &[E], d: &Dims) -> Option<Vec<E>> {
     let (qn, kn, on) = (d.rows * d.hd, d.s * d.hd, d.rows * d.hd);
     let mut out = vec![E::default(); d.heads * on];
     let ok = out

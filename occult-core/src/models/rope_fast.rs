@@ -7,39 +7,10 @@
 //! bits as candle for f32: the same products and differences, in the same order). It runs where
 //! nothing needs a gradient, on the CPU, for f32 or bf16; otherwise [`apply`] returns `None`.
 
-use crate::kernels::vmath::to_bf16;
+use crate::kernels::vmath::Stored;
 use crate::Result;
 use candle::{CpuStorage, DType, Device, Storage, Tensor};
-use half::bf16;
 use rayon::prelude::*;
-
-/// An element RoPE reads and writes: f32 or bf16.
-trait Elem: Copy + Send + Sync + Default {
-    /// `dst[i] = src[i]` widened to f32.
-    fn widen(src: &[Self], dst: &mut [f32]);
-    /// `dst[i] = src[i]` rounded to this type (to nearest even).
-    fn round(src: &[f32], dst: &mut [Self]);
-}
-
-impl Elem for f32 {
-    fn widen(src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src)
-    }
-    fn round(src: &[f32], dst: &mut [f32]) {
-        dst.copy_from_slice(src)
-    }
-}
-
-impl Elem for bf16 {
-    fn widen(src: &[bf16], dst: &mut [f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = f32::from_bits((s.to_bits() as u32) << 16);
-        }
-    }
-    fn round(src: &[f32], dst: &mut [bf16]) {
-        to_bf16(src, dst)
-    }
-}
 
 /// The per-row RMSNorm of [`apply`]: weight `[D]` in f32, and eps.
 type Norm<'a> = Option<(&'a [f32], f32)>;
@@ -47,7 +18,7 @@ type Norm<'a> = Option<(&'a [f32], f32)>;
 /// `x` (elements from `start` with strides `st` over `[B, H, T, D]`, the last 1), normalised by
 /// `norm` if given, then rotated by `cos`, `sin` (`[T, D / 2]`, f32), into a new contiguous
 /// `[B, H, T, D]`.
-fn rotate<E: Elem>(
+fn rotate<E: Stored>(
     x: &[E],
     start: usize,
     st: &[usize],
