@@ -138,7 +138,7 @@ impl SwigluStack {
     /// output on the row's first `H` columns (rows may carry more, such as gate weights), times
     /// the pair's gate weight from `weights` (flat, indexed by `plan.pair_weight`) if given,
     /// summed per row. Experts with no pairs cost nothing. Returns `[rows, H]`. At inference on
-    /// CPU this runs on [`grouped_sum`] (the same bits).
+    /// CPU this runs on [`grouped_sum`] (the same sums, but for SiLU's `exp` in the last bits).
     pub fn grouped(
         &self,
         rows: &Tensor,

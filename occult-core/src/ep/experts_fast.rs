@@ -10,8 +10,8 @@
 //! ([`silu_mul`]: its `exp` is within a few ulp of libm's, the only departure from the tensor
 //! path), and the down projection writes straight into one buffer of every pair's output. One
 //! parallel pass then weights and sums each row's pairs in the order the tensor path adds them
-//! (by expert, from zero) and rounds once to the output dtype. A test holds the two paths
-//! together.
+//! (by expert, from zero) and rounds once to the output dtype (bf16 with `vcvtneps2bf16`,
+//! which flushes f32 subnormals). A test holds the two paths together.
 //!
 //! It runs only where nothing needs a gradient (no operand is on candle's graph), the tensors
 //! are on the CPU, the activations are f32 (the experts' sum dtype) and this CPU has a kernel
@@ -20,7 +20,7 @@
 
 use super::experts::SwigluStack;
 use crate::kernels::scratch::{give, take};
-use crate::kernels::vmath::silu_mul;
+use crate::kernels::vmath::{silu_mul, Stored};
 use crate::kernels::{linear_rows, operand_of, Operand};
 use crate::{bail, Result};
 use candle::{DType, Device, Tensor};
@@ -42,6 +42,29 @@ fn expert_block(w: Operand<'_>, slot: usize, per: usize) -> Operand<'_> {
         Operand::F32(v) => Operand::F32(&v[slot * per..(slot + 1) * per]),
         Operand::Bf16(v) => Operand::Bf16(&v[slot * per..(slot + 1) * per]),
     }
+}
+
+/// `[rows, hidden]` in `E`, row `r` being `sum_row(r)` rounded once, in parallel over blocks of
+/// rows.
+fn rows_out<E: Stored>(
+    rows: usize,
+    hidden: usize,
+    sum_row: impl Fn(usize, &mut [f32]) + Sync,
+) -> Vec<E> {
+    let chunk = rows
+        .div_ceil(4 * rayon::current_num_threads().max(1))
+        .max(1);
+    let mut out = vec![E::default(); rows * hidden];
+    out.par_chunks_mut(chunk * hidden)
+        .enumerate()
+        .for_each(|(c, dst)| {
+            let mut acc = vec![0f32; hidden];
+            for (i, row) in dst.chunks_exact_mut(hidden).enumerate() {
+                sum_row(c * chunk + i, &mut acc);
+                E::round(&acc, row);
+            }
+        });
+    out
 }
 
 /// For every row of `xs` (`[rows, H]`, f32), the sum over the pairs of `groups` that name it
@@ -220,33 +243,18 @@ pub fn grouped_sum(
             }
         }
     };
-    let chunk = num_rows
-        .div_ceil(4 * rayon::current_num_threads().max(1))
-        .max(1);
     let out = if out_dtype == DType::BF16 {
-        let mut out = vec![bf16::ZERO; num_rows * hidden];
-        out.par_chunks_mut(chunk * hidden)
-            .enumerate()
-            .for_each(|(c, dst)| {
-                let mut acc = vec![0f32; hidden];
-                for (i, row) in dst.chunks_exact_mut(hidden).enumerate() {
-                    sum_row(c * chunk + i, &mut acc);
-                    row.iter_mut()
-                        .zip(&acc)
-                        .for_each(|(o, &a)| *o = bf16::from_f32(a));
-                }
-            });
-        Tensor::from_vec(out, (num_rows, hidden), xs.device())?
+        Tensor::from_vec(
+            rows_out::<bf16>(num_rows, hidden, sum_row),
+            (num_rows, hidden),
+            xs.device(),
+        )?
     } else {
-        let mut out = vec![0f32; num_rows * hidden];
-        out.par_chunks_mut(chunk * hidden)
-            .enumerate()
-            .for_each(|(c, dst)| {
-                for (i, row) in dst.chunks_exact_mut(hidden).enumerate() {
-                    sum_row(c * chunk + i, row);
-                }
-            });
-        Tensor::from_vec(out, (num_rows, hidden), xs.device())?
+        Tensor::from_vec(
+            rows_out::<f32>(num_rows, hidden, sum_row),
+            (num_rows, hidden),
+            xs.device(),
+        )?
     };
     give(ys);
     Ok(Some(out))

@@ -2,7 +2,8 @@
 //! summed back into token order; plus shared experts. It shares nothing with the EP layer but
 //! the router and the expert MLPs, and is the oracle every EP mode, backend and placement is
 //! checked against (itself held to a plain-loop MoE in the tests). At inference on CPU the
-//! experts' sums run on [`super::experts_fast`], the same bits as the tensor path below.
+//! experts' sums run on [`super::experts_fast`]: the tensor path's sums, but for SiLU's `exp`
+//! in the last bits.
 
 use super::experts::{par_map, sum_dtype, MoeWeights};
 use super::experts_fast::{grouped_sum, Group};
@@ -59,29 +60,30 @@ pub fn reference_forward_routed(
             weight_at: Some(&weight_at[e]),
         })
         .collect();
-    if let Some(mut out) = grouped_sum(&w.experts, &xw, Some(&flat_weights), &groups, x.dtype())? {
-        if let Some(s) = &w.shared {
-            out = (out + s.forward(x)?)?;
+    let fast = grouped_sum(&w.experts, &xw, Some(&flat_weights), &groups, x.dtype())?;
+    let mut out = match fast {
+        Some(out) => out,
+        None => {
+            let one = |&expert: &usize| -> Result<(Tensor, Tensor)> {
+                let n = token_of[expert].len();
+                let tok = Tensor::from_slice(&token_of[expert], n, x.device())?;
+                let at = Tensor::from_slice(&weight_at[expert], n, x.device())?;
+                let y = w.experts.expert(expert, &xw.index_select(&tok, 0)?)?;
+                let gate = flat_weights.index_select(&at, 0)?.unsqueeze(1)?;
+                Ok((y.broadcast_mul(&gate)?, tok))
+            };
+            let (outputs, dest): (Vec<Tensor>, Vec<Tensor>) =
+                par_map(&busy, one)?.into_iter().unzip();
+            // One scatter of every expert's weighted rows back to their tokens.
+            let zeros = Tensor::zeros((tokens, hidden), wide, x.device())?;
+            if outputs.is_empty() {
+                zeros
+            } else {
+                zeros.index_add(&Tensor::cat(&dest, 0)?, &Tensor::cat(&outputs, 0)?, 0)?
+            }
+            .to_dtype(x.dtype())?
         }
-        return Ok((out, routed));
-    }
-    let one = |&expert: &usize| -> Result<(Tensor, Tensor)> {
-        let n = token_of[expert].len();
-        let tok = Tensor::from_slice(&token_of[expert], n, x.device())?;
-        let at = Tensor::from_slice(&weight_at[expert], n, x.device())?;
-        let y = w.experts.expert(expert, &xw.index_select(&tok, 0)?)?;
-        let gate = flat_weights.index_select(&at, 0)?.unsqueeze(1)?;
-        Ok((y.broadcast_mul(&gate)?, tok))
     };
-    let (outputs, dest): (Vec<Tensor>, Vec<Tensor>) = par_map(&busy, one)?.into_iter().unzip();
-    // One scatter of every expert's weighted rows back to their tokens.
-    let zeros = Tensor::zeros((tokens, hidden), wide, x.device())?;
-    let mut out = if outputs.is_empty() {
-        zeros
-    } else {
-        zeros.index_add(&Tensor::cat(&dest, 0)?, &Tensor::cat(&outputs, 0)?, 0)?
-    }
-    .to_dtype(x.dtype())?;
     if let Some(s) = &w.shared {
         out = (out + s.forward(x)?)?;
     }

@@ -273,7 +273,7 @@ pub unsafe fn gemm_nt<A: Dot<W>, W: Elem>(
     });
 }
 
-fn check_lengths(a: usize, b: usize, c: usize, m: usize, n: usize, k: usize) {
+pub(super) fn check_lengths(a: usize, b: usize, c: usize, m: usize, n: usize, k: usize) {
     assert!(
         a == m * k && b == n * k && c == m * n,
         "gemm_nt: operand lengths {a}, {b}, {c} do not match m={m} n={n} k={k}"

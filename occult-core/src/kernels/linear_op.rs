@@ -2,7 +2,7 @@
 //! (`dx = dy · w`, `dw = dyᵀ · x`), itself computed through [`super::linear`].
 
 use super::amx;
-use super::gemm_nt::{gemm_nt, Dot, Kernel};
+use super::gemm_nt::{check_lengths, gemm_nt, Dot, Kernel};
 use super::Path;
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
@@ -14,26 +14,6 @@ use half::bf16;
 /// picked by rows; the backward runs on the same path.
 pub(super) struct LinearNt {
     pub path: Path,
-}
-
-/// A storage's contiguous f32 or bf16 elements (`None` for other dtypes).
-fn operand<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> candle::Result<Option<Operand<'a>>> {
-    Ok(match s {
-        CpuStorage::F32(_) => Some(Operand::F32(contiguous::<f32>(s, l, what)?)),
-        CpuStorage::BF16(_) => Some(Operand::Bf16(contiguous::<bf16>(s, l, what)?)),
-        _ => None,
-    })
-}
-
-fn contiguous<'a, T: candle::WithDType>(
-    s: &'a CpuStorage,
-    l: &Layout,
-    what: &str,
-) -> candle::Result<&'a [T]> {
-    let (start, end) = l
-        .contiguous_offsets()
-        .ok_or_else(|| candle::Error::Msg(format!("occult linear: {what} is not contiguous")))?;
-    Ok(&s.as_slice::<T>()?[start..end])
 }
 
 /// `c = a · bᵀ` with bf16 weights: on AMX if `amx`, else by `kernel`.
@@ -65,6 +45,30 @@ pub enum Operand<'a> {
     Bf16(&'a [bf16]),
 }
 
+impl<'a> Operand<'a> {
+    /// A CPU storage's elements in `layout`, if they are contiguous f32 or bf16.
+    pub fn of_cpu(storage: &'a CpuStorage, layout: &Layout) -> Option<Self> {
+        let (start, end) = layout.contiguous_offsets()?;
+        match storage {
+            CpuStorage::F32(v) => Some(Operand::F32(&v[start..end])),
+            CpuStorage::BF16(v) => Some(Operand::Bf16(&v[start..end])),
+            _ => None,
+        }
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Operand::F32(v) => v.len(),
+            Operand::Bf16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// The kernel for `m` rows on `path`, and whether it is the AMX kernel (bf16 weights on a CPU
 /// with AMX).
 fn kernel_for(path: Path, m: usize, bf16_weights: bool) -> (Kernel, bool) {
@@ -92,31 +96,23 @@ pub(crate) fn rows(
 ) -> bool {
     let isa = super::isa();
     let (kernel, amx) = kernel_for(path, m, matches!(w, Operand::Bf16(_)));
+    check_lengths(a.len(), w.len(), c.len(), m, n, k);
     match (a, w) {
         (Operand::F32(a), Operand::F32(b)) if isa.avx512f => {
-            // SAFETY: AVX-512 F was detected; `gemm_nt` checks the lengths.
+            // SAFETY: AVX-512 F was detected; the lengths were checked.
             unsafe { gemm_nt(a, b, c, m, n, k, kernel) };
         }
         (Operand::F32(a), Operand::Bf16(b)) if isa.mixed() => {
-            check_lengths(a.len(), b.len(), c.len(), (m, n, k));
             // SAFETY: AVX-512 F and BW were detected, and AMX where `amx` says so.
             unsafe { bf16_weights_gemm(a, b, c, m, n, k, kernel, amx) };
         }
         (Operand::Bf16(a), Operand::Bf16(b)) if isa.avx512bf16 => {
-            check_lengths(a.len(), b.len(), c.len(), (m, n, k));
             // SAFETY: AVX-512 F and BF16 were detected, and AMX where `amx` says so.
             unsafe { bf16_weights_gemm(a, b, c, m, n, k, kernel, amx) };
         }
         _ => return false,
     }
     true
-}
-
-fn check_lengths(a: usize, b: usize, c: usize, (m, n, k): (usize, usize, usize)) {
-    assert!(
-        a == m * k && b == n * k && c == m * n,
-        "occult linear: operand lengths {a}, {b}, {c} do not match m={m} n={n} k={k}"
-    );
 }
 
 impl CustomOp2 for LinearNt {
@@ -137,10 +133,14 @@ impl CustomOp2 for LinearNt {
             candle::bail!("occult linear: x [{m}, {k}] and w [{n}, {k2}] disagree on K");
         }
         let mut c = vec![0f32; m * n];
-        let done = match (operand(s1, l1, "x")?, operand(s2, l2, "w")?) {
-            (Some(a), Some(w)) => rows(a, w, &mut c, (m, n, k), self.path),
-            _ => false,
+        let (Some(a), Some(w)) = (Operand::of_cpu(s1, l1), Operand::of_cpu(s2, l2)) else {
+            candle::bail!(
+                "occult linear: x ({:?}) and w ({:?}) must be contiguous f32 or bf16",
+                s1.dtype(),
+                s2.dtype()
+            );
         };
+        let done = rows(a, w, &mut c, (m, n, k), self.path);
         if !done {
             candle::bail!(
                 "occult linear: no kernel for {:?} x {:?} on this CPU",

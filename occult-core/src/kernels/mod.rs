@@ -24,7 +24,7 @@ pub mod scratch;
 pub mod vmath;
 
 use crate::Result;
-use candle::{CpuStorage, DType, Device, Layout, Storage, Tensor};
+use candle::{DType, Device, Layout, Storage, Tensor};
 pub use gemm_nt::{Isa, Kernel};
 pub use linear_op::Operand;
 use std::sync::OnceLock;
@@ -189,10 +189,8 @@ pub fn linear_rows(
 /// A tensor's contiguous f32 or bf16 CPU elements as an [`Operand`] (from
 /// `Tensor::storage_and_layout`), or `None` (another device or dtype, or not contiguous).
 pub fn operand_of<'a>(storage: &'a Storage, layout: &Layout) -> Option<Operand<'a>> {
-    let (start, end) = layout.contiguous_offsets()?;
     match storage {
-        Storage::Cpu(CpuStorage::F32(v)) => Some(Operand::F32(&v[start..end])),
-        Storage::Cpu(CpuStorage::BF16(v)) => Some(Operand::Bf16(&v[start..end])),
+        Storage::Cpu(s) => Operand::of_cpu(s, layout),
         _ => None,
     }
 }

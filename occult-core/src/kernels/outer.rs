@@ -206,11 +206,12 @@ pub unsafe fn gemm<A: Elem, W: Elem>(
 mod x86 {
     //! The micro-tiles, one instantiation per vector count.
     use super::nr_for;
+    use std::arch::x86_64::*;
+
     /// How far ahead (in f32) each weight row is prefetched, a line each 16 steps: measured
     /// 5-10% off the f32 experts of a 512-token OLMoE-shaped prefill, whose weights stream
     /// from memory (64 and 256 ahead, and the next micro-tile's rows, measured the same).
     const PF: usize = 128;
-    use std::arch::x86_64::*;
 
     /// The micro-tile for a tile of `v` vectors of rows: `nr_for(v)` weight rows from `w`
     /// (row stride `ldw`, `kc` long), of which the first `cols` are real, into the transposed

@@ -17,9 +17,11 @@
 use crate::kernels::scratch::{give, take};
 use crate::kernels::vmath::{scaled_softmax, Stored};
 use crate::kernels::{linear_rows, operand_of, Operand};
+use crate::models::layers::visible_keys;
 use crate::Result;
 use candle::{DType, Device, Tensor};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// The shape of one call: `heads` key/value heads (batch times key/value heads), each with
 /// `rows = g * t` query rows (g query heads of `t` positions, stacked), `s` keys and `hd`
@@ -38,20 +40,17 @@ struct Dims {
 }
 
 impl Dims {
-    /// The keys row `r` sees: `lo..hi`.
-    fn visible(&self, r: usize) -> (usize, usize) {
-        let pos = self.offset + r % self.t;
-        let hi = (pos + 1).min(self.s);
-        let lo = self.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-        (lo.min(hi), hi)
+    /// The keys row `r` sees.
+    fn visible(&self, r: usize) -> Range<usize> {
+        visible_keys(self.offset + r % self.t, self.s, self.window)
     }
 }
 
-/// `softmax(scale * scores + mask)` of one row in place: `lo..hi` visible, the rest 0.
-fn softmax_row(row: &mut [f32], lo: usize, hi: usize, scale: f32) {
-    scaled_softmax(&mut row[lo..hi], scale);
-    row[..lo].fill(0.0);
-    row[hi..].fill(0.0);
+/// `softmax(scale * scores + mask)` of one row in place: `seen` visible, the rest 0.
+fn softmax_row(row: &mut [f32], seen: Range<usize>, scale: f32) {
+    row[..seen.start].fill(0.0);
+    row[seen.end..].fill(0.0);
+    scaled_softmax(&mut row[seen], scale);
 }
 
 /// `dst` `[cols, rows]` = `src` `[rows, cols]` transposed, in blocks of 16 rows (each column of
@@ -76,8 +75,7 @@ fn head<E: Stored>(q: &[E], k: &[E], v: &[E], out: &mut [E], d: &Dims) -> bool {
     let mut ok = linear_rows(E::operand(q), E::operand(k), &mut scores, (rows, s, hd));
     if ok {
         for (r, row) in scores.chunks_exact_mut(s).enumerate() {
-            let (lo, hi) = d.visible(r);
-            softmax_row(row, lo, hi, d.scale);
+            softmax_row(row, d.visible(r), d.scale);
         }
         // Probabilities in the values' dtype, and the values transposed (`[hd, s]`: the
         // kernels take the second operand as rows of the reduced dimension).

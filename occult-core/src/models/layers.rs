@@ -121,6 +121,15 @@ impl Rope {
     }
 }
 
+/// The keys a query at position `pos` attends to, of `keys`: those at or before it, and fewer
+/// than `window` positions back if given (the causal rule of [`causal_mask`] and of the
+/// inference path's attention).
+pub fn visible_keys(pos: usize, keys: usize, window: Option<usize>) -> std::ops::Range<usize> {
+    let hi = (pos + 1).min(keys);
+    let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    lo.min(hi)..hi
+}
+
 /// The additive attention mask `[T, S]` for `T` queries at positions `offset..offset + T` over
 /// `S = offset + T` keys: 0 where a query may attend (key at or before it, and within `window`
 /// positions if given), `-inf` elsewhere.
@@ -134,10 +143,9 @@ pub fn causal_mask(
     let s = offset + t;
     let mask: Vec<f32> = (0..t)
         .flat_map(|i| {
-            let q = offset + i;
+            let seen = visible_keys(offset + i, s, window);
             (0..s).map(move |j| {
-                let visible = j <= q && window.is_none_or(|w| q - j < w);
-                if visible {
+                if seen.contains(&j) {
                     0.0
                 } else {
                     f32::NEG_INFINITY

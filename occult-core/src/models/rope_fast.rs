@@ -3,8 +3,8 @@
 //! `[B, T, heads, hd]`), computed in f32 and written contiguous, one task per (batch, head).
 //!
 //! candle's fused `rope` wants a contiguous input (a copy first) and computes bf16 in bf16, each
-//! product and sum rounded; here the arithmetic is f32 with one rounding at the end (the same
-//! bits as candle for f32: the same products and differences, in the same order). It runs where
+//! product and sum rounded; here the arithmetic is f32 with one rounding at the end (without a
+//! norm, the same products and differences as candle's in f32, in the same order). It runs where
 //! nothing needs a gradient, on the CPU, for f32 or bf16; otherwise [`apply`] returns `None`.
 
 use crate::kernels::vmath::Stored;
