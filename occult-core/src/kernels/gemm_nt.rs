@@ -8,8 +8,9 @@
 //!   output at the end (a tail of `k` is read with a masked load); bf16 multiplies with
 //!   `vdpbf16ps`. Columns of `C` are split in blocks across rayon's threads; a single row
 //!   streams each weight row once.
-//! - [`Kernel::Outer`] ([`super::outer`]), from [`OUTER_MIN_ROWS`] rows: outer products with
-//!   rows of `A` across the lanes, at f32's FMA rate for both dtypes.
+//! - [`Kernel::Outer`] ([`super::outer`]), from [`OUTER_MIN_ROWS_F32`] rows (f32 weights) or
+//!   [`OUTER_MIN_ROWS`] (bf16): outer products with rows of `A` across the lanes, at f32's FMA
+//!   rate for both dtypes.
 //!
 //! Callers check [`Isa::detect`] first; the functions here are only sound on a CPU that has the
 //! instructions they name.
@@ -22,11 +23,18 @@ use rayon::prelude::*;
 const MR: usize = 4;
 /// Rows of `B` (columns of `C`) per tile.
 const NR: usize = 4;
-/// From this many rows on, [`Kernel::Outer`] runs. Measured side by side on OLMoE's expert
-/// shapes (2 threads): the dot tiles win at 2 to 8 rows (1.8-3.8x), the two are even at 16,
-/// and from 24 rows the outer kernel wins in f32 (1.3-1.75x) and is even or ahead in bf16
-/// (0.94-1.35x at 24-40 rows, 1.2-1.9x from 64).
+/// From this many rows on, [`Kernel::Outer`] runs for bf16 weights (without AMX). Measured side
+/// by side on OLMoE's expert shapes (2 threads, the same weights each call): the dot tiles win
+/// at 2 to 8 rows (1.8-3.8x), the two are even at 16, and from 24 rows the outer kernel is even
+/// or ahead (0.94-1.35x at 24-40 rows, 1.2-1.9x from 64).
 pub const OUTER_MIN_ROWS: usize = 24;
+/// From this many rows on, [`Kernel::Outer`] runs for f32 weights. A model's weights stream
+/// from memory (each expert's are read once a forward), and then the outer kernel, which
+/// reads each weight row once per 64 rows of `A`, wins from 6 rows. Measured on OLMoE's gate
+/// (1024 x 2048) on 64 distinct weights: dot ahead at 2 and 4 rows (1.15-1.2x), outer ahead
+/// at 6 (1.2x), 8 (1.05-1.25x), 12 (1.45x), 16 (1.5-1.75x) and 20 rows (1.4x). (With the
+/// same weights each call, in cache, the dot tiles win up to 16 rows.)
+pub const OUTER_MIN_ROWS_F32: usize = 6;
 /// From this many rows on, [`Kernel::Amx`] runs where it can. Measured on an OLMoE gate
 /// projection (1024 x 2048, 2 threads): AMX ahead of the dot tiles by 1.35x at 8 rows and
 /// 1.3x at 4, even at 2, and either way at 1 from run to run; from 16 rows 1.8-4x ahead of
@@ -141,12 +149,17 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// The faster kernel for `m` rows of `A`, where `amx` says whether [`Kernel::Amx`] can run
-    /// (bf16 weights on a CPU with AMX).
-    pub fn pick(m: usize, amx: bool) -> Kernel {
+    /// The faster kernel for `m` rows of `A` and weights in bf16 or f32, where `amx` says
+    /// whether [`Kernel::Amx`] can run (bf16 weights on a CPU with AMX).
+    pub fn pick(m: usize, bf16_weights: bool, amx: bool) -> Kernel {
+        let outer_from = if bf16_weights {
+            OUTER_MIN_ROWS
+        } else {
+            OUTER_MIN_ROWS_F32
+        };
         if amx && m >= AMX_MIN_ROWS {
             Kernel::Amx
-        } else if m >= OUTER_MIN_ROWS {
+        } else if m >= outer_from {
             Kernel::Outer
         } else {
             Kernel::Dot

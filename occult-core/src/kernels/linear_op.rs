@@ -75,7 +75,7 @@ fn kernel_for(path: Path, m: usize, bf16_weights: bool) -> (Kernel, bool) {
     let amx_here = bf16_weights && super::isa().amx;
     let kernel = match path {
         Path::Kernel(k) => k,
-        _ => Kernel::pick(m, amx_here),
+        _ => Kernel::pick(m, bf16_weights, amx_here),
     };
     (kernel, kernel == Kernel::Amx && amx_here)
 }
