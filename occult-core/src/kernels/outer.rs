@@ -65,13 +65,15 @@ fn vectors(rows: usize) -> usize {
 ///
 /// # Safety
 /// AVX-512 F.
-unsafe fn pack_a<T: Elem>(a: &[T], m: usize, k: usize) -> Vec<f32> {
+/// Returns the buffer and where in it the packed tiles start (on a 64-byte boundary: the
+/// micro-tiles' loads of unaligned rows straddled two cache lines each).
+unsafe fn pack_a<T: Elem>(a: &[T], m: usize, k: usize) -> (Vec<f32>, usize) {
     let tiles = m.div_ceil(MT);
     let last = m - (tiles - 1) * MT;
     let len = (tiles - 1) * MT * k + 16 * vectors(last) * k;
     // Every element is written below (padding rows as zeros).
-    let mut packed = super::scratch::take(len);
-    let ptr = Shared(packed.as_mut_ptr());
+    let (mut packed, at) = super::scratch::take_aligned(len);
+    let ptr = Shared(packed.as_mut_ptr().wrapping_add(at));
     let whole = k / 16 * 16;
     let task = |t: usize| {
         let rows = MT.min(m - t * MT);
@@ -112,7 +114,7 @@ unsafe fn pack_a<T: Elem>(a: &[T], m: usize, k: usize) -> Vec<f32> {
     } else {
         (0..tiles).for_each(task);
     }
-    packed
+    (packed, at)
 }
 
 /// `dst[c * dst_stride + r] = src[r * src_stride + c]` for sixteen rows and sixteen columns.
@@ -158,9 +160,9 @@ pub unsafe fn gemm<A: Elem, W: Elem>(
         c.fill(0.0);
         return;
     }
-    let packed = pack_a(a, m, k);
+    let (packed, at) = pack_a(a, m, k);
     let (pa, pb, pc) = (
-        Shared(packed.as_ptr()),
+        Shared(packed.as_ptr().add(at)),
         Shared(b.as_ptr()),
         Shared(c.as_mut_ptr()),
     );
@@ -171,7 +173,8 @@ pub unsafe fn gemm<A: Elem, W: Elem>(
         let c1 = (c0 + width).min(n);
         // The block's output, transposed (`[column][row]`), for one tile at a time.
         // (Each micro-tile's first `k` block overwrites its part.)
-        let mut ct = super::scratch::take((c1 - c0) * MT);
+        let (mut ct_buf, ct_at) = super::scratch::take_aligned((c1 - c0) * MT);
+        let ct = &mut ct_buf[ct_at..ct_at + (c1 - c0) * MT];
         // Widened (bf16) or zero-padded (a tail) weight rows of one micro-tile, `k` block long.
         // (Allocated on first use: f32 weights need it only for a tail.)
         let kc_max = kc_for::<W>();
@@ -246,7 +249,7 @@ pub unsafe fn gemm<A: Elem, W: Elem>(
                 }
             }
         }
-        super::scratch::give(ct);
+        super::scratch::give(ct_buf);
     };
     if blocks > 1 && rayon::current_num_threads() > 1 {
         (0..blocks).into_par_iter().for_each(block);

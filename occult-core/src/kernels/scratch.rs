@@ -24,6 +24,14 @@ pub fn take(len: usize) -> Vec<f32> {
     buf
 }
 
+/// A buffer from [`take`] with room for `len` f32 from a 64-byte boundary, and the offset (in
+/// f32) of that boundary: vectors read from there do not straddle cache lines.
+pub fn take_aligned(len: usize) -> (Vec<f32>, usize) {
+    let buf = take(len + 15);
+    let at = buf.as_ptr().align_offset(64);
+    (buf, at)
+}
+
 /// Gives a buffer back to the pool (dropped if the pool is full).
 pub fn give(buf: Vec<f32>) {
     if let Ok(mut pool) = POOL.lock() {
