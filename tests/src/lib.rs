@@ -1,5 +1,6 @@
 //! Shared pieces of Occult's cross-crate tests; the tests themselves live in `tests/tests/`.
 
+pub mod compare;
 pub mod data_parallel;
 pub mod parity;
 pub mod placements;

@@ -11,6 +11,7 @@ use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
 use occult_core::models::synth::SynthModel;
 use occult_core::models::weights::Weights;
 use occult_core::models::{mixtral, qwen3_moe, Family, FAMILIES};
+use occult_tests::compare::{max_abs_diff, mean_abs_diff, scale};
 use occult_tests::placements::random_maps;
 use rand::SeedableRng;
 use std::collections::BTreeMap;
@@ -44,30 +45,6 @@ fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     use rand::Rng;
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     (0..n).map(|_| r.random_range(0..vocab as u32)).collect()
-}
-
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-}
-
-fn scale(a: &Tensor) -> f32 {
-    a.abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 #[test]
@@ -323,14 +300,7 @@ fn half_precision_forwards_run_and_stay_close_to_f32() {
                 (0.25, 0.0075)
             };
             assert!(err.is_finite(), "{f} {dtype:?}: not finite");
-            let mean = (&got - &want)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .mean_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let mean = mean_abs_diff(&got, &want);
             eprintln!(
                 "{f} {dtype:?}: max error {:.2}% of scale, mean {:.3}%",
                 100.0 * err / scale(&want),

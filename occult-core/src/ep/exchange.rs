@@ -101,6 +101,19 @@ impl CustomOp1 for Exchange {
         Ok((out, Shape::from((rows, width))))
     }
 
+    /// Rows on a GPU pass through the host, so that every communicator carries them (the NCCL
+    /// backend's own device path is `NcclComm::all_to_all_v_device`).
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle::CudaStorage,
+        layout: &Layout,
+    ) -> candle::Result<(candle::CudaStorage, Shape)> {
+        use candle::backend::{BackendDevice, BackendStorage};
+        let (out, shape) = self.cpu_fwd(&storage.to_cpu_storage()?, layout)?;
+        Ok((storage.device().storage_from_cpu_storage(&out)?, shape))
+    }
+
     fn bwd(
         &self,
         _arg: &Tensor,

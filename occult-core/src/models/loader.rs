@@ -33,16 +33,36 @@ pub fn parse_dtype(s: &str) -> Result<DType> {
 }
 
 impl Checkpoint {
-    /// Opens `model` (a folder, or a hub id at `revision` in the local cache).
+    /// Opens `model` (a folder, or a hub id at `revision` in the local cache) on the CPU.
     pub fn open(model: &str, revision: Option<&str>, dtype: DType) -> Result<Self> {
-        let files = resolve(model, revision)?;
-        Self::from_files(model, files, dtype)
+        Self::open_on(model, revision, dtype, &Device::Cpu)
     }
 
-    /// Opens resolved files.
+    /// [`Checkpoint::open`], with the weights on `device`.
+    pub fn open_on(
+        model: &str,
+        revision: Option<&str>,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let files = resolve(model, revision)?;
+        Self::from_files_on(model, files, dtype, device)
+    }
+
+    /// Opens resolved files on the CPU.
     pub fn from_files(name: &str, files: ModelFiles, dtype: DType) -> Result<Self> {
+        Self::from_files_on(name, files, dtype, &Device::Cpu)
+    }
+
+    /// [`Checkpoint::from_files`], with the weights on `device`.
+    pub fn from_files_on(
+        name: &str,
+        files: ModelFiles,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let cfg = ModelConfig::read(&files.config)?;
-        let weights = Weights::open_as(&files.weights, &Device::Cpu, dtype)?;
+        let weights = Weights::open_as(&files.weights, device, dtype)?;
         // A tensor the configuration does not explain means they disagree (fewer layers, no
         // biases, another family...): refuse rather than run part of the model.
         let extra = super::layout::unexplained(&cfg, weights.names());

@@ -22,7 +22,7 @@ use crate::ep::{
 };
 use crate::models::weights::Weights;
 use crate::{bail, Result};
-use candle::{DType, Device, Tensor};
+use candle::{DType, Tensor};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -359,7 +359,7 @@ impl DenseParts {
             cfg.rope_theta,
             cfg.positions(),
             w.dtype(),
-            &Device::Cpu,
+            embed.device(),
         )?;
         Ok(DenseParts {
             cfg: cfg.clone(),
@@ -694,6 +694,8 @@ impl Model {
                 *c = self.new_cache();
             }
         }
+        // Token ids may come from the host for a model on a GPU.
+        let ids = ids.to_device(self.embed.device())?;
         let mut x = self.embed.index_select(&ids.flatten_all()?, 0)?.reshape((
             b,
             t,

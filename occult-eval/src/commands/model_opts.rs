@@ -7,6 +7,7 @@
 
 use super::Backend;
 use anyhow::{bail, Context, Result};
+use candle::Device;
 use occult_core::analysis::placement::Placement;
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::analysis::similarity::SimilarityTable;
@@ -56,6 +57,9 @@ pub struct ModelOpts {
     /// f16 runs on the portable path.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
+    /// Run on CUDA device N (a build with `--features occult-eval/cuda`); the CPU by default.
+    #[arg(long, value_name = "N")]
+    pub cuda: Option<usize>,
     /// Expert-parallel ranks: threads (`--backend local`), or the processes mpirun started
     /// (`--backend mpi`, where it must equal mpirun's -np).
     #[arg(long, default_value_t = 1)]
@@ -98,6 +102,7 @@ impl ModelOpts {
             model: model.to_string(),
             revision: None,
             dtype: "f32".into(),
+            cuda: None,
             devices: 1,
             backend: Backend::Local,
             comm_timeout: 120.0,
@@ -151,8 +156,27 @@ impl ModelOpts {
                 self.model
             );
         }
-        Checkpoint::open(&self.model, self.revision.as_deref(), dtype)
-            .with_context(|| format!("loading model {}", self.model))
+        Checkpoint::open_on(
+            &self.model,
+            self.revision.as_deref(),
+            dtype,
+            &self.device()?,
+        )
+        .with_context(|| format!("loading model {}", self.model))
+    }
+
+    /// The device `--cuda` names, or the CPU.
+    pub fn device(&self) -> Result<Device> {
+        let Some(n) = self.cuda else {
+            return Ok(Device::Cpu);
+        };
+        if !candle::utils::cuda_is_available() {
+            bail!(
+                "--cuda {n}: this occult was built without CUDA; rebuild with `--features \
+                 occult-eval/cuda`"
+            );
+        }
+        Device::new_cuda(n).with_context(|| format!("opening CUDA device {n}"))
     }
 
     /// Refuses a model that will not fit (see [`memory`]) before its weights are read;

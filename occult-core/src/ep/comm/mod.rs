@@ -1,12 +1,17 @@
 //! Communicators: how ranks exchange rows. The MoE layer sees only the [`Communicator`] trait.
 //!
-//! Backends: [`local`] (ranks as threads in one process, the default) and, with the `mpi`
-//! feature, [`mpi`] (one process per rank under `mpirun`). Every backend counts exactly what it
-//! moves: rows, bytes and messages per peer, and the time spent inside collectives.
+//! Backends: [`local`] (ranks as threads in one process, the default); with the `mpi` feature,
+//! [`mpi`] (one process per rank under `mpirun`); with the `nccl` feature, `nccl` (one process
+//! per GPU). Every backend counts exactly what it moves: rows, bytes and messages per peer, and
+//! the time spent inside collectives.
 
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
+#[cfg(any(feature = "mpi", feature = "nccl"))]
+pub mod watchdog;
 
 use crate::{Error, Result};
 use bytemuck::Pod;
@@ -347,17 +352,26 @@ pub fn all_to_all_v<T: Pod>(
 
 /// Checks a byte-level send: one count per rank, and counts that cover the buffer exactly.
 pub fn check_send(size: usize, send: &[u8], send_counts: &[usize], row_bytes: usize) -> Result<()> {
+    check_send_len(size, send.len(), send_counts, row_bytes)
+}
+
+/// [`check_send`] for a buffer of `len` bytes (one on a device, say).
+pub fn check_send_len(
+    size: usize,
+    len: usize,
+    send_counts: &[usize],
+    row_bytes: usize,
+) -> Result<()> {
     if send_counts.len() != size {
         return Err(Error::Comm(format!(
             "all_to_all_v: {} send counts for {size} ranks",
             send_counts.len()
         )));
     }
-    if send_counts.iter().sum::<usize>() * row_bytes != send.len() {
+    if send_counts.iter().sum::<usize>() * row_bytes != len {
         return Err(Error::Comm(format!(
             "all_to_all_v: send counts {send_counts:?} of {row_bytes}-byte rows do not match a \
-             {}-byte buffer",
-            send.len()
+             {len}-byte buffer"
         )));
     }
     Ok(())

@@ -2,10 +2,11 @@
 //! `MPI_Alltoallv` (through the `mpi` crate) after an `MPI_Alltoall` of the row counts.
 //!
 //! MPI is initialised once per process ([`MpiComm::init`]), with thread support, and every call
-//! goes through one mutex. A watchdog turns a collective that does not finish within the
+//! goes through one mutex. A [`Watchdog`] turns a collective that does not finish within the
 //! timeout (a peer died, or took another path) into a clear error message and a non-zero exit;
 //! `mpirun` then stops the other ranks.
 
+use super::watchdog::Watchdog;
 use super::{CommStats, Communicator, StatsCell, DEFAULT_TIMEOUT};
 use crate::{Error, Result};
 use mpi::datatype::{Partition, PartitionMut};
@@ -14,12 +15,10 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::Communicator as _;
 use mpi::traits::*;
 use mpi::Threading;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Exit status of a rank whose watchdog fired.
-pub const WATCHDOG_EXIT: i32 = 3;
+pub use super::watchdog::WATCHDOG_EXIT;
 
 struct Inner {
     world: SimpleCommunicator,
@@ -33,9 +32,7 @@ pub struct MpiComm {
     rank: usize,
     size: usize,
     stats: StatsCell,
-    /// Milliseconds since `epoch` when the current collective started; 0 when idle.
-    busy_since: Arc<AtomicU64>,
-    epoch: Instant,
+    watchdog: Watchdog,
 }
 
 // SAFETY: MPI is initialised with at least `Threading::Serialized` and every MPI call is made
@@ -61,31 +58,7 @@ impl MpiComm {
         let world = universe.world();
         let rank = world.rank() as usize;
         let size = world.size() as usize;
-        let busy_since = Arc::new(AtomicU64::new(0));
-        let epoch = Instant::now();
-        let watch = busy_since.clone();
-        std::thread::Builder::new()
-            .name("occult-mpi-watchdog".into())
-            .spawn(move || loop {
-                std::thread::sleep(Duration::from_millis(200));
-                let since = watch.load(Ordering::Acquire);
-                if since == 0 {
-                    continue;
-                }
-                let now = epoch.elapsed().as_millis() as u64;
-                if now.saturating_sub(since) > timeout.as_millis() as u64 {
-                    eprintln!(
-                        "error: communicator: rank {rank}: a collective did not finish within \
-                         {:.0} s (a peer may have died); exiting",
-                        timeout.as_secs_f64()
-                    );
-                    // _exit, not exit: no atexit handlers (MPI's among them) may run while
-                    // another thread is blocked inside MPI.
-                    // SAFETY: _exit only ends the process.
-                    unsafe { libc::_exit(WATCHDOG_EXIT) };
-                }
-            })
-            .map_err(|e| Error::Comm(format!("starting the MPI watchdog: {e}")))?;
+        let watchdog = Watchdog::start(rank, timeout)?;
         Ok(MpiComm {
             inner: Mutex::new(Inner {
                 world,
@@ -94,25 +67,16 @@ impl MpiComm {
             rank,
             size,
             stats: StatsCell::new(rank, size),
-            busy_since,
-            epoch,
+            watchdog,
         })
     }
 
-    /// Starts the watchdog's clock for one collective; it stops when the guard drops, on every
-    /// path out of the collective.
-    fn arm(&self) -> Armed<'_> {
-        let now = (self.epoch.elapsed().as_millis() as u64).max(1);
-        self.busy_since.store(now, Ordering::Release);
-        Armed(&self.busy_since)
-    }
-}
-
-struct Armed<'a>(&'a AtomicU64);
-
-impl Drop for Armed<'_> {
-    fn drop(&mut self) {
-        self.0.store(0, Ordering::Release);
+    /// `buf` from rank 0 on every rank (the NCCL backend's unique id travels this way).
+    pub fn broadcast_from_root(&self, buf: &mut [u8]) -> Result<()> {
+        let guard = self.inner.lock().map_err(|_| poisoned())?;
+        let _armed = self.watchdog.arm();
+        guard.world.process_at_rank(0).broadcast_into(buf);
+        Ok(())
     }
 }
 
@@ -148,7 +112,7 @@ impl Communicator for MpiComm {
         let n = self.size;
         super::check_send(n, send, send_counts, row_bytes)?;
         let guard = self.inner.lock().map_err(|_| poisoned())?;
-        let _armed = self.arm();
+        let _armed = self.watchdog.arm();
         // Rows and row widths from every peer.
         let mine: Vec<u64> = send_counts
             .iter()
@@ -232,7 +196,7 @@ impl Communicator for MpiComm {
 
     fn barrier(&self) -> Result<()> {
         let guard = self.inner.lock().map_err(|_| poisoned())?;
-        let _armed = self.arm();
+        let _armed = self.watchdog.arm();
         guard.world.barrier();
         Ok(())
     }

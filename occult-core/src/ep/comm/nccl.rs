@@ -1,0 +1,336 @@
+//! The `nccl` backend (cargo feature `nccl`): one process per GPU, with NCCL's point-to-point
+//! send and receive (through cudarc, as candle's `nccl` feature builds it). NCCL has no
+//! variable all-to-all, so [`NcclComm::all_to_all_v_device`] first gathers every rank's row
+//! counts (`ncclAllGather`), then sends and receives each peer's rows in one NCCL group, self
+//! included.
+//!
+//! The ranks agree on a unique id before they build the communicator: rank 0 makes it and
+//! hands it over through MPI under `mpirun` ([`NcclComm::from_mpi`], features `nccl` and
+//! `mpi`), or through a file on a file system every rank sees ([`NcclComm::from_file`]).
+//!
+//! The [`Communicator`] trait's calls take host bytes: they are copied to the GPU, exchanged
+//! there and copied back, so that the layer and model code runs unchanged. Rows already on the
+//! GPU use [`NcclComm::all_to_all_v_device`]. Every call runs on the communicator's own CUDA
+//! stream behind one mutex, and ends with that stream synchronised. A [`Watchdog`] turns a call
+//! that does not finish within the timeout (a peer died) into an error message and an exit.
+//!
+//! Written and type-checked without a GPU (see `scripts/cuda_check.sh`); `scripts/gpu_check.sh`
+//! runs its tests on one.
+
+use super::watchdog::Watchdog;
+use super::{CommStats, Communicator, RecvBuffer, StatsCell};
+use crate::{Error, Result};
+use candle::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceSlice};
+use candle::cuda_backend::cudarc::nccl::{self, Comm, Id};
+use candle::CudaDevice;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Bytes in an NCCL unique id.
+pub const ID_BYTES: usize = 128;
+
+/// The NCCL communicator, which is a raw handle: not `Send` in cudarc.
+struct CommCell(Comm);
+
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time, with its
+// device's context current. Every use goes through `NcclComm::comm`'s mutex, after binding the
+// context to the calling thread.
+unsafe impl Send for CommCell {}
+
+/// This process's rank of an NCCL communicator on one GPU.
+pub struct NcclComm {
+    comm: Mutex<CommCell>,
+    stream: Arc<CudaStream>,
+    rank: usize,
+    size: usize,
+    stats: StatsCell,
+    watchdog: Watchdog,
+}
+
+fn nccl_error(what: &str, e: nccl::result::NcclError) -> Error {
+    Error::Comm(format!("nccl: {what}: {:?}", e.0))
+}
+
+fn cuda_error(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Comm(format!("nccl: {what}: {e}"))
+}
+
+/// A new unique id, as bytes (rank 0 makes it; the others receive it).
+pub fn new_id() -> Result<[u8; ID_BYTES]> {
+    let id = Id::new().map_err(|e| nccl_error("making a unique id", e))?;
+    // `c_char` is i8 or u8 by platform: the bits are kept either way.
+    Ok(id.internal().map(|c| c as u8))
+}
+
+impl NcclComm {
+    /// Rank `rank` of `size`, on `device`, from the unique id rank 0 made ([`new_id`]).
+    pub fn with_id(
+        device: &CudaDevice,
+        rank: usize,
+        size: usize,
+        id: &[u8; ID_BYTES],
+        timeout: Duration,
+    ) -> Result<Self> {
+        if size == 0 || rank >= size {
+            return Err(Error::Comm(format!(
+                "nccl: rank {rank} of a group of {size}"
+            )));
+        }
+        let context = device.cuda_stream().context().clone();
+        context
+            .bind_to_thread()
+            .map_err(|e| cuda_error("binding the device", e))?;
+        // A stream of its own: candle's default one is the calling thread's.
+        let stream = context
+            .new_stream()
+            .map_err(|e| cuda_error("making a stream", e))?;
+        let id = Id::uninit(id.map(|b| b as std::ffi::c_char));
+        let comm = Comm::from_rank(stream.clone(), rank, size, id)
+            .map_err(|e| nccl_error("joining the communicator", e))?;
+        Ok(NcclComm {
+            comm: Mutex::new(CommCell(comm)),
+            stream,
+            rank,
+            size,
+            stats: StatsCell::new(rank, size),
+            watchdog: Watchdog::start(rank, timeout)?,
+        })
+    }
+
+    /// Rank `rank` of `size` on `device`, the unique id handed over through `path`: rank 0
+    /// writes it (atomically), the others wait up to `timeout` for it to appear. The path must
+    /// be new for each run (an id left by an earlier run would join ranks to a dead group).
+    pub fn from_file(
+        device: &CudaDevice,
+        rank: usize,
+        size: usize,
+        path: &Path,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let id = if rank == 0 {
+            let id = new_id()?;
+            crate::atomic::write_atomic(path, |w| w.write_all(&id))?;
+            id
+        } else {
+            read_id(path, timeout)?
+        };
+        Self::with_id(device, rank, size, &id, timeout)
+    }
+
+    /// This process's rank under `mpirun` (one process per GPU), the unique id broadcast from
+    /// rank 0 over MPI.
+    #[cfg(feature = "mpi")]
+    pub fn from_mpi(device: &CudaDevice, mpi: &super::mpi::MpiComm) -> Result<Self> {
+        let mut id = if mpi.rank() == 0 {
+            new_id()?
+        } else {
+            [0u8; ID_BYTES]
+        };
+        mpi.broadcast_from_root(&mut id)?;
+        Self::with_id(device, mpi.rank(), mpi.size(), &id, super::DEFAULT_TIMEOUT)
+    }
+
+    /// The stream every call of this communicator runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Variable all-to-all of rows already on the GPU: `send` holds `send_counts[p]` rows of
+    /// `row_bytes` bytes for each rank `p`, in rank order. Returns the received rows in
+    /// source-rank order, on this communicator's stream, and the row count from each source.
+    /// Whatever wrote `send` must have finished (its stream is synchronised first).
+    pub fn all_to_all_v_device(
+        &self,
+        send: &CudaView<'_, u8>,
+        send_counts: &[usize],
+        row_bytes: usize,
+    ) -> Result<(CudaSlice<u8>, Vec<usize>)> {
+        let start = Instant::now();
+        let guard = self
+            .comm
+            .lock()
+            .map_err(|_| Error::Comm("the NCCL communicator's lock is poisoned".into()))?;
+        let comm = &guard.0;
+        let _armed = self.watchdog.arm();
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| cuda_error("binding the device", e))?;
+        if !Arc::ptr_eq(send.stream(), &self.stream) {
+            send.stream()
+                .synchronize()
+                .map_err(|e| cuda_error("waiting for the rows to send", e))?;
+        }
+        let recv_rows = self.exchange_counts(comm, send.len(), send_counts, row_bytes)?;
+        let recv_len = recv_rows.iter().sum::<usize>() * row_bytes;
+        // One spare byte: an empty device buffer has no address to hand NCCL.
+        let mut recv = self
+            .stream
+            .alloc_zeros::<u8>(recv_len.max(1))
+            .map_err(|e| cuda_error("allocating the receive buffer", e))?;
+        nccl::group_start().map_err(|e| nccl_error("starting a group", e))?;
+        let sent = (|| -> Result<()> {
+            let (mut at, mut at_recv) = (0, 0);
+            for peer in 0..self.size {
+                let (out, inn) = (send_counts[peer] * row_bytes, recv_rows[peer] * row_bytes);
+                if out > 0 {
+                    comm.send(&send.slice(at..at + out), peer as i32)
+                        .map_err(|e| nccl_error("send", e))?;
+                }
+                if inn > 0 {
+                    comm.recv(&mut recv.slice_mut(at_recv..at_recv + inn), peer as i32)
+                        .map_err(|e| nccl_error("receive", e))?;
+                }
+                at += out;
+                at_recv += inn;
+            }
+            Ok(())
+        })();
+        // The group is closed whatever happened inside it.
+        let ended = nccl::group_end().map_err(|e| nccl_error("ending a group", e));
+        sent?;
+        ended?;
+        self.stream
+            .synchronize()
+            .map_err(|e| cuda_error("waiting for the exchange", e))?;
+        drop(guard);
+        self.stats.record(send_counts, &recv_rows, row_bytes, start);
+        Ok((recv, recv_rows))
+    }
+
+    /// Every rank's row counts and width, gathered; checks them all on every rank, so that
+    /// every rank takes the same decision (no rank enters the exchange alone). Returns the
+    /// rows this rank receives from each source.
+    fn exchange_counts(
+        &self,
+        comm: &Comm,
+        send_len: usize,
+        send_counts: &[usize],
+        row_bytes: usize,
+    ) -> Result<Vec<usize>> {
+        let n = self.size;
+        let local = super::check_send_len(n, send_len, send_counts, row_bytes);
+        // [ok, row_bytes, counts...] from every rank.
+        let width = n + 2;
+        let mut mine = vec![0u64; width];
+        mine[0] = u64::from(local.is_ok());
+        mine[1] = row_bytes as u64;
+        if local.is_ok() {
+            for (m, &c) in mine[2..].iter_mut().zip(send_counts) {
+                *m = c as u64;
+            }
+        }
+        let dev_mine = self
+            .stream
+            .clone_htod(&mine)
+            .map_err(|e| cuda_error("copying the counts", e))?;
+        let mut dev_all = self
+            .stream
+            .alloc_zeros::<u64>(width * n)
+            .map_err(|e| cuda_error("allocating the counts", e))?;
+        comm.all_gather(&dev_mine, &mut dev_all)
+            .map_err(|e| nccl_error("gathering the counts", e))?;
+        let all = self
+            .stream
+            .clone_dtoh(&dev_all)
+            .map_err(|e| cuda_error("copying the counts back", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| cuda_error("waiting for the counts", e))?;
+        local?;
+        let ranks: Vec<&[u64]> = all.chunks_exact(width).collect();
+        if let Some(bad) = ranks.iter().position(|r| r[0] == 0) {
+            return Err(Error::Comm(format!(
+                "all_to_all_v: rank {bad} rejected this exchange (rank {} had no problem)",
+                self.rank
+            )));
+        }
+        if let Some(src) = ranks
+            .iter()
+            .position(|r| r[2 + self.rank] > 0 && r[1] != row_bytes as u64)
+        {
+            return Err(Error::Comm(format!(
+                "all_to_all_v: rank {src} sent {}-byte rows, rank {} expected {row_bytes}",
+                ranks[src][1], self.rank
+            )));
+        }
+        Ok(ranks.iter().map(|r| r[2 + self.rank] as usize).collect())
+    }
+}
+
+/// The unique id rank 0 wrote to `path`, waited for up to `timeout`.
+fn read_id(path: &Path, timeout: Duration) -> Result<[u8; ID_BYTES]> {
+    let start = Instant::now();
+    loop {
+        match std::fs::read(path) {
+            Ok(bytes) if bytes.len() == ID_BYTES => {
+                return Ok(bytes.try_into().expect("checked length"));
+            }
+            Ok(bytes) => {
+                return Err(Error::Comm(format!(
+                    "nccl: {} holds {} bytes, not a {ID_BYTES}-byte unique id",
+                    path.display(),
+                    bytes.len()
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if start.elapsed() > timeout {
+                    return Err(Error::Comm(format!(
+                        "nccl: rank 0 wrote no unique id to {} within {:.0} s",
+                        path.display(),
+                        timeout.as_secs_f64()
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(Error::io(path, e)),
+        }
+    }
+}
+
+impl Communicator for NcclComm {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn all_to_all_v_into(
+        &self,
+        send: &[u8],
+        send_counts: &[usize],
+        row_bytes: usize,
+        recv: &mut dyn RecvBuffer,
+    ) -> Result<Vec<usize>> {
+        // One spare byte, as in the receive buffer.
+        let mut staged = send.to_vec();
+        staged.push(0);
+        let dev_send = self
+            .stream
+            .clone_htod(&staged)
+            .map_err(|e| cuda_error("copying the rows to the GPU", e))?;
+        let (dev_recv, rows) =
+            self.all_to_all_v_device(&dev_send.slice(..send.len()), send_counts, row_bytes)?;
+        let len = rows.iter().sum::<usize>() * row_bytes;
+        let host = self
+            .stream
+            .clone_dtoh(&dev_recv.slice(..len))
+            .map_err(|e| cuda_error("copying the rows back", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| cuda_error("waiting for the copy", e))?;
+        recv.prepare(len).copy_from_slice(&host);
+        Ok(rows)
+    }
+
+    fn stats(&self) -> CommStats {
+        self.stats.snapshot()
+    }
+
+    fn reset_stats(&self) {
+        self.stats.reset()
+    }
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Compile check of the GPU build (`cuda` and `nccl` features) on a machine without a GPU or a
+# CUDA install: nvcc and the CUDA headers come from PyPI (nvidia-cuda-nvcc, -runtime, -cccl;
+# CUDA 13) into a virtual environment, and `cargo check` and clippy run on every target with
+# the features on. candle's build compiles its .cu kernels to PTX for CUDA_COMPUTE_CAP (90: an
+# H100/H200) with that nvcc; nothing is linked or run, so no driver and no NCCL library is
+# needed (cudarc loads NCCL at run time).
+#
+#   scripts/cuda_check.sh            # venv in target/cuda-venv, build in target/cuda-check
+#
+# Env: OCCULT_CUDA_VENV (the venv), CARGO_TARGET_DIR (default target/cuda-check),
+# CUDA_COMPUTE_CAP (default 90), CUDARC_CUDA_VERSION (default 13040: cudarc's bindings for
+# CUDA 13.4, the newest it knows; the driver API it calls is the same in 13.5).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=${OCCULT_CUDA_VENV:-target/cuda-venv}
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+# pip is quiet when everything is there already.
+"$venv/bin/pip" install --quiet --disable-pip-version-check \
+  nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-cuda-cccl
+cuda=$("$venv/bin/python" -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')
+[ -x "$cuda/bin/nvcc" ] || { echo "nvcc not found under $cuda" >&2; exit 1; }
+
+export PATH="$cuda/bin:$PATH" CUDA_ROOT="$cuda" CUDA_PATH="$cuda" CUDA_HOME="$cuda"
+export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90} CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13040}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda-check}
+nvcc --version | tail -1
+
+features=occult-tests/nccl,occult-tests/mpi,occult-eval/nccl
+cargo clippy --workspace --all-targets --features "$features" -- -D warnings
+echo "cuda check: cargo clippy with cuda,nccl passed"

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Builds the GPU binaries (features `cuda`, `nccl`) on a machine without a GPU, for
+# scripts/gpu_check.sh to run on one: the device machines here have a driver, CUDA 13 and NCCL
+# (in their Python packages) but no Rust toolchain and no network. The CUDA 13 compiler, runtime,
+# cuBLAS, cuRAND, NVRTC and NCCL come from PyPI into a virtual environment; the driver library
+# is linked against a stub (`libcuda.so.1`, the driver's own name, is loaded on the GPU
+# machine). Writes `.gpu/` (ignored by git):
+#
+#   .gpu/gpu-tests   the GPU parity tests (tests/tests/gpu.rs)
+#   .gpu/occult      the command, for `--cuda N`
+#
+#   scripts/gpu_build.sh            # then, on the GPU machine: scripts/gpu_check.sh
+#
+# Env: OCCULT_CUDA_VENV (default target/cuda-venv), CARGO_TARGET_DIR (default
+# target/cuda-build), CUDA_COMPUTE_CAP (default 90: H100/H200), CUDARC_CUDA_VERSION (13040).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=${OCCULT_CUDA_VENV:-target/cuda-venv}
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install --quiet --disable-pip-version-check nvidia-cuda-nvcc \
+  nvidia-cuda-runtime nvidia-cuda-cccl nvidia-cublas nvidia-curand nvidia-cuda-nvrtc \
+  nvidia-nccl-cu13
+site=$("$venv/bin/python" -c 'import nvidia; print(nvidia.__path__[0])')
+cuda="$site/cu13"
+
+# Unversioned names for the linker, and a stub of the driver library.
+link=$(realpath -m "${CARGO_TARGET_DIR:-target/cuda-build}")/link
+mkdir -p "$link/lib64"
+for lib in "$cuda"/lib/libcudart.so.* "$cuda"/lib/libnvrtc.so.* "$cuda"/lib/libcurand.so.* \
+  "$cuda"/lib/libcublas.so.* "$cuda"/lib/libcublasLt.so.* "$site"/nccl/lib/libnccl.so.*; do
+  case $lib in *builtins*) continue ;; esac
+  name=$(basename "$lib")
+  ln -sf "$lib" "$link/lib64/${name%%.so*}.so"
+done
+# Every driver function cuda.h declares, under its versioned name (cuMemAlloc_v2...), and the
+# profiler's three (their header is not in the PyPI packages).
+{
+  echo '#include <cuda.h>' | cc -E -I"$cuda/include" - |
+    grep -oE '\bcu[A-Z][A-Za-z0-9_]*[[:space:]]*\(' | tr -d '( '
+  printf '%s\n' cuProfilerInitialize cuProfilerStart cuProfilerStop
+} | sort -u | sed 's/.*/void &(void) {}/' >"$link/stub.c"
+cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$link/lib64/libcuda.so" "$link/stub.c"
+
+export PATH="$cuda/bin:$PATH" CUDA_HOME="$cuda" CUDA_ROOT="$link"
+export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90} CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13040}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda-build}
+
+tests=$(cargo test --release -p occult-tests --features occult-tests/nccl --test gpu --no-run \
+  --message-format=json | "$venv/bin/python" -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
+        print(m["executable"])')
+cargo build --release -p occult-eval --features occult-eval/nccl
+mkdir -p .gpu
+cp "$tests" .gpu/gpu-tests
+cp "$CARGO_TARGET_DIR/release/occult" .gpu/occult
+strip .gpu/gpu-tests .gpu/occult
+ls -la .gpu
+echo "gpu build: .gpu/ is ready; on the GPU machine run scripts/gpu_check.sh (carry .gpu)"

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The GPU check, in one go (about 5 minutes) on a machine with an NVIDIA GPU:
+#   1. the GPU parity tests (tests/tests/gpu.rs): every family's forward in f32 and bf16 and a
+#      next-token loss's gradients against the CPU reference, the expert-parallel layer on the
+#      GPU, and the NCCL communicator on one rank (self send and receive, rows kept on the
+#      device, a model expert-parallel over it);
+#   2. `occult bench model --cuda 0` on an OLMoE-shaped synthetic layer (64 experts, top-8,
+#      hidden 2048, expert size 1024), f32 and bf16, reference and expert-parallel, 512-token
+#      prompt: tokens/s, and the expert compute's share of the GPU's bf16 matmul peak.
+#
+# Binaries: .gpu/gpu-tests and .gpu/occult from scripts/gpu_build.sh (made on a machine with
+# cargo; carry `.gpu`), or built here with cargo where cargo and nvcc are present. Libraries:
+# the driver's libcuda.so.1, and CUDA 13's runtime, cuBLAS, cuRAND, NVRTC and NCCL from the
+# system or from python3's nvidia packages.
+#
+#   scripts/gpu_check.sh [OUT_DIR]        # OUT_DIR (default target/gpu-check) gets the JSON
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-target/gpu-check}
+mkdir -p "$out"
+
+nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
+
+if [ ! -x .gpu/gpu-tests ] || [ ! -x .gpu/occult ]; then
+  command -v cargo >/dev/null || {
+    echo "no .gpu/ binaries and no cargo here: run scripts/gpu_build.sh on a machine with" \
+      "cargo, and carry .gpu" >&2
+    exit 1
+  }
+  export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-$(nvidia-smi --query-gpu=compute_cap \
+    --format=csv,noheader | head -1 | tr -d .)}
+  mkdir -p .gpu
+  tests=$(cargo test --release -p occult-tests --features occult-tests/nccl --test gpu \
+    --no-run --message-format=json | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
+        print(m["executable"])')
+  cargo build --release -p occult-eval --features occult-eval/nccl
+  cp "$tests" .gpu/gpu-tests
+  cp target/release/occult .gpu/occult
+fi
+
+# CUDA 13's libraries from python3's nvidia packages, where the system has none.
+if libs=$(python3 -c '
+import glob, os, nvidia
+root = nvidia.__path__[0]
+print(":".join(sorted({os.path.dirname(p) for p in glob.glob(root + "/**/lib*.so*", recursive=True)})))
+' 2>/dev/null); then
+  export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+echo "== GPU parity tests"
+.gpu/gpu-tests --test-threads 1 --nocapture 2>&1 | tee "$out/gpu-tests.log"
+
+echo "== bench model on the GPU"
+model="$out/olmoe-layer"
+[ -f "$model/model.safetensors" ] || .gpu/occult model synth --family qwen3_moe --hidden 2048 \
+  --layers 1 --heads 16 --kv-heads 16 --experts 64 --top-k 8 --intermediate 1024 \
+  --vocab 1024 -o "$model"
+for dtype in bf16 f32; do
+  for mode in reference occult; do
+    .gpu/occult bench model --model "$model" --cuda 0 --dtype "$dtype" --mode "$mode" \
+      --prompt-len 512 --decode-tokens 16 --repeats 5 --json "$out/bench-$dtype-$mode.json"
+  done
+done
+
+# The expert compute's share of the bf16 peak: 3 products of 2 x hidden x expert size per
+# routed token and expert, over the prefill time (attention included: a lower bound).
+python3 - "$out" <<'PY'
+import glob, json, sys
+peak = 989e12  # H100/H200 SXM dense bf16
+for path in sorted(glob.glob(sys.argv[1] + "/bench-*.json")):
+    for row in json.load(open(path))["results"]:
+        s, t = row["prefill_s"], row["prompt_tokens"]
+        flops = t * 8 * 3 * 2 * 2048 * 1024
+        print(f"{path.split('/')[-1]} {row['implementation']}: prefill {t / s:.0f} tok/s, "
+              f"decode {row['decode_ms_per_token']:.2f} ms/token, experts "
+              f"{flops / s / 1e12:.1f} TFLOP/s = {100 * flops / s / peak:.2f}% of the bf16 peak")
+PY
+echo "gpu check: done (logs and JSON in $out)"

@@ -1,0 +1,235 @@
+//! GPU parity (features `cuda`, and `nccl` for the communicator): the five families' forward
+//! passes on CUDA against the CPU reference in f32 and bf16, gradients of a next-token loss,
+//! the expert-parallel layer on a GPU, and the NCCL communicator on one rank (self send and
+//! receive). They need a CUDA device: `scripts/gpu_check.sh` runs them on a GPU machine. The
+//! CPU build does not compile this file.
+#![cfg(feature = "cuda")]
+
+use candle::{DType, Device, Tensor, D};
+use occult_core::ep::comm::Communicator;
+use occult_core::ep::dispatch::DispatchMode;
+use occult_core::models::config::ModelConfig;
+use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
+use occult_core::models::synth::SynthModel;
+use occult_core::models::weights::Weights;
+use occult_core::models::{Family, FAMILIES};
+use occult_tests::compare::{max_abs_diff, mean_abs_diff, scale};
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+use std::sync::Arc;
+
+fn gpu() -> Device {
+    Device::new_cuda(0).expect("these tests need a CUDA device (ordinal 0)")
+}
+
+fn write(f: &'static Family, dir: &Path) -> ModelConfig {
+    let mut s = SynthModel::tiny(f);
+    s.layers = 2;
+    s.seed = FAMILIES.iter().position(|g| *g == f).unwrap() as u64 + 11;
+    s.write(dir).unwrap().0
+}
+
+fn open(dir: &Path, device: &Device, dtype: DType) -> Weights {
+    Weights::open_as(&[dir.join("model.safetensors")], device, dtype).unwrap()
+}
+
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| r.random_range(0..vocab as u32)).collect()
+}
+
+fn ids(v: &[u32], device: &Device) -> Tensor {
+    Tensor::from_slice(v, (1, v.len()), device).unwrap()
+}
+
+/// Logits of every position, as f32 on the CPU.
+fn logits(m: &Model, seq: &[u32], device: &Device) -> Tensor {
+    m.forward(&ids(seq, device), None, None, Logits::All)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_device(&Device::Cpu)
+        .unwrap()
+}
+
+/// Largest and mean absolute difference, relative to the largest |value| of `want`.
+fn errors(got: &Tensor, want: &Tensor) -> (f32, f32) {
+    let scale = scale(want).max(1e-6);
+    (
+        max_abs_diff(got, want) / scale,
+        mean_abs_diff(got, want) / scale,
+    )
+}
+
+#[test]
+fn every_family_on_the_gpu_matches_the_cpu_reference() {
+    let dev = gpu();
+    for f in FAMILIES {
+        let t = tempfile::tempdir().unwrap();
+        let cfg = write(f, t.path());
+        let seq = tokens(24, cfg.vocab_size, 5);
+        let cpu = Model::load_reference(&open(t.path(), &Device::Cpu, DType::F32), &cfg).unwrap();
+        let want = logits(&cpu, &seq, &Device::Cpu);
+        // f32: the same sums in another order (cuBLAS); bf16: the CPU test's bounds for bf16
+        // against f32 (see `half_precision_forwards_run_and_stay_close_to_f32`).
+        for (dtype, max_bound, mean_bound) in
+            [(DType::F32, 1e-4, 1e-5), (DType::BF16, 0.25, 0.0075)]
+        {
+            let m = Model::load_reference(&open(t.path(), &dev, dtype), &cfg).unwrap();
+            let (max, mean) = errors(&logits(&m, &seq, &dev), &want);
+            eprintln!("{f} {dtype:?} on the GPU: max error {max:.2e}, mean {mean:.2e} of scale");
+            assert!(max <= max_bound && mean <= mean_bound, "{f} {dtype:?}");
+        }
+    }
+}
+
+#[test]
+fn gradients_on_the_gpu_match_the_cpu() {
+    let dev = gpu();
+    let f = FAMILIES
+        .iter()
+        .find(|f| f.model_type == "qwen3_moe")
+        .unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let cfg = write(f, t.path());
+    let seq = tokens(48, cfg.vocab_size, 3);
+    let grads = |device: &Device| {
+        let mut w = open(t.path(), device, DType::F32);
+        w.set_trainable(true);
+        let m = Model::assemble(
+            DenseParts::load(&w, &cfg).unwrap(),
+            &w,
+            &MoeSetup::reference(),
+            None,
+        )
+        .unwrap();
+        let logits = m
+            .forward(&ids(&seq[..47], device), None, None, Logits::All)
+            .unwrap()
+            .squeeze(0)
+            .unwrap();
+        let target = Tensor::from_slice(&seq[1..], 47, device).unwrap();
+        let loss = candle_nn::ops::log_softmax(&logits, D::Minus1)
+            .unwrap()
+            .gather(&target.unsqueeze(1).unwrap(), 1)
+            .unwrap()
+            .mean_all()
+            .unwrap()
+            .neg()
+            .unwrap();
+        let g = loss.backward().unwrap();
+        m.params()
+            .into_iter()
+            .map(|(name, p)| {
+                let gp = g.get(&p).unwrap_or_else(|| panic!("{name}: no gradient"));
+                (name, gp.to_device(&Device::Cpu).unwrap())
+            })
+            .collect::<Vec<_>>()
+    };
+    let (want, got) = (grads(&Device::Cpu), grads(&dev));
+    assert_eq!(want.len(), got.len());
+    for ((name, w), (_, g)) in want.iter().zip(&got) {
+        let (max, _) = errors(g, w);
+        assert!(
+            max <= 1e-3,
+            "{name}: gradient differs by {max:.2e} of its scale"
+        );
+    }
+}
+
+#[test]
+fn the_expert_parallel_layer_on_the_gpu_matches_the_reference() {
+    let dev = gpu();
+    for f in FAMILIES {
+        let t = tempfile::tempdir().unwrap();
+        let cfg = write(f, t.path());
+        let seq = tokens(16, cfg.vocab_size, 9);
+        let w = open(t.path(), &dev, DType::F32);
+        let reference = Model::load_reference(&w, &cfg).unwrap();
+        let want = logits(&reference, &seq, &dev);
+        let mut setup = MoeSetup::reference();
+        setup.mode = Some(DispatchMode::Occult);
+        let comm: Arc<dyn Communicator> =
+            Arc::new(occult_core::ep::comm::local::local_group(1).pop().unwrap());
+        let m =
+            Model::assemble(DenseParts::load(&w, &cfg).unwrap(), &w, &setup, Some(comm)).unwrap();
+        let (max, _) = errors(&logits(&m, &seq, &dev), &want);
+        assert!(max <= 1e-5, "{f}: {max:.2e}");
+    }
+}
+
+#[cfg(feature = "nccl")]
+mod nccl {
+    use super::*;
+    use occult_core::ep::comm::nccl::{new_id, NcclComm};
+    use std::time::Duration;
+
+    fn one_rank() -> NcclComm {
+        let dev = gpu();
+        NcclComm::with_id(
+            dev.as_cuda_device().unwrap(),
+            0,
+            1,
+            &new_id().unwrap(),
+            Duration::from_secs(60),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn one_rank_sends_its_rows_to_itself() {
+        let comm = one_rank();
+        let rows: Vec<u8> = (0..5 * 12).map(|i| i as u8).collect();
+        let (back, counts) = comm.all_to_all_v_bytes(&rows, &[5], 12).unwrap();
+        assert_eq!((back, counts), (rows.clone(), vec![5]));
+        // Nothing to send is an exchange too.
+        let (none, counts) = comm.all_to_all_v_bytes(&[], &[0], 12).unwrap();
+        assert_eq!((none.len(), counts), (0, vec![0]));
+        let st = comm.stats();
+        assert_eq!((st.peers[0].rows_sent, st.peers[0].bytes_sent), (5, 60));
+        assert_eq!(st.remote_bytes_sent(), 0);
+        assert_eq!(st.collectives, 2);
+        // Counts that do not cover the buffer are refused before any exchange.
+        assert!(comm.all_to_all_v_bytes(&rows, &[4], 12).is_err());
+    }
+
+    #[test]
+    fn rows_on_the_device_stay_there() {
+        let comm = one_rank();
+        let rows: Vec<u8> = (0..3 * 8).map(|i| (i * 7) as u8).collect();
+        let dev_rows = comm.stream().clone_htod(&rows).unwrap();
+        let (got, counts) = comm
+            .all_to_all_v_device(&dev_rows.slice(..), &[3], 8)
+            .unwrap();
+        assert_eq!(counts, vec![3]);
+        let host = comm.stream().clone_dtoh(&got.slice(..rows.len())).unwrap();
+        assert_eq!(host, rows);
+    }
+
+    #[test]
+    fn a_model_runs_expert_parallel_over_nccl() {
+        let dev = gpu();
+        let f = FAMILIES.iter().find(|f| f.model_type == "olmoe").unwrap();
+        let t = tempfile::tempdir().unwrap();
+        let cfg = write(f, t.path());
+        let seq = tokens(16, cfg.vocab_size, 13);
+        let w = open(t.path(), &dev, DType::F32);
+        let want = logits(&Model::load_reference(&w, &cfg).unwrap(), &seq, &dev);
+        let mut setup = MoeSetup::reference();
+        setup.mode = Some(DispatchMode::Occult);
+        let comm: Arc<dyn Communicator> = Arc::new(one_rank());
+        let m = Model::assemble(
+            DenseParts::load(&w, &cfg).unwrap(),
+            &w,
+            &setup,
+            Some(comm.clone()),
+        )
+        .unwrap();
+        let (max, _) = errors(&logits(&m, &seq, &dev), &want);
+        assert!(max <= 1e-5, "{max:.2e}");
+        assert!(
+            comm.stats().collectives > 0,
+            "the layer used the communicator"
+        );
+    }
+}
