@@ -5,6 +5,7 @@
 //! per GPU). Every backend counts exactly what it moves: rows, bytes and messages per peer, and
 //! the time spent inside collectives.
 
+pub mod id_file;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;

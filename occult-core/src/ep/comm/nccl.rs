@@ -27,8 +27,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Bytes in an NCCL unique id.
-pub const ID_BYTES: usize = 128;
+pub use super::id_file::ID_BYTES;
 
 /// The NCCL communicator, which is a raw handle: not `Send` in cudarc.
 struct CommCell(Comm);
@@ -110,10 +109,10 @@ impl NcclComm {
     ) -> Result<Self> {
         let id = if rank == 0 {
             let id = new_id()?;
-            crate::atomic::write_atomic(path, |w| w.write_all(&id))?;
+            super::id_file::write(path, &id)?;
             id
         } else {
-            read_id(path, timeout)?
+            super::id_file::read(path, timeout)?
         };
         Self::with_id(device, rank, size, &id, timeout)
     }
@@ -256,36 +255,6 @@ impl NcclComm {
             )));
         }
         Ok(ranks.iter().map(|r| r[2 + self.rank] as usize).collect())
-    }
-}
-
-/// The unique id rank 0 wrote to `path`, waited for up to `timeout`.
-fn read_id(path: &Path, timeout: Duration) -> Result<[u8; ID_BYTES]> {
-    let start = Instant::now();
-    loop {
-        match std::fs::read(path) {
-            Ok(bytes) if bytes.len() == ID_BYTES => {
-                return Ok(bytes.try_into().expect("checked length"));
-            }
-            Ok(bytes) => {
-                return Err(Error::Comm(format!(
-                    "nccl: {} holds {} bytes, not a {ID_BYTES}-byte unique id",
-                    path.display(),
-                    bytes.len()
-                )))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if start.elapsed() > timeout {
-                    return Err(Error::Comm(format!(
-                        "nccl: rank 0 wrote no unique id to {} within {:.0} s",
-                        path.display(),
-                        timeout.as_secs_f64()
-                    )));
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) => return Err(Error::io(path, e)),
-        }
     }
 }
 
