@@ -4,10 +4,11 @@
 # (in their Python packages) but no Rust toolchain and no network. The CUDA 13 compiler, runtime,
 # cuBLAS, cuRAND, NVRTC and NCCL come from PyPI into a virtual environment; the driver library
 # is linked against a stub (`libcuda.so.1`, the driver's own name, is loaded on the GPU
-# machine). Writes `.gpu/` (ignored by git):
+# machine). Writes `.gpu/` (ignored by git), compressed to fit what a call to the GPU machine
+# carries (64 MiB with the working tree; stripped, the two are 120 MB, compressed 15 MB):
 #
-#   .gpu/gpu-tests   the GPU parity tests (tests/tests/gpu.rs)
-#   .gpu/occult      the command, for `--cuda N`
+#   .gpu/gpu-tests.xz   the GPU parity tests (tests/tests/gpu.rs)
+#   .gpu/occult.xz      the command, for `--cuda N`
 #
 #   scripts/gpu_build.sh            # then, on the GPU machine: scripts/gpu_check.sh
 #
@@ -54,9 +55,10 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
         print(m["executable"])')
 cargo build --release -p occult-eval --features occult-eval/nccl
-mkdir -p .gpu
+rm -rf .gpu && mkdir -p .gpu
 cp "$tests" .gpu/gpu-tests
 cp "$CARGO_TARGET_DIR/release/occult" .gpu/occult
 strip .gpu/gpu-tests .gpu/occult
+xz -T0 -6 .gpu/gpu-tests .gpu/occult
 ls -la .gpu
 echo "gpu build: .gpu/ is ready; on the GPU machine run scripts/gpu_check.sh (carry .gpu)"

@@ -8,8 +8,8 @@
 #      hidden 2048, expert size 1024), f32 and bf16, reference and expert-parallel, 512-token
 #      prompt: tokens/s, and the expert compute's share of the GPU's bf16 matmul peak.
 #
-# Binaries: .gpu/gpu-tests and .gpu/occult from scripts/gpu_build.sh (made on a machine with
-# cargo; carry `.gpu`), or built here with cargo where cargo and nvcc are present. Libraries:
+# Binaries: .gpu/gpu-tests.xz and .gpu/occult.xz from scripts/gpu_build.sh (made on a machine
+# with cargo; carry `.gpu`), or built here with cargo where cargo and nvcc are present. Libraries:
 # the driver's libcuda.so.1, and CUDA 13's runtime, cuBLAS, cuRAND, NVRTC and NCCL from the
 # system or from python3's nvidia packages.
 #
@@ -21,6 +21,11 @@ mkdir -p "$out"
 
 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
 
+for bin in gpu-tests occult; do
+  if [ ! -x ".gpu/$bin" ] && [ -f ".gpu/$bin.xz" ]; then
+    xz -dc ".gpu/$bin.xz" >".gpu/$bin" && chmod +x ".gpu/$bin"
+  fi
+done
 if [ ! -x .gpu/gpu-tests ] || [ ! -x .gpu/occult ]; then
   command -v cargo >/dev/null || {
     echo "no .gpu/ binaries and no cargo here: run scripts/gpu_build.sh on a machine with" \
