@@ -85,15 +85,20 @@ impl NcclComm {
             .new_stream()
             .map_err(|e| cuda_error("making a stream", e))?;
         let id = Id::uninit(id.map(|b| b as std::ffi::c_char));
-        let comm = Comm::from_rank(stream.clone(), rank, size, id)
-            .map_err(|e| nccl_error("joining the communicator", e))?;
+        // Joining waits for every rank: a rank that never comes is the watchdog's too.
+        let watchdog = Watchdog::start(rank, timeout)?;
+        let comm = {
+            let _armed = watchdog.arm();
+            Comm::from_rank(stream.clone(), rank, size, id)
+                .map_err(|e| nccl_error("joining the communicator", e))?
+        };
         Ok(NcclComm {
             comm: Mutex::new(CommCell(comm)),
             stream,
             rank,
             size,
             stats: StatsCell::new(rank, size),
-            watchdog: Watchdog::start(rank, timeout)?,
+            watchdog,
         })
     }
 
