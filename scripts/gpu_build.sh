@@ -19,9 +19,10 @@ cd "$(dirname "$0")/.."
 
 venv=${OCCULT_CUDA_VENV:-target/cuda-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install --quiet --disable-pip-version-check nvidia-cuda-nvcc \
-  nvidia-cuda-runtime nvidia-cuda-cccl nvidia-cublas nvidia-curand nvidia-cuda-nvrtc \
-  nvidia-nccl-cu13
+# Pinned to the versions checked.
+"$venv/bin/pip" install --quiet --disable-pip-version-check nvidia-cuda-nvcc==13.5.37 \
+  nvidia-cuda-runtime==13.5.37 nvidia-cuda-cccl==13.3.5.0.6 nvidia-cublas==13.10.0.20 \
+  nvidia-curand==10.4.5.25 nvidia-cuda-nvrtc==13.5.37 nvidia-nccl-cu13==2.32.3
 site=$("$venv/bin/python" -c 'import nvidia; print(nvidia.__path__[0])')
 cuda="$site/cu13"
 
