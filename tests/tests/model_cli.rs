@@ -985,3 +985,31 @@ fn bench_against_transformers_without_python_says_what_to_install() {
         ],
     );
 }
+
+/// `--cuda` in a build without CUDA says how to get one, and exits non-zero.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_in_a_build_without_it_is_named() {
+    let t = tempfile::tempdir().unwrap();
+    let d = copy_fixture("mixtral", t.path());
+    let m = d.display().to_string();
+    let args = [
+        "loglik",
+        "--model",
+        m.as_str(),
+        "--context",
+        "a",
+        "--continuation",
+        " b",
+        "--cuda",
+        "0",
+    ];
+    contains_all(
+        &occult_err(t.path(), &args),
+        &[
+            "--cuda 0",
+            "built without CUDA",
+            "--features occult-eval/cuda",
+        ],
+    );
+}
