@@ -4,7 +4,8 @@
 # CUDA 13) into a virtual environment, and `cargo check` and clippy run on every target with
 # the features on. candle's build compiles its .cu kernels to PTX for CUDA_COMPUTE_CAP (90: an
 # H100/H200) with that nvcc; nothing is linked or run, so no driver and no NCCL library is
-# needed (cudarc loads NCCL at run time).
+# needed (binaries built with the features link libcuda.so.1 and libnccl.so.2 dynamically: see
+# scripts/gpu_build.sh).
 #
 #   scripts/cuda_check.sh            # venv in target/cuda-venv, build in target/cuda-check
 #

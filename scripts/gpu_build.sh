@@ -12,16 +12,20 @@
 #
 #   scripts/gpu_build.sh            # then, on the GPU machine: scripts/gpu_check.sh
 #
-# Env: OCCULT_CUDA_VENV (default target/cuda-venv), CARGO_TARGET_DIR (default
-# target/cuda-build), CUDA_COMPUTE_CAP (default 90: H100/H200), CUDARC_CUDA_VERSION (13040).
+# CUDA 13.0, the GPU machines' driver version: a driver runs PTX from its own CUDA version or
+# older, so candle's kernels are compiled with nvcc 13.0 and cudarc binds CUDA 13.0's API.
+#
+# Env: OCCULT_CUDA_VENV (default target/cuda-build-venv), CARGO_TARGET_DIR (default
+# target/cuda-build), CUDA_COMPUTE_CAP (default 90: H100/H200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-venv=${OCCULT_CUDA_VENV:-target/cuda-venv}
+venv=${OCCULT_CUDA_VENV:-target/cuda-build-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-# Pinned to the versions checked.
-"$venv/bin/pip" install --quiet --disable-pip-version-check nvidia-cuda-nvcc==13.5.37 \
-  nvidia-cuda-runtime==13.5.37 nvidia-cuda-cccl==13.3.5.0.6 nvidia-cublas==13.10.0.20 \
+# The compiler and headers of CUDA 13.0; the libraries are only linked against (their sonames
+# are the same across 13.x), the GPU machine's own are loaded.
+"$venv/bin/pip" install --quiet --disable-pip-version-check nvidia-cuda-nvcc==13.0.88 \
+  nvidia-cuda-runtime==13.0.88 nvidia-cuda-cccl==13.0.85 nvidia-cublas==13.10.0.20 \
   nvidia-curand==10.4.5.25 nvidia-cuda-nvrtc==13.5.37 nvidia-nccl-cu13==2.32.3
 site=$("$venv/bin/python" -c 'import nvidia; print(nvidia.__path__[0])')
 cuda="$site/cu13"
@@ -45,7 +49,7 @@ done
 cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$link/lib64/libcuda.so" "$link/stub.c"
 
 export PATH="$cuda/bin:$PATH" CUDA_HOME="$cuda" CUDA_ROOT="$link"
-export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90} CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13040}
+export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90} CUDARC_CUDA_VERSION=13000
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda-build}
 
 tests=$(cargo test --release -p occult-tests --features occult-tests/nccl --test gpu --no-run \
@@ -61,5 +65,8 @@ cp "$tests" .gpu/gpu-tests
 cp "$CARGO_TARGET_DIR/release/occult" .gpu/occult
 strip .gpu/gpu-tests .gpu/occult
 xz -T0 -6 .gpu/gpu-tests .gpu/occult
-ls -la .gpu
+# What gpu_check.sh checks the machine against.
+nvcc --version | sed -n 's/.*release \([0-9.]*\),.*/cuda \1/p' >.gpu/build.txt
+echo "compute_cap $CUDA_COMPUTE_CAP" >>.gpu/build.txt
+ls -la .gpu; cat .gpu/build.txt
 echo "gpu build: .gpu/ is ready; on the GPU machine run scripts/gpu_check.sh (carry .gpu)"

@@ -21,9 +21,37 @@ mkdir -p "$out"
 
 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
 
+# The driver runs PTX of its CUDA version or older; the GPU must have the compute capability
+# the kernels were built for.
+if [ -f .gpu/build.txt ]; then
+  built=$(sed -n 's/^cuda //p' .gpu/build.txt)
+  cap=$(sed -n 's/^compute_cap //p' .gpu/build.txt)
+  driver=$(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9.]*\).*/\1/p' | head -1)
+  have=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+  if [ "$(printf '%s\n%s\n' "$built" "$driver" | sort -V | head -1)" != "$built" ]; then
+    echo "the binaries were built with CUDA $built; this driver runs CUDA $driver at most:" \
+      "rebuild with an nvcc of $driver or older" >&2
+    exit 1
+  fi
+  if [ "$have" -lt "$cap" ]; then
+    echo "the kernels were built for compute capability $cap; this GPU has $have" >&2
+    exit 1
+  fi
+fi
+
+unpack() { # .gpu/NAME.xz to .gpu/NAME, with xz or else Python's lzma
+  if command -v xz >/dev/null; then
+    xz -dc ".gpu/$1.xz" >".gpu/$1.part"
+  else
+    python3 -c 'import lzma, shutil, sys
+with lzma.open(sys.argv[1]) as i, open(sys.argv[2], "wb") as o: shutil.copyfileobj(i, o)' \
+      ".gpu/$1.xz" ".gpu/$1.part"
+  fi
+  chmod +x ".gpu/$1.part" && mv ".gpu/$1.part" ".gpu/$1"
+}
 for bin in gpu-tests occult; do
   if [ ! -x ".gpu/$bin" ] && [ -f ".gpu/$bin.xz" ]; then
-    xz -dc ".gpu/$bin.xz" >".gpu/$bin" && chmod +x ".gpu/$bin"
+    unpack "$bin"
   fi
 done
 if [ ! -x .gpu/gpu-tests ] || [ ! -x .gpu/occult ]; then
@@ -44,14 +72,15 @@ for line in sys.stdin:
         print(m["executable"])')
   cargo build --release -p occult-eval --features occult-eval/nccl
   cp "$tests" .gpu/gpu-tests
-  cp target/release/occult .gpu/occult
+  cp "${CARGO_TARGET_DIR:-target}/release/occult" .gpu/occult
 fi
 
 # CUDA 13's libraries from python3's nvidia packages, where the system has none.
 if libs=$(python3 -c '
 import glob, os, nvidia
-root = nvidia.__path__[0]
-print(":".join(sorted({os.path.dirname(p) for p in glob.glob(root + "/**/lib*.so*", recursive=True)})))
+dirs = {os.path.dirname(p) for root in nvidia.__path__
+        for p in glob.glob(root + "/**/lib*.so*", recursive=True)}
+print(":".join(sorted(dirs)))
 ' 2>/dev/null); then
   export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi

@@ -29,6 +29,12 @@ pub fn take(len: usize) -> Vec<f32> {
 pub fn take_aligned(len: usize) -> (Vec<f32>, usize) {
     let buf = take(len + 15);
     let at = buf.as_ptr().align_offset(64);
+    // An f32 pointer is 4-aligned, so 64 bytes are at most 15 values away.
+    assert!(
+        at < 16,
+        "no 64-byte boundary within 15 f32 of {:p}",
+        buf.as_ptr()
+    );
     (buf, at)
 }
 

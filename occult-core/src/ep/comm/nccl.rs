@@ -250,14 +250,15 @@ impl NcclComm {
                 self.rank
             )));
         }
-        if let Some(src) = ranks
-            .iter()
-            .position(|r| r[2 + self.rank] > 0 && r[1] != row_bytes as u64)
-        {
-            return Err(Error::Comm(format!(
-                "all_to_all_v: rank {src} sent {}-byte rows, rank {} expected {row_bytes}",
-                ranks[src][1], self.rank
-            )));
+        // Decided from the gathered table alone, so that every rank decides the same: any
+        // rows sent between two ranks that disagree on their width.
+        for (src, r) in ranks.iter().enumerate() {
+            if let Some(dst) = (0..n).find(|&d| r[2 + d] > 0 && r[1] != ranks[d][1]) {
+                return Err(Error::Comm(format!(
+                    "all_to_all_v: rank {src} sent {}-byte rows to rank {dst}, which expected {}",
+                    r[1], ranks[dst][1]
+                )));
+            }
         }
         Ok(ranks.iter().map(|r| r[2 + self.rank] as usize).collect())
     }
