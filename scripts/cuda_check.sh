@@ -22,7 +22,8 @@ fi
 # Pinned to the versions checked (a new major version moves the layout: nvidia/cu13 ...).
 # pip is quiet when everything is there already.
 "$venv/bin/pip" install --quiet --disable-pip-version-check \
-  nvidia-cuda-nvcc==13.5.37 nvidia-cuda-runtime==13.5.37 nvidia-cuda-cccl==13.3.5.0.6
+  nvidia-cuda-nvcc==13.5.37 nvidia-nvvm==13.5.37 nvidia-cuda-crt==13.5.37 \
+  nvidia-cuda-runtime==13.5.37 nvidia-cuda-cccl==13.3.5.0.6
 cuda=$("$venv/bin/python" -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13"))')
 [ -x "$cuda/bin/nvcc" ] || { echo "nvcc not found under $cuda" >&2; exit 1; }
 

@@ -24,9 +24,12 @@ venv=${OCCULT_CUDA_VENV:-target/cuda-build-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 # The compiler and headers of CUDA 13.0; the libraries are only linked against (their sonames
 # are the same across 13.x), the GPU machine's own are loaded.
+# (nvcc's front end and headers come in packages of their own, pinned with it: a newer front
+# end writes PTX that 13.0's assembler refuses.)
 "$venv/bin/pip" install --quiet --disable-pip-version-check nvidia-cuda-nvcc==13.0.88 \
-  nvidia-cuda-runtime==13.0.88 nvidia-cuda-cccl==13.0.85 nvidia-cublas==13.10.0.20 \
-  nvidia-curand==10.4.5.25 nvidia-cuda-nvrtc==13.5.37 nvidia-nccl-cu13==2.32.3
+  nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.88 \
+  nvidia-cuda-cccl==13.0.85 nvidia-cublas==13.10.0.20 nvidia-curand==10.4.5.25 \
+  nvidia-cuda-nvrtc==13.0.88 nvidia-nccl-cu13==2.32.3
 site=$("$venv/bin/python" -c 'import nvidia; print(nvidia.__path__[0])')
 cuda="$site/cu13"
 
