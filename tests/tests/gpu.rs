@@ -5,7 +5,7 @@
 //! CPU build does not compile this file.
 #![cfg(feature = "cuda")]
 
-use candle::{DType, Device, Tensor, D};
+use candle::{DType, Device, Tensor};
 use occult_core::ep::comm::Communicator;
 use occult_core::ep::dispatch::DispatchMode;
 use occult_core::models::config::ModelConfig;
@@ -13,7 +13,7 @@ use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
 use occult_core::models::synth::SynthModel;
 use occult_core::models::weights::Weights;
 use occult_core::models::{Family, FAMILIES};
-use occult_tests::compare::{max_abs_diff, mean_abs_diff, scale};
+use occult_tests::compare::{max_abs_diff, mean_abs_diff, next_token_loss, scale};
 use rand::{Rng, SeedableRng};
 use std::path::Path;
 use std::sync::Arc;
@@ -59,6 +59,13 @@ fn errors(got: &Tensor, want: &Tensor) -> (f32, f32) {
         max_abs_diff(got, want) / scale,
         mean_abs_diff(got, want) / scale,
     )
+}
+
+/// The model of `w` expert-parallel (occult dispatch) over `comm`, a group of one.
+fn expert_parallel(w: &Weights, cfg: &ModelConfig, comm: Arc<dyn Communicator>) -> Model {
+    let mut setup = MoeSetup::reference();
+    setup.mode = Some(DispatchMode::Occult);
+    Model::assemble(DenseParts::load(w, cfg).unwrap(), w, &setup, Some(comm)).unwrap()
 }
 
 #[test]
@@ -109,15 +116,7 @@ fn gradients_on_the_gpu_match_the_cpu() {
             .squeeze(0)
             .unwrap();
         let target = Tensor::from_slice(&seq[1..], 47, device).unwrap();
-        let loss = candle_nn::ops::log_softmax(&logits, D::Minus1)
-            .unwrap()
-            .gather(&target.unsqueeze(1).unwrap(), 1)
-            .unwrap()
-            .mean_all()
-            .unwrap()
-            .neg()
-            .unwrap();
-        let g = loss.backward().unwrap();
+        let g = next_token_loss(&logits, &target).backward().unwrap();
         m.params()
             .into_iter()
             .map(|(name, p)| {
@@ -147,12 +146,8 @@ fn the_expert_parallel_layer_on_the_gpu_matches_the_reference() {
         let w = open(t.path(), &dev, DType::F32);
         let reference = Model::load_reference(&w, &cfg).unwrap();
         let want = logits(&reference, &seq, &dev);
-        let mut setup = MoeSetup::reference();
-        setup.mode = Some(DispatchMode::Occult);
-        let comm: Arc<dyn Communicator> =
-            Arc::new(occult_core::ep::comm::local::local_group(1).pop().unwrap());
-        let m =
-            Model::assemble(DenseParts::load(&w, &cfg).unwrap(), &w, &setup, Some(comm)).unwrap();
+        let comm = Arc::new(occult_core::ep::comm::local::local_group(1).pop().unwrap());
+        let m = expert_parallel(&w, &cfg, comm);
         // cuBLAS may pick other algorithms for other row counts: f32 rounding apart.
         let (max, _) = errors(&logits(&m, &seq, &dev), &want);
         assert!(max <= 1e-4, "{f}: {max:.2e}");
@@ -217,16 +212,8 @@ mod nccl {
         let seq = tokens(16, cfg.vocab_size, 13);
         let w = open(t.path(), &dev, DType::F32);
         let want = logits(&Model::load_reference(&w, &cfg).unwrap(), &seq, &dev);
-        let mut setup = MoeSetup::reference();
-        setup.mode = Some(DispatchMode::Occult);
         let comm: Arc<dyn Communicator> = Arc::new(one_rank());
-        let m = Model::assemble(
-            DenseParts::load(&w, &cfg).unwrap(),
-            &w,
-            &setup,
-            Some(comm.clone()),
-        )
-        .unwrap();
+        let m = expert_parallel(&w, &cfg, comm.clone());
         let (max, _) = errors(&logits(&m, &seq, &dev), &want);
         assert!(max <= 1e-4, "{max:.2e}");
         assert!(

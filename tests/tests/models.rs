@@ -3,7 +3,7 @@
 //! single-device reference, and every parameter gets a gradient from a next-token loss.
 //! (Parity with transformers itself is in `model_parity.rs`.)
 
-use candle::{DType, Device, Tensor, D};
+use candle::{DType, Device, Tensor};
 use occult_core::ep::comm::local::run_local;
 use occult_core::ep::comm::Communicator;
 use occult_core::ep::dispatch::DispatchMode;
@@ -11,7 +11,7 @@ use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
 use occult_core::models::synth::SynthModel;
 use occult_core::models::weights::Weights;
 use occult_core::models::{mixtral, qwen3_moe, Family, FAMILIES};
-use occult_tests::compare::{max_abs_diff, mean_abs_diff, scale};
+use occult_tests::compare::{max_abs_diff, mean_abs_diff, next_token_loss, scale};
 use occult_tests::placements::random_maps;
 use rand::SeedableRng;
 use std::collections::BTreeMap;
@@ -166,15 +166,7 @@ fn every_parameter_gets_a_gradient_from_a_next_token_loss() {
                 .squeeze(0)
                 .unwrap();
             let target = Tensor::from_slice(&seq[1..], 63, &Device::Cpu).unwrap();
-            let logp = candle_nn::ops::log_softmax(&logits, D::Minus1).unwrap();
-            let loss = logp
-                .gather(&target.unsqueeze(1).unwrap(), 1)
-                .unwrap()
-                .mean_all()
-                .unwrap()
-                .neg()
-                .unwrap();
-            let grads = loss.backward().unwrap();
+            let grads = next_token_loss(&logits, &target).backward().unwrap();
             for (name, p) in m.params() {
                 let g = grads
                     .get(&p)

@@ -60,13 +60,13 @@ fn vectors(rows: usize) -> usize {
 
 /// `A` `[m, k]` packed tile by tile: tile `t` (rows `MT * t ..`) starts at `MT * t * k` and
 /// holds `[k][16 * vectors(rows)]`, zero past its last row. Tiles are packed in parallel, each
-/// on one thread (a 64-row tile split in blocks of `k` across two threads measured 1.5-2x
-/// slower to pack than on one: the second thread's wake-up costs more than the work).
+/// on one thread (a 64-row tile split in blocks of `k` across two threads measured 1.7-2.7x
+/// slower to pack than on one: the second thread's wake-up costs more than the work). Returns
+/// the buffer and where in it the packed tiles start (on a 64-byte boundary: the micro-tiles'
+/// loads of unaligned rows straddled two cache lines each).
 ///
 /// # Safety
 /// AVX-512 F.
-/// Returns the buffer and where in it the packed tiles start (on a 64-byte boundary: the
-/// micro-tiles' loads of unaligned rows straddled two cache lines each).
 unsafe fn pack_a<T: Elem>(a: &[T], m: usize, k: usize) -> (Vec<f32>, usize) {
     let tiles = m.div_ceil(MT);
     let last = m - (tiles - 1) * MT;
