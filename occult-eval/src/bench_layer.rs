@@ -8,7 +8,7 @@
 //! placed from a calibration batch routed by the same router.
 
 use anyhow::{bail, Result};
-use candle::{Device, Tensor};
+use candle::{DType, Device, Tensor};
 use occult_core::analysis::collab::CoActivation;
 use occult_core::analysis::placement::{self, Method, SearchConfig};
 use occult_core::analysis::pruning::PruneRule;
@@ -48,6 +48,11 @@ pub struct LayerBench {
     /// Devices per token in the pruned run (0 = no pruned run).
     pub max_devices: usize,
     pub prune_rule: PruneRule,
+    /// Where the layer runs (the CPU, or a CUDA device), and its dtype (f32, bf16 or f16).
+    pub device: String,
+    pub dtype: String,
+    #[serde(skip)]
+    pub on: Device,
 }
 
 /// One mode's figures on one rank.
@@ -83,6 +88,10 @@ pub struct ModeResult {
     pub compute_s: f64,
     pub combine_s: f64,
     pub tokens_per_s: f64,
+    /// The experts' FLOPs (every rank's pairs) and the slowest rank's expert compute rate, in
+    /// FLOP per second per device (compute stage of the last measured step).
+    pub expert_flops: f64,
+    pub expert_flops_per_s: f64,
     /// With a link profile: the slowest rank's projected time and its parts.
     pub projected_seconds: Option<f64>,
     pub projected: Option<Projection>,
@@ -251,11 +260,12 @@ impl LayerBench {
     pub fn run_rank(&self, setup: &Setup, comm: &Arc<dyn Communicator>) -> Result<Vec<RankRecord>> {
         let r = comm.rank();
         let h = self.hidden;
-        let x = Tensor::from_slice(
+        let x = self.on_device(Tensor::from_slice(
             &setup.x[r * self.tokens * h..(r + 1) * self.tokens * h],
             (self.tokens, h),
             &Device::Cpu,
-        )?;
+        )?)?;
+        let full = self.weights_on_device(&setup.weights)?;
         let mut out = Vec::new();
         for (name, mode, prune) in self.modes(setup) {
             let settings = EpSettings {
@@ -264,7 +274,7 @@ impl LayerBench {
                 mode,
                 prune,
             };
-            let layer = EpMoe::from_full(&setup.weights, settings, comm.clone())?;
+            let layer = EpMoe::from_full(&full, settings, comm.clone())?;
             for _ in 0..self.warmup {
                 layer.forward(&x)?;
             }
@@ -294,19 +304,49 @@ impl LayerBench {
 
     /// The reference on all tokens, on one device: seconds per step.
     pub fn run_reference(&self, setup: &Setup) -> Result<f64> {
-        let x = Tensor::from_slice(
+        let x = self.on_device(Tensor::from_slice(
             &setup.x,
             (self.tokens * self.devices, self.hidden),
             &Device::Cpu,
-        )?;
+        )?)?;
+        let weights = self.weights_on_device(&setup.weights)?;
+        let step = || -> Result<()> {
+            reference_forward(&weights, &setup.rule, &x, None)?;
+            // A GPU runs kernels after their launch returns: wait for them.
+            Ok(self.on.synchronize()?)
+        };
         for _ in 0..self.warmup {
-            reference_forward(&setup.weights, &setup.rule, &x, None)?;
+            step()?;
         }
         let start = Instant::now();
         for _ in 0..self.steps {
-            reference_forward(&setup.weights, &setup.rule, &x, None)?;
+            step()?;
         }
         Ok(start.elapsed().as_secs_f64() / self.steps as f64)
+    }
+
+    /// The dtype of the layer's weights and tokens.
+    pub fn compute_dtype(&self) -> Result<DType> {
+        Ok(occult_core::models::loader::parse_dtype(&self.dtype)?)
+    }
+
+    /// `t` (made on the CPU in f32) on the bench's device, in its dtype.
+    fn on_device(&self, t: Tensor) -> Result<Tensor> {
+        Ok(t.to_dtype(self.compute_dtype()?)?.to_device(&self.on)?)
+    }
+
+    /// The layer's weights on the bench's device, in its dtype.
+    fn weights_on_device(&self, w: &MoeWeights) -> Result<MoeWeights> {
+        let e = &w.experts;
+        Ok(MoeWeights {
+            router: self.on_device(w.router.clone())?,
+            experts: SwigluStack::new(
+                self.on_device(e.gate.clone())?,
+                self.on_device(e.up.clone())?,
+                self.on_device(e.down.clone())?,
+            )?,
+            shared: None,
+        })
     }
 
     /// Combines every rank's records into one result per mode.
@@ -355,6 +395,11 @@ impl LayerBench {
                     compute_s: max(|r| r.stats.compute_s),
                     combine_s: max(|r| r.stats.combine_s),
                     tokens_per_s: tokens as f64 / seconds.max(1e-12),
+                    expert_flops: rs.iter().map(|r| r.flops).sum(),
+                    expert_flops_per_s: rs
+                        .iter()
+                        .map(|r| r.flops / r.stats.compute_s.max(1e-12))
+                        .fold(f64::INFINITY, f64::min),
                     projected_seconds: projected.as_ref().map(|p| p.total_s),
                     projected,
                 }

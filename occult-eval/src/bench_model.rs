@@ -349,10 +349,7 @@ fn run_parallel(a: &ModelBenchArgs, ck: &occult_core::models::loader::Checkpoint
     println!(
         "({} backend, {} ranks, {} prompt(s) of {} tokens each; stage times are the slowest \
          rank's, summed over MoE layers)",
-        match a.model.backend {
-            crate::commands::Backend::Local => "local",
-            crate::commands::Backend::Mpi => "mpi",
-        },
+        a.model.backend.name(),
         bench.devices,
         bench.batch,
         bench.prompt_len

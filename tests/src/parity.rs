@@ -498,3 +498,152 @@ pub fn close(name: &str, ours: &[f32], reference: &[f32], floor: f32) -> Result<
     }
     Ok(())
 }
+
+/// How far a bf16 run of the layer may be from the f32 reference, (largest, mean) relative to
+/// the reference's scale. The mean is the check: measured on the CPU at 0.3-5e-3 over every
+/// quantity of [`device_cases`]. The largest difference is loose because bf16 router logits
+/// can flip a near-tie in the top-k, which changes a token's output by one expert's share
+/// (measured 0.29 of the scale once).
+pub const BF16_LAYER_BOUNDS: (f32, f32) = (0.5, 0.02);
+
+/// The one-rank cases the device runs check (on the CPU in `ep_layer.rs`, on a GPU in
+/// `gpu.rs`): both modes, shared experts with and without their gate, renormalised or not.
+pub fn device_cases() -> Vec<Case> {
+    (0..4)
+        .map(|seed| Case {
+            d: 1,
+            e: 16,
+            k: 4,
+            random_placement: false,
+            shared: seed < 2,
+            renormalize: seed % 2 == 1,
+            tokens: vec![40],
+            mode: if seed % 2 == 0 {
+                DispatchMode::Occult
+            } else {
+                DispatchMode::Standard
+            },
+            prune: None,
+            seed,
+            frozen_input: false,
+        })
+        .collect()
+}
+
+/// A one-rank run of a fixture's layer on some device and dtype, and how far it is from the
+/// f32 CPU reference: each quantity's largest and mean absolute difference, relative to the
+/// reference's largest |value|.
+#[derive(Debug)]
+pub struct DeviceRun {
+    /// (what, largest, mean): the output, the input's gradient, then each parameter's.
+    pub errors: Vec<(String, f32, f32)>,
+    pub stats: StepStats,
+}
+
+impl DeviceRun {
+    /// Panics, naming the quantity, where one is further than `(largest, mean)` from the
+    /// reference or a gradient is missing; prints every error.
+    pub fn check(&self, fixture: &Fixture, (max_bound, mean_bound): (f32, f32), label: &str) {
+        for (what, max, mean) in &self.errors {
+            eprintln!("{label} {what}: max {max:.2e}, mean {mean:.2e} of scale");
+            assert!(
+                *max <= max_bound && *mean <= mean_bound,
+                "{label} {what}: {max:.2e} / {mean:.2e} of scale"
+            );
+        }
+        assert_eq!(
+            self.errors.len(),
+            2 + fixture.vars.len(),
+            "{label}: a gradient is missing"
+        );
+        assert!(self.stats.pairs > 0, "{label}: no expert work");
+    }
+}
+
+impl Fixture {
+    /// The layer on one rank (`comm` a group of one; the case has `d == 1`) with every
+    /// weight and the input on `device` in `dtype`, forward and backward, against
+    /// [`Fixture::reference`].
+    pub fn run_on(
+        &self,
+        device: &Device,
+        dtype: candle::DType,
+        comm: Arc<dyn Communicator>,
+    ) -> occult_core::Result<DeviceRun> {
+        let c = &self.case;
+        assert_eq!((c.d, comm.size()), (1, 1), "run_on runs one rank");
+        let moved = |t: &Tensor| -> candle::Result<Var> {
+            Var::from_tensor(&t.to_dtype(dtype)?.to_device(device)?)
+        };
+        let vars = self
+            .vars
+            .iter()
+            .map(|v| moved(v.as_tensor()))
+            .collect::<candle::Result<Vec<Var>>>()?;
+        let t = |i: usize| vars[i].as_tensor().clone();
+        let w = MoeWeights {
+            router: t(0),
+            experts: SwigluStack::new(t(1), t(2), t(3))?,
+            shared: self.w.shared.as_ref().map(|s| SharedExperts {
+                gate_proj: t(4),
+                up_proj: t(5),
+                down_proj: t(6),
+                gate: s.gate.as_ref().map(|_| t(7)),
+            }),
+        };
+        let settings = EpSettings {
+            rule: self.rule.clone(),
+            device_of_expert: self.map.clone(),
+            mode: c.mode,
+            prune: self.prune.clone(),
+        };
+        let layer = EpMoe::from_full(&w, settings, comm)?;
+        let n = c.total();
+        let x = moved(&Tensor::from_slice(&self.x, (n, H), &Device::Cpu)?)?;
+        let (out, stats) = layer.forward(x.as_tensor())?;
+        let g = Tensor::from_slice(&self.g, (n, H), device)?;
+        let grads = (out.to_dtype(candle::DType::F32)? * g)?
+            .sum_all()?
+            .backward()?;
+        let on_cpu = |t: &Tensor| -> candle::Result<Vec<f32>> {
+            t.to_dtype(candle::DType::F32)?
+                .to_device(&Device::Cpu)?
+                .flatten_all()?
+                .to_vec1()
+        };
+        let reference = self.reference();
+        let mut errors = vec![("output".to_string(), on_cpu(&out)?, reference.out)];
+        let got = grads.get(x.as_tensor()).map(on_cpu).transpose()?;
+        if let (Some(got), Some(want)) = (got, reference.gx) {
+            errors.push(("input gradient".into(), got, want));
+        }
+        for (i, (v, want)) in vars.iter().zip(reference.gparams).enumerate() {
+            let got = grads.get(v.as_tensor()).map(on_cpu).transpose()?;
+            match (got, want) {
+                (Some(got), Some(want)) => errors.push((format!("parameter {i}"), got, want)),
+                (None, None) => {}
+                (got, want) => {
+                    return Err(occult_core::Error::invalid(format!(
+                        "parameter {i}: gradient on the device {}, in the reference {}",
+                        got.is_some(),
+                        want.is_some()
+                    )))
+                }
+            }
+        }
+        let errors = errors
+            .into_iter()
+            .map(|(what, got, want)| {
+                if got.len() != want.len() {
+                    return (what, f32::INFINITY, f32::INFINITY);
+                }
+                let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+                let diffs = got.iter().zip(&want).map(|(a, b)| (a - b).abs());
+                let max = diffs.clone().fold(0f32, f32::max);
+                let mean = diffs.sum::<f32>() / want.len().max(1) as f32;
+                (what, max / scale, mean / scale)
+            })
+            .collect();
+        Ok(DeviceRun { errors, stats })
+    }
+}

@@ -12,7 +12,7 @@ use occult_core::analysis::routing::RouterRule;
 use occult_core::ep::comm::local::run_local;
 use occult_core::ep::dispatch::{DispatchMode, ExpertLocations, SendPlan};
 use occult_core::ep::{reference_forward, route, EpMoe, EpSettings, MoeWeights};
-use occult_tests::parity::{Case, Fixture, H};
+use occult_tests::parity::{device_cases, Case, Fixture, BF16_LAYER_BOUNDS, H};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -369,4 +369,23 @@ fn stacked_layers_with_an_empty_rank() {
     // the timeout (an error, not a hang, and no wrong numbers).
     let unrecorded = run_stacked(false, std::time::Duration::from_secs(3));
     assert!(unrecorded.iter().any(|r| r.is_err()));
+}
+
+/// The layer with its weights and input in f32 and bf16, forward and backward, against the
+/// f32 reference: f32 to rounding, bf16 within the bounds the GPU test holds it to as well.
+#[test]
+fn half_precision_layer_stays_close_to_the_f32_reference() {
+    use occult_core::ep::comm::local::local_group;
+    use std::sync::Arc;
+    for c in device_cases() {
+        let f = Fixture::new(&c);
+        for (dtype, bounds) in [
+            (candle::DType::F32, (1e-5, 1e-6)),
+            (candle::DType::BF16, BF16_LAYER_BOUNDS),
+        ] {
+            let comm = Arc::new(local_group(1).pop().unwrap());
+            let run = f.run_on(&Device::Cpu, dtype, comm).unwrap();
+            run.check(&f, bounds, &format!("seed {} {dtype:?}", c.seed));
+        }
+    }
 }

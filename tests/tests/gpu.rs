@@ -1,8 +1,9 @@
 //! GPU parity (features `cuda`, and `nccl` for the communicator): the five families' forward
 //! passes on CUDA against the CPU reference in f32 and bf16, gradients of a next-token loss,
-//! the expert-parallel layer on a GPU, and the NCCL communicator on one rank (self send and
-//! receive). They need a CUDA device: `scripts/gpu_check.sh` runs them on a GPU machine. The
-//! CPU build does not compile this file.
+//! the expert-parallel layer's forward and backward on a GPU in f32 and bf16 (over threads and
+//! over NCCL), a model expert-parallel on a GPU, and the NCCL communicator on one rank (self
+//! send and receive). They need a CUDA device: `scripts/gpu-check.sh` runs them on a GPU
+//! machine. The CPU build does not compile this file.
 #![cfg(feature = "cuda")]
 
 use candle::{DType, Device, Tensor};
@@ -14,6 +15,7 @@ use occult_core::models::synth::SynthModel;
 use occult_core::models::weights::Weights;
 use occult_core::models::{Family, FAMILIES};
 use occult_tests::compare::{max_abs_diff, mean_abs_diff, next_token_loss, scale};
+use occult_tests::parity::{device_cases, Fixture, BF16_LAYER_BOUNDS};
 use rand::{Rng, SeedableRng};
 use std::path::Path;
 use std::sync::Arc;
@@ -154,6 +156,27 @@ fn the_expert_parallel_layer_on_the_gpu_matches_the_reference() {
     }
 }
 
+/// The expert-parallel layer of the parity fixtures on the GPU, forward and backward (the
+/// output, the input's gradient and every weight's), in f32 and bf16, against the f32 CPU
+/// reference; `comm` makes a group of one.
+fn check_the_layer_on_the_gpu(comm: impl Fn() -> Arc<dyn Communicator>) {
+    let dev = gpu();
+    for c in device_cases() {
+        let f = Fixture::new(&c);
+        for (dtype, bounds) in [(DType::F32, (1e-4, 1e-5)), (DType::BF16, BF16_LAYER_BOUNDS)] {
+            let run = f.run_on(&dev, dtype, comm()).unwrap();
+            run.check(&f, bounds, &format!("seed {} {dtype:?} on the GPU", c.seed));
+        }
+    }
+}
+
+#[test]
+fn the_layer_forward_and_backward_on_the_gpu_match_the_cpu() {
+    check_the_layer_on_the_gpu(|| {
+        Arc::new(occult_core::ep::comm::local::local_group(1).pop().unwrap())
+    });
+}
+
 #[cfg(feature = "nccl")]
 mod nccl {
     use super::*;
@@ -193,14 +216,38 @@ mod nccl {
     #[test]
     fn rows_on_the_device_stay_there() {
         let comm = one_rank();
-        let rows: Vec<u8> = (0..3 * 8).map(|i| (i * 7) as u8).collect();
+        // f32 rows of 4, received into a buffer of another stream (candle's, as the layer does).
+        let rows: Vec<f32> = (0..3 * 4).map(|i| i as f32 * 0.5).collect();
         let dev_rows = comm.stream().clone_htod(&rows).unwrap();
+        let theirs = gpu().as_cuda_device().unwrap().cuda_stream();
         let (got, counts) = comm
-            .all_to_all_v_device(&dev_rows.slice(..), &[3], 8)
+            .all_to_all_v_device(&dev_rows.slice(..), &[3], 4, &theirs)
             .unwrap();
         assert_eq!(counts, vec![3]);
-        let host = comm.stream().clone_dtoh(&got.slice(..rows.len())).unwrap();
+        let host = theirs.clone_dtoh(&got.slice(..rows.len())).unwrap();
         assert_eq!(host, rows);
+        let st = comm.stats();
+        assert_eq!((st.peers[0].rows_sent, st.peers[0].bytes_sent), (3, 48));
+        // A row count that does not match the buffer is refused.
+        assert!(comm
+            .all_to_all_v_device(&dev_rows.slice(..), &[2], 4, &theirs)
+            .is_err());
+    }
+
+    /// The layer's rows travel GPU to GPU through NCCL (self send and receive), forward and
+    /// backward.
+    #[test]
+    fn the_layer_forward_and_backward_over_nccl_match_the_cpu() {
+        let used = std::sync::Mutex::new(Vec::new());
+        check_the_layer_on_the_gpu(|| {
+            let comm: Arc<dyn Communicator> = Arc::new(one_rank());
+            used.lock().unwrap().push(comm.clone());
+            comm
+        });
+        for comm in used.into_inner().unwrap() {
+            // Metadata, rows out and back, and the backward's two reverse exchanges.
+            assert!(comm.stats().collectives >= 5, "{:?}", comm.stats());
+        }
     }
 
     #[test]

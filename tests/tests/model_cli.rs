@@ -986,30 +986,31 @@ fn bench_against_transformers_without_python_says_what_to_install() {
     );
 }
 
-/// `--cuda` in a build without CUDA says how to get one, and exits non-zero.
-#[cfg(not(feature = "cuda"))]
+/// `--cuda` and `--backend nccl` in a build without them say what to rebuild with, for model
+/// commands and the layer bench alike.
 #[test]
-fn cuda_in_a_build_without_it_is_named() {
+fn gpu_options_in_a_build_without_them_are_named() {
     let t = tempfile::tempdir().unwrap();
     let d = copy_fixture("mixtral", t.path());
     let m = d.display().to_string();
-    let args = [
-        "loglik",
-        "--model",
-        m.as_str(),
-        "--context",
-        "a",
-        "--continuation",
-        " b",
-        "--cuda",
-        "0",
+    let loglik = |extra: &[&'static str]| {
+        let mut args = vec!["loglik", "--model", m.as_str(), "--context", "a"];
+        args.extend(["--continuation", " b"]);
+        args.extend(extra);
+        args
+    };
+    let cuda = [
+        "--cuda 0",
+        "built without CUDA",
+        "--features occult-eval/cuda",
     ];
-    contains_all(
-        &occult_err(t.path(), &args),
-        &[
-            "--cuda 0",
-            "built without CUDA",
-            "--features occult-eval/cuda",
-        ],
-    );
+    let nccl = ["--backend nccl", "built without CUDA", "occult-eval/nccl"];
+    let layer = vec!["bench", "layer", "--backend", "nccl", "--devices", "1"];
+    for (args, want) in [
+        (loglik(&["--cuda", "0"]), &cuda),
+        (loglik(&["--mode", "occult", "--backend", "nccl"]), &nccl),
+        (layer, &nccl),
+    ] {
+        contains_all(&occult_err(t.path(), &args), want);
+    }
 }

@@ -65,6 +65,63 @@ impl Exchange {
     }
 }
 
+#[cfg(feature = "nccl")]
+impl Exchange {
+    /// The rows of `storage` (on the communicator's GPU) sent straight from GPU to GPU; the
+    /// received rows are candle's, on its stream.
+    fn on_gpus(
+        &self,
+        nccl: &crate::ep::comm::nccl::NcclComm,
+        storage: &candle::CudaStorage,
+        layout: &Layout,
+    ) -> candle::Result<(candle::CudaStorage, Shape)> {
+        use candle::backend::BackendStorage;
+        use candle::cuda_backend::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+        use candle::cuda_backend::cudarc::nccl::NcclType;
+        use candle::cuda_backend::CudaDType;
+        let (_, width) = layout.shape().dims2()?;
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle::bail!("exchange_rows needs a contiguous tensor");
+        };
+        let device = storage.device();
+        let stream = device.cuda_stream();
+        if stream.context().ordinal() != nccl.ordinal() {
+            candle::bail!(
+                "rows on CUDA device {}, the NCCL communicator runs on device {}",
+                stream.context().ordinal(),
+                nccl.ordinal()
+            );
+        }
+        fn exchange<T: CudaDType + NcclType + DeviceRepr + ValidAsZeroBits>(
+            op: &Exchange,
+            nccl: &crate::ep::comm::nccl::NcclComm,
+            storage: &candle::CudaStorage,
+            (start, end, width): (usize, usize, usize),
+        ) -> candle::Result<(candle::CudaStorage, Vec<usize>)> {
+            let stream = storage.device().cuda_stream();
+            let rows = storage.as_cuda_slice::<T>()?.slice(start..end);
+            let (recv, counts) = nccl
+                .all_to_all_v_device(&rows, &op.send_counts, width, &stream)
+                .map_err(|e| candle::Error::Msg(e.to_string()))?;
+            let out = candle::CudaStorage::wrap_cuda_slice(recv, storage.device().clone());
+            Ok((out, counts))
+        }
+        let at = (start, end, width);
+        let (out, counts) = match storage.dtype() {
+            candle::DType::F32 => exchange::<f32>(self, nccl, storage, at)?,
+            candle::DType::BF16 => exchange::<half::bf16>(self, nccl, storage, at)?,
+            candle::DType::F16 => exchange::<half::f16>(self, nccl, storage, at)?,
+            _ => candle::bail!("exchange_rows supports f32, bf16 and f16 tensors"),
+        };
+        let rows: usize = counts.iter().sum();
+        *self
+            .recv_counts
+            .lock()
+            .map_err(|_| candle::Error::Msg("exchange state poisoned".into()))? = Some(counts);
+        Ok((out, Shape::from((rows, width))))
+    }
+}
+
 impl CustomOp1 for Exchange {
     fn name(&self) -> &'static str {
         "occult-all-to-all"
@@ -101,8 +158,8 @@ impl CustomOp1 for Exchange {
         Ok((out, Shape::from((rows, width))))
     }
 
-    /// Rows on a GPU pass through the host, so that every communicator carries them (the NCCL
-    /// backend's own device path is `NcclComm::all_to_all_v_device`).
+    /// Rows on a GPU move between GPUs directly over an NCCL communicator; over any other
+    /// communicator (threads, MPI) they pass through the host.
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
@@ -110,6 +167,10 @@ impl CustomOp1 for Exchange {
         layout: &Layout,
     ) -> candle::Result<(candle::CudaStorage, Shape)> {
         use candle::backend::{BackendDevice, BackendStorage};
+        #[cfg(feature = "nccl")]
+        if let Some(nccl) = self.comm.nccl() {
+            return self.on_gpus(nccl, storage, layout);
+        }
         let (out, shape) = self.cpu_fwd(&storage.to_cpu_storage()?, layout)?;
         Ok((storage.device().storage_from_cpu_storage(&out)?, shape))
     }

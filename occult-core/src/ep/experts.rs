@@ -26,13 +26,15 @@ pub fn sum_dtype(dtype: DType) -> DType {
 
 /// [`swiglu`] in [`sum_dtype`], for callers that weight and sum expert outputs before rounding.
 ///
-/// With bf16 rows and weights, the activations inside are f32 (the weights stay bf16): the
-/// projections accumulate in f32 and their outputs, SiLU and the product are not rounded to
-/// bf16, and neither is the result. This is at least as exact as rounding each step, and
-/// measured faster on CPU (candle's bf16 element-wise ops convert every element twice).
+/// With bf16 rows and weights on the CPU, the activations inside are f32 (the weights stay
+/// bf16): the projections accumulate in f32 and their outputs, SiLU and the product are not
+/// rounded to bf16, and neither is the result. This is at least as exact as rounding each
+/// step, and measured faster on CPU (candle's bf16 element-wise ops convert every element
+/// twice). On a GPU the projections run on bf16 tensor cores (f32 accumulation, one rounding
+/// per product, as in transformers and Megatron-Core), and only the result is widened.
 pub fn swiglu_wide(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
     let wide = sum_dtype(x.dtype());
-    let x = if wide != x.dtype() && gate.dtype() == DType::BF16 {
+    let x = if wide != x.dtype() && gate.dtype() == DType::BF16 && x.device().is_cpu() {
         x.to_dtype(wide)?
     } else {
         x.clone()
@@ -157,10 +159,15 @@ impl SwigluStack {
             let no_rows = self.gate.get(0)?.narrow(0, 0, 0)?;
             return Ok(Tensor::cat(&[&rows.narrow(1, 0, hidden)?, &no_rows], 0)?);
         }
-        // Rows, gate weights and sums in the sum dtype (f32 for bf16 rows), rounded once at
-        // the end.
+        // Gate weights and sums in the sum dtype (f32 for bf16 rows), rounded once at the end;
+        // on the CPU the rows too (see `swiglu_wide`).
         let wide = sum_dtype(rows.dtype());
-        let xs_all = rows.narrow(1, 0, hidden)?.to_dtype(wide)?.contiguous()?;
+        let xs_all = rows.narrow(1, 0, hidden)?;
+        let xs_all = if dev.is_cpu() {
+            xs_all.to_dtype(wide)?.contiguous()?
+        } else {
+            xs_all.contiguous()?
+        };
         let weights = weights
             .map(|w| w.to_dtype(wide)?.contiguous())
             .transpose()?;
@@ -181,23 +188,50 @@ impl SwigluStack {
         if let Some(sum) = grouped_sum(self, &xs_all, weights.as_ref(), &groups, rows.dtype())? {
             return Ok(sum);
         }
-        let (outputs, dest): (Vec<Tensor>, Vec<Tensor>) = par_map(&busy, |&slot| {
-            let range = plan.range(slot);
-            let n = range.len();
-            let pair_rows = Tensor::from_slice(&plan.pair_row[range.clone()], n, dev)?;
-            let xs = xs_all.index_select(&pair_rows, 0)?;
-            let mut y = self.expert(slot, &xs)?;
-            if let Some(w) = &weights {
-                let at = Tensor::from_slice(&plan.pair_weight[range], n, dev)?;
-                y = y.broadcast_mul(&w.index_select(&at, 0)?.unsqueeze(1)?)?;
-            }
-            Ok((y, pair_rows))
-        })?
-        .into_iter()
-        .unzip();
-        let zeros = Tensor::zeros((num_rows, hidden), wide, dev)?;
-        let sum = zeros.index_add(&Tensor::cat(&dest, 0)?, &Tensor::cat(&outputs, 0)?, 0)?;
+        let sum = self.grouped_on_graph(&xs_all, weights.as_ref(), plan, &busy, num_rows)?;
         Ok(sum.to_dtype(rows.dtype())?)
+    }
+
+    /// The grouped compute in candle ops: differentiable, on any device. The plan's index maps
+    /// go to the rows' device once; each busy expert gathers its rows through its part of
+    /// them and runs its SwiGLU (in parallel over experts on the CPU, in order on a GPU, whose
+    /// stream runs kernels one after another anyway). Then one gate weighting of every pair
+    /// and one scatter-add of every pair into its row, in [`sum_dtype`]. No host round trip
+    /// per expert. Returns `[num_rows, H]` in the sum dtype.
+    fn grouped_on_graph(
+        &self,
+        xs_all: &Tensor,
+        weights: Option<&Tensor>,
+        plan: &ComputePlan,
+        busy: &[usize],
+        num_rows: usize,
+    ) -> Result<Tensor> {
+        let dev = xs_all.device();
+        let wide = sum_dtype(xs_all.dtype());
+        let zeros = Tensor::zeros((num_rows, self.hidden()), wide, dev)?;
+        if busy.is_empty() {
+            return Ok(zeros);
+        }
+        let pairs = plan.pairs();
+        // Pairs are grouped by slot, so the experts' outputs, concatenated in slot order, line
+        // up with `pair_row` and `pair_weight` as they are.
+        let pair_row = Tensor::from_slice(&plan.pair_row, pairs, dev)?;
+        let expert = |&slot: &usize| {
+            let range = plan.range(slot);
+            let rows = pair_row.narrow(0, range.start, range.len())?;
+            self.expert(slot, &xs_all.index_select(&rows, 0)?)
+        };
+        let outputs = if dev.is_cpu() {
+            par_map(busy, expert)?
+        } else {
+            busy.iter().map(expert).collect::<Result<Vec<_>>>()?
+        };
+        let mut y = Tensor::cat(&outputs, 0)?;
+        if let Some(w) = weights {
+            let at = Tensor::from_slice(&plan.pair_weight, pairs, dev)?;
+            y = y.broadcast_mul(&w.index_select(&at, 0)?.unsqueeze(1)?)?;
+        }
+        Ok(zeros.index_add(&pair_row, &y, 0)?)
     }
 }
 

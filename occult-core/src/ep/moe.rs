@@ -29,7 +29,7 @@ use crate::analysis::collab::total_devices;
 use crate::analysis::placement::validate_map;
 use crate::analysis::routing::RouterRule;
 use crate::{bail, Result};
-use candle::{DType, Tensor};
+use candle::{DType, Device, Tensor};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Instant;
@@ -150,10 +150,15 @@ pub struct EpMoe {
     anchor: Option<Tensor>,
 }
 
-/// Runs `stage`; returns its result and its wall time in seconds.
-fn timed<T>(stage: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
+/// Runs `stage`; returns its result and its wall time in seconds. On a GPU, whose kernels run
+/// after their launch returns, the stage's work on `device` is waited for first, so that each
+/// stage's time is its own (at the cost of the overlap between stages).
+fn timed<T>(device: &Device, stage: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
     let clock = Instant::now();
     let out = stage()?;
+    if !device.is_cpu() {
+        device.synchronize()?;
+    }
     Ok((out, clock.elapsed().as_secs_f64()))
 }
 
@@ -273,11 +278,13 @@ impl EpMoe {
             tokens: x.dims2()?.0,
             ..StepStats::default()
         };
-        let (routed, route_s) = timed(|| self.route(x))?;
-        let (plan, plan_s) = timed(|| self.plan(&routed, &mut st))?;
-        let ((received, handle), dispatch_s) = timed(|| self.dispatch(x, &routed, plan, &mut st))?;
-        let (outputs, compute_s) = timed(|| self.compute(&received, &handle))?;
-        let (y, combine_s) = timed(|| self.combine(x, outputs, &routed, handle))?;
+        let dev = x.device();
+        let (routed, route_s) = timed(dev, || self.route(x))?;
+        let (plan, plan_s) = timed(dev, || self.plan(&routed, &mut st))?;
+        let ((received, handle), dispatch_s) =
+            timed(dev, || self.dispatch(x, &routed, plan, &mut st))?;
+        let (outputs, compute_s) = timed(dev, || self.compute(&received, &handle))?;
+        let (y, combine_s) = timed(dev, || self.combine(x, outputs, &routed, handle))?;
         st.route_s = route_s;
         st.plan_s = plan_s;
         st.dispatch_s = dispatch_s;

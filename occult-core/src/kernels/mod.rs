@@ -207,8 +207,14 @@ fn runs_fast(x: &Tensor, w: &Tensor, path: Path) -> bool {
         }
 }
 
-/// candle's matmul; bf16 widened to f32 (and rounded back once for bf16 activations).
+/// candle's matmul. On the CPU, bf16 is widened to f32 (and rounded back once for bf16
+/// activations). On a GPU, bf16 operands go to cuBLAS as they are: its bf16 products
+/// accumulate in f32 (candle's default compute type) and round the result once, as the CPU path
+/// does, without a widened copy of the weights in every call.
 fn portable(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if !x.device().is_cpu() && x.dtype() == w.dtype() {
+        return Ok(x.matmul(&w.t()?)?);
+    }
     if x.dtype() == DType::F32 && w.dtype() == DType::BF16 {
         return Ok(x.matmul(&w.to_dtype(DType::F32)?.t()?)?);
     }

@@ -251,6 +251,11 @@ impl Weights {
         }
     }
 
+    /// The device tensors are read onto.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// The dtype tensors are read as.
     pub fn dtype(&self) -> DType {
         self.dtype

@@ -434,9 +434,17 @@ pub struct LayerBenchArgs {
     pub max_devices: usize,
     #[arg(long, value_enum, default_value_t = super::prune::RuleArg::Similarity)]
     pub prune_rule: super::prune::RuleArg,
-    /// local: ranks as threads; mpi: one process per rank under mpirun (feature mpi).
+    /// local: ranks as threads; mpi: one process per rank under mpirun (feature mpi); nccl:
+    /// one process per GPU (feature nccl; more than one under mpirun).
     #[arg(long, value_enum, default_value_t = Backend::Local)]
     pub backend: Backend,
+    /// Run on CUDA device N (feature cuda); under mpirun with `--backend nccl`, the rank
+    /// mpirun numbers r on its node runs on device N + r.
+    #[arg(long, value_name = "N")]
+    pub cuda: Option<usize>,
+    /// The layer's dtype: f32, bf16 or f16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
     /// Project times onto this machine: pcie4, nvlink-h100, ib-ndr, or a TOML file.
     #[arg(long)]
     pub link: Option<String>,
@@ -447,7 +455,10 @@ pub struct LayerBenchArgs {
 fn layer(a: LayerBenchArgs) -> Result<()> {
     super::check_io(&[], &[a.json.as_deref()])?;
     use crate::bench_layer::{LayerBench, ModeResult};
-    use occult_core::ep::cost::LinkProfile;
+    use occult_core::ep::cost::{swiglu_flops, LinkProfile};
+    let mut opts = super::model_opts::ModelOpts::local("");
+    (opts.cuda, opts.backend) = (a.cuda, a.backend);
+    let on = opts.device()?;
     let bench = LayerBench {
         experts: a.experts,
         top_k: a.top_k,
@@ -467,7 +478,11 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
                 occult_core::analysis::pruning::PruneRule::Similarity
             }
         },
+        device: super::model_opts::ModelOpts::device_name(&on),
+        dtype: a.dtype.clone(),
+        on,
     };
+    bench.compute_dtype()?;
     let link = a.link.as_deref().map(LinkProfile::load).transpose()?;
     let (records, is_root) = match a.backend {
         Backend::Local => {
@@ -485,7 +500,7 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
             }
             (Some((records, bench.run_reference(&setup)?)), true)
         }
-        Backend::Mpi => mpi_layer(&bench)?,
+        Backend::Mpi | Backend::Nccl => process_layer(&bench, a.backend)?,
     };
     if !is_root {
         return Ok(());
@@ -508,6 +523,9 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
         compute_s: reference_s,
         combine_s: 0.0,
         tokens_per_s: total as f64 / reference_s.max(1e-12),
+        expert_flops: swiglu_flops(total * bench.top_k, bench.hidden, bench.intermediate),
+        expert_flops_per_s: swiglu_flops(total * bench.top_k, bench.hidden, bench.intermediate)
+            / reference_s.max(1e-12),
         projected_seconds: None,
         projected: None,
     };
@@ -533,8 +551,11 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
 
 type LayerRecords = (Option<(Vec<crate::bench_layer::RankRecord>, f64)>, bool);
 
-fn mpi_layer(bench: &crate::bench_layer::LayerBench) -> Result<LayerRecords> {
-    let comm = super::mpi_world(bench.devices, occult_core::ep::comm::DEFAULT_TIMEOUT)?;
+/// The bench on this process's rank of `backend`'s group (one process per rank); rank 0
+/// gathers the records.
+fn process_layer(bench: &crate::bench_layer::LayerBench, backend: Backend) -> Result<LayerRecords> {
+    let timeout = occult_core::ep::comm::DEFAULT_TIMEOUT;
+    let comm = backend.world(bench.devices, &bench.on, timeout)?;
     bench.validate()?;
     let setup = bench.setup()?;
     let mine = bench.run_rank(&setup, &comm)?;
@@ -576,6 +597,7 @@ fn render_layer(
         "compute",
         "combine",
         "tokens/s",
+        "expert TFLOP/s",
     ];
     if link.is_some() {
         header.extend(["proj. ms", "proj. compute", "proj. comm"]);
@@ -595,6 +617,7 @@ fn render_layer(
             ms(r.compute_s),
             ms(r.combine_s),
             format!("{:.0}", r.tokens_per_s),
+            format!("{:.3}", r.expert_flops_per_s / 1e12),
         ];
         if link.is_some() {
             match &r.projected {
@@ -609,18 +632,17 @@ fn render_layer(
         t.row(row);
     }
     let mut out = format!(
-        "layer: {} experts, top-{}, hidden {}, intermediate {}; {} ranks x {} tokens ({} backend);\n  placement {}.\n  step ms: the slowest rank's mean forward time; phase columns: each phase's slowest rank \
+        "layer: {} experts, top-{}, hidden {}, intermediate {}, {} on {}; {} ranks x {} tokens ({} backend);\n  placement {}.\n  expert TFLOP/s: the slowest rank's expert FLOPs over its compute stage.\n  step ms: the slowest rank's mean forward time; phase columns: each phase's slowest rank \
          (phases include waiting for peers, so they need not add up to step ms)\n\n{}",
         bench.experts,
         bench.top_k,
         bench.hidden,
         bench.intermediate,
+        bench.dtype,
+        bench.device,
         bench.devices,
         bench.tokens,
-        match backend {
-            Backend::Local => "local",
-            Backend::Mpi => "mpi",
-        },
+        backend.name(),
         bench.placement.name(),
         t.render()
     );

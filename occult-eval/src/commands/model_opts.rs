@@ -58,14 +58,18 @@ pub struct ModelOpts {
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// Run on CUDA device N (a build with `--features occult-eval/cuda`); the CPU by default.
+    /// With `--backend nccl` under mpirun, the rank mpirun numbers r on its node runs on
+    /// device N + r (N defaults to 0).
     #[arg(long, value_name = "N")]
     pub cuda: Option<usize>,
     /// Expert-parallel ranks: threads (`--backend local`), or the processes mpirun started
-    /// (`--backend mpi`, where it must equal mpirun's -np).
+    /// (`--backend mpi` or `nccl`, where it must equal mpirun's -np).
     #[arg(long, default_value_t = 1)]
     pub devices: usize,
     /// local: ranks as threads of this process; mpi: one process per rank under mpirun (each
-    /// loads the dense weights and only its own experts; feature `mpi`).
+    /// loads the dense weights and only its own experts; feature `mpi`); nccl: one process per
+    /// GPU, rows exchanged GPU to GPU (feature `nccl`; more than one rank under mpirun, with
+    /// feature `mpi` too).
     #[arg(long, value_enum, default_value_t = Backend::Local)]
     pub backend: Backend,
     /// Seconds a rank waits in one exchange for its peers before it gives up (a peer stalled;
@@ -165,11 +169,22 @@ impl ModelOpts {
         .with_context(|| format!("loading model {}", self.model))
     }
 
-    /// The device `--cuda` names, or the CPU.
+    /// The device `--cuda` names (offset by the node-local rank under `--backend nccl`), or
+    /// the CPU.
     pub fn device(&self) -> Result<Device> {
-        let Some(n) = self.cuda else {
-            return Ok(Device::Cpu);
+        let nccl = self.backend == Backend::Nccl;
+        let n = match self.cuda {
+            Some(n) if nccl => n + super::local_rank(),
+            Some(n) => n,
+            None if nccl => super::local_rank(),
+            None => return Ok(Device::Cpu),
         };
+        if !candle::utils::cuda_is_available() && nccl {
+            bail!(
+                "--backend nccl runs on GPUs: this occult was built without CUDA; rebuild with \
+                 `--features occult-eval/nccl`"
+            );
+        }
         if !candle::utils::cuda_is_available() {
             bail!(
                 "--cuda {n}: this occult was built without CUDA; rebuild with `--features \
@@ -179,10 +194,19 @@ impl ModelOpts {
         Device::new_cuda(n).with_context(|| format!("opening CUDA device {n}"))
     }
 
+    /// `device` in words: `cpu` or `cuda:N`.
+    pub fn device_name(device: &Device) -> String {
+        match device.location() {
+            candle::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+            candle::DeviceLocation::Cpu => "cpu".into(),
+            other => format!("{other:?}").to_lowercase(),
+        }
+    }
+
     /// Refuses a model that will not fit (see [`memory`]) before its weights are read;
     /// `train` adds gradients and optimiser state.
     pub fn check_memory(&self, ck: &Checkpoint, train: bool) -> Result<()> {
-        let mpi = self.backend == Backend::Mpi;
+        let mpi = self.backend.process_per_rank();
         let ranks = if mpi { self.devices } else { 1 };
         let need = memory::estimate(&ck.weights, ck.weights.dtype(), ranks, train);
         // Ranks that mpirun put on this node share its memory.
@@ -337,14 +361,17 @@ impl ModelOpts {
     {
         let setup = self.setup(ck)?;
         let timeout = self.timeout()?;
-        if self.backend == Backend::Mpi {
-            let comm = super::mpi_world(self.devices, timeout)?;
-            let rank = comm.rank();
+        if self.backend.process_per_rank() {
             if setup.mode.is_none() {
                 bail!(
-                    "--backend mpi runs the expert-parallel modes: give --mode occult or standard"
+                    "--backend {} runs the expert-parallel modes: give --mode occult or standard",
+                    self.backend.name()
                 );
             }
+            let comm = self
+                .backend
+                .world(self.devices, ck.weights.device(), timeout)?;
+            let rank = comm.rank();
             let dense = DenseParts::load(&ck.weights, &ck.cfg)?;
             let m = Model::assemble(dense, &ck.weights, &setup, Some(comm))
                 .with_context(|| format!("rank {rank}"))?;

@@ -27,7 +27,7 @@ use crate::commands::model_opts::{ModeArg, ModelOpts, PruneRuleArg};
 use crate::commands::profile::ProfileArgs;
 use crate::commands::train::{TrainArgs, TrainWhat};
 use crate::commands::{with_provenance, write_json, Backend, RowDtype};
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use ladder::{ect_ladder, LadderSettings};
 use occult_core::analysis::projection::{ProjectReport, ProjectSettings};
 use occult_core::analysis::pruning::PruneRule;
@@ -168,6 +168,11 @@ impl Ranks {
                     r.devices,
                     std::time::Duration::from_secs_f64(r.comm_timeout),
                 )?),
+                Backend::Nccl => bail!(
+                    "reproduce runs on the CPU (backend local or mpi); the GPU path runs \
+                     through `occult bench`, `eval`, `loss` and `train` with --cuda and \
+                     --backend nccl"
+                ),
             },
         })
     }
@@ -223,7 +228,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let ranks = Ranks::new(recipe)?;
     let root = ranks.root();
-    let mpi = recipe.backend == Backend::Mpi;
+    let mpi = recipe.backend.process_per_rank();
     let clock = Instant::now();
     let stages = 4
         + usize::from(!recipe.finetune.skip)

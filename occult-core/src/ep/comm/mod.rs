@@ -210,6 +210,13 @@ pub trait Communicator: Send + Sync {
     /// This rank's statistics so far.
     fn stats(&self) -> CommStats;
 
+    /// The NCCL communicator this is, if it is one: rows already on its GPU then move between
+    /// GPUs directly ([`nccl::NcclComm::all_to_all_v_device`]), not through host memory.
+    #[cfg(feature = "nccl")]
+    fn nccl(&self) -> Option<&nccl::NcclComm> {
+        None
+    }
+
     /// Forgets the statistics (for example after a warm-up step).
     fn reset_stats(&self);
 

@@ -70,14 +70,6 @@ impl MpiComm {
             watchdog,
         })
     }
-
-    /// `buf` from rank 0 on every rank (the NCCL backend's unique id travels this way).
-    pub fn broadcast_from_root(&self, buf: &mut [u8]) -> Result<()> {
-        let guard = self.inner.lock().map_err(|_| poisoned())?;
-        let _armed = self.watchdog.arm();
-        guard.world.process_at_rank(0).broadcast_into(buf);
-        Ok(())
-    }
 }
 
 fn poisoned() -> Error {

@@ -5,23 +5,27 @@
 //! included.
 //!
 //! The ranks agree on a unique id before they build the communicator: rank 0 makes it and
-//! hands it over through MPI under `mpirun` ([`NcclComm::from_mpi`], features `nccl` and
-//! `mpi`), or through a file on a file system every rank sees ([`NcclComm::from_file`]).
+//! hands it over through MPI under `mpirun` ([`NcclComm::from_peers`] over the MPI
+//! communicator), or through a file on a file system every rank sees ([`NcclComm::from_file`]).
 //!
-//! The [`Communicator`] trait's calls take host bytes: they are copied to the GPU, exchanged
-//! there and copied back, so that the layer and model code runs unchanged. Rows already on the
-//! GPU use [`NcclComm::all_to_all_v_device`]. Every call runs on the communicator's own CUDA
-//! stream behind one mutex, and ends with that stream synchronised. A [`Watchdog`] turns a call
+//! The MoE layer's tensor rows on the GPU (dispatch, combine and their backward) move
+//! between GPUs with [`NcclComm::all_to_all_v_device`], never through host memory (see
+//! `ep::exchange`). The [`Communicator`] trait's calls on host bytes (routing metadata,
+//! statistics, gathers) are copied to the GPU, exchanged there and copied back, so that every
+//! other caller runs unchanged. Every call runs on the communicator's own CUDA stream behind
+//! one mutex, and ends with that stream synchronised. A [`Watchdog`] turns a call
 //! that does not finish within the timeout (a peer died) into an error message and an exit.
 //!
-//! Written and type-checked without a GPU (see `scripts/cuda_check.sh`); `scripts/gpu_check.sh`
+//! Written and type-checked without a GPU (see `scripts/cuda-check.sh`); `scripts/gpu-check.sh`
 //! runs its tests on one.
 
 use super::watchdog::Watchdog;
 use super::{CommStats, Communicator, RecvBuffer, StatsCell};
 use crate::{Error, Result};
-use candle::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceSlice};
-use candle::cuda_backend::cudarc::nccl::{self, Comm, Id};
+use candle::cuda_backend::cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, DeviceRepr, DeviceSlice, ValidAsZeroBits,
+};
+use candle::cuda_backend::cudarc::nccl::{self, Comm, Id, NcclType};
 use candle::CudaDevice;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -122,17 +126,25 @@ impl NcclComm {
         Self::with_id(device, rank, size, &id, timeout)
     }
 
-    /// This process's rank under `mpirun` (one process per GPU), the unique id broadcast from
-    /// rank 0 over MPI.
-    #[cfg(feature = "mpi")]
-    pub fn from_mpi(device: &CudaDevice, mpi: &super::mpi::MpiComm) -> Result<Self> {
-        let mut id = if mpi.rank() == 0 {
+    /// This process's rank of a group whose ranks already talk through `peers` (MPI under
+    /// `mpirun`, one process per GPU): rank 0 makes the unique id and every rank takes it from
+    /// an all-gather over `peers`. Collective over `peers`.
+    pub fn from_peers(
+        device: &CudaDevice,
+        peers: &dyn Communicator,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let mine = if peers.rank() == 0 {
             new_id()?
         } else {
             [0u8; ID_BYTES]
         };
-        mpi.broadcast_from_root(&mut id)?;
-        Self::with_id(device, mpi.rank(), mpi.size(), &id, super::DEFAULT_TIMEOUT)
+        let all = peers.all_gather_bytes(&mine)?;
+        let id: [u8; ID_BYTES] = all
+            .get(..ID_BYTES)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| Error::Comm("nccl: rank 0's unique id did not arrive".into()))?;
+        Self::with_id(device, peers.rank(), peers.size(), &id, timeout)
     }
 
     /// The stream every call of this communicator runs on.
@@ -140,17 +152,26 @@ impl NcclComm {
         &self.stream
     }
 
+    /// The GPU this communicator runs on.
+    pub fn ordinal(&self) -> usize {
+        self.stream.context().ordinal()
+    }
+
     /// Variable all-to-all of rows already on the GPU: `send` holds `send_counts[p]` rows of
-    /// `row_bytes` bytes for each rank `p`, in rank order. Returns the received rows in
-    /// source-rank order, on this communicator's stream, and the row count from each source.
-    /// Whatever wrote `send` must have finished (its stream is synchronised first).
-    pub fn all_to_all_v_device(
+    /// `row_width` elements for each rank `p`, in rank order. Returns the received rows in
+    /// source-rank order and the row count from each source. The receive buffer belongs to
+    /// `out` (the stream its reader runs on, such as candle's), so that its reads and its
+    /// release are ordered with that stream's work. Whatever wrote `send` must have finished
+    /// (its stream is synchronised first); the rows have arrived when this returns.
+    pub fn all_to_all_v_device<T: NcclType + DeviceRepr + ValidAsZeroBits>(
         &self,
-        send: &CudaView<'_, u8>,
+        send: &CudaView<'_, T>,
         send_counts: &[usize],
-        row_bytes: usize,
-    ) -> Result<(CudaSlice<u8>, Vec<usize>)> {
+        row_width: usize,
+        out: &Arc<CudaStream>,
+    ) -> Result<(CudaSlice<T>, Vec<usize>)> {
         let start = Instant::now();
+        let row_bytes = row_width * std::mem::size_of::<T>();
         let guard = self
             .comm
             .lock()
@@ -166,28 +187,33 @@ impl NcclComm {
                 .synchronize()
                 .map_err(|e| cuda_error("waiting for the rows to send", e))?;
         }
-        let recv_rows = self.exchange_counts(comm, send.len(), send_counts, row_bytes)?;
-        let recv_len = recv_rows.iter().sum::<usize>() * row_bytes;
-        // One spare byte: an empty device buffer has no address to hand NCCL.
-        let mut recv = self
-            .stream
-            .alloc_zeros::<u8>(recv_len.max(1))
-            .map_err(|e| cuda_error("allocating the receive buffer", e))?;
+        let recv_rows =
+            self.exchange_counts(comm, send.len(), send_counts, row_width, row_bytes)?;
+        let recv_len = recv_rows.iter().sum::<usize>() * row_width;
+        // One spare element when nothing arrives: an empty buffer has no address.
+        let mut recv = if recv_len == 0 {
+            out.alloc_zeros::<T>(1)
+        } else {
+            // SAFETY: the receives below write every element (the counts tile the buffer)
+            // before anything reads it, and T is plain numeric data.
+            unsafe { out.alloc::<T>(recv_len) }
+        }
+        .map_err(|e| cuda_error("allocating the receive buffer", e))?;
         nccl::group_start().map_err(|e| nccl_error("starting a group", e))?;
         let sent = (|| -> Result<()> {
             let (mut at, mut at_recv) = (0, 0);
             for peer in 0..self.size {
-                let (out, inn) = (send_counts[peer] * row_bytes, recv_rows[peer] * row_bytes);
-                if out > 0 {
-                    comm.send(&send.slice(at..at + out), peer as i32)
+                let (n_out, n_in) = (send_counts[peer] * row_width, recv_rows[peer] * row_width);
+                if n_out > 0 {
+                    comm.send(&send.slice(at..at + n_out), peer as i32)
                         .map_err(|e| nccl_error("send", e))?;
                 }
-                if inn > 0 {
-                    comm.recv(&mut recv.slice_mut(at_recv..at_recv + inn), peer as i32)
+                if n_in > 0 {
+                    comm.recv(&mut recv.slice_mut(at_recv..at_recv + n_in), peer as i32)
                         .map_err(|e| nccl_error("receive", e))?;
                 }
-                at += out;
-                at_recv += inn;
+                at += n_out;
+                at_recv += n_in;
             }
             Ok(())
         })();
@@ -203,7 +229,8 @@ impl NcclComm {
         Ok((recv, recv_rows))
     }
 
-    /// Every rank's row counts and width, gathered; checks them all on every rank, so that
+    /// Every rank's row counts and row size, gathered (`send_len` and `row_width` in elements,
+    /// `row_bytes` for the comparison across ranks); checks them all on every rank, so that
     /// every rank takes the same decision (no rank enters the exchange alone). Returns the
     /// rows this rank receives from each source.
     fn exchange_counts(
@@ -211,10 +238,11 @@ impl NcclComm {
         comm: &Comm,
         send_len: usize,
         send_counts: &[usize],
+        row_width: usize,
         row_bytes: usize,
     ) -> Result<Vec<usize>> {
         let n = self.size;
-        let local = super::check_send_len(n, send_len, send_counts, row_bytes);
+        let local = super::check_send_len(n, send_len, send_counts, row_width);
         // [ok, row_bytes, counts...] from every rank.
         let width = n + 2;
         let mut mine = vec![0u64; width];
@@ -287,8 +315,12 @@ impl Communicator for NcclComm {
             .stream
             .clone_htod(&staged)
             .map_err(|e| cuda_error("copying the rows to the GPU", e))?;
-        let (dev_recv, rows) =
-            self.all_to_all_v_device(&dev_send.slice(..send.len()), send_counts, row_bytes)?;
+        let (dev_recv, rows) = self.all_to_all_v_device(
+            &dev_send.slice(..send.len()),
+            send_counts,
+            row_bytes,
+            &self.stream,
+        )?;
         let len = rows.iter().sum::<usize>() * row_bytes;
         let host = self
             .stream
@@ -303,6 +335,10 @@ impl Communicator for NcclComm {
 
     fn stats(&self) -> CommStats {
         self.stats.snapshot()
+    }
+
+    fn nccl(&self) -> Option<&NcclComm> {
+        Some(self)
     }
 
     fn reset_stats(&self) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the GPU binaries (features `cuda`, `nccl`) on a machine without a GPU, for
-# scripts/gpu_check.sh to run on one: the device machines here have a driver, CUDA 13 and NCCL
+# scripts/gpu-check.sh to run on one: the device machines here have a driver, CUDA 13 and NCCL
 # (in their Python packages) but no Rust toolchain and no network. The CUDA 13 compiler, runtime,
 # cuBLAS, cuRAND, NVRTC and NCCL come from PyPI into a virtual environment; the driver library
 # is linked against a stub (`libcuda.so.1`, the driver's own name, is loaded on the GPU
@@ -10,7 +10,7 @@
 #   .gpu/gpu-tests.xz   the GPU parity tests (tests/tests/gpu.rs)
 #   .gpu/occult.xz      the command, for `--cuda N`
 #
-#   scripts/gpu_build.sh            # then, on the GPU machine: scripts/gpu_check.sh
+#   scripts/gpu-build.sh            # then, on the GPU machine: scripts/gpu-check.sh
 #
 # CUDA 13.0, the GPU machines' driver version: a driver runs PTX from its own CUDA version or
 # older, so candle's kernels are compiled with nvcc 13.0 and cudarc binds CUDA 13.0's API.
@@ -68,8 +68,8 @@ cp "$tests" .gpu/gpu-tests
 cp "$CARGO_TARGET_DIR/release/occult" .gpu/occult
 strip .gpu/gpu-tests .gpu/occult
 xz -T0 -6 .gpu/gpu-tests .gpu/occult
-# What gpu_check.sh checks the machine against.
+# What gpu-check.sh checks the machine against.
 nvcc --version | sed -n 's/.*release \([0-9.]*\),.*/cuda \1/p' >.gpu/build.txt
 echo "compute_cap $CUDA_COMPUTE_CAP" >>.gpu/build.txt
 ls -la .gpu; cat .gpu/build.txt
-echo "gpu build: .gpu/ is ready; on the GPU machine run scripts/gpu_check.sh (carry .gpu)"
+echo "gpu build: .gpu/ is ready; on the GPU machine run scripts/gpu-check.sh (carry .gpu)"

@@ -5,9 +5,9 @@
 # the features on. candle's build compiles its .cu kernels to PTX for CUDA_COMPUTE_CAP (90: an
 # H100/H200) with that nvcc; nothing is linked or run, so no driver and no NCCL library is
 # needed (binaries built with the features link libcuda.so.1 and libnccl.so.2 dynamically: see
-# scripts/gpu_build.sh).
+# scripts/gpu-build.sh).
 #
-#   scripts/cuda_check.sh            # venv in target/cuda-venv, build in target/cuda-check
+#   scripts/cuda-check.sh            # venv in target/cuda-venv, build in target/cuda-check
 #
 # Env: OCCULT_CUDA_VENV (the venv), CARGO_TARGET_DIR (default target/cuda-check),
 # CUDA_COMPUTE_CAP (default 90), CUDARC_CUDA_VERSION (default 13040: cudarc's bindings for

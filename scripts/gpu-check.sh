@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # The GPU check, in one go (about 5 minutes) on a machine with an NVIDIA GPU:
 #   1. the GPU parity tests (tests/tests/gpu.rs): every family's forward in f32 and bf16 and a
-#      next-token loss's gradients against the CPU reference, the expert-parallel layer on the
-#      GPU, and the NCCL communicator on one rank (self send and receive, rows kept on the
-#      device, a model expert-parallel over it);
-#   2. `occult bench model --cuda 0` on an OLMoE-shaped synthetic layer (64 experts, top-8,
-#      hidden 2048, expert size 1024), f32 and bf16, reference and expert-parallel, 512-token
-#      prompt: tokens/s, and the expert compute's share of the GPU's bf16 matmul peak.
+#      next-token loss's gradients against the CPU reference; the expert-parallel layer's
+#      forward and backward in f32 and bf16 against the CPU reference, over threads and over
+#      NCCL; a model expert-parallel on the GPU; the NCCL communicator on one rank (self send
+#      and receive, rows kept on the device);
+#   2. `occult bench layer --cuda 0 --backend nccl` (one rank, rows through NCCL) on OLMoE's
+#      MoE shape (64 experts, top-8, hidden 2048, expert size 1024), bf16 and f32, 4096 tokens:
+#      per-stage times, tokens/s, and the expert compute's TFLOP/s and share of the GPU's bf16
+#      matmul peak;
+#   3. `occult bench model --cuda 0` on a one-layer model of that shape, bf16 and f32,
+#      reference and expert-parallel over single-rank NCCL, 512-token prompt: tokens/s.
 #
-# Binaries: .gpu/gpu-tests.xz and .gpu/occult.xz from scripts/gpu_build.sh (made on a machine
+# Binaries: .gpu/gpu-tests.xz and .gpu/occult.xz from scripts/gpu-build.sh (made on a machine
 # with cargo; carry `.gpu`), or built here with cargo where cargo and nvcc are present. Libraries:
 # the driver's libcuda.so.1, and CUDA 13's runtime, cuBLAS, cuRAND, NVRTC and NCCL from the
 # system or from python3's nvidia packages.
 #
-#   scripts/gpu_check.sh [OUT_DIR]        # OUT_DIR (default target/gpu-check) gets the JSON
+#   scripts/gpu-check.sh [OUT_DIR]        # OUT_DIR (default target/gpu-check) gets logs and JSON
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-target/gpu-check}
@@ -56,7 +60,7 @@ for bin in gpu-tests occult; do
 done
 if [ ! -x .gpu/gpu-tests ] || [ ! -x .gpu/occult ]; then
   command -v cargo >/dev/null || {
-    echo "no .gpu/ binaries and no cargo here: run scripts/gpu_build.sh on a machine with" \
+    echo "no .gpu/ binaries and no cargo here: run scripts/gpu-build.sh on a machine with" \
       "cargo, and carry .gpu" >&2
     exit 1
   }
@@ -86,7 +90,18 @@ print(":".join(sorted(dirs)))
 fi
 
 echo "== GPU parity tests"
-.gpu/gpu-tests --test-threads 1 --nocapture 2>&1 | tee "$out/gpu-tests.log"
+# A failing test is reported at the end; the benchmarks run either way.
+tests_rc=0
+.gpu/gpu-tests --test-threads 1 --nocapture 2>&1 | tee "$out/gpu-tests.log" || tests_rc=1
+
+peak=989e12 # H100/H200 SXM dense bf16 tensor-core peak, FLOP/s
+
+echo "== bench layer on the GPU, one NCCL rank"
+for dtype in bf16 f32; do
+  .gpu/occult bench layer --cuda 0 --backend nccl --devices 1 --dtype "$dtype" --experts 64 \
+    --top-k 8 --hidden 2048 --intermediate 1024 --tokens 4096 --steps 5 --warmup 2 \
+    --json "$out/layer-$dtype.json"
+done
 
 echo "== bench model on the GPU"
 model="$out/olmoe-layer"
@@ -94,23 +109,36 @@ model="$out/olmoe-layer"
   --layers 1 --heads 16 --kv-heads 16 --experts 64 --top-k 8 --intermediate 1024 \
   --vocab 1024 -o "$model"
 for dtype in bf16 f32; do
-  for mode in reference occult; do
-    .gpu/occult bench model --model "$model" --cuda 0 --dtype "$dtype" --mode "$mode" \
-      --prompt-len 512 --decode-tokens 16 --repeats 5 --json "$out/bench-$dtype-$mode.json"
-  done
+  .gpu/occult bench model --model "$model" --cuda 0 --dtype "$dtype" --mode reference \
+    --prompt-len 512 --decode-tokens 16 --repeats 5 --json "$out/model-$dtype-reference.json"
+  .gpu/occult bench model --model "$model" --cuda 0 --dtype "$dtype" --mode occult \
+    --backend nccl --prompt-len 512 --decode-tokens 16 --repeats 5 \
+    --json "$out/model-$dtype-occult-nccl.json"
 done
 
-# The expert compute's share of the bf16 peak: 3 products of 2 x hidden x expert size per
-# routed token and expert, over the prefill time (attention included: a lower bound).
-python3 - "$out" <<'PY'
+echo "== summary"
+python3 - "$out" "$peak" <<'PY'
 import glob, json, sys
-peak = 989e12  # H100/H200 SXM dense bf16
-for path in sorted(glob.glob(sys.argv[1] + "/bench-*.json")):
+out, peak = sys.argv[1], float(sys.argv[2])
+for path in sorted(glob.glob(out + "/layer-*.json")):
+    doc = json.load(open(path))
+    for r in doc["results"]:
+        f = r["expert_flops_per_s"]
+        print(f"layer {doc['config']['dtype']} {r['mode']}: {r['tokens_per_s']:.0f} tok/s, "
+              f"compute {1e3 * r['compute_s']:.2f} ms, experts {f / 1e12:.1f} TFLOP/s = "
+              f"{100 * f / peak:.1f}% of the bf16 peak")
+# The model's prefill: 3 products of 2 x hidden x expert size per token and routed expert,
+# over the whole prefill (attention and the LM head included: a lower bound).
+for path in sorted(glob.glob(out + "/model-*.json")):
     for row in json.load(open(path))["results"]:
         s, t = row["prefill_s"], row["prompt_tokens"]
         flops = t * 8 * 3 * 2 * 2048 * 1024
         print(f"{path.split('/')[-1]} {row['implementation']}: prefill {t / s:.0f} tok/s, "
-              f"decode {row['decode_ms_per_token']:.2f} ms/token, experts "
+              f"decode {row['decode_ms_per_token']:.2f} ms/token, experts at least "
               f"{flops / s / 1e12:.1f} TFLOP/s = {100 * flops / s / peak:.2f}% of the bf16 peak")
 PY
+if [ "$tests_rc" != 0 ]; then
+  echo "gpu check: GPU parity tests FAILED (see $out/gpu-tests.log)" >&2
+  exit 1
+fi
 echo "gpu check: done (logs and JSON in $out)"
