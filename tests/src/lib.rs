@@ -2,6 +2,7 @@
 
 pub mod compare;
 pub mod data_parallel;
+pub mod grouping;
 pub mod parity;
 pub mod placements;
 pub mod plain_moe;

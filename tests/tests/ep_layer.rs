@@ -389,3 +389,8 @@ fn half_precision_layer_stays_close_to_the_f32_reference() {
         }
     }
 }
+
+#[test]
+fn padded_experts_match_one_at_a_time() {
+    occult_tests::grouping::padded_experts_match_one_at_a_time(&Device::Cpu);
+}

@@ -170,6 +170,13 @@ fn check_the_layer_on_the_gpu(comm: impl Fn() -> Arc<dyn Communicator>) {
     }
 }
 
+/// The padded, batched expert compute (three strided batched cuBLAS products) against one
+/// expert at a time, forward and backward.
+#[test]
+fn padded_experts_on_the_gpu_match_one_at_a_time() {
+    occult_tests::grouping::padded_experts_match_one_at_a_time(&gpu());
+}
+
 #[test]
 fn the_layer_forward_and_backward_on_the_gpu_match_the_cpu() {
     check_the_layer_on_the_gpu(|| {

@@ -140,12 +140,25 @@ impl SwigluStack {
     /// output on the row's first `H` columns (rows may carry more, such as gate weights), times
     /// the pair's gate weight from `weights` (flat, indexed by `plan.pair_weight`) if given,
     /// summed per row. Experts with no pairs cost nothing. Returns `[rows, H]`. At inference on
-    /// CPU this runs on [`grouped_sum`] (the same sums, but for SiLU's `exp` in the last bits).
+    /// CPU this runs on [`grouped_sum`] (the same sums, but for SiLU's `exp` in the last bits);
+    /// elsewhere as [`Grouping::Auto`] picks.
     pub fn grouped(
         &self,
         rows: &Tensor,
         weights: Option<&Tensor>,
         plan: &ComputePlan,
+    ) -> Result<Tensor> {
+        self.grouped_with(rows, weights, plan, Grouping::Auto)
+    }
+
+    /// [`SwigluStack::grouped`] with the experts run as `grouping` says (the CPU's inference
+    /// path only with [`Grouping::Auto`]).
+    pub fn grouped_with(
+        &self,
+        rows: &Tensor,
+        weights: Option<&Tensor>,
+        plan: &ComputePlan,
+        grouping: Grouping,
     ) -> Result<Tensor> {
         let num_rows = rows.dims2()?.0;
         let hidden = self.hidden();
@@ -185,53 +198,143 @@ impl SwigluStack {
                 }
             })
             .collect();
-        if let Some(sum) = grouped_sum(self, &xs_all, weights.as_ref(), &groups, rows.dtype())? {
-            return Ok(sum);
+        if grouping == Grouping::Auto {
+            if let Some(sum) = grouped_sum(self, &xs_all, weights.as_ref(), &groups, rows.dtype())?
+            {
+                return Ok(sum);
+            }
         }
-        let sum = self.grouped_on_graph(&xs_all, weights.as_ref(), plan, &busy, num_rows)?;
+        let graph = Graph {
+            xs_all: &xs_all,
+            weights: weights.as_ref(),
+            plan,
+            busy: &busy,
+            num_rows,
+        };
+        let sum = self.grouped_on_graph(&graph, grouping)?;
         Ok(sum.to_dtype(rows.dtype())?)
     }
 
     /// The grouped compute in candle ops: differentiable, on any device. The plan's index maps
-    /// go to the rows' device once; each busy expert gathers its rows through its part of
-    /// them and runs its SwiGLU (in parallel over experts on the CPU, in order on a GPU, whose
-    /// stream runs kernels one after another anyway). Then one gate weighting of every pair
-    /// and one scatter-add of every pair into its row, in [`sum_dtype`]. No host round trip
-    /// per expert. Returns `[num_rows, H]` in the sum dtype.
-    fn grouped_on_graph(
-        &self,
-        xs_all: &Tensor,
-        weights: Option<&Tensor>,
-        plan: &ComputePlan,
-        busy: &[usize],
-        num_rows: usize,
-    ) -> Result<Tensor> {
-        let dev = xs_all.device();
-        let wide = sum_dtype(xs_all.dtype());
-        let zeros = Tensor::zeros((num_rows, self.hidden()), wide, dev)?;
-        if busy.is_empty() {
+    /// go to the rows' device once; the experts run as `grouping` picks, one per busy expert
+    /// (in parallel over experts on the CPU, in order on a GPU, whose stream runs kernels one
+    /// after another anyway) or padded and batched. Then one gate weighting of every pair and
+    /// one scatter-add of every pair into its row, in [`sum_dtype`]. No host round trip per
+    /// expert. Returns `[num_rows, H]` in the sum dtype.
+    fn grouped_on_graph(&self, g: &Graph<'_>, grouping: Grouping) -> Result<Tensor> {
+        let dev = g.xs_all.device();
+        let wide = sum_dtype(g.xs_all.dtype());
+        let zeros = Tensor::zeros((g.num_rows, self.hidden()), wide, dev)?;
+        if g.busy.is_empty() {
             return Ok(zeros);
         }
+        let plan = g.plan;
         let pairs = plan.pairs();
-        // Pairs are grouped by slot, so the experts' outputs, concatenated in slot order, line
-        // up with `pair_row` and `pair_weight` as they are.
+        // Pairs are grouped by slot, so the experts' outputs, in slot order, line up with
+        // `pair_row` and `pair_weight` as they are.
         let pair_row = Tensor::from_slice(&plan.pair_row, pairs, dev)?;
-        let expert = |&slot: &usize| {
-            let range = plan.range(slot);
-            let rows = pair_row.narrow(0, range.start, range.len())?;
-            self.expert(slot, &xs_all.index_select(&rows, 0)?)
-        };
-        let outputs = if dev.is_cpu() {
-            par_map(busy, expert)?
+        let mut y = if grouping.padded(plan, dev) {
+            self.padded(g)?
         } else {
-            busy.iter().map(expert).collect::<Result<Vec<_>>>()?
+            let expert = |&slot: &usize| {
+                let range = plan.range(slot);
+                let rows = pair_row.narrow(0, range.start, range.len())?;
+                self.expert(slot, &g.xs_all.index_select(&rows, 0)?)
+            };
+            let outputs = if dev.is_cpu() {
+                par_map(g.busy, expert)?
+            } else {
+                g.busy.iter().map(expert).collect::<Result<Vec<_>>>()?
+            };
+            Tensor::cat(&outputs, 0)?
         };
-        let mut y = Tensor::cat(&outputs, 0)?;
-        if let Some(w) = weights {
+        if let Some(w) = g.weights {
             let at = Tensor::from_slice(&plan.pair_weight, pairs, dev)?;
             y = y.broadcast_mul(&w.index_select(&at, 0)?.unsqueeze(1)?)?;
         }
         Ok(zeros.index_add(&pair_row, &y, 0)?)
+    }
+
+    /// Every local expert's SwiGLU as three batched products: each expert's rows padded with
+    /// zero rows to the busiest expert's count, `[n, cap, H]` against the stacked weights
+    /// (cuBLAS's strided batched GEMM on a GPU: three launches for all experts instead of
+    /// three per expert). Returns the `[pairs, H]` outputs in pair order, in [`sum_dtype`].
+    fn padded(&self, g: &Graph<'_>) -> Result<Tensor> {
+        let (plan, dev) = (g.plan, g.xs_all.device());
+        let (n, hidden) = (self.len(), self.hidden());
+        if plan.num_local != n {
+            bail!("a plan for {} experts, {n} experts here", plan.num_local);
+        }
+        let cap = (0..n).map(|s| plan.range(s).len()).max().unwrap_or(0);
+        // The row of every padded position (an appended zero row for padding), and the padded
+        // position of every pair.
+        let mut row_at = vec![g.num_rows as u32; n * cap];
+        let mut pair_at = Vec::with_capacity(plan.pairs());
+        for slot in 0..n {
+            for (j, p) in plan.range(slot).enumerate() {
+                row_at[slot * cap + j] = plan.pair_row[p];
+                pair_at.push((slot * cap + j) as u32);
+            }
+        }
+        // The products run in the weights' dtype (on a GPU the rows are in it already).
+        let xs = g.xs_all.to_dtype(self.gate.dtype())?;
+        let zero = Tensor::zeros((1, hidden), xs.dtype(), dev)?;
+        let xs = Tensor::cat(&[&xs, &zero], 0)?
+            .index_select(&Tensor::from_vec(row_at, n * cap, dev)?, 0)?
+            .reshape((n, cap, hidden))?;
+        let gate = xs.matmul(&self.gate.transpose(1, 2)?)?.silu()?;
+        let up = xs.matmul(&self.up.transpose(1, 2)?)?;
+        let y = (gate * up)?.matmul(&self.down.transpose(1, 2)?)?;
+        let pair_at = Tensor::from_vec(pair_at, plan.pairs(), dev)?;
+        let y = y.reshape((n * cap, hidden))?.index_select(&pair_at, 0)?;
+        Ok(y.to_dtype(sum_dtype(g.xs_all.dtype()))?)
+    }
+}
+
+/// What the grouped compute on candle's graph works on.
+struct Graph<'a> {
+    /// `[num_rows, H]`, the received rows' hidden part.
+    xs_all: &'a Tensor,
+    /// Flat gate weights, indexed by `plan.pair_weight`.
+    weights: Option<&'a Tensor>,
+    plan: &'a ComputePlan,
+    /// The slots with pairs.
+    busy: &'a [usize],
+    num_rows: usize,
+}
+
+/// How the grouped compute on the graph runs the experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grouping {
+    /// Padded on a GPU where the padding at most doubles the rows
+    /// ([`PADDED_MAX_ROWS_PER_PAIR`]), else one expert at a time.
+    Auto,
+    /// One SwiGLU per busy expert on its own rows.
+    PerExpert,
+    /// Every local expert padded to the busiest one's rows and run as three batched products.
+    Padded,
+}
+
+/// [`Grouping::Auto`] pads only where the padded rows (local experts times the busiest
+/// expert's count) are at most this many times the pairs: the padding's wasted products then
+/// cost at most as much as the real ones, and save two launches and a gather per expert.
+pub const PADDED_MAX_ROWS_PER_PAIR: usize = 2;
+
+impl Grouping {
+    fn padded(self, plan: &ComputePlan, device: &candle::Device) -> bool {
+        match self {
+            Grouping::PerExpert => false,
+            Grouping::Padded => true,
+            Grouping::Auto => {
+                let cap = (0..plan.num_local)
+                    .map(|s| plan.range(s).len())
+                    .max()
+                    .unwrap_or(0);
+                !device.is_cpu()
+                    && plan.num_local > 1
+                    && plan.num_local * cap <= PADDED_MAX_ROWS_PER_PAIR * plan.pairs()
+            }
+        }
     }
 }
 
