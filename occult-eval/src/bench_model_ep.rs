@@ -113,6 +113,8 @@ fn prefill_and_decode(m: &Model, ids: &[u32], batch: usize, steps: usize) -> Res
     let clock = Instant::now();
     let x = Tensor::from_slice(ids, (batch, t), &Device::Cpu)?;
     let mut logits = m.forward(&x, Some(&mut cache), None, Logits::Last)?;
+    // A GPU runs kernels after their launch returns: wait for them.
+    logits.device().synchronize()?;
     let prefill_s = clock.elapsed().as_secs_f64();
     let clock = Instant::now();
     for _ in 0..steps {
@@ -123,6 +125,7 @@ fn prefill_and_decode(m: &Model, ids: &[u32], batch: usize, steps: usize) -> Res
             .to_dtype(DType::U32)?;
         logits = m.forward(&next.unsqueeze(1)?, Some(&mut cache), None, Logits::Last)?;
     }
+    logits.device().synchronize()?;
     Ok((
         prefill_s,
         clock.elapsed().as_secs_f64() / steps.max(1) as f64,
@@ -148,6 +151,7 @@ fn rank_run(m: &Model, b: &EpModelBench, ck: &Checkpoint) -> Result<RankRun> {
         let x = Tensor::from_slice(&ids, (batch, b.prompt_len), &Device::Cpu)?;
         let mut cache = m.new_cache();
         let logits = m.forward(&x, Some(&mut cache), None, Logits::Last)?;
+        logits.device().synchronize()?;
         let prefill_s = clock.elapsed().as_secs_f64();
         let stats = m.take_ep_stats();
         let exchanges = comm.stats().exchanges;
@@ -163,6 +167,7 @@ fn rank_run(m: &Model, b: &EpModelBench, ck: &Checkpoint) -> Result<RankRun> {
                 .argmax(candle::D::Minus1)?
                 .to_dtype(DType::U32)?;
             last = m.forward(&next.unsqueeze(1)?, Some(&mut cache), None, Logits::Last)?;
+            last.device().synchronize()?;
             decode_s += clock.elapsed().as_secs_f64();
             decode_stats = m.take_ep_stats();
             decode_exchanges = comm.stats().exchanges;

@@ -170,6 +170,23 @@ fn check_the_layer_on_the_gpu(comm: impl Fn() -> Arc<dyn Communicator>) {
     }
 }
 
+/// The memory check before loading reads the GPU's free memory, and refuses a model over it.
+#[test]
+fn the_memory_check_reads_the_gpus_free_memory() {
+    use occult_core::models::memory::{check_on, gpu_free, Estimate};
+    let dev = gpu();
+    let free = gpu_free(&dev).expect("the driver reports free memory");
+    assert!(free > 0);
+    assert_eq!(gpu_free(&Device::Cpu), None);
+    let need = |weights| Estimate {
+        weights,
+        training: 0,
+    };
+    assert!(check_on(&dev, need(1 << 20), None, 1, "a small model").is_ok());
+    let err = check_on(&dev, need(free + (1 << 30)), None, 1, "a huge model").unwrap_err();
+    assert!(err.to_string().contains("the GPU's free memory"), "{err}");
+}
+
 /// The padded, batched expert compute (three strided batched cuBLAS products) against one
 /// expert at a time, forward and backward.
 #[test]

@@ -143,6 +143,41 @@ pub fn check(need: Estimate, limit: Option<u64>, local_ranks: usize, what: &str)
             None => return Ok(()),
         },
     };
+    check_room(need, room, &source, what)
+}
+
+/// The free memory of `device` where it is a GPU (`None` on the CPU, in a build without CUDA,
+/// or where the driver cannot say).
+pub fn gpu_free(device: &candle::Device) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    if let Ok(gpu) = device.as_cuda_device() {
+        let ctx = gpu.cuda_stream().context().clone();
+        return ctx.mem_get_info().ok().map(|(free, _)| free as u64);
+    }
+    let _ = device;
+    None
+}
+
+/// [`check`] for weights that load onto `device`: on a GPU, against its free memory (each
+/// rank has a GPU of its own) unless `limit` is given; on the CPU as [`check`].
+pub fn check_on(
+    device: &candle::Device,
+    need: Estimate,
+    limit: Option<u64>,
+    local_ranks: usize,
+    what: &str,
+) -> Result<()> {
+    if device.is_cpu() || limit.is_some() {
+        return check(need, limit, local_ranks, what);
+    }
+    match gpu_free(device) {
+        Some(free) => check_room(need, free, "the GPU's free memory", what),
+        None => Ok(()),
+    }
+}
+
+/// Refuses `need` over `room` bytes, which `source` names.
+fn check_room(need: Estimate, room: u64, source: &str, what: &str) -> Result<()> {
     if need.total() > room {
         let parts = if need.training > 0 {
             format!(

@@ -216,7 +216,14 @@ impl ModelOpts {
             .filter(|_| mpi)
             .unwrap_or(1);
         let what = format!("model {} in {}", self.model, self.dtype);
-        Ok(memory::check(need, self.max_memory, local, &what)?)
+        let device = ck.weights.device();
+        Ok(memory::check_on(
+            device,
+            need,
+            self.max_memory,
+            local,
+            &what,
+        )?)
     }
 
     /// The MoE setup these options ask for, checked against the model.
