@@ -3,8 +3,9 @@
 #   1. the GPU parity tests (tests/tests/gpu.rs): every family's forward in f32 and bf16 and a
 #      next-token loss's gradients against the CPU reference; the expert-parallel layer's
 #      forward and backward in f32 and bf16 against the CPU reference, over threads and over
-#      NCCL; a model expert-parallel on the GPU; the NCCL communicator on one rank (self send
-#      and receive, rows kept on the device);
+#      NCCL; the pre-reduction kernel and the padded, batched experts against their candle-op
+#      references; a model expert-parallel on the GPU; the memory check; the NCCL
+#      communicator on one rank (self send and receive, rows kept on the device);
 #   2. `occult bench layer --cuda 0 --backend nccl` (one rank, rows through NCCL) on OLMoE's
 #      MoE shape (64 experts, top-8, hidden 2048, expert size 1024), bf16 and f32, 4096 tokens:
 #      per-stage times, tokens/s, and the expert compute's TFLOP/s and share of the GPU's bf16

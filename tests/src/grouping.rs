@@ -1,8 +1,9 @@
-//! The two ways the EP layer's grouped expert compute runs on candle's graph, held to each
-//! other: one expert at a time, and every expert padded to the busiest one's rows in three
-//! batched products (`ep::experts::Grouping`). The CPU tests and the GPU tests run the same
-//! check on their device.
+//! The EP layer's grouped expert compute on candle's graph, held to its references: one expert
+//! at a time against every expert padded to the busiest one's rows in three batched products
+//! (`ep::experts::Grouping`), and the pre-reduction op (`ep::pre_reduce`) against the same sums
+//! in candle ops. The CPU tests and the GPU tests run the same checks on their device.
 
+use crate::parity::close_within;
 use candle::{DType, Device, Tensor, Var};
 use occult_core::ep::dispatch::ComputePlan;
 use occult_core::ep::experts::{Grouping, SwigluStack};
@@ -89,11 +90,52 @@ pub fn padded_experts_match_one_at_a_time(dev: &Device) {
             .iter()
             .zip(padded.iter().zip(&each))
         {
-            let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let diff = a.iter().zip(b).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-            assert!(diff <= tol * scale, "{dtype:?} {what}: {diff} of {scale}");
+            close_within(&format!("{dtype:?} {what}"), a, b, 0.0, tol).unwrap();
         }
         // The row no pair names gets nothing.
         assert!(padded[0][(rows - 1) * h..].iter().all(|&v| v == 0.0));
+    }
+}
+
+/// The pre-reduction op (`ep::pre_reduce`, a kernel on a GPU) against the same sums in candle
+/// ops on `dev`, weighted and not: outputs, the rows' gradients and the gate weights'. Rows
+/// with several pairs, one pair and none; weights read out of order.
+pub fn pre_reduce_matches_candle_ops(dev: &Device) {
+    use occult_core::ep::pre_reduce::{pre_reduce, reference};
+    let (rows, hidden, pairs) = (11, 300, 40);
+    let pair_row: Vec<u32> = (0..pairs as u32)
+        .map(|p| (p * 7 + p / 3) % (rows as u32 - 1))
+        .collect();
+    let weight_at: Vec<u32> = (0..pairs as u32).map(|p| (p * 13 + 5) % 64).collect();
+    let y = Var::from_tensor(&Tensor::randn(0f32, 1.0, (pairs, hidden), dev).unwrap()).unwrap();
+    let w = Var::from_tensor(&Tensor::rand(0f32, 1.0, 64, dev).unwrap()).unwrap();
+    let loss_weights = Tensor::randn(0f32, 1.0, (rows, hidden), dev).unwrap();
+    for weighted in [true, false] {
+        let gate = weighted.then_some((w.as_tensor(), weight_at.as_slice()));
+        let run = |out: Tensor| {
+            let grads = (&out * &loss_weights)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let mut all = vec![flat(&out), flat(grads.get(y.as_tensor()).unwrap())];
+            if weighted {
+                all.push(flat(grads.get(w.as_tensor()).unwrap()));
+            }
+            all
+        };
+        let ours = run(pre_reduce(y.as_tensor(), gate, &pair_row, rows).unwrap());
+        let want = run(reference(y.as_tensor(), gate, &pair_row, rows).unwrap());
+        // The same products, summed in another order (and fused on a GPU).
+        for (what, (a, b)) in ["output", "rows' gradient", "weights' gradient"]
+            .iter()
+            .zip(ours.iter().zip(&want))
+        {
+            close_within(&format!("weighted {weighted} {what}"), a, b, 0.0, 1e-5).unwrap();
+        }
+        // The last row has no pairs.
+        assert!(ours[0][(rows - 1) * hidden..].iter().all(|&v| v == 0.0));
     }
 }

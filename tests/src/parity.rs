@@ -481,6 +481,17 @@ pub struct Outcome {
 
 /// Max abs error within 1e-5 of the reference's scale (bounded below by `floor`).
 pub fn close(name: &str, ours: &[f32], reference: &[f32], floor: f32) -> Result<(), String> {
+    close_within(name, ours, reference, floor, 1e-5)
+}
+
+/// [`close`] within `tol` of the scale.
+pub fn close_within(
+    name: &str,
+    ours: &[f32],
+    reference: &[f32],
+    floor: f32,
+    tol: f32,
+) -> Result<(), String> {
     if ours.len() != reference.len() {
         return Err(format!(
             "{name}: {} values, reference {}",
@@ -493,7 +504,7 @@ pub fn close(name: &str, ours: &[f32], reference: &[f32], floor: f32) -> Result<
         .iter()
         .zip(reference)
         .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-    if err / scale > 1e-5 {
+    if err / scale > tol {
         return Err(format!("{name}: max error {err} at scale {scale}"));
     }
     Ok(())

@@ -394,3 +394,20 @@ fn half_precision_layer_stays_close_to_the_f32_reference() {
 fn padded_experts_match_one_at_a_time() {
     occult_tests::grouping::padded_experts_match_one_at_a_time(&Device::Cpu);
 }
+
+#[test]
+fn the_pre_reduction_op_matches_candle_ops() {
+    occult_tests::grouping::pre_reduce_matches_candle_ops(&Device::Cpu);
+}
+
+/// Plans that name a row or a gate weight out of range are errors, not reads out of bounds.
+#[test]
+fn the_pre_reduction_op_refuses_indices_out_of_range() {
+    use occult_core::ep::pre_reduce::pre_reduce;
+    let y = Tensor::zeros((3, 4), candle::DType::F32, &Device::Cpu).unwrap();
+    let w = Tensor::zeros(6, candle::DType::F32, &Device::Cpu).unwrap();
+    let err = |r: occult_core::Result<Tensor>| r.unwrap_err().to_string();
+    assert!(err(pre_reduce(&y, None, &[0, 1, 5], 5 - 3)).contains("row 5"));
+    assert!(err(pre_reduce(&y, Some((&w, &[0, 6, 1])), &[0, 1, 1], 2)).contains("weight 6"));
+    assert!(err(pre_reduce(&y, None, &[0, 1], 2)).contains("2 pair rows for 3"));
+}

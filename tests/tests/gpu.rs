@@ -1,9 +1,10 @@
 //! GPU parity (features `cuda`, and `nccl` for the communicator): the five families' forward
 //! passes on CUDA against the CPU reference in f32 and bf16, gradients of a next-token loss,
 //! the expert-parallel layer's forward and backward on a GPU in f32 and bf16 (over threads and
-//! over NCCL), a model expert-parallel on a GPU, and the NCCL communicator on one rank (self
-//! send and receive). They need a CUDA device: `scripts/gpu-check.sh` runs them on a GPU
-//! machine. The CPU build does not compile this file.
+//! over NCCL), the pre-reduction kernel and the padded experts against their candle-op
+//! references, a model expert-parallel on a GPU, the memory check on a GPU, and the NCCL
+//! communicator on one rank (self send and receive). They need a CUDA device:
+//! `scripts/gpu-check.sh` runs them on a GPU machine. The CPU build does not compile this file.
 #![cfg(feature = "cuda")]
 
 use candle::{DType, Device, Tensor};
@@ -185,6 +186,12 @@ fn the_memory_check_reads_the_gpus_free_memory() {
     assert!(check_on(&dev, need(1 << 20), None, 1, "a small model").is_ok());
     let err = check_on(&dev, need(free + (1 << 30)), None, 1, "a huge model").unwrap_err();
     assert!(err.to_string().contains("the GPU's free memory"), "{err}");
+}
+
+/// The pre-reduction kernel against the same sums in candle ops, forward and backward.
+#[test]
+fn the_pre_reduction_kernel_matches_candle_ops() {
+    occult_tests::grouping::pre_reduce_matches_candle_ops(&gpu());
 }
 
 /// The padded, batched expert compute (three strided batched cuBLAS products) against one

@@ -4,6 +4,7 @@
 
 use crate::ep::dispatch::ComputePlan;
 use crate::ep::experts_fast::{grouped_sum, Group};
+use crate::ep::pre_reduce::{self, pre_reduce};
 use crate::kernels::linear;
 use crate::{bail, Result};
 use candle::{DType, Tensor};
@@ -218,22 +219,22 @@ impl SwigluStack {
     /// The grouped compute in candle ops: differentiable, on any device. The plan's index maps
     /// go to the rows' device once; the experts run as `grouping` picks, one per busy expert
     /// (in parallel over experts on the CPU, in order on a GPU, whose stream runs kernels one
-    /// after another anyway) or padded and batched. Then one gate weighting of every pair and
-    /// one scatter-add of every pair into its row, in [`sum_dtype`]. No host round trip per
-    /// expert. Returns `[num_rows, H]` in the sum dtype.
+    /// after another anyway) or padded and batched. Then the pre-reduction: every pair's
+    /// output, gate-weighted, summed into its row in [`sum_dtype`] ([`pre_reduce()`], one
+    /// kernel on a GPU). No host round trip per expert. Returns `[num_rows, H]` in the sum
+    /// dtype.
     fn grouped_on_graph(&self, g: &Graph<'_>, grouping: Grouping) -> Result<Tensor> {
         let dev = g.xs_all.device();
         let wide = sum_dtype(g.xs_all.dtype());
-        let zeros = Tensor::zeros((g.num_rows, self.hidden()), wide, dev)?;
         if g.busy.is_empty() {
-            return Ok(zeros);
+            return Ok(Tensor::zeros((g.num_rows, self.hidden()), wide, dev)?);
         }
         let plan = g.plan;
         let pairs = plan.pairs();
         // Pairs are grouped by slot, so the experts' outputs, in slot order, line up with
         // `pair_row` and `pair_weight` as they are.
         let pair_row = Tensor::from_slice(&plan.pair_row, pairs, dev)?;
-        let mut y = if grouping.padded(plan, dev) {
+        let y = if grouping.padded(plan, dev) {
             self.padded(g)?
         } else {
             let expert = |&slot: &usize| {
@@ -248,11 +249,11 @@ impl SwigluStack {
             };
             Tensor::cat(&outputs, 0)?
         };
-        if let Some(w) = g.weights {
-            let at = Tensor::from_slice(&plan.pair_weight, pairs, dev)?;
-            y = y.broadcast_mul(&w.index_select(&at, 0)?.unsqueeze(1)?)?;
+        let gate = g.weights.map(|w| (w, plan.pair_weight.as_slice()));
+        if y.dtype() == DType::F32 {
+            return pre_reduce(&y, gate, &plan.pair_row, g.num_rows);
         }
-        Ok(zeros.index_add(&pair_row, &y, 0)?)
+        pre_reduce::reference(&y, gate, &plan.pair_row, g.num_rows)
     }
 
     /// Every local expert's SwiGLU as three batched products: each expert's rows padded with

@@ -22,6 +22,7 @@ pub mod exchange;
 pub mod experts;
 pub mod experts_fast;
 pub mod moe;
+pub mod pre_reduce;
 pub mod reference;
 pub mod router;
 
