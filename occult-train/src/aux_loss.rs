@@ -16,7 +16,7 @@
 //! run prunes): the load the experts receive.
 
 use crate::{Error, Result};
-use candle::{Device, Tensor};
+use candle::Tensor;
 use occult_core::models::config::{AuxForm, AuxLoss};
 use occult_core::models::model::{Model, RouterTap};
 use std::ops::Range;
@@ -106,7 +106,9 @@ pub fn aux_loss_share(
             select[g * rows + r] = 1.0;
         }
     }
-    let select = Tensor::from_vec(select, (groups.len(), rows), &Device::Cpu)?;
+    // On the router logits' device (a GPU's, with --cuda).
+    let dev = taps[0].logits.device();
+    let select = Tensor::from_vec(select, (groups.len(), rows), dev)?;
     let mut total: Option<Tensor> = None;
     for (l, tap) in taps.iter().enumerate() {
         let probs = candle_nn::ops::softmax(&tap.logits, candle::D::Minus1)?;
@@ -115,7 +117,7 @@ pub fn aux_loss_share(
             .iter()
             .flat_map(|g| g[l].iter().map(|&x| x as f32))
             .collect();
-        let w = Tensor::from_vec(w, (groups.len(), e), &Device::Cpu)?;
+        let w = Tensor::from_vec(w, (groups.len(), e), dev)?;
         let part = (summed * w)?.sum_all()?;
         total = Some(match total {
             None => part,

@@ -186,14 +186,21 @@ impl AdamW {
                 }
             }
         }
+        // A saved state is read onto the CPU: each tensor goes to its variable's device.
         for ((var, master), x) in self.vars.iter().zip(&mut self.masters).zip(&state.values) {
+            let x = x.to_device(var.device())?;
             var.set(&x.to_dtype(var.dtype())?)?;
             if master.is_some() {
-                *master = Some(x.clone());
+                *master = Some(x);
             }
         }
         self.step = state.step;
-        self.moments = state.moments;
+        self.moments = state
+            .moments
+            .into_iter()
+            .zip(&self.vars)
+            .map(|((m, v), var)| Ok((m.to_device(var.device())?, v.to_device(var.device())?)))
+            .collect::<candle::Result<_>>()?;
         Ok(())
     }
 }

@@ -71,11 +71,15 @@ pub fn share_loss(
     let taps = m.take_router_taps();
     m.tap_routers(false);
     let logits = logits?;
+    // Targets and mask where the logits are (a GPU's, with --cuda).
+    let dev = logits.device();
     let v = logits.dims3()?.2;
     let logp = candle_nn_log_softmax(&logits.reshape((b * (t - 1), v))?.to_dtype(DType::F32)?)?;
     let next = input.narrow(1, 1, t - 1)?.reshape((b * (t - 1), 1))?;
-    let picked = logp.gather(&next.contiguous()?, 1)?.squeeze(1)?;
-    let weights = Tensor::from_slice(&mask, (b, t), &Device::Cpu)?
+    let picked = logp
+        .gather(&next.contiguous()?.to_device(dev)?, 1)?
+        .squeeze(1)?;
+    let weights = Tensor::from_slice(&mask, (b, t), dev)?
         .narrow(1, 1, t - 1)?
         .reshape(b * (t - 1))?;
     let summed = (picked * weights)?.sum_all()?.neg()?;

@@ -139,6 +139,86 @@ fn gradients_on_the_gpu_match_the_cpu() {
     }
 }
 
+/// Training steps (cross-entropy and the load-balancing loss, backward, AdamW) of a model
+/// expert-parallel on the GPU against the same on the CPU, with a resume from a state read
+/// onto the CPU in between: the losses and the updated weights.
+#[test]
+fn training_steps_on_the_gpu_match_the_cpu() {
+    use occult_core::models::config::{AuxForm, AuxLoss};
+    use occult_train::examples::Example;
+    use occult_train::optim::{AdamW, AdamWConfig, AdamWState};
+    use occult_train::step::{train_step, StepSettings};
+    let f = FAMILIES
+        .iter()
+        .find(|f| f.model_type == "qwen3_moe")
+        .unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let cfg = write(f, t.path());
+    let examples: Vec<Example> = (0..3)
+        .map(|i| Example {
+            ids: tokens(20, cfg.vocab_size, 30 + i),
+            target: (0..20).map(|j| j > 0).collect(),
+        })
+        .collect();
+    let train = |device: &Device| {
+        let mut w = open(t.path(), device, DType::F32);
+        w.set_trainable(true);
+        let comm = Arc::new(occult_core::ep::comm::local::local_group(1).pop().unwrap());
+        let m = expert_parallel(&w, &cfg, comm);
+        let params = m.trainable_params();
+        let mut opt = AdamW::new(&params, AdamWConfig::default()).unwrap();
+        let mut settings = StepSettings::new(1e-3);
+        settings.aux = Some(AuxLoss {
+            form: AuxForm::AllLayers,
+            coef: 0.01,
+        });
+        let share: Vec<&Example> = examples.iter().collect();
+        let mut losses: Vec<f64> = (0..2)
+            .map(|_| train_step(&m, &mut opt, &share, &settings).unwrap().loss)
+            .collect();
+        // A resume: the state as a checkpoint reads it (onto the CPU), then one more step.
+        let state = opt.state().unwrap();
+        let cpu = |t: &Tensor| t.to_device(&Device::Cpu).unwrap();
+        let read = AdamWState {
+            step: state.step,
+            values: state.values.iter().map(cpu).collect(),
+            moments: state
+                .moments
+                .iter()
+                .map(|(a, b)| (cpu(a), cpu(b)))
+                .collect(),
+        };
+        opt.load_state(read).unwrap();
+        losses.push(train_step(&m, &mut opt, &share, &settings).unwrap().loss);
+        let weights: Vec<Tensor> = params
+            .iter()
+            .map(|p| p.to_device(&Device::Cpu).unwrap())
+            .collect();
+        (losses, weights)
+    };
+    let (want_loss, want) = train(&Device::Cpu);
+    let (got_loss, got) = train(&gpu());
+    for (a, b) in got_loss.iter().zip(&want_loss) {
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs(),
+            "loss {a} on the GPU, {b} on the CPU"
+        );
+    }
+    assert_eq!(got.len(), want.len());
+    // Adam moves a weight by about the learning rate whatever its gradient's size, so a
+    // gradient within rounding of zero may step either way: at most 2 x 1e-3 per step (three
+    // steps) for some weights, and a small mean.
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let (_, mean) = errors(g, w);
+        let max = max_abs_diff(g, w);
+        assert!(
+            max <= 6e-3 && mean <= 1e-4,
+            "parameter {i} after three steps: largest difference {max:.2e}, mean {mean:.2e} of \
+             its scale"
+        );
+    }
+}
+
 #[test]
 fn the_expert_parallel_layer_on_the_gpu_matches_the_reference() {
     let dev = gpu();
