@@ -25,6 +25,13 @@ fn gpu() -> Device {
     Device::new_cuda(0).expect("these tests need a CUDA device (ordinal 0)")
 }
 
+fn family(model_type: &str) -> &'static Family {
+    FAMILIES
+        .iter()
+        .find(|f| f.model_type == model_type)
+        .unwrap()
+}
+
 fn write(f: &'static Family, dir: &Path) -> ModelConfig {
     let mut s = SynthModel::tiny(f);
     s.layers = 2;
@@ -96,12 +103,8 @@ fn every_family_on_the_gpu_matches_the_cpu_reference() {
 #[test]
 fn gradients_on_the_gpu_match_the_cpu() {
     let dev = gpu();
-    let f = FAMILIES
-        .iter()
-        .find(|f| f.model_type == "qwen3_moe")
-        .unwrap();
     let t = tempfile::tempdir().unwrap();
-    let cfg = write(f, t.path());
+    let cfg = write(family("qwen3_moe"), t.path());
     let seq = tokens(48, cfg.vocab_size, 3);
     let grads = |device: &Device| {
         let mut w = open(t.path(), device, DType::F32);
@@ -148,12 +151,8 @@ fn training_steps_on_the_gpu_match_the_cpu() {
     use occult_train::examples::Example;
     use occult_train::optim::{AdamW, AdamWConfig, AdamWState};
     use occult_train::step::{train_step, StepSettings};
-    let f = FAMILIES
-        .iter()
-        .find(|f| f.model_type == "qwen3_moe")
-        .unwrap();
     let t = tempfile::tempdir().unwrap();
-    let cfg = write(f, t.path());
+    let cfg = write(family("qwen3_moe"), t.path());
     let examples: Vec<Example> = (0..3)
         .map(|i| Example {
             ids: tokens(20, cfg.vocab_size, 30 + i),
@@ -364,9 +363,8 @@ mod nccl {
     #[test]
     fn a_model_runs_expert_parallel_over_nccl() {
         let dev = gpu();
-        let f = FAMILIES.iter().find(|f| f.model_type == "olmoe").unwrap();
         let t = tempfile::tempdir().unwrap();
-        let cfg = write(f, t.path());
+        let cfg = write(family("olmoe"), t.path());
         let seq = tokens(16, cfg.vocab_size, 13);
         let w = open(t.path(), &dev, DType::F32);
         let want = logits(&Model::load_reference(&w, &cfg).unwrap(), &seq, &dev);
