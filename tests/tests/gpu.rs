@@ -239,12 +239,12 @@ fn the_expert_parallel_layer_on_the_gpu_matches_the_reference() {
 /// The expert-parallel layer of the parity fixtures on the GPU, forward and backward (the
 /// output, the input's gradient and every weight's), in f32 and bf16, against the f32 CPU
 /// reference; `comm` makes a group of one.
-fn check_the_layer_on_the_gpu(comm: impl Fn() -> Arc<dyn Communicator>) {
+fn check_the_layer_on_the_gpu(comm: impl Fn(&Device) -> Arc<dyn Communicator>) {
     let dev = gpu();
     for c in device_cases() {
         let f = Fixture::new(&c);
         for (dtype, bounds) in [(DType::F32, (1e-4, 1e-5)), (DType::BF16, BF16_LAYER_BOUNDS)] {
-            let run = f.run_on(&dev, dtype, comm()).unwrap();
+            let run = f.run_on(&dev, dtype, comm(&dev)).unwrap();
             run.check(&f, bounds, &format!("seed {} {dtype:?} on the GPU", c.seed));
         }
     }
@@ -282,7 +282,7 @@ fn padded_experts_on_the_gpu_match_one_at_a_time() {
 
 #[test]
 fn the_layer_forward_and_backward_on_the_gpu_match_the_cpu() {
-    check_the_layer_on_the_gpu(|| {
+    check_the_layer_on_the_gpu(|_| {
         Arc::new(occult_core::ep::comm::local::local_group(1).pop().unwrap())
     });
 }
@@ -293,8 +293,10 @@ mod nccl {
     use occult_core::ep::comm::nccl::{new_id, NcclComm};
     use std::time::Duration;
 
-    fn one_rank() -> NcclComm {
-        let dev = gpu();
+    /// One NCCL rank on `dev`: the model's own device, as the commands build it, so that
+    /// the communicator's stream and the model's share one context (and cudarc's tracking of
+    /// buffers across streams is on for both).
+    fn one_rank(dev: &Device) -> NcclComm {
         NcclComm::with_id(
             dev.as_cuda_device().unwrap(),
             0,
@@ -307,7 +309,7 @@ mod nccl {
 
     #[test]
     fn one_rank_sends_its_rows_to_itself() {
-        let comm = one_rank();
+        let comm = one_rank(&gpu());
         let rows: Vec<u8> = (0..5 * 12).map(|i| i as u8).collect();
         let (back, counts) = comm.all_to_all_v_bytes(&rows, &[5], 12).unwrap();
         assert_eq!((back, counts), (rows.clone(), vec![5]));
@@ -325,11 +327,12 @@ mod nccl {
 
     #[test]
     fn rows_on_the_device_stay_there() {
-        let comm = one_rank();
+        let dev = gpu();
+        let comm = one_rank(&dev);
         // f32 rows of 4, received into a buffer of another stream (candle's, as the layer does).
         let rows: Vec<f32> = (0..3 * 4).map(|i| i as f32 * 0.5).collect();
         let dev_rows = comm.stream().clone_htod(&rows).unwrap();
-        let theirs = gpu().as_cuda_device().unwrap().cuda_stream();
+        let theirs = dev.as_cuda_device().unwrap().cuda_stream();
         let (got, counts) = comm
             .all_to_all_v_device(&dev_rows.slice(..), &[3], 4, &theirs)
             .unwrap();
@@ -349,8 +352,8 @@ mod nccl {
     #[test]
     fn the_layer_forward_and_backward_over_nccl_match_the_cpu() {
         let used = std::sync::Mutex::new(Vec::new());
-        check_the_layer_on_the_gpu(|| {
-            let comm: Arc<dyn Communicator> = Arc::new(one_rank());
+        check_the_layer_on_the_gpu(|dev| {
+            let comm: Arc<dyn Communicator> = Arc::new(one_rank(dev));
             used.lock().unwrap().push(comm.clone());
             comm
         });
@@ -368,7 +371,7 @@ mod nccl {
         let seq = tokens(16, cfg.vocab_size, 13);
         let w = open(t.path(), &dev, DType::F32);
         let want = logits(&Model::load_reference(&w, &cfg).unwrap(), &seq, &dev);
-        let comm: Arc<dyn Communicator> = Arc::new(one_rank());
+        let comm: Arc<dyn Communicator> = Arc::new(one_rank(&dev));
         let m = expert_parallel(&w, &cfg, comm.clone());
         let (max, _) = errors(&logits(&m, &seq, &dev), &want);
         assert!(max <= 1e-4, "{max:.2e}");

@@ -233,7 +233,7 @@ impl PreReduce {
         let (rows, hidden) = (self.num_rows as u32, self.hidden as u32);
         let n = self.num_rows * self.hidden;
         // SAFETY: the kernel writes every element before anything reads it.
-        let out = unsafe { dev.alloc::<f32>(n.max(1))? };
+        let mut out = unsafe { dev.alloc::<f32>(n.max(1))? };
         let blocks = n.div_ceil(256).clamp(1, 1 << 20) as u32;
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
@@ -253,7 +253,7 @@ impl PreReduce {
                 )?;
                 let mut b = func.builder();
                 b.arg(&y).arg(&w).arg(at).arg(row_start).arg(row_pairs);
-                b.arg(&out).arg(&rows).arg(&hidden);
+                b.arg(&mut out).arg(&rows).arg(&hidden);
                 // SAFETY: the arguments match the kernel's, and the index maps were checked
                 // on the host (rows and weights in range).
                 unsafe { b.launch(cfg) }.w()?;
@@ -266,7 +266,7 @@ impl PreReduce {
                 )?;
                 let mut b = func.builder();
                 b.arg(&y).arg(row_start).arg(row_pairs);
-                b.arg(&out).arg(&rows).arg(&hidden);
+                b.arg(&mut out).arg(&rows).arg(&hidden);
                 // SAFETY: as above.
                 unsafe { b.launch(cfg) }.w()?;
             }

@@ -213,7 +213,8 @@ fn runs_fast(x: &Tensor, w: &Tensor, path: Path) -> bool {
 /// does, without a widened copy of the weights in every call.
 fn portable(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if !x.device().is_cpu() && x.dtype() == w.dtype() {
-        return Ok(x.matmul(&w.t()?)?);
+        // cuBLAS takes the transpose of a row-major weight as it is (a no-op copy for one).
+        return Ok(x.matmul(&w.contiguous()?.t()?)?);
     }
     if x.dtype() == DType::F32 && w.dtype() == DType::BF16 {
         return Ok(x.matmul(&w.to_dtype(DType::F32)?.t()?)?);

@@ -199,6 +199,10 @@ impl NcclComm {
             unsafe { out.alloc::<T>(recv_len) }
         }
         .map_err(|e| cuda_error("allocating the receive buffer", e))?;
+        // The allocation is ordered on `out`; NCCL writes the buffer on this stream.
+        self.stream
+            .join(out)
+            .map_err(|e| cuda_error("ordering the receive buffer", e))?;
         nccl::group_start().map_err(|e| nccl_error("starting a group", e))?;
         let sent = (|| -> Result<()> {
             let (mut at, mut at_recv) = (0, 0);
@@ -221,6 +225,9 @@ impl NcclComm {
         let ended = nccl::group_end().map_err(|e| nccl_error("ending a group", e));
         sent?;
         ended?;
+        // Load-bearing: NCCL enqueues a group's transfers at its end, after cudarc recorded the
+        // buffers' events, so those events do not cover the transfers. Waiting here does:
+        // nothing reads `recv` or reuses `send` before the rows have moved.
         self.stream
             .synchronize()
             .map_err(|e| cuda_error("waiting for the exchange", e))?;
