@@ -91,8 +91,8 @@ print(":".join(sorted(dirs)))
 fi
 
 echo "== GPU parity tests"
-# A failing test is reported at the end; the benchmarks run either way.
-tests_rc=0
+# A failing test or benchmark is reported at the end; the rest runs either way.
+tests_rc=0 bench_rc=0
 .gpu/gpu-tests --test-threads 1 --nocapture 2>&1 | tee "$out/gpu-tests.log" || tests_rc=1
 
 peak=989e12 # H100/H200 SXM dense bf16 tensor-core peak, FLOP/s
@@ -101,20 +101,21 @@ echo "== bench layer on the GPU, one NCCL rank"
 for dtype in bf16 f32; do
   .gpu/occult bench layer --cuda 0 --backend nccl --devices 1 --dtype "$dtype" --experts 64 \
     --top-k 8 --hidden 2048 --intermediate 1024 --tokens 4096 --steps 5 --warmup 2 \
-    --json "$out/layer-$dtype.json"
+    --json "$out/layer-$dtype.json" || bench_rc=1
 done
 
 echo "== bench model on the GPU"
 model="$out/olmoe-layer"
 [ -f "$model/model.safetensors" ] || .gpu/occult model synth --family qwen3_moe --hidden 2048 \
   --layers 1 --heads 16 --kv-heads 16 --experts 64 --top-k 8 --intermediate 1024 \
-  --vocab 1024 -o "$model"
+  --vocab 1024 -o "$model" || bench_rc=1
 for dtype in bf16 f32; do
   .gpu/occult bench model --model "$model" --cuda 0 --dtype "$dtype" --mode reference \
-    --prompt-len 512 --decode-tokens 16 --repeats 5 --json "$out/model-$dtype-reference.json"
+    --prompt-len 512 --decode-tokens 16 --repeats 5 --json "$out/model-$dtype-reference.json" ||
+    bench_rc=1
   .gpu/occult bench model --model "$model" --cuda 0 --dtype "$dtype" --mode occult \
     --backend nccl --prompt-len 512 --decode-tokens 16 --repeats 5 \
-    --json "$out/model-$dtype-occult-nccl.json"
+    --json "$out/model-$dtype-occult-nccl.json" || bench_rc=1
 done
 
 echo "== summary"
@@ -138,8 +139,9 @@ for path in sorted(glob.glob(out + "/model-*.json")):
               f"decode {row['decode_ms_per_token']:.2f} ms/token, experts at least "
               f"{flops / s / 1e12:.1f} TFLOP/s = {100 * flops / s / peak:.2f}% of the bf16 peak")
 PY
-if [ "$tests_rc" != 0 ]; then
-  echo "gpu check: GPU parity tests FAILED (see $out/gpu-tests.log)" >&2
+if [ "$tests_rc" != 0 ] || [ "$bench_rc" != 0 ]; then
+  [ "$tests_rc" = 0 ] || echo "gpu check: GPU parity tests FAILED (see $out/gpu-tests.log)" >&2
+  [ "$bench_rc" = 0 ] || echo "gpu check: a benchmark FAILED (see its output above)" >&2
   exit 1
 fi
 echo "gpu check: done (logs and JSON in $out)"

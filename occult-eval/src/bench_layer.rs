@@ -48,11 +48,11 @@ pub struct LayerBench {
     /// Devices per token in the pruned run (0 = no pruned run).
     pub max_devices: usize,
     pub prune_rule: PruneRule,
-    /// Where the layer runs (the CPU, or a CUDA device), and its dtype (f32, bf16 or f16).
-    pub device: String,
+    /// Where the layer runs (`cpu` or `cuda:N`), and its dtype (f32, bf16 or f16).
+    pub device_name: String,
     pub dtype: String,
     #[serde(skip)]
-    pub on: Device,
+    pub device: Device,
 }
 
 /// One mode's figures on one rank.
@@ -88,8 +88,9 @@ pub struct ModeResult {
     pub compute_s: f64,
     pub combine_s: f64,
     pub tokens_per_s: f64,
-    /// The experts' FLOPs (every rank's pairs) and the slowest rank's expert compute rate, in
-    /// FLOP per second per device (compute stage of the last measured step).
+    /// The experts' FLOPs (every rank's pairs), and the expert compute rate of the rank whose
+    /// compute stage was slowest (its FLOPs over that stage, last measured step), in FLOP per
+    /// second per device.
     pub expert_flops: f64,
     pub expert_flops_per_s: f64,
     /// With a link profile: the slowest rank's projected time and its parts.
@@ -114,6 +115,7 @@ fn normal(rng: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
 
 impl LayerBench {
     pub fn validate(&self) -> Result<()> {
+        self.compute_dtype()?;
         occult_core::analysis::trace::check_experts_top_k(self.experts, self.top_k)
             .map_err(anyhow::Error::msg)?;
         placement::check_sizes(self.experts, self.devices)?;
@@ -313,7 +315,7 @@ impl LayerBench {
         let step = || -> Result<()> {
             reference_forward(&weights, &setup.rule, &x, None)?;
             // A GPU runs kernels after their launch returns: wait for them.
-            Ok(self.on.synchronize()?)
+            Ok(self.device.synchronize()?)
         };
         for _ in 0..self.warmup {
             step()?;
@@ -332,7 +334,7 @@ impl LayerBench {
 
     /// `t` (made on the CPU in f32) on the bench's device, in its dtype.
     fn on_device(&self, t: Tensor) -> Result<Tensor> {
-        Ok(t.to_dtype(self.compute_dtype()?)?.to_device(&self.on)?)
+        Ok(t.to_dtype(self.compute_dtype()?)?.to_device(&self.device)?)
     }
 
     /// The layer's weights on the bench's device, in its dtype.
@@ -364,7 +366,7 @@ impl LayerBench {
                 let max = |f: fn(&RankRecord) -> f64| rs.iter().map(|r| f(r)).fold(0.0, f64::max);
                 let tokens: usize = rs.iter().map(|r| r.stats.tokens).sum();
                 let seconds = max(|r| r.seconds);
-                // Exchanges per step: slot metadata, then f32 rows out (1) and back (2).
+                // Exchanges per step: slot metadata, then the rows out (1) and back (2).
                 let projected = link.map(|p| {
                     let steps: Vec<RankStep> = rs
                         .iter()
@@ -398,8 +400,8 @@ impl LayerBench {
                     expert_flops: rs.iter().map(|r| r.flops).sum(),
                     expert_flops_per_s: rs
                         .iter()
-                        .map(|r| r.flops / r.stats.compute_s.max(1e-12))
-                        .fold(f64::INFINITY, f64::min),
+                        .max_by(|a, b| a.stats.compute_s.total_cmp(&b.stats.compute_s))
+                        .map_or(0.0, |r| r.flops / r.stats.compute_s.max(1e-12)),
                     projected_seconds: projected.as_ref().map(|p| p.total_s),
                     projected,
                 }

@@ -14,9 +14,14 @@ fn plan(e: usize, rows: usize) -> ComputePlan {
     let mut offsets = vec![0];
     let (mut pair_row, mut pair_weight) = (Vec::new(), Vec::new());
     for slot in 0..e {
-        let mine: Vec<u32> = (0..rows as u32 - 1)
-            .filter(|r| (r * 7 + slot as u32 * 3).is_multiple_of(slot as u32 + 2) && slot != 2)
-            .collect();
+        // Slot 1 has one row, slot 2 none; the last row is in no slot.
+        let mine: Vec<u32> = match slot {
+            1 => vec![3],
+            2 => vec![],
+            _ => (0..rows as u32 - 1)
+                .filter(|r| (r * 7 + slot as u32 * 3).is_multiple_of(slot as u32 + 2))
+                .collect(),
+        };
         for &r in &mine {
             pair_weight.push((r * 5 + slot as u32) % (rows as u32 * 2));
         }
@@ -36,7 +41,13 @@ fn plan(e: usize, rows: usize) -> ComputePlan {
 pub fn padded_experts_match_one_at_a_time(dev: &Device) {
     let (e, i, h, rows) = (5, 24, 16, 13);
     let p = plan(e, rows);
-    assert!(p.range(2).is_empty() && p.range(0).len() > 3 && p.pairs() > rows);
+    assert!(p.range(2).is_empty() && p.range(1).len() == 1 && p.range(0).len() > 3);
+    let mut per_row = vec![0; rows];
+    p.pair_row.iter().for_each(|&r| per_row[r as usize] += 1);
+    assert!(
+        per_row.iter().any(|&n| n > 1) && per_row[rows - 1] == 0,
+        "{per_row:?}"
+    );
     for dtype in [DType::F32, DType::BF16] {
         let var = |shape: &[usize], scale: f32| {
             let t = (Tensor::randn(0f32, 1.0, shape, dev).unwrap() * scale as f64).unwrap();
@@ -103,8 +114,13 @@ pub fn padded_experts_match_one_at_a_time(dev: &Device) {
 pub fn pre_reduce_matches_candle_ops(dev: &Device) {
     use occult_core::ep::pre_reduce::{pre_reduce, reference};
     let (rows, hidden, pairs) = (11, 300, 40);
+    // Rows 0 to rows - 3 have several pairs each, row rows - 2 has one (the last pair), and
+    // the last row none.
     let pair_row: Vec<u32> = (0..pairs as u32)
-        .map(|p| (p * 7 + p / 3) % (rows as u32 - 1))
+        .map(|p| match p as usize == pairs - 1 {
+            true => rows as u32 - 2,
+            false => (p * 7 + p / 3) % (rows as u32 - 2),
+        })
         .collect();
     let weight_at: Vec<u32> = (0..pairs as u32).map(|p| (p * 13 + 5) % 64).collect();
     let y = Var::from_tensor(&Tensor::randn(0f32, 1.0, (pairs, hidden), dev).unwrap()).unwrap();

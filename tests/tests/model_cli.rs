@@ -988,6 +988,7 @@ fn bench_against_transformers_without_python_says_what_to_install() {
 
 /// `--cuda` and `--backend nccl` in a build without them say what to rebuild with, for model
 /// commands and the layer bench alike.
+#[cfg(not(feature = "cuda"))]
 #[test]
 fn gpu_options_in_a_build_without_them_are_named() {
     let t = tempfile::tempdir().unwrap();

@@ -205,38 +205,40 @@ impl SwigluStack {
                 return Ok(sum);
             }
         }
-        let graph = Graph {
+        let inputs = GroupedInputs {
             xs_all: &xs_all,
             weights: weights.as_ref(),
             plan,
             busy: &busy,
             num_rows,
         };
-        let sum = self.grouped_on_graph(&graph, grouping)?;
+        let sum = self.grouped_on_graph(&inputs, grouping)?;
         Ok(sum.to_dtype(rows.dtype())?)
     }
 
     /// The grouped compute in candle ops: differentiable, on any device. The plan's index maps
-    /// go to the rows' device once; the experts run as `grouping` picks, one per busy expert
+    /// go to the rows' device once per layer; the experts run as `grouping` picks, one per busy expert
     /// (in parallel over experts on the CPU, in order on a GPU, whose stream runs kernels one
     /// after another anyway) or padded and batched. Then the pre-reduction: every pair's
-    /// output, gate-weighted, summed into its row in [`sum_dtype`] ([`pre_reduce()`], one
-    /// kernel on a GPU). No host round trip per expert. Returns `[num_rows, H]` in the sum
-    /// dtype.
-    fn grouped_on_graph(&self, g: &Graph<'_>, grouping: Grouping) -> Result<Tensor> {
+    /// output, gate-weighted, summed into its row in [`sum_dtype`] ([`pre_reduce()`] for f32
+    /// sums, one kernel on a GPU; candle ops for f16). No host round trip per expert. Returns
+    /// `[num_rows, H]` in the sum dtype.
+    fn grouped_on_graph(&self, g: &GroupedInputs<'_>, grouping: Grouping) -> Result<Tensor> {
         let dev = g.xs_all.device();
         let wide = sum_dtype(g.xs_all.dtype());
         if g.busy.is_empty() {
-            return Ok(Tensor::zeros((g.num_rows, self.hidden()), wide, dev)?);
+            // Rows without a pair (none are sent so): zeros, kept on the rows' graph so that
+            // the backward still runs this rank's reverse exchanges.
+            return Ok(g.xs_all.affine(0.0, 0.0)?.to_dtype(wide)?);
         }
         let plan = g.plan;
-        let pairs = plan.pairs();
         // Pairs are grouped by slot, so the experts' outputs, in slot order, line up with
         // `pair_row` and `pair_weight` as they are.
-        let pair_row = Tensor::from_slice(&plan.pair_row, pairs, dev)?;
-        let y = if grouping.padded(plan, dev) {
+        let pads = grouping.pads(plan, dev, g.xs_all.dtype() == self.gate.dtype());
+        let y = if pads {
             self.padded(g)?
         } else {
+            let pair_row = Tensor::from_slice(&plan.pair_row, plan.pairs(), dev)?;
             let expert = |&slot: &usize| {
                 let range = plan.range(slot);
                 let rows = pair_row.narrow(0, range.start, range.len())?;
@@ -260,7 +262,7 @@ impl SwigluStack {
     /// zero rows to the busiest expert's count, `[n, cap, H]` against the stacked weights
     /// (cuBLAS's strided batched GEMM on a GPU: three launches for all experts instead of
     /// three per expert). Returns the `[pairs, H]` outputs in pair order, in [`sum_dtype`].
-    fn padded(&self, g: &Graph<'_>) -> Result<Tensor> {
+    fn padded(&self, g: &GroupedInputs<'_>) -> Result<Tensor> {
         let (plan, dev) = (g.plan, g.xs_all.device());
         let (n, hidden) = (self.len(), self.hidden());
         if plan.num_local != n {
@@ -293,7 +295,7 @@ impl SwigluStack {
 }
 
 /// What the grouped compute on candle's graph works on.
-struct Graph<'a> {
+struct GroupedInputs<'a> {
     /// `[num_rows, H]`, the received rows' hidden part.
     xs_all: &'a Tensor,
     /// Flat gate weights, indexed by `plan.pair_weight`.
@@ -307,8 +309,9 @@ struct Graph<'a> {
 /// How the grouped compute on the graph runs the experts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Grouping {
-    /// Padded on a GPU where the padding at most doubles the rows
-    /// ([`PADDED_MAX_ROWS_PER_PAIR`]), else one expert at a time.
+    /// Padded on a GPU where there are several local experts, the rows are in the weights'
+    /// dtype, and the padding at most doubles the rows ([`PADDED_MAX_ROWS_PER_PAIR`]); else
+    /// one expert at a time.
     Auto,
     /// One SwiGLU per busy expert on its own rows.
     PerExpert,
@@ -318,11 +321,14 @@ pub enum Grouping {
 
 /// [`Grouping::Auto`] pads only where the padded rows (local experts times the busiest
 /// expert's count) are at most this many times the pairs: the padding's wasted products then
-/// cost at most as much as the real ones, and save two launches and a gather per expert.
+/// cost at most as much as the real ones, and save three product launches, the activations'
+/// and a gather per expert.
 pub const PADDED_MAX_ROWS_PER_PAIR: usize = 2;
 
 impl Grouping {
-    fn padded(self, plan: &ComputePlan, device: &candle::Device) -> bool {
+    /// Whether to pad, for `plan` on `device` (`same_dtype`: the rows are in the weights'
+    /// dtype; [`Grouping::Padded`] casts them otherwise).
+    fn pads(self, plan: &ComputePlan, device: &candle::Device, same_dtype: bool) -> bool {
         match self {
             Grouping::PerExpert => false,
             Grouping::Padded => true,
@@ -332,6 +338,7 @@ impl Grouping {
                     .max()
                     .unwrap_or(0);
                 !device.is_cpu()
+                    && same_dtype
                     && plan.num_local > 1
                     && plan.num_local * cap <= PADDED_MAX_ROWS_PER_PAIR * plan.pairs()
             }

@@ -2,11 +2,10 @@
 //! [`super::experts`], computed on slices with buffers that are reused from call to call.
 //!
 //! The tensor path gathers each expert's rows, runs three [`linear`](crate::kernels::linear)s
-//! and two element-wise ops, weights the outputs, concatenates every expert's outputs and
-//! scatters them into a zeroed sum: about ten tensors per expert, most of them large and
-//! fresh, and a single-threaded scatter. Here each expert's rows are gathered into a reused
-//! buffer, the projections run on the same kernels ([`linear_rows`]: the same kernel for the
-//! same rows, so the same bits), `silu(g) * u` is formed in place sixteen lanes at a time
+//! and two element-wise ops, concatenates every expert's outputs and pre-reduces them
+//! ([`crate::ep::pre_reduce`]): about ten tensors per expert, most of them large and fresh.
+//! Here each expert's rows are gathered into a reused buffer, the projections run on the same
+//! kernels ([`linear_rows`]: the same kernel for the same rows, so the same bits), `silu(g) * u` is formed in place sixteen lanes at a time
 //! ([`silu_mul`]: its `exp` is within a few ulp of libm's, the only departure from the tensor
 //! path), and the down projection writes straight into one buffer of every pair's output. One
 //! parallel pass then weights and sums each row's pairs in the order the tensor path adds them

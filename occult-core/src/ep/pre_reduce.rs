@@ -18,18 +18,18 @@ use candle::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
 /// The pairs of each row: pairs `row_start[r]..row_start[r + 1]` of `row_pairs` are row `r`'s,
 /// in ascending pair order.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RowPairs {
-    pub row_start: Vec<u32>,
-    pub row_pairs: Vec<u32>,
+struct RowPairs {
+    row_start: Vec<u32>,
+    row_pairs: Vec<u32>,
 }
 
 impl RowPairs {
     /// Lists the pairs of each of `num_rows` rows from the row of each pair; a row out of range
     /// is an error.
-    pub fn new(pair_row: &[u32], num_rows: usize) -> Result<Self> {
+    fn new(pair_row: &[u32], num_rows: usize) -> Result<Self> {
         if u32::try_from(pair_row.len()).is_err() || u32::try_from(num_rows).is_err() {
             bail!(
-                "pre-reduction of {} pairs into {num_rows} rows: over 2^32",
+                "pre-reduction of {} pairs into {num_rows} rows: 2^32 or more",
                 pair_row.len()
             );
         }

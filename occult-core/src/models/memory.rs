@@ -158,20 +158,27 @@ pub fn gpu_free(device: &candle::Device) -> Option<u64> {
     None
 }
 
-/// [`check`] for weights that load onto `device`: on a GPU, against its free memory (each
-/// rank has a GPU of its own) unless `limit` is given; on the CPU as [`check`].
+/// [`check`] for weights that load onto `device`: on a GPU, against its free memory split
+/// among the `gpu_sharers` processes that load onto it, unless `limit` is given; on the CPU as
+/// [`check`].
 pub fn check_on(
     device: &candle::Device,
     need: Estimate,
     limit: Option<u64>,
     local_ranks: usize,
+    gpu_sharers: usize,
     what: &str,
 ) -> Result<()> {
     if device.is_cpu() || limit.is_some() {
         return check(need, limit, local_ranks, what);
     }
+    let sharers = gpu_sharers.max(1);
+    let source = match sharers {
+        1 => "the GPU's free memory".to_string(),
+        n => format!("this process's share of the GPU's free memory ({n} ranks on it)"),
+    };
     match gpu_free(device) {
-        Some(free) => check_room(need, free, "the GPU's free memory", what),
+        Some(free) => check_room(need, free / sharers as u64, &source, what),
         None => Ok(()),
     }
 }

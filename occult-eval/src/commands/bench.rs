@@ -88,7 +88,8 @@ pub struct KernelBenchArgs {
 pub struct SuiteArgs {
     /// The suite file.
     pub file: PathBuf,
-    /// Run the ranks as threads (local) or one process each under mpirun (mpi).
+    /// Run the ranks as threads (local), one process each under mpirun (mpi), or one process
+    /// per GPU, rank r of a node on GPU r (nccl; feature nccl).
     #[arg(long, value_enum, default_value_t = Backend::Local)]
     pub backend: Backend,
     /// Override the suite's model.
@@ -456,9 +457,7 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
     super::check_io(&[], &[a.json.as_deref()])?;
     use crate::bench_layer::{LayerBench, ModeResult};
     use occult_core::ep::cost::{swiglu_flops, LinkProfile};
-    let mut opts = super::model_opts::ModelOpts::local("");
-    (opts.cuda, opts.backend) = (a.cuda, a.backend);
-    let on = opts.device()?;
+    let device = super::model_opts::pick_device(a.cuda, a.backend)?;
     let bench = LayerBench {
         experts: a.experts,
         top_k: a.top_k,
@@ -478,11 +477,10 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
                 occult_core::analysis::pruning::PruneRule::Similarity
             }
         },
-        device: super::model_opts::ModelOpts::device_name(&on),
+        device_name: super::model_opts::ModelOpts::device_name(&device),
         dtype: a.dtype.clone(),
-        on,
+        device,
     };
-    bench.compute_dtype()?;
     let link = a.link.as_deref().map(LinkProfile::load).transpose()?;
     let (records, is_root) = match a.backend {
         Backend::Local => {
@@ -508,6 +506,7 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
     let (records, reference_s) = records.expect("root has the records");
     let mut results: Vec<ModeResult> = bench.combine(&records, link.as_ref());
     let total = bench.tokens * bench.devices;
+    let reference_flops = swiglu_flops(total * bench.top_k, bench.hidden, bench.intermediate);
     let reference = ModeResult {
         mode: "reference (1 device)".into(),
         devices: 1,
@@ -523,9 +522,8 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
         compute_s: reference_s,
         combine_s: 0.0,
         tokens_per_s: total as f64 / reference_s.max(1e-12),
-        expert_flops: swiglu_flops(total * bench.top_k, bench.hidden, bench.intermediate),
-        expert_flops_per_s: swiglu_flops(total * bench.top_k, bench.hidden, bench.intermediate)
-            / reference_s.max(1e-12),
+        expert_flops: reference_flops,
+        expert_flops_per_s: reference_flops / reference_s.max(1e-12),
         projected_seconds: None,
         projected: None,
     };
@@ -555,7 +553,7 @@ type LayerRecords = (Option<(Vec<crate::bench_layer::RankRecord>, f64)>, bool);
 /// gathers the records.
 fn process_layer(bench: &crate::bench_layer::LayerBench, backend: Backend) -> Result<LayerRecords> {
     let timeout = occult_core::ep::comm::DEFAULT_TIMEOUT;
-    let comm = backend.world(bench.devices, &bench.on, timeout)?;
+    let comm = backend.world(bench.devices, &bench.device, timeout)?;
     bench.validate()?;
     let setup = bench.setup()?;
     let mine = bench.run_rank(&setup, &comm)?;
@@ -639,7 +637,7 @@ fn render_layer(
         bench.hidden,
         bench.intermediate,
         bench.dtype,
-        bench.device,
+        bench.device_name,
         bench.devices,
         bench.tokens,
         backend.name(),

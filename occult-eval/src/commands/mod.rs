@@ -114,7 +114,7 @@ impl Backend {
     }
 }
 
-/// The rank's index among the processes mpirun started on this node (0 without mpirun).
+/// The rank's index among the processes Open MPI's mpirun started on this node (0 without it).
 pub fn local_rank() -> usize {
     std::env::var("OMPI_COMM_WORLD_LOCAL_RANK")
         .ok()
@@ -128,8 +128,8 @@ static NCCL_WORLD: std::sync::Mutex<
     Option<std::sync::Arc<dyn occult_core::ep::comm::Communicator>>,
 > = std::sync::Mutex::new(None);
 
-/// This process's rank of an NCCL communicator on `device`: under mpirun one per process, the
-/// unique id handed over through MPI; without mpirun a group of one.
+/// This process's rank of an NCCL communicator on `device`: under Open MPI's mpirun one per
+/// process, the unique id handed over through MPI; without mpirun a group of one.
 #[cfg(feature = "nccl")]
 pub fn nccl_world(
     devices: usize,
@@ -140,6 +140,9 @@ pub fn nccl_world(
     let mut world = NCCL_WORLD
         .lock()
         .map_err(|_| anyhow::anyhow!("the NCCL communicator's lock is poisoned"))?;
+    let Some(gpu) = device.as_cuda_device().ok() else {
+        bail!("--backend nccl runs on GPUs: give --cuda N");
+    };
     if let Some(c) = &*world {
         if c.size() != devices {
             bail!(
@@ -147,11 +150,12 @@ pub fn nccl_world(
                 c.size()
             );
         }
+        let on = c.nccl().map(|n| n.ordinal());
+        if on != Some(gpu.cuda_stream().context().ordinal()) {
+            bail!("this process's NCCL group runs on CUDA device {on:?}, not the one asked for");
+        }
         return Ok(c.clone());
     }
-    let Some(gpu) = device.as_cuda_device().ok() else {
-        bail!("--backend nccl runs on GPUs: give --cuda N");
-    };
     let comm = if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some() {
         let peers = mpi_world(devices, timeout)?;
         NcclComm::from_peers(gpu, peers.as_ref(), timeout)?
@@ -159,7 +163,8 @@ pub fn nccl_world(
         NcclComm::with_id(gpu, 0, 1, &new_id()?, timeout)?
     } else {
         bail!(
-            "--backend nccl with --devices {devices}: start one process per GPU with `mpirun -np              {devices}` (a build with the mpi feature too)"
+            "--backend nccl with --devices {devices}: start one process per GPU with Open MPI's \
+             `mpirun -np {devices}` (a build with the mpi feature too)"
         )
     };
     let comm: std::sync::Arc<dyn occult_core::ep::comm::Communicator> = std::sync::Arc::new(comm);

@@ -172,26 +172,7 @@ impl ModelOpts {
     /// The device `--cuda` names (offset by the node-local rank under `--backend nccl`), or
     /// the CPU.
     pub fn device(&self) -> Result<Device> {
-        let nccl = self.backend == Backend::Nccl;
-        let n = match self.cuda {
-            Some(n) if nccl => n + super::local_rank(),
-            Some(n) => n,
-            None if nccl => super::local_rank(),
-            None => return Ok(Device::Cpu),
-        };
-        if !candle::utils::cuda_is_available() && nccl {
-            bail!(
-                "--backend nccl runs on GPUs: this occult was built without CUDA; rebuild with \
-                 `--features occult-eval/nccl`"
-            );
-        }
-        if !candle::utils::cuda_is_available() {
-            bail!(
-                "--cuda {n}: this occult was built without CUDA; rebuild with `--features \
-                 occult-eval/cuda`"
-            );
-        }
-        Device::new_cuda(n).with_context(|| format!("opening CUDA device {n}"))
+        pick_device(self.cuda, self.backend)
     }
 
     /// `device` in words: `cpu` or `cuda:N`.
@@ -216,12 +197,19 @@ impl ModelOpts {
             .filter(|_| mpi)
             .unwrap_or(1);
         let what = format!("model {} in {}", self.model, self.dtype);
+        // A GPU is each rank's own under nccl; under mpi the node's ranks share `--cuda N`.
         let device = ck.weights.device();
+        let sharing = if self.backend == Backend::Nccl {
+            1
+        } else {
+            local
+        };
         Ok(memory::check_on(
             device,
             need,
             self.max_memory,
             local,
+            sharing,
             &what,
         )?)
     }
@@ -340,8 +328,8 @@ impl ModelOpts {
         Ok(Duration::from_secs_f64(self.comm_timeout))
     }
 
-    /// Runs `f` on every rank's model. Returns rank 0's result; under `--backend mpi` the other
-    /// processes get `None` (they print and write nothing). Any rank's error is reported with
+    /// Runs `f` on every rank's model. Returns rank 0's result; under `--backend mpi` or `nccl`
+    /// (a process per rank) the other processes get `None` (they print and write nothing). Any rank's error is reported with
     /// its rank.
     pub fn run<T, F>(&self, ck: &Checkpoint, f: F) -> Result<Option<T>>
     where
@@ -411,4 +399,34 @@ impl ModelOpts {
         }
         first.context("rank 0 returned nothing").map(Some)
     }
+}
+
+/// The device of `--cuda` under `backend`: CUDA device N (offset by the node-local rank under
+/// `--backend nccl`, which needs a GPU), or the CPU.
+pub fn pick_device(cuda: Option<usize>, backend: Backend) -> Result<Device> {
+    let nccl = backend == Backend::Nccl;
+    let base = match cuda {
+        Some(n) => n,
+        None if nccl => 0,
+        None => return Ok(Device::Cpu),
+    };
+    if !candle::utils::cuda_is_available() {
+        if nccl {
+            bail!(
+                "--backend nccl runs on GPUs: this occult was built without CUDA; rebuild with \
+                 `--features occult-eval/nccl`"
+            );
+        }
+        bail!(
+            "--cuda {base}: this occult was built without CUDA; rebuild with `--features \
+             occult-eval/cuda`"
+        );
+    }
+    let n = match nccl {
+        true => base
+            .checked_add(super::local_rank())
+            .with_context(|| format!("--cuda {base} plus this rank's place on its node"))?,
+        false => base,
+    };
+    Device::new_cuda(n).with_context(|| format!("opening CUDA device {n}"))
 }

@@ -28,6 +28,7 @@ use candle::cuda_backend::cudarc::driver::{
 use candle::cuda_backend::cudarc::nccl::{self, Comm, Id, NcclType};
 use candle::CudaDevice;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -48,6 +49,8 @@ pub struct NcclComm {
     rank: usize,
     size: usize,
     stats: StatsCell,
+    /// Exchanges of rows that were on a GPU already ([`NcclComm::all_to_all_v_device`]).
+    direct: AtomicU64,
     watchdog: Watchdog,
 }
 
@@ -102,6 +105,7 @@ impl NcclComm {
             rank,
             size,
             stats: StatsCell::new(rank, size),
+            direct: AtomicU64::new(0),
             watchdog,
         })
     }
@@ -164,6 +168,23 @@ impl NcclComm {
     /// release are ordered with that stream's work. Whatever wrote `send` must have finished
     /// (its stream is synchronised first); the rows have arrived when this returns.
     pub fn all_to_all_v_device<T: NcclType + DeviceRepr + ValidAsZeroBits>(
+        &self,
+        send: &CudaView<'_, T>,
+        send_counts: &[usize],
+        row_width: usize,
+        out: &Arc<CudaStream>,
+    ) -> Result<(CudaSlice<T>, Vec<usize>)> {
+        self.direct.fetch_add(1, Ordering::Relaxed);
+        self.exchange_on_device(send, send_counts, row_width, out)
+    }
+
+    /// How many exchanges took rows that were on a GPU already (not staged from host bytes).
+    pub fn direct_exchanges(&self) -> u64 {
+        self.direct.load(Ordering::Relaxed)
+    }
+
+    /// [`NcclComm::all_to_all_v_device`], for either kind of caller.
+    fn exchange_on_device<T: NcclType + DeviceRepr + ValidAsZeroBits>(
         &self,
         send: &CudaView<'_, T>,
         send_counts: &[usize],
@@ -322,7 +343,7 @@ impl Communicator for NcclComm {
             .stream
             .clone_htod(&staged)
             .map_err(|e| cuda_error("copying the rows to the GPU", e))?;
-        let (dev_recv, rows) = self.all_to_all_v_device(
+        let (dev_recv, rows) = self.exchange_on_device(
             &dev_send.slice(..send.len()),
             send_counts,
             row_bytes,
