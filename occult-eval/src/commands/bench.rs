@@ -19,7 +19,8 @@ pub enum BenchCmd {
     #[command(after_help = "Examples:\n  \
         occult bench layer                                   # 4 local ranks, 64 experts, top-8\n  \
         occult bench layer --link pcie4 --json layer.json    # + projected time on the paper's box\n  \
-        mpirun -np 4 occult bench layer --backend mpi        # one process per rank (feature mpi)")]
+        mpirun -np 4 occult bench layer --backend mpi        # one process per rank (feature mpi)\n  \
+        occult bench layer --cuda 0 --backend nccl --devices 1 --dtype bf16   # a GPU (feature nccl)")]
     Layer(LayerBenchArgs),
     /// Time contiguous, greedy and occult placement on the same traces; compare E[C_T].
     #[command(after_help = "Example:\n  \
