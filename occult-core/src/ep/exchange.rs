@@ -83,12 +83,10 @@ impl Exchange {
         let Some((start, end)) = layout.contiguous_offsets() else {
             candle::bail!("exchange_rows needs a contiguous tensor");
         };
-        let device = storage.device();
-        let stream = device.cuda_stream();
-        if stream.context().ordinal() != nccl.ordinal() {
+        let ordinal = storage.device().cuda_stream().context().ordinal();
+        if ordinal != nccl.ordinal() {
             candle::bail!(
-                "rows on CUDA device {}, the NCCL communicator runs on device {}",
-                stream.context().ordinal(),
+                "rows on CUDA device {ordinal}, the NCCL communicator runs on device {}",
                 nccl.ordinal()
             );
         }
