@@ -11,7 +11,7 @@
 //!   `weights`), one file per family with its own rules, the shared decoder whose MoE blocks run
 //!   the reference or the EP layer, tokenizers and synthetic checkpoints.
 //!
-//! Beside them: [`kernels`] (`x · wᵀ` on AVX-512, with a portable path), [`atomic`] (files
+//! Beside them: [`kernels`] (`x · wᵀ` on AVX2, AVX-512 and AMX, with a portable path), [`atomic`] (files
 //! written whole or not at all), [`input`] (reading untrusted files) and the crate's one
 //! [`Error`].
 //!

@@ -2,7 +2,7 @@
 //! portable path, our kernels) on the same operands in one run, and the machine's memory read
 //! bandwidth, which bounds decode. Behind `occult bench kernels`.
 
-use super::{linear_with, Kernel, Path};
+use super::{linear_on, linear_with, process_level, Isa, Kernel, Level, Path};
 use crate::Result;
 use candle::{DType, Device, Tensor};
 use rayon::prelude::*;
@@ -14,7 +14,8 @@ use std::time::Instant;
 pub struct KernelTiming {
     pub dtype: String,
     /// `candle` (candle's matmul as models call it), `portable`, `occult` (the kernel picked by
-    /// rows), or one kernel forced: `occult-dot`, `occult-outer`.
+    /// rows), one kernel forced (`occult-dot`, `occult-outer`, `occult-amx`), or the kernel
+    /// picked by rows at a lower level than the process's (`occult@avx2`).
     pub candidate: String,
     pub m: usize,
     pub n: usize,
@@ -27,7 +28,7 @@ pub struct KernelTiming {
 }
 
 /// The candidates for `dtype`, each as a name and the call.
-type Candidate<'a> = (&'static str, Box<dyn Fn() -> Result<Tensor> + 'a>);
+type Candidate<'a> = (String, Box<dyn Fn() -> Result<Tensor> + 'a>);
 
 /// Times candle's matmul, the portable path, ours as picked and each of our kernels forced, on
 /// `[m, k] · [n, k]ᵀ` in `dtype`: one warm-up call, then the best of `repeat` (of 2 for a
@@ -45,23 +46,39 @@ pub fn time_linear(
     let w = Tensor::randn(0f32, 1.0, (n, k), &dev)?.to_dtype(dtype)?;
     let flops = 2.0 * (m * n * k) as f64;
     let mut candidates: Vec<Candidate> = vec![
-        ("candle", Box::new(|| Ok(x.matmul(&w.t()?)?))),
-        ("portable", Box::new(|| linear_with(&x, &w, Path::Portable))),
-        ("occult", Box::new(|| linear_with(&x, &w, Path::Auto))),
+        ("candle".into(), Box::new(|| Ok(x.matmul(&w.t()?)?))),
         (
-            "occult-dot",
+            "portable".into(),
+            Box::new(|| linear_with(&x, &w, Path::Portable)),
+        ),
+        (
+            "occult".into(),
+            Box::new(|| linear_with(&x, &w, Path::Auto)),
+        ),
+        (
+            "occult-dot".into(),
             Box::new(|| linear_with(&x, &w, Path::Kernel(Kernel::Dot))),
         ),
         (
-            "occult-outer",
+            "occult-outer".into(),
             Box::new(|| linear_with(&x, &w, Path::Kernel(Kernel::Outer))),
         ),
     ];
     if dtype == DType::BF16 && super::isa().amx {
         candidates.push((
-            "occult-amx",
+            "occult-amx".into(),
             Box::new(|| linear_with(&x, &w, Path::Kernel(Kernel::Amx))),
         ));
+    }
+    // The kernels of each lower level this CPU has, side by side with the process's.
+    for level in Level::supported() {
+        if level > Level::Portable && level < process_level() {
+            let (isa, x, w) = (Isa::detect().at(level), &x, &w);
+            candidates.push((
+                format!("occult@{level}"),
+                Box::new(move || linear_on(x, w, Path::Auto, isa)),
+            ));
+        }
     }
     let base = linear_with(&x, &w, Path::Portable)?.to_dtype(DType::F64)?;
     let mut out = Vec::new();

@@ -1,21 +1,23 @@
 //! `C = A · Bᵀ` on slices, the shape of every linear layer (`A` rows `[m, k]`, `B` a weight
-//! `[n, k]` in its stored layout, `C` `[m, n]`, accumulated in f32), with AVX-512 kernels for
-//! f32 and bf16 operands. There are two:
+//! `[n, k]` in its stored layout, `C` `[m, n]`, accumulated in f32), with AVX-512 and AVX2
+//! kernels ([`Simd`]) for f32 and bf16 operands. There are two:
 //!
 //! - [`Kernel::Dot`], for few rows (decode, small experts): both operands are read along `k`,
 //!   where they are contiguous, so nothing is packed. A tile of `MR` rows of `A` and `NR` rows
 //!   of `B` keeps `MR x NR` vector accumulators over the whole of `k` and reduces each to one
 //!   output at the end (a tail of `k` is read with a masked load); bf16 multiplies with
-//!   `vdpbf16ps`. Columns of `C` are split in blocks across rayon's threads; a single row
-//!   streams each weight row once.
+//!   `vdpbf16ps` on AVX-512 BF16; on AVX2, eight lanes, bf16 widened in registers, and a tile
+//!   of `MR x NR` outputs computed two columns at a time (eight accumulators: AVX2 has sixteen
+//!   vector registers). Columns of `C` are split in blocks across rayon's threads; a single
+//!   row streams each weight row once.
 //! - [`Kernel::Outer`] ([`super::outer`]), from [`OUTER_MIN_ROWS_F32`] rows (f32 weights) or
 //!   [`OUTER_MIN_ROWS`] (bf16): outer products with rows of `A` across the lanes, at f32's FMA
 //!   rate for both dtypes.
 //!
-//! Callers check [`Isa::detect`] first; the functions here are only sound on a CPU that has the
-//! instructions they name.
+//! Callers check [`super::Isa::simd_for`] first; the functions here are only sound on a CPU
+//! that has the instructions they name.
 
-use super::Shared;
+use super::{Shared, Simd};
 use half::bf16;
 use rayon::prelude::*;
 
@@ -42,55 +44,6 @@ pub const OUTER_MIN_ROWS_F32: usize = 6;
 pub const AMX_MIN_ROWS: usize = 8;
 /// Columns of `C` per parallel task, unless fewer are needed to keep every thread busy.
 const NB: usize = 64;
-
-/// The instruction sets these kernels use, as found on this CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Isa {
-    /// AVX-512 F: the f32 kernel.
-    pub avx512f: bool,
-    /// AVX-512 BF16 (with F): the bf16 kernel.
-    pub avx512bf16: bool,
-    /// AVX-512 BW and VL (with F): f32 activations with bf16 weights.
-    pub avx512bw: bool,
-    /// AMX-TILE and AMX-BF16, granted by the OS (with AVX-512 F): bf16 weights on tile
-    /// multiplies ([`super::amx`]).
-    pub amx: bool,
-}
-
-impl Isa {
-    /// Whether f32 activations times bf16 weights have a kernel here.
-    pub fn mixed(&self) -> bool {
-        self.avx512f && self.avx512bw
-    }
-
-    /// What this CPU supports (nothing off x86-64).
-    pub fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let f = std::arch::is_x86_feature_detected!("avx512f");
-            Isa {
-                avx512f: f,
-                avx512bf16: f && std::arch::is_x86_feature_detected!("avx512bf16"),
-                avx512bw: f
-                    && std::arch::is_x86_feature_detected!("avx512bw")
-                    && std::arch::is_x86_feature_detected!("avx512vl"),
-                // The AMX path packs activations with AVX-512 BW and BF16 (every CPU with
-                // AMX has them).
-                amx: f
-                    && std::arch::is_x86_feature_detected!("avx512bw")
-                    && std::arch::is_x86_feature_detected!("avx512bf16")
-                    && super::amx::detect(),
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        Isa {
-            avx512f: false,
-            avx512bf16: false,
-            avx512bw: false,
-            amx: false,
-        }
-    }
-}
 
 /// Splits the `n` columns into blocks, at most [`NB`] wide, and at least two per thread when
 /// `n` allows (so that a short `n` still uses every core).
@@ -172,11 +125,11 @@ pub trait Elem: Copy + Send + Sync + 'static {
     /// Whether the element is f32 already (weight rows are then read in place).
     const IS_F32: bool;
     fn to_f32(self) -> f32;
-    /// Widens `src` into `dst` (same length).
+    /// Widens `src` into `dst` (same length) with `simd`'s vectors.
     ///
     /// # Safety
-    /// AVX-512 F.
-    unsafe fn widen(src: &[Self], dst: &mut [f32]);
+    /// `simd`'s instructions.
+    unsafe fn widen(src: &[Self], dst: &mut [f32], simd: Simd);
 }
 
 impl Elem for f32 {
@@ -184,7 +137,7 @@ impl Elem for f32 {
     fn to_f32(self) -> f32 {
         self
     }
-    unsafe fn widen(src: &[f32], dst: &mut [f32]) {
+    unsafe fn widen(src: &[f32], dst: &mut [f32], _: Simd) {
         dst.copy_from_slice(src)
     }
 }
@@ -194,12 +147,18 @@ impl Elem for bf16 {
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
     }
-    unsafe fn widen(src: &[bf16], dst: &mut [f32]) {
+    unsafe fn widen(src: &[bf16], dst: &mut [f32], simd: Simd) {
         #[cfg(target_arch = "x86_64")]
-        x86::widen_bf16(src, dst);
+        match simd {
+            Simd::Avx512 => x86::widen_bf16(src, dst),
+            Simd::Avx2 => avx2::widen_bf16(src, dst),
+        }
         #[cfg(not(target_arch = "x86_64"))]
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = s.to_f32();
+        {
+            let _ = simd;
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = s.to_f32();
+            }
         }
     }
 }
@@ -207,12 +166,13 @@ impl Elem for bf16 {
 /// Activations of type `Self` times weights of type `W` in a dot-product tile: f32 by f32 and
 /// bf16 by bf16, and f32 activations by bf16 weights (weights widened as they are read).
 pub trait Dot<W: Elem>: Elem {
-    /// One tile of `rows x cols` outputs.
+    /// One tile of `rows x cols` outputs, at `simd`.
     ///
     /// # Safety
-    /// The instructions of the pair's kernel; `a`, `b` and `c` valid for the tile.
+    /// The instructions of the pair's kernel at `simd`; `a`, `b` and `c` valid for the tile.
     #[allow(clippy::too_many_arguments)]
     unsafe fn dot_tile(
+        simd: Simd,
         rows: usize,
         cols: usize,
         a: *const Self,
@@ -228,6 +188,7 @@ macro_rules! dot_pair {
     ($a:ty, $w:ty, $tile:ident, $pa:ty, $pw:ty) => {
         impl Dot<$w> for $a {
             unsafe fn dot_tile(
+                simd: Simd,
                 rows: usize,
                 cols: usize,
                 a: *const $a,
@@ -237,10 +198,17 @@ macro_rules! dot_pair {
                 ldc: usize,
             ) {
                 #[cfg(target_arch = "x86_64")]
-                x86::$tile(rows, cols, a as *const $pa, b as *const $pw, c, k, ldc);
+                match simd {
+                    Simd::Avx512 => {
+                        x86::$tile(rows, cols, a as *const $pa, b as *const $pw, c, k, ldc)
+                    }
+                    Simd::Avx2 => {
+                        avx2::$tile(rows, cols, a as *const $pa, b as *const $pw, c, k, ldc)
+                    }
+                }
                 #[cfg(not(target_arch = "x86_64"))]
                 unreachable!(
-                    "AVX-512 kernels on a CPU without them ({rows} {cols} {a:?} {b:?} {c:?} {k} {ldc})"
+                    "x86 kernels on another CPU ({simd:?} {rows} {cols} {a:?} {b:?} {c:?} {k} {ldc})"
                 );
             }
         }
@@ -250,11 +218,13 @@ dot_pair!(f32, f32, tile_f32, f32, f32);
 dot_pair!(bf16, bf16, tile_bf16, u16, u16);
 dot_pair!(f32, bf16, tile_f32_bf16, f32, u16);
 
-/// `c[m, n] = a[m, k] · b[n, k]ᵀ`, accumulated in f32, by `kernel`.
+/// `c[m, n] = a[m, k] · b[n, k]ᵀ`, accumulated in f32, by `kernel` at `simd`.
 ///
 /// # Safety
-/// The CPU must support AVX-512 F, and BF16 for bf16 by bf16, BW and VL for f32 by bf16
-/// ([`Isa::detect`]).
+/// The CPU must support `simd` for the pair ([`super::Isa::simd_for`]): at [`Simd::Avx512`],
+/// AVX-512 F, and BF16 for bf16 by bf16, BW and VL for f32 by bf16; at [`Simd::Avx2`], AVX2
+/// and FMA.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm_nt<A: Dot<W>, W: Elem>(
     a: &[A],
     b: &[W],
@@ -263,10 +233,11 @@ pub unsafe fn gemm_nt<A: Dot<W>, W: Elem>(
     n: usize,
     k: usize,
     kernel: Kernel,
+    simd: Simd,
 ) {
     check_lengths(a.len(), b.len(), c.len(), m, n, k);
     if matches!(kernel, Kernel::Outer | Kernel::Amx) {
-        return super::outer::gemm(a, b, c, m, n, k);
+        return super::outer::gemm(a, b, c, m, n, k, simd);
     }
     let (pa, pb, out) = (
         Shared(a.as_ptr()),
@@ -275,6 +246,7 @@ pub unsafe fn gemm_nt<A: Dot<W>, W: Elem>(
     );
     for_each_tile(m, n, |r, rows, col, cols| {
         A::dot_tile(
+            simd,
             rows,
             cols,
             pa.at(r * k),
@@ -516,4 +488,156 @@ mod x86 {
             }
         }
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! The eight-lane tiles on AVX2 and FMA: `ROWS x COLS` accumulators over all of `k`, bf16
+    //! widened in registers (a shift into the high half). A tail of `k` is read through a
+    //! zero-padded copy (AVX2 has no masked 16-bit loads).
+    use half::bf16;
+    use std::arch::x86_64::*;
+
+    /// bf16 to f32, eight at a time.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn widen_bf16(src: &[bf16], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        let s = src.as_ptr() as *const u16;
+        let d = dst.as_mut_ptr();
+        let mut i = 0;
+        while i + 8 <= n {
+            _mm256_storeu_ps(d.add(i), load_bf16(s.add(i), 8));
+            i += 8;
+        }
+        while i < n {
+            *d.add(i) = f32::from_bits((*s.add(i) as u32) << 16);
+            i += 1;
+        }
+    }
+
+    /// Eight f32 from `p`, or its first `n < 8` and zeros.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load_f32(p: *const f32, n: usize) -> __m256 {
+        if n >= 8 {
+            _mm256_loadu_ps(p)
+        } else {
+            let mut buf = [0f32; 8];
+            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+            _mm256_loadu_ps(buf.as_ptr())
+        }
+    }
+
+    /// Eight bf16 from `p` (or its first `n < 8` and zeros) as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load_bf16(p: *const u16, n: usize) -> __m256 {
+        let h = if n >= 8 {
+            _mm_loadu_si128(p as *const __m128i)
+        } else {
+            let mut buf = [0u16; 8];
+            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+            _mm_loadu_si128(buf.as_ptr() as *const __m128i)
+        };
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
+
+    /// The sum of the eight lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// A tile function for one operand pair: `$load_a` and `$load_b` read eight elements of
+    /// each as f32. Columns go in chunks of four for up to two rows (at most 8 accumulators, 4
+    /// weight vectors and 1 activation vector) and of two for three or four rows (sixteen
+    /// vector registers in all).
+    macro_rules! tiles {
+        ($name:ident, $inner:ident, $ta:ty, $load_a:ident, $tb:ty, $load_b:ident) => {
+            pub unsafe fn $name(
+                rows: usize,
+                cols: usize,
+                a: *const $ta,
+                b: *const $tb,
+                c: *mut f32,
+                k: usize,
+                ldc: usize,
+            ) {
+                let chunk = if rows <= 2 { 4 } else { 2 };
+                let mut j = 0;
+                while j < cols {
+                    let cc = chunk.min(cols - j);
+                    let (bj, cj) = (b.add(j * k), c.add(j));
+                    match (rows, cc) {
+                        (1, 4) => $inner::<1, 4>(a, bj, cj, k, ldc),
+                        (1, 3) => $inner::<1, 3>(a, bj, cj, k, ldc),
+                        (1, 2) => $inner::<1, 2>(a, bj, cj, k, ldc),
+                        (1, 1) => $inner::<1, 1>(a, bj, cj, k, ldc),
+                        (2, 4) => $inner::<2, 4>(a, bj, cj, k, ldc),
+                        (2, 3) => $inner::<2, 3>(a, bj, cj, k, ldc),
+                        (2, 2) => $inner::<2, 2>(a, bj, cj, k, ldc),
+                        (2, 1) => $inner::<2, 1>(a, bj, cj, k, ldc),
+                        (3, 2) => $inner::<3, 2>(a, bj, cj, k, ldc),
+                        (3, 1) => $inner::<3, 1>(a, bj, cj, k, ldc),
+                        (4, 2) => $inner::<4, 2>(a, bj, cj, k, ldc),
+                        (4, 1) => $inner::<4, 1>(a, bj, cj, k, ldc),
+                        (r, c) => unreachable!("avx2 tile {r}x{c}"),
+                    }
+                    j += cc;
+                }
+            }
+
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn $inner<const R: usize, const C: usize>(
+                a: *const $ta,
+                b: *const $tb,
+                c: *mut f32,
+                k: usize,
+                ldc: usize,
+            ) {
+                let mut acc = [[_mm256_setzero_ps(); C]; R];
+                // One step of eight `k` (`lanes` of them real).
+                let mut step = |p: usize, lanes: usize| {
+                    let mut bv = [_mm256_setzero_ps(); C];
+                    for (j, v) in bv.iter_mut().enumerate() {
+                        *v = $load_b(b.add(j * k + p), lanes);
+                    }
+                    for (i, row) in acc.iter_mut().enumerate() {
+                        let av = $load_a(a.add(i * k + p), lanes);
+                        for (j, s) in row.iter_mut().enumerate() {
+                            *s = _mm256_fmadd_ps(av, bv[j], *s);
+                        }
+                    }
+                };
+                let full = k / 8 * 8;
+                let mut p = 0;
+                while p < full {
+                    step(p, 8);
+                    p += 8;
+                }
+                if p < k {
+                    step(p, k - p);
+                }
+                for (i, row) in acc.iter().enumerate() {
+                    for (j, s) in row.iter().enumerate() {
+                        *c.add(i * ldc + j) = hsum(*s);
+                    }
+                }
+            }
+        };
+    }
+    tiles!(tile_f32, tile_f32_const, f32, load_f32, f32, load_f32);
+    tiles!(tile_bf16, tile_bf16_const, u16, load_bf16, u16, load_bf16);
+    tiles!(
+        tile_f32_bf16,
+        tile_f32_bf16_const,
+        f32,
+        load_f32,
+        u16,
+        load_bf16
+    );
 }

@@ -3,20 +3,21 @@
 
 use super::amx;
 use super::gemm_nt::{check_lengths, gemm_nt, Dot, Kernel};
-use super::Path;
+use super::{Isa, Path, Simd};
 use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use half::bf16;
 
 /// The op; [`super::linear`] applies it only to contiguous f32 or bf16 operands of one dtype,
-/// or f32 activations with bf16 weights, on a CPU with the matching AVX-512 instructions.
-/// `path` is [`Path::Kernel`] to force one kernel (tests and benchmarks), else the kernel is
-/// picked by rows; the backward runs on the same path.
+/// or f32 activations with bf16 weights, where `isa` has a kernel for the pair. `path` is
+/// [`Path::Kernel`] to force one kernel (tests and benchmarks), else the kernel is picked by
+/// rows; the backward runs on the same path and instruction sets.
 pub(super) struct LinearNt {
     pub path: Path,
+    pub isa: Isa,
 }
 
-/// `c = a · bᵀ` with bf16 weights: on AMX if `amx`, else by `kernel`.
+/// `c = a · bᵀ` with bf16 weights: on AMX if `amx`, else by `kernel` at `simd`.
 ///
 /// # Safety
 /// As [`gemm_nt`] for the pair, and [`amx::gemm`] when `amx`.
@@ -25,16 +26,15 @@ unsafe fn bf16_weights_gemm<A: Dot<bf16> + amx::AmxRow>(
     a: &[A],
     b: &[bf16],
     c: &mut [f32],
-    m: usize,
-    n: usize,
-    k: usize,
+    (m, n, k): (usize, usize, usize),
     kernel: Kernel,
+    simd: Simd,
     amx: bool,
 ) {
     if amx {
         amx::gemm(a, b, c, m, n, k)
     } else {
-        gemm_nt(a, b, c, m, n, k, kernel)
+        gemm_nt(a, b, c, m, n, k, kernel, simd)
     }
 }
 
@@ -69,10 +69,10 @@ impl<'a> Operand<'a> {
     }
 }
 
-/// The kernel for `m` rows on `path`, and whether it is the AMX kernel (bf16 weights on a CPU
-/// with AMX).
-fn kernel_for(path: Path, m: usize, bf16_weights: bool) -> (Kernel, bool) {
-    let amx_here = bf16_weights && super::isa().amx;
+/// The kernel for `m` rows on `path`, and whether it is the AMX kernel (bf16 weights where
+/// `isa` has AMX).
+fn kernel_for(path: Path, isa: Isa, m: usize, bf16_weights: bool) -> (Kernel, bool) {
+    let amx_here = bf16_weights && isa.amx;
     let kernel = match path {
         Path::Kernel(k) => k,
         _ => Kernel::pick(m, bf16_weights, amx_here),
@@ -80,10 +80,11 @@ fn kernel_for(path: Path, m: usize, bf16_weights: bool) -> (Kernel, bool) {
     (kernel, kernel == Kernel::Amx && amx_here)
 }
 
-/// `c[m, n] = a[m, k] · wᵀ` in f32, on the kernel `path` picks for the operands (the kernel
-/// [`super::linear`] runs for the same operands, so the same bits before its rounding of a bf16
-/// result). Returns false, with `c` untouched, where this CPU has no kernel for the pair (bf16
-/// activations take bf16 weights).
+/// `c[m, n] = a[m, k] · wᵀ` in f32, on the kernel `path` picks for the operands with the
+/// instruction sets `isa` (the kernel [`super::linear_on`] runs for the same operands, so the
+/// same bits before its rounding of a bf16 result). Returns false, with `c` untouched, on the
+/// portable path or where `isa` has no kernel for the pair (bf16 activations take bf16
+/// weights).
 ///
 /// # Panics
 /// If the slices' lengths do not match `m`, `n` and `k`.
@@ -93,24 +94,28 @@ pub(crate) fn rows(
     c: &mut [f32],
     (m, n, k): (usize, usize, usize),
     path: Path,
+    isa: Isa,
 ) -> bool {
-    let isa = super::isa();
-    let (kernel, amx) = kernel_for(path, m, matches!(w, Operand::Bf16(_)));
+    let w_bf16 = matches!(w, Operand::Bf16(_));
+    let Some(simd) = isa.simd_for(matches!(a, Operand::Bf16(_)), w_bf16) else {
+        return false;
+    };
+    if path == Path::Portable {
+        return false;
+    }
+    let (kernel, amx) = kernel_for(path, isa, m, w_bf16);
     check_lengths(a.len(), w.len(), c.len(), m, n, k);
+    // SAFETY (each arm): `simd_for` found the instructions of the pair's kernel at `simd` in
+    // `isa` (at most this CPU's), and AMX's where `amx` says so; the lengths were checked.
     match (a, w) {
-        (Operand::F32(a), Operand::F32(b)) if isa.avx512f => {
-            // SAFETY: AVX-512 F was detected; the lengths were checked.
-            unsafe { gemm_nt(a, b, c, m, n, k, kernel) };
-        }
-        (Operand::F32(a), Operand::Bf16(b)) if isa.mixed() => {
-            // SAFETY: AVX-512 F and BW were detected, and AMX where `amx` says so.
-            unsafe { bf16_weights_gemm(a, b, c, m, n, k, kernel, amx) };
-        }
-        (Operand::Bf16(a), Operand::Bf16(b)) if isa.avx512bf16 => {
-            // SAFETY: AVX-512 F and BF16 were detected, and AMX where `amx` says so.
-            unsafe { bf16_weights_gemm(a, b, c, m, n, k, kernel, amx) };
-        }
-        _ => return false,
+        (Operand::F32(a), Operand::F32(b)) => unsafe { gemm_nt(a, b, c, m, n, k, kernel, simd) },
+        (Operand::F32(a), Operand::Bf16(b)) => unsafe {
+            bf16_weights_gemm(a, b, c, (m, n, k), kernel, simd, amx)
+        },
+        (Operand::Bf16(a), Operand::Bf16(b)) => unsafe {
+            bf16_weights_gemm(a, b, c, (m, n, k), kernel, simd, amx)
+        },
+        (Operand::Bf16(_), Operand::F32(_)) => return false,
     }
     true
 }
@@ -140,7 +145,7 @@ impl CustomOp2 for LinearNt {
                 s2.dtype()
             );
         };
-        let done = rows(a, w, &mut c, (m, n, k), self.path);
+        let done = rows(a, w, &mut c, (m, n, k), self.path, self.isa);
         if !done {
             candle::bail!(
                 "occult linear: no kernel for {:?} x {:?} on this CPU",
@@ -163,7 +168,7 @@ impl CustomOp2 for LinearNt {
         dy: &Tensor,
     ) -> candle::Result<(Option<Tensor>, Option<Tensor>)> {
         let lin = |a: &Tensor, b: &Tensor| {
-            super::linear_with(a, b, self.path)
+            super::linear_on(a, b, self.path, self.isa)
                 .map_err(|e| candle::Error::Msg(format!("occult linear backward: {e}")))
         };
         // dx [m, k] = dy [m, n] · w [n, k] = dy · (wᵀ)ᵀ

@@ -1,15 +1,17 @@
 //! CPU kernels for the linear layers that dominate a MoE forward and backward: every expert
 //! projection and every dense projection is `x · wᵀ`, and [`linear`] computes it.
 //!
-//! On a CPU with AVX-512 it runs our own kernels ([`gemm_nt`]): bf16 operands stay bf16 in
-//! memory (half the traffic) and accumulate in f32. Few rows run dot-product tiles (bf16 with
-//! `vdpbf16ps`), many rows outer products at f32's FMA rate ([`outer`]); with bf16 weights on
-//! a CPU with AMX, from 8 rows, tile multiplies ([`amx`]; `OCCULT_KERNELS=avx512` turns them
-//! off, to compare). The op is a candle `CustomOp2` with its own backward ([`linear_op`]), so
-//! training goes through it too. Elsewhere, or with `OCCULT_KERNELS=portable`, it runs the
-//! portable path: candle's matmul in f32 (bf16 operands are widened to f32 first: candle's
-//! bf16 CPU matmul measured 1.2x slower than its f32 at 512 rows and 4x at one row). Every path
-//! accumulates in f32 and rounds once.
+//! On x86-64 it runs our own kernels ([`gemm_nt`]) at the highest [`Level`] the CPU has
+//! ([`isa`]: AVX2 with FMA, AVX-512, or AVX-512 with AMX): bf16 operands stay bf16 in memory
+//! (half the traffic) and accumulate in f32. Few rows run dot-product tiles (bf16 with
+//! `vdpbf16ps` on AVX-512 BF16, widened in registers below it), many rows outer products at
+//! f32's FMA rate ([`outer`]); with bf16 weights on a CPU with AMX, from 8 rows, tile
+//! multiplies ([`amx`]). `OCCULT_KERNELS` caps the level (`amx`, `avx512`, `avx2`,
+//! `portable`), to compare or to test a lower level on a CPU that has a higher one. The op is
+//! a candle `CustomOp2` with its own backward ([`linear_op`]), so training goes through it too.
+//! At the portable level (other CPUs, ARM among them) it runs candle's matmul in f32 (bf16
+//! operands are widened to f32 first: candle's bf16 CPU matmul measured 1.2x slower than its
+//! f32 at 512 rows and 4x at one row). Every path accumulates in f32 and rounds once.
 //!
 //! The inference paths that own their buffers (the experts', attention's and RoPE's on CPU) call
 //! the same kernels on slices through [`linear_rows`], take their buffers from [`scratch`], and
@@ -18,6 +20,7 @@
 mod amx;
 pub mod bench;
 pub mod gemm_nt;
+pub mod isa;
 mod linear_op;
 mod outer;
 pub mod scratch;
@@ -25,9 +28,9 @@ pub mod vmath;
 
 use crate::Result;
 use candle::{DType, Device, Layout, Storage, Tensor};
-pub use gemm_nt::{Isa, Kernel};
+pub use gemm_nt::Kernel;
+pub use isa::{isa, process_level, Isa, Level, Simd};
 pub use linear_op::Operand;
-use std::sync::OnceLock;
 
 /// A raw pointer shared by the parallel tasks of a kernel, which only read through it or write
 /// disjoint elements. A method gives the address, so that closures capture the `Sync` wrapper
@@ -52,7 +55,7 @@ impl<T> Shared<*mut T> {
 /// Which implementation computes a [`linear`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
-    /// Our AVX-512 kernels where the CPU and dtype allow, else [`Path::Portable`].
+    /// Our kernels where the instruction sets and dtypes allow, else [`Path::Portable`].
     Auto,
     /// candle's matmul, in f32 for bf16 operands.
     Portable,
@@ -61,67 +64,40 @@ pub enum Path {
     Kernel(Kernel),
 }
 
-/// What `OCCULT_KERNELS` asks for: `portable` (candle's matmul: to compare, or to test the
-/// fallback on a CPU that has the instructions), `avx512` (our kernels without AMX), or unset
-/// or `auto` (the fastest this CPU has). Another value is named on stderr, once, and ignored.
-fn kernels_setting() -> &'static str {
-    static SETTING: OnceLock<&'static str> = OnceLock::new();
-    SETTING.get_or_init(|| match std::env::var("OCCULT_KERNELS").as_deref() {
-        Ok("portable") => "portable",
-        Ok("avx512") => "avx512",
-        Ok("auto") | Err(_) => "auto",
-        Ok(other) => {
-            eprintln!("OCCULT_KERNELS={other:?} is not auto, avx512 or portable; using auto");
-            "auto"
-        }
-    })
-}
-
-/// The path this process uses: the portable one with `OCCULT_KERNELS=portable`, else
-/// [`Path::Auto`].
+/// The path this process uses: the portable one where `OCCULT_KERNELS=portable` (or the CPU
+/// has no level above it), else [`Path::Auto`].
 pub fn process_path() -> Path {
-    if kernels_setting() == "portable" {
+    if process_level() == Level::Portable {
         Path::Portable
     } else {
         Path::Auto
     }
 }
 
-/// This CPU's instruction sets, detected once (AMX off with `OCCULT_KERNELS=avx512`).
-pub fn isa() -> Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        let mut isa = Isa::detect();
-        isa.amx &= kernels_setting() != "avx512";
-        isa
-    })
+/// What [`linear`] runs for operands of `dtype` in this process, in words (for bench output).
+pub fn describe(dtype: DType) -> String {
+    describe_on(isa(), dtype)
 }
 
-/// What [`linear`] runs for operands of `dtype` in this process, in words (for bench output).
-pub fn describe(dtype: DType) -> &'static str {
-    match (process_path(), fast_kernel(dtype)) {
-        (Path::Portable, _) | (_, None) if dtype == DType::BF16 => {
-            "portable (candle matmul, widened to f32)"
-        }
-        (Path::Portable, _) | (_, None) => "portable (candle matmul)",
-        (_, Some(DType::BF16)) if isa().amx => {
+/// What [`linear_on`] runs for operands of `dtype` with `isa`, in words.
+pub fn describe_on(isa: Isa, dtype: DType) -> String {
+    let bf16 = dtype == DType::BF16;
+    let what = match (isa.simd_for(bf16, bf16), bf16) {
+        (None, true) => "portable (candle matmul, widened to f32)",
+        (None, false) => "portable (candle matmul)",
+        (Some(Simd::Avx512), true) if isa.amx => {
             "avx512-bf16 with amx (bf16 in memory, f32 accumulation: amx tile multiplies from 8 rows, vdpbf16ps tiles below)"
         }
-        (_, Some(DType::BF16)) => {
+        (Some(Simd::Avx512), true) => {
             "avx512-bf16 (bf16 in memory, f32 accumulation: vdpbf16ps tiles, fma outer products)"
         }
-        (_, Some(_)) => "avx512-f32 (fma)",
-    }
-}
-
-/// The dtype whose AVX-512 kernel this CPU can run for operands of `dtype`, if any.
-fn fast_kernel(dtype: DType) -> Option<DType> {
-    let isa = isa();
-    match dtype {
-        DType::F32 if isa.avx512f => Some(DType::F32),
-        DType::BF16 if isa.avx512bf16 => Some(DType::BF16),
-        _ => None,
-    }
+        (Some(Simd::Avx512), false) => "avx512-f32 (fma)",
+        (Some(Simd::Avx2), true) => {
+            "avx2-bf16 (bf16 in memory, widened in registers, f32 fma accumulation)"
+        }
+        (Some(Simd::Avx2), false) => "avx2-f32 (fma)",
+    };
+    what.to_string()
 }
 
 /// `x · wᵀ` for `x` `[.., K]` and a weight `w` `[N, K]` in its stored layout: `[.., N]`, in
@@ -134,6 +110,12 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 
 /// [`linear`] on a chosen path (tests hold the paths to each other with this).
 pub fn linear_with(x: &Tensor, w: &Tensor, path: Path) -> Result<Tensor> {
+    linear_on(x, w, path, isa())
+}
+
+/// [`linear_with`] with the instruction sets `isa` (at most this CPU's): tests run every level
+/// the CPU supports in one process with this.
+pub fn linear_on(x: &Tensor, w: &Tensor, path: Path, isa: Isa) -> Result<Tensor> {
     let (n, k) = w.dims2()?;
     let dims = x.dims().to_vec();
     let Some((&kx, lead)) = dims.split_last() else {
@@ -158,9 +140,9 @@ pub fn linear_with(x: &Tensor, w: &Tensor, path: Path) -> Result<Tensor> {
         }
         .into());
     }
-    let y = if runs_fast(x, w, path) {
+    let y = if runs_fast(x, w, path, isa) {
         x2.contiguous()?
-            .apply_op2(&w.contiguous()?, linear_op::LinearNt { path })?
+            .apply_op2(&w.contiguous()?, linear_op::LinearNt { path, isa })?
     } else {
         portable(&x2, w)?
     };
@@ -183,7 +165,7 @@ pub fn linear_rows(
     c: &mut [f32],
     mnk: (usize, usize, usize),
 ) -> bool {
-    process_path() != Path::Portable && linear_op::rows(a, w, c, mnk, Path::Auto)
+    linear_op::rows(a, w, c, mnk, Path::Auto, isa())
 }
 
 /// A tensor's contiguous f32 or bf16 CPU elements as an [`Operand`] (from
@@ -196,15 +178,12 @@ pub fn operand_of<'a>(storage: &'a Storage, layout: &Layout) -> Option<Operand<'
 }
 
 /// Whether `x · wᵀ` runs on our kernels (else on [`portable`]); the dtypes are checked.
-fn runs_fast(x: &Tensor, w: &Tensor, path: Path) -> bool {
-    let mixed = x.dtype() == DType::F32 && w.dtype() == DType::BF16;
+fn runs_fast(x: &Tensor, w: &Tensor, path: Path, isa: Isa) -> bool {
     path != Path::Portable
         && matches!(x.device(), Device::Cpu)
-        && if mixed {
-            isa().mixed()
-        } else {
-            fast_kernel(x.dtype()).is_some()
-        }
+        && isa
+            .simd_for(x.dtype() == DType::BF16, w.dtype() == DType::BF16)
+            .is_some()
 }
 
 /// candle's matmul. On the CPU, bf16 is widened to f32 (and rounded back once for bf16

@@ -14,9 +14,14 @@
 //! micro-tile at a time into a small buffer, so that the inner loop runs at f32's FMA rate
 //! (this CPU's `vdpbf16ps` issues at half of it: 80 against 164 GFLOP/s a core, measured).
 //! Columns of `C` are split in blocks across rayon's threads.
+//!
+//! On AVX2 ([`Simd::Avx2`]) the packing and the blocks are the same; a micro-tile covers
+//! sixteen rows (two eight-lane vectors) by [`NR_AVX2`] weight rows, 12 accumulators of AVX2's
+//! sixteen registers, and walks the tile's vectors of rows one after another over the same
+//! weight rows, which a shorter `k` block ([`KC_AVX2`]) keeps in L1.
 
 use super::gemm_nt::Elem;
-use super::Shared;
+use super::{Shared, Simd};
 use rayon::prelude::*;
 
 /// Rows of `A` per tile: four 16-lane vectors.
@@ -33,12 +38,18 @@ const KC: usize = 2048;
 /// micro-tile (`16 x 256` f32, 16 KB) stays in L1.
 const KC_WIDENED: usize = 256;
 
-/// `k` per block for weights of type `W`.
-fn kc_for<W: Elem>() -> usize {
-    if W::IS_F32 {
-        KC
-    } else {
-        KC_WIDENED
+/// `k` per block on AVX2, where a micro-tile's weight rows are read once per sixteen rows of
+/// the tile: [`NR_AVX2`] rows of 512 f32 (12 KB) stay in L1 across them.
+const KC_AVX2: usize = 512;
+/// Columns of `C` per micro-tile on AVX2.
+const NR_AVX2: usize = 6;
+
+/// `k` per block for weights of type `W` at `simd`.
+fn kc_for<W: Elem>(simd: Simd) -> usize {
+    match simd {
+        Simd::Avx512 if W::IS_F32 => KC,
+        Simd::Avx512 => KC_WIDENED,
+        Simd::Avx2 => KC_AVX2.min(if W::IS_F32 { KC } else { KC_WIDENED }),
     }
 }
 
@@ -66,8 +77,8 @@ fn vectors(rows: usize) -> usize {
 /// loads of unaligned rows straddled two cache lines each).
 ///
 /// # Safety
-/// AVX-512 F.
-unsafe fn pack_a<T: Elem>(a: &[T], m: usize, k: usize) -> (Vec<f32>, usize) {
+/// `simd`'s instructions.
+unsafe fn pack_a<T: Elem>(a: &[T], m: usize, k: usize, simd: Simd) -> (Vec<f32>, usize) {
     let tiles = m.div_ceil(MT);
     let last = m - (tiles - 1) * MT;
     let len = (tiles - 1) * MT * k + 16 * vectors(last) * k;
@@ -87,13 +98,14 @@ unsafe fn pack_a<T: Elem>(a: &[T], m: usize, k: usize) -> (Vec<f32>, usize) {
             let group = 16.min(rows - i0);
             let mut block = [[0f32; 16]; 16];
             for kk in (0..whole).step_by(16) {
-                // SAFETY: AVX-512 F (the caller's promise); the block's sixteen columns land
-                // in this tile, within its width.
+                // SAFETY: `simd`'s instructions (the caller's promise); the block's sixteen
+                // columns land in this tile, within its width.
                 unsafe {
                     for (r, row) in block.iter_mut().take(group).enumerate() {
-                        T::widen(&rows_at[(i0 + r) * k + kk..][..16], row);
+                        T::widen(&rows_at[(i0 + r) * k + kk..][..16], row, simd);
                     }
-                    transpose16(block.as_ptr().cast(), 16, dst.add(kk * width + i0), width);
+                    let to = dst.add(kk * width + i0);
+                    transpose16(simd, block.as_ptr().cast(), 16, to, width);
                 }
             }
         }
@@ -120,14 +132,36 @@ unsafe fn pack_a<T: Elem>(a: &[T], m: usize, k: usize) -> (Vec<f32>, usize) {
 /// `dst[c * dst_stride + r] = src[r * src_stride + c]` for sixteen rows and sixteen columns.
 ///
 /// # Safety
-/// AVX-512 F where it is used; both ranges in bounds.
-unsafe fn transpose16(src: *const f32, src_stride: usize, dst: *mut f32, dst_stride: usize) {
+/// `simd`'s instructions; both ranges in bounds.
+unsafe fn transpose16(
+    simd: Simd,
+    src: *const f32,
+    src_stride: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+) {
     #[cfg(target_arch = "x86_64")]
-    x86::transpose16(src, src_stride, dst, dst_stride);
+    match simd {
+        Simd::Avx512 => x86::transpose16(src, src_stride, dst, dst_stride),
+        Simd::Avx2 => {
+            // Four 8 x 8 blocks, each to its mirrored place.
+            for (r, c) in [(0, 0), (0, 8), (8, 0), (8, 8)] {
+                avx2::transpose8(
+                    src.add(r * src_stride + c),
+                    src_stride,
+                    dst.add(c * dst_stride + r),
+                    dst_stride,
+                );
+            }
+        }
+    }
     #[cfg(not(target_arch = "x86_64"))]
-    for r in 0..16 {
-        for c in 0..16 {
-            *dst.add(c * dst_stride + r) = *src.add(r * src_stride + c);
+    {
+        let _ = simd;
+        for r in 0..16 {
+            for c in 0..16 {
+                *dst.add(c * dst_stride + r) = *src.add(r * src_stride + c);
+            }
         }
     }
 }
@@ -144,7 +178,7 @@ fn block_width(n: usize) -> usize {
 /// `c[m, n] = a[m, k] · b[n, k]ᵀ`, accumulated in f32.
 ///
 /// # Safety
-/// AVX-512 F; slices of `m * k`, `n * k` and `m * n` elements.
+/// `simd`'s instructions; slices of `m * k`, `n * k` and `m * n` elements.
 pub unsafe fn gemm<A: Elem, W: Elem>(
     a: &[A],
     b: &[W],
@@ -152,6 +186,7 @@ pub unsafe fn gemm<A: Elem, W: Elem>(
     m: usize,
     n: usize,
     k: usize,
+    simd: Simd,
 ) {
     if m == 0 || n == 0 {
         return;
@@ -160,7 +195,7 @@ pub unsafe fn gemm<A: Elem, W: Elem>(
         c.fill(0.0);
         return;
     }
-    let (packed, at) = pack_a(a, m, k);
+    let (packed, at) = pack_a(a, m, k, simd);
     let (pa, pb, pc) = (
         Shared(packed.as_ptr().add(at)),
         Shared(b.as_ptr()),
@@ -177,12 +212,15 @@ pub unsafe fn gemm<A: Elem, W: Elem>(
         let ct = &mut ct_buf[ct_at..ct_at + (c1 - c0) * MT];
         // Widened (bf16) or zero-padded (a tail) weight rows of one micro-tile, `k` block long.
         // (Allocated on first use: f32 weights need it only for a tail.)
-        let kc_max = kc_for::<W>();
+        let kc_max = kc_for::<W>(simd);
         let mut wbuf = Vec::new();
         for t in 0..m.div_ceil(MT) {
             let rows = MT.min(m - t * MT);
             let v = vectors(rows);
-            let nr = nr_for(v);
+            let nr = match simd {
+                Simd::Avx512 => nr_for(v),
+                Simd::Avx2 => NR_AVX2,
+            };
             let tile = pa.at(t * MT * k);
             let mut kb = 0;
             while kb < k {
@@ -202,26 +240,29 @@ pub unsafe fn gemm<A: Elem, W: Elem>(
                             let dst = &mut wbuf[r * ldw..r * ldw + kc];
                             if r < cols {
                                 let src = std::slice::from_raw_parts(pb.at((j + r) * k + kb), kc);
-                                W::widen(src, dst);
+                                W::widen(src, dst, simd);
                             } else {
                                 dst.fill(0.0);
                             }
                         }
                         (wbuf.as_ptr(), ldw)
                     };
-                    #[cfg(target_arch = "x86_64")]
-                    x86::micro(
-                        v,
+                    let (at, out) = (
                         tile.add(kb * 16 * v),
-                        w,
-                        ldw,
-                        kc,
                         ct.as_mut_ptr().add((j - c0) * 16 * v),
-                        cols,
-                        kb == 0,
                     );
+                    #[cfg(target_arch = "x86_64")]
+                    match simd {
+                        Simd::Avx512 => x86::micro(v, at, w, ldw, kc, out, cols, kb == 0),
+                        Simd::Avx2 => {
+                            for g in 0..v {
+                                let (a, o) = (at.add(16 * g), out.add(16 * g));
+                                avx2::micro(a, 16 * v, w, ldw, kc, o, cols, kb == 0);
+                            }
+                        }
+                    }
                     #[cfg(not(target_arch = "x86_64"))]
-                    unreachable!("AVX-512 kernels on a CPU without them ({w:?} {ldw})");
+                    unreachable!("x86 kernels on another CPU ({at:?} {out:?} {w:?} {ldw})");
                     j += cols;
                 }
                 kb += kc;
@@ -234,6 +275,7 @@ pub unsafe fn gemm<A: Elem, W: Elem>(
             for i0 in (0..whole_rows).step_by(16) {
                 for j0 in (0..whole_cols).step_by(16) {
                     transpose16(
+                        simd,
                         ct.as_ptr().add(j0 * width16 + i0),
                         width16,
                         pc.at((t * MT + i0) * n + c0 + j0),
@@ -380,6 +422,98 @@ mod x86 {
                     _mm512_add_ps(row[j], _mm512_loadu_ps(p))
                 };
                 _mm512_storeu_ps(p, x);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! The eight-lane micro-tile and transpose.
+    use super::NR_AVX2;
+    use std::arch::x86_64::*;
+
+    /// `dst[c * dst_stride + r] = src[r * src_stride + c]` for eight rows and eight columns.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn transpose8(src: *const f32, src_stride: usize, dst: *mut f32, stride: usize) {
+        let mut r = [_mm256_setzero_ps(); 8];
+        for (i, v) in r.iter_mut().enumerate() {
+            *v = _mm256_loadu_ps(src.add(i * src_stride));
+        }
+        // Pairs of rows interleaved within each 128-bit lane.
+        let mut t = [_mm256_setzero_ps(); 8];
+        for i in 0..4 {
+            t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        // `u[4g + q]`, lane `j` of each half: column `4h + q` of rows `4g .. 4g + 4`.
+        let mut u = [_mm256_setzero_ps(); 8];
+        for g in 0..2 {
+            for q in 0..4 {
+                let (x, y) = (t[4 * g + q / 2], t[4 * g + 2 + q / 2]);
+                u[4 * g + q] = if q % 2 == 0 {
+                    _mm256_shuffle_ps::<0x44>(x, y)
+                } else {
+                    _mm256_shuffle_ps::<0xEE>(x, y)
+                };
+            }
+        }
+        // Column q from the low halves, column q + 4 from the high halves.
+        for q in 0..4 {
+            let lo = _mm256_permute2f128_ps::<0x20>(u[q], u[4 + q]);
+            let hi = _mm256_permute2f128_ps::<0x31>(u[q], u[4 + q]);
+            _mm256_storeu_ps(dst.add(q * stride), lo);
+            _mm256_storeu_ps(dst.add((q + 4) * stride), hi);
+        }
+    }
+
+    /// How far ahead (in f32) each weight row is prefetched, a line each 16 steps.
+    const PF: usize = 128;
+
+    /// Sixteen rows of the packed tile from `a` (`lda` f32 a `k` step) by [`NR_AVX2`] weight
+    /// rows from `w` (row stride `ldw`, `kc` long), of which the first `cols` are real, into
+    /// the transposed output `ct` (column stride `lda`; overwritten when `first`, else added
+    /// to).
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn micro(
+        a: *const f32,
+        lda: usize,
+        w: *const f32,
+        ldw: usize,
+        kc: usize,
+        ct: *mut f32,
+        cols: usize,
+        first: bool,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); NR_AVX2]; 2];
+        let mut rows = [w; NR_AVX2];
+        for (j, r) in rows.iter_mut().enumerate() {
+            *r = w.add(j * ldw);
+        }
+        for kk in 0..kc {
+            if kk % 16 == 0 {
+                for r in rows {
+                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(kk + PF) as *const i8);
+                }
+            }
+            let a0 = _mm256_loadu_ps(a.add(kk * lda));
+            let a1 = _mm256_loadu_ps(a.add(kk * lda + 8));
+            for (j, r) in rows.iter().enumerate() {
+                let b = _mm256_broadcast_ss(&*r.add(kk));
+                acc[0][j] = _mm256_fmadd_ps(a0, b, acc[0][j]);
+                acc[1][j] = _mm256_fmadd_ps(a1, b, acc[1][j]);
+            }
+        }
+        for j in 0..cols.min(NR_AVX2) {
+            for (h, half) in acc.iter().enumerate() {
+                let p = ct.add(j * lda + 8 * h);
+                let x = if first {
+                    half[j]
+                } else {
+                    _mm256_add_ps(half[j], _mm256_loadu_ps(p))
+                };
+                _mm256_storeu_ps(p, x);
             }
         }
     }

@@ -56,7 +56,7 @@ pub enum BenchCmd {
         occult bench eval --model tests/fixtures/models/olmoe --tasks hellaswag,arc_easy,mmlu --samples")]
     Eval(super::eval::EvalArgs),
     /// The linear kernels side by side on the same operands: candle's matmul, the portable path
-    /// and Occult's AVX-512 kernels, in f32 and bf16, with GFLOP/s and each one's largest
+    /// and Occult's kernels at this CPU's level (AVX2, AVX-512, AMX), in f32 and bf16, with GFLOP/s and each one's largest
     /// difference from the portable path; and the memory read bandwidth that bounds decode.
     #[command(after_help = "Examples:\n  \
         occult bench kernels                                 # OLMoE's expert shapes\n  \
@@ -170,7 +170,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
 }
 
 fn kernels(a: KernelBenchArgs) -> Result<()> {
-    use occult_core::kernels::{bench, describe, isa};
+    use occult_core::kernels::{bench, describe, isa, process_level};
     super::check_io(&[], &[a.json.as_deref()])?;
     let mut shapes = Vec::new();
     for s in &a.shapes {
@@ -189,7 +189,9 @@ fn kernels(a: KernelBenchArgs) -> Result<()> {
     }
     let threads = rayon::current_num_threads();
     eprintln!(
-        "{threads} threads; AVX-512 F {}, BF16 {}, AMX {}; f32: {}; bf16: {}",
+        "{threads} threads; level {} (AVX2 {}, AVX-512 F {}, BF16 {}, AMX {}); f32: {}; bf16: {}",
+        process_level(),
+        isa().avx2,
         isa().avx512f,
         isa().avx512bf16,
         isa().amx,
@@ -234,7 +236,8 @@ fn kernels(a: KernelBenchArgs) -> Result<()> {
     if let Some(p) = &a.json {
         let v = serde_json::json!({
             "threads": threads,
-            "isa": {"avx512f": isa().avx512f, "avx512bf16": isa().avx512bf16},
+            "level": process_level().name(),
+            "isa": {"avx2": isa().avx2, "avx512f": isa().avx512f, "avx512bf16": isa().avx512bf16, "amx": isa().amx},
             "timings": rows,
             "read_bandwidth_bytes_per_s": bw,
         });

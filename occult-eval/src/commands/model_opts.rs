@@ -52,9 +52,9 @@ pub struct ModelOpts {
     /// Revision of a cached hub model (a branch such as `main`, or a commit hash).
     #[arg(long)]
     pub revision: Option<String>,
-    /// Compute dtype: f32, bf16 or f16. On a CPU with AVX-512, bf16 keeps the weights in bf16 (half
-    /// the memory) and runs about as fast as f32, or about twice as fast where the CPU has AMX;
-    /// f16 runs on the portable path.
+    /// Compute dtype: f32, bf16 or f16. On a CPU with AVX2 or AVX-512, bf16 keeps the weights in
+    /// bf16 (half the memory), which also halves what decode reads; with AMX it runs about twice
+    /// as fast as f32. f16 runs on the portable path.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// Run on CUDA device N (a build with `--features occult-eval/cuda`); the CPU by default.
