@@ -45,7 +45,7 @@ try:
     import numpy as np
     import llama_cpp
 except ImportError as err:
-    sys.exit(f"bench_llama_cpp: cannot import {err.name} ({err}). Install llama-cpp-python, which "
+    sys.exit(f"bench_llama_cpp: {err}. Install llama-cpp-python (it brings numpy), which "
              "builds llama.cpp from source (cmake and a C++ compiler needed), e.g.\n"
              "    CMAKE_ARGS='-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF' pip install llama-cpp-python==0.3.36")
 
@@ -106,7 +106,7 @@ def find_converter(given):
             return root / CONVERTER
     fail(f"cannot find llama.cpp's {CONVERTER}: give --converter PATH or set $LLAMA_CPP_CONVERTER. "
          "The llama-cpp-python sdist vendors it with its gguf-py, e.g.\n"
-         "    pip download --no-deps --no-binary :all: --no-build-isolation llama-cpp-python==0.3.36\n"
+         "    pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36\n"
          "    tar xzf llama_cpp_python-0.3.36.tar.gz   # -> llama_cpp_python-0.3.36/vendor/llama.cpp/"
          f"{CONVERTER}")
 
@@ -128,6 +128,17 @@ def convert(model_dir, outtype, out, converter, python):
     partial.replace(out)
 
 
+def warn_unsupported(model_dir):
+    """Says on stderr when llama.cpp will run the checkpoint differently from transformers."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    if config.get("model_type") == "olmoe" and config.get("clip_qkv") is not None:
+        print(f"bench_llama_cpp: warning: llama.cpp's OLMoE ignores clip_qkv "
+              f"({config['clip_qkv']}); its logits will differ from transformers'", file=sys.stderr)
+
+
 class Model:
     """A llama_cpp.Llama whose context is rebuilt larger when a request needs more room."""
 
@@ -139,12 +150,22 @@ class Model:
     def load(self, ctx):
         if self.llm is not None:
             self.llm.close()
+            self.llm = None
         # n_batch = n_ubatch = n_ctx: a prompt is one llama_decode of one micro-batch.
-        self.llm = llama_cpp.Llama(
-            model_path=str(self.gguf), n_ctx=ctx, n_batch=ctx, n_ubatch=ctx,
-            n_threads=self.threads, n_threads_batch=self.threads, n_gpu_layers=0,
-            logits_all=True, embedding=False, flash_attn=self.flash_attn,
-            type_k=self.kv_type, type_v=self.kv_type, verbose=False)
+        params = dict(model_path=str(self.gguf), n_ctx=ctx, n_batch=ctx, n_ubatch=ctx,
+                      n_threads=self.threads, n_threads_batch=self.threads, n_gpu_layers=0,
+                      logits_all=True, embedding=False, flash_attn=self.flash_attn,
+                      type_k=self.kv_type, type_v=self.kv_type)
+        try:
+            self.llm = llama_cpp.Llama(**params, verbose=False)
+        except ValueError:
+            # llama-cpp-python only says "Failed to load"; load again with llama.cpp's log on
+            # stderr, which ends with the reason (e.g. a tensor shape llama.cpp does not support).
+            try:
+                llama_cpp.Llama(**params, verbose=True).close()
+            except ValueError:
+                pass
+            fail(f"llama.cpp cannot load {self.gguf} with n_ctx {ctx}: see its log above")
         self.ctx = ctx
 
     def fit(self, tokens):
@@ -187,6 +208,7 @@ def main():
     p.add_argument("--flash-attn", action="store_true", help="llama.cpp's flash attention")
     a = p.parse_args()
     outtype, ftype, kv_type = DTYPES[a.dtype]
+    warn_unsupported(a.model)
 
     with tempfile.TemporaryDirectory(prefix="bench_llama_cpp.") as tmp:
         gguf = Path(a.gguf) if a.gguf else Path(tmp) / f"model-{a.dtype}.gguf"

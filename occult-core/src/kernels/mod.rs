@@ -82,7 +82,11 @@ pub fn describe(dtype: DType) -> String {
 /// What [`linear_on`] runs for operands of `dtype` with `isa`, in words.
 pub fn describe_on(isa: Isa, dtype: DType) -> String {
     let bf16 = dtype == DType::BF16;
-    let what = match (isa.simd_for(bf16, bf16), bf16) {
+    let simd = match dtype {
+        DType::F32 | DType::BF16 => isa.simd_for(bf16, bf16),
+        _ => None,
+    };
+    let what = match (simd, bf16) {
         (None, true) => "portable (candle matmul, widened to f32)",
         (None, false) => "portable (candle matmul)",
         (Some(Simd::Avx512), true) if isa.amx => {
@@ -179,11 +183,15 @@ pub fn operand_of<'a>(storage: &'a Storage, layout: &Layout) -> Option<Operand<'
 
 /// Whether `x · wᵀ` runs on our kernels (else on [`portable`]); the dtypes are checked.
 fn runs_fast(x: &Tensor, w: &Tensor, path: Path, isa: Isa) -> bool {
-    path != Path::Portable
-        && matches!(x.device(), Device::Cpu)
-        && isa
-            .simd_for(x.dtype() == DType::BF16, w.dtype() == DType::BF16)
-            .is_some()
+    let bf16 = |t: &Tensor| match t.dtype() {
+        DType::F32 => Some(false),
+        DType::BF16 => Some(true),
+        _ => None,
+    };
+    let (Some(a), Some(b)) = (bf16(x), bf16(w)) else {
+        return false;
+    };
+    path != Path::Portable && matches!(x.device(), Device::Cpu) && isa.simd_for(a, b).is_some()
 }
 
 /// candle's matmul. On the CPU, bf16 is widened to f32 (and rounded back once for bf16

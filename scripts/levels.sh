@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Runs the tests that exercise the CPU kernels at every instruction-set level: occult-core's
+# unit tests (vector math, the experts' and attention's inference paths), the kernel tests and
+# the model parity tests.
+#
+#  1. Natively, once per level this CPU has below its highest (`OCCULT_KERNELS`; the highest
+#     is what the plain test run used), so a machine with AVX-512 also proves its AVX2 and
+#     portable paths.
+#  2. Under qemu-user (Debian's qemu-user), as older CPUs: `-cpu Haswell` has AVX2 and FMA
+#     without AVX-512, `-cpu Nehalem` neither, so detection itself picks the level there
+#     (`OCCULT_EXPECT_LEVEL` tells the detection test what the emulated model has, since
+#     qemu-user shows the host's /proc/cpuinfo). QEMU does not emulate AVX-512: those paths
+#     run natively where the CPU has them.
+#
+#   scripts/levels.sh [--native-only | --emulated-only]
+#
+# Needs the test binaries built as the README's test command builds them (the same features,
+# so nothing is rebuilt) and, for step 2, qemu-x86_64 (`apt-get install qemu-user`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mode=${1:-all}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+# The test executables, as cargo reports them (no rebuild when the test run came first).
+mapfile -t bins < <(
+  cargo test --workspace --release --features occult-tests/mpi --no-run \
+    --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+want = {("occult-core", "lib"), ("occult-tests", "kernels"), ("occult-tests", "model_parity")}
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    pkg = m["package_id"].split("#")[-1].split("@")[0]
+    name = m["target"]["name"]
+    if (pkg, "lib" if "lib" in m["target"]["kind"] else name) in want:
+        print(m["executable"])
+'
+)
+if [[ ${#bins[@]} -ne 3 ]]; then
+  echo "levels.sh: expected 3 test binaries (occult-core, kernels, model_parity), found ${#bins[@]}: ${bins[*]}" >&2
+  exit 1
+fi
+
+run() { # label, then the command
+  local label=$1
+  shift
+  local start=$SECONDS
+  local log
+  log=$(mktemp)
+  for b in "${bins[@]}"; do
+    if ! "$@" "$b" >"$log" 2>&1; then
+      tail -60 "$log"
+      echo "levels.sh: $(basename "$b") failed at $label" >&2
+      exit 1
+    fi
+    echo "$label, $(basename "$b"): $(grep '^test result' "$log")"
+  done
+  rm -f "$log"
+  echo "== $label: $((SECONDS - start)) s"
+}
+
+flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+has() { [[ " $flags " == *" $1 "* ]]; }
+
+if [[ $mode != --emulated-only ]]; then
+  levels=(portable)
+  if has avx2 && has fma; then levels+=(avx2); fi
+  if has avx512f; then levels+=(avx512); fi
+  if has amx_tile; then levels+=(amx); fi
+  # The highest is the plain test run's; every other one here.
+  unset 'levels[${#levels[@]}-1]'
+  for level in "${levels[@]}"; do
+    run "native, OCCULT_KERNELS=$level" env OCCULT_KERNELS="$level"
+  done
+fi
+
+if [[ $mode != --native-only ]]; then
+  command -v qemu-x86_64 >/dev/null || {
+    echo "levels.sh: qemu-x86_64 not found (apt-get install qemu-user)" >&2
+    exit 1
+  }
+  # Haswell's model lists features TCG lacks (pcid, x2apic, tsc-deadline, hle, invpcid, rtm,
+  # all beside the point here); taking them off keeps qemu quiet.
+  haswell=Haswell,-pcid,-x2apic,-tsc-deadline,-hle,-invpcid,-rtm
+  run "qemu -cpu Haswell (avx2)" env OCCULT_EXPECT_LEVEL=avx2 qemu-x86_64 -cpu "$haswell"
+  run "qemu -cpu Nehalem (portable)" env OCCULT_EXPECT_LEVEL=portable qemu-x86_64 -cpu Nehalem
+fi
