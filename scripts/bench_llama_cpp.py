@@ -22,8 +22,12 @@ attention output and MoE block, which would make its prefill do less work than o
 transformers'. The key/value cache has the weights' dtype (llama.cpp's own default is f16).
 A context too small for a request is rebuilt larger before it is timed.
 
-The first line written is {"ready": true, "llama_cpp_python": VERSION, ...} once the model is
-loaded. Needs llama-cpp-python (pip builds llama.cpp from source) and, to convert, the
+The first line written is {"ready": true, "llama_cpp_python": VERSION, "isa": SYSTEM_INFO, ...}
+once the model is loaded; SYSTEM_INFO is llama.cpp's own list of the instruction sets it was
+built for ("AVX2 = 1 | AVX512 = 0 | ..."). That level is fixed at build time: GGML_NATIVE=ON
+builds for this CPU; to compare at the AVX2 level on an AVX-512 machine, build with
+    CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON'
+into another environment. Needs llama-cpp-python (pip builds llama.cpp from source) and, to convert, the
 convert_hf_to_gguf.py of a llama.cpp tree with its gguf-py beside it, e.g. the one vendored in
 the llama-cpp-python sdist (vendor/llama.cpp/), found from --converter, $LLAMA_CPP_CONVERTER,
 the PATH, or beside an editable llama_cpp install; the converter's Python needs torch,
@@ -129,14 +133,27 @@ def convert(model_dir, outtype, out, converter, python):
 
 
 def warn_unsupported(model_dir):
-    """Says on stderr when llama.cpp will run the checkpoint differently from transformers."""
+    """Says on stderr when llama.cpp will run the checkpoint differently from transformers, and
+    stops where it cannot run it at all."""
     try:
         config = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return
-    if config.get("model_type") == "olmoe" and config.get("clip_qkv") is not None:
+    if config.get("model_type") != "olmoe":
+        return
+    if config.get("clip_qkv") is not None:
         print(f"bench_llama_cpp: warning: llama.cpp's OLMoE ignores clip_qkv "
               f"({config['clip_qkv']}); its logits will differ from transformers'", file=sys.stderr)
+    eps = config.get("rms_norm_eps", 1e-5)
+    if eps != 1e-5:
+        print(f"bench_llama_cpp: warning: llama.cpp's converter writes OLMoE's RMSNorm epsilon as "
+              f"1e-5 (OLMoE-1B-7B's), this checkpoint says {eps}; its logits will differ from "
+              "transformers'", file=sys.stderr)
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if kv is not None and kv != heads:
+        fail(f"llama.cpp's OLMoE has no grouped-query attention (its q/k norms span all "
+             f"{heads} heads), and this checkpoint has {kv} key/value heads for {heads}; "
+             "OLMoE-1B-7B has as many as query heads")
 
 
 class Model:
@@ -220,7 +237,9 @@ def main():
         if have != ftype:
             fail(f"{gguf} has llama.cpp file type {have}, not {a.dtype} ({ftype}); "
                  "remove it or give another --gguf")
-        print(json.dumps({"ready": True, "llama_cpp_python": llama_cpp.__version__,
+        isa = llama_cpp.llama_print_system_info()
+        isa = isa.decode(errors="replace") if isinstance(isa, bytes) else str(isa)
+        print(json.dumps({"ready": True, "llama_cpp_python": llama_cpp.__version__, "isa": isa,
                           "gguf": str(gguf) if a.gguf else None, "converted": converted}), flush=True)
         for line in sys.stdin:
             if not line.strip():

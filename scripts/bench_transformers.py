@@ -11,11 +11,14 @@ JSON request a line on stdin and answers one JSON line on stdout:
 
 Each request prefills the prompt and decodes D tokens greedily with the key/value cache, as
 occult's bench does, timed here so that the pipe is not counted. The first line written is
-{"ready": true, "torch": VERSION, "transformers": VERSION} once the model is loaded. occult
+{"ready": true, "torch": VERSION, "transformers": VERSION, "isa": LEVEL} once the model is
+loaded (LEVEL: AMX, AVX512, AVX2 or DEFAULT; occult caps torch to its own kernels' level with
+ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS). occult
 carries a copy of this file and runs it with $OCCULT_PYTHON (default python3).
 """
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -44,6 +47,18 @@ def run(model, prompt, steps):
     return {"prefill_s": prefill, "decode_s_per_token": per, "logits": first.tolist()}
 
 
+def cpu_level():
+    """The instruction sets torch's CPU kernels use: ATen's capability (DEFAULT, AVX2, AVX512;
+    capped by $ATEN_CPU_CAPABILITY), or AMX where oneDNN may use its tile multiplies for bf16
+    (the CPU has them and $ONEDNN_MAX_CPU_ISA does not cap below them)."""
+    level = torch.backends.cpu.get_cpu_capability()
+    amx = getattr(torch._C._cpu, "_is_amx_tile_supported", lambda: False)()
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    if level == "AVX512" and amx and (cap == "ALL" or "AMX" in cap):
+        return "AMX"
+    return level
+
+
 def main():
     # transformers 5.x warns that `past_key_values` will be renamed; both work for now.
     warnings.filterwarnings("ignore", category=FutureWarning)
@@ -55,8 +70,8 @@ def main():
     torch.set_num_threads(a.threads)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=DTYPES[a.dtype], attn_implementation="eager")
     model.eval()
-    print(json.dumps({"ready": True, "torch": torch.__version__, "transformers": transformers.__version__}),
-          flush=True)
+    print(json.dumps({"ready": True, "torch": torch.__version__, "transformers": transformers.__version__,
+                      "isa": cpu_level()}), flush=True)
     for line in sys.stdin:
         if not line.strip():
             continue

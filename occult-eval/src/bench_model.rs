@@ -1,10 +1,12 @@
 //! `occult bench model`: prefill tokens/s and decode ms/token of our model code on a checkpoint,
-//! and, with the `candle-transformers` feature, of candle-transformers' own implementation
-//! (qwen2_moe, mixtral, qwen3_moe) on the same weights and tokens in the same run, with the
-//! agreement of their last-position logits. Runs alternate between the two so that machine
+//! and of another implementation on the same weights and tokens in the same run, with the
+//! agreement of their last-position logits: candle-transformers' own model (qwen2_moe,
+//! mixtral, qwen3_moe; with the `candle-transformers` feature), or transformers or llama.cpp in
+//! a Python process beside this one ([`crate::bench_peer`]). Runs alternate between the two so that machine
 //! noise hits both alike; each figure is the best of the repeats. With `--devices D > 1` it
 //! compares the expert-parallel modes instead ([`crate::bench_model_ep`]).
 
+use crate::bench_peer::{Peer, PeerKind, PeerOptions};
 use crate::commands::model_opts::ModelOpts;
 use anyhow::{bail, Result};
 use candle::{DType, Device, Tensor};
@@ -21,8 +23,14 @@ pub enum Against {
     CandleTransformers,
     /// Hugging Face transformers (PyTorch) on the same checkpoint, dtype and thread count, in a
     /// Python process beside this one ($OCCULT_PYTHON, default python3, with torch and
-    /// transformers installed; scripts/bench_transformers.py).
+    /// transformers installed; scripts/bench_transformers.py), held to our kernels' level.
     Transformers,
+    /// llama.cpp (llama-cpp-python) on the checkpoint converted to a GGUF of the same dtype by
+    /// llama.cpp's own converter, with the same prompt, threads and decode steps
+    /// (scripts/bench_llama_cpp.py; see --gguf).
+    #[value(name = "llama.cpp", alias = "llama-cpp")]
+    #[serde(rename = "llama.cpp")]
+    LlamaCpp,
 }
 
 #[derive(clap::Args, Debug)]
@@ -49,6 +57,10 @@ pub struct ModelBenchArgs {
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// With --against llama.cpp: the converted GGUF, used as it is when present and written
+    /// there otherwise (without it, the checkpoint is converted again at every run).
+    #[arg(long, value_name = "PATH")]
+    pub gguf: Option<std::path::PathBuf>,
     /// With --devices D > 1: project the prefill onto this machine (pcie4, nvlink-h100,
     /// ib-ndr, or a TOML file).
     #[arg(long)]
@@ -240,6 +252,9 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
     if a.batch == 0 || (a.batch > 1 && a.model.devices < 2) {
         bail!("--batch takes 1 or more prompts per rank, and more than 1 with --devices 2 or more");
     }
+    if a.gguf.is_some() && a.against != Some(Against::LlamaCpp) {
+        bail!("--gguf is the converted checkpoint of --against llama.cpp; add that or drop --gguf");
+    }
     let ck = a.model.open()?;
     if a.model.devices > 1 {
         return run_parallel(&a, &ck);
@@ -247,6 +262,7 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
     let prompt = random_prompt(a.prompt_len, ck.cfg.vocab_size, a.seed);
     let label = format!("occult ({:?})", a.model.mode()).to_lowercase();
     let against = a.against;
+    let level = occult_core::kernels::process_level();
     let Some(timings) = a.model.run(&ck, |m| {
         let mut ours = Ours {
             model: m,
@@ -264,12 +280,23 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
                     a.repeats,
                 )
             }
-            Some(Against::Transformers) => {
-                let mut theirs = crate::bench_transformers::Transformers::start(
-                    &ck.files.dir,
-                    &a.model.dtype,
-                    rayon::current_num_threads(),
-                )?;
+            Some(peer @ (Against::Transformers | Against::LlamaCpp)) => {
+                let kind = match peer {
+                    Against::LlamaCpp => PeerKind::LlamaCpp,
+                    _ => PeerKind::Transformers,
+                };
+                let opts = PeerOptions {
+                    gguf: a.gguf.clone(),
+                    level: Some(level),
+                };
+                let threads = rayon::current_num_threads();
+                let mut theirs = Peer::start(kind, &ck.files.dir, &a.model.dtype, threads, &opts)?;
+                let dtype = &a.model.dtype;
+                if let Some(note) =
+                    crate::bench_peer::level_mismatch(kind, level, theirs.level, dtype)
+                {
+                    eprintln!("warning: {note}");
+                }
                 compare(
                     &mut [&mut ours, &mut theirs],
                     &prompt,
@@ -300,7 +327,13 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
         ]);
     }
     println!("{}", table.render());
-    let mut report = serde_json::json!({"model": ck.name, "results": runs});
+    let mut report = serde_json::json!({
+        "model": ck.name,
+        "dtype": a.model.dtype,
+        "threads": rayon::current_num_threads(),
+        "kernel_level": level.name(),
+        "results": runs,
+    });
     if timings.logits.len() == 2 {
         let (d, scale) = max_diff(&timings.logits[0], &timings.logits[1]);
         // Speed of ours relative to theirs (above 1: ours is faster), as the median of the

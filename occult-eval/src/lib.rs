@@ -4,9 +4,9 @@
 pub mod bench_layer;
 pub mod bench_model;
 pub mod bench_model_ep;
+pub mod bench_peer;
 pub mod bench_suite;
 pub mod bench_train;
-pub mod bench_transformers;
 pub mod builtin;
 pub mod commands;
 pub mod harness;

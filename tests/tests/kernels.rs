@@ -142,6 +142,41 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (150, 40, 4096),
 ];
 
+/// The shapes of a run under emulation (`OCCULT_TEST_EMULATED=1`, which scripts/levels.sh sets
+/// under qemu-user): there every floating-point operation is a call into QEMU's soft-float, 50
+/// to 100 times slower, so these keep what [`SHAPES`] is for (0 and 1 rows, tails of every
+/// tile, vector and column block; `k` past the AVX2 outer kernel's blocks of 512 (f32) and 256
+/// (bf16); several 64-row tiles) at about a fortieth of the work. The AMX shapes are left out:
+/// QEMU has no AMX (nor AVX-512), so those paths run natively only.
+const EMULATED_SHAPES: &[(usize, usize, usize)] = &[
+    (0, 5, 7),
+    (1, 1, 1),
+    (2, 1, 0),
+    (3, 5, 7),
+    (4, 4, 16),
+    (4, 4, 32),
+    (5, 9, 33),
+    (7, 13, 31),
+    (17, 3, 100),
+    (1, 20, 1030),
+    (9, 130, 65),
+    (26, 7, 600),
+    (69, 19, 257),
+    (104, 7, 40),
+    (256, 33, 7),
+    (49, 50, 30),
+    (200, 30, 33),
+];
+
+/// [`SHAPES`], or [`EMULATED_SHAPES`] under emulation.
+fn shapes() -> &'static [(usize, usize, usize)] {
+    if std::env::var_os("OCCULT_TEST_EMULATED").is_some_and(|v| v == "1") {
+        EMULATED_SHAPES
+    } else {
+        SHAPES
+    }
+}
+
 /// Activation and weight dtypes: one dtype, or f32 activations with bf16 weights.
 const DTYPES: &[(DType, DType)] = &[
     (DType::F32, DType::F32),
@@ -153,7 +188,7 @@ fn check_forward(path: Path) {
     for (level, isa) in levels() {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         for &(dtype, wdtype) in DTYPES {
-            for &(m, n, k) in SHAPES {
+            for &(m, n, k) in shapes() {
                 let (a, x) = operand(&mut rng, m, k, dtype);
                 let (b, w) = operand(&mut rng, n, k, wdtype);
                 let y = linear_on(&x, &w, path, isa).unwrap();
@@ -200,7 +235,7 @@ fn check_backward(path: Path) {
     for (level, isa) in levels() {
         let mut rng = ChaCha8Rng::seed_from_u64(11);
         for &(dtype, wdtype) in DTYPES {
-            for &(m, n, k) in SHAPES {
+            for &(m, n, k) in shapes() {
                 let (a, x) = operand(&mut rng, m, k, dtype);
                 let (b, w) = operand(&mut rng, n, k, wdtype);
                 let (r, rt) = operand(&mut rng, m, n, dtype);

@@ -135,3 +135,88 @@ pub fn read_bandwidth(bytes: usize, repeat: usize) -> f64 {
     std::hint::black_box(sink);
     (buf.len() * 8) as f64 / best
 }
+
+/// The f32 FMA peak of this CPU at `simd`'s width on all of rayon's threads, in FLOP/s: the
+/// best of `repeat` runs of a loop of independent register-only FMAs (twelve chains, more than
+/// latency times issue ports on current x86 cores), so no load or store bounds it. What a
+/// kernel's GFLOP/s is to be read against: a product cannot run faster than this.
+pub fn fma_peak(simd: super::Simd, repeat: usize) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        const ITERS: usize = 4_000_000;
+        let threads = rayon::current_num_threads().max(1);
+        let lanes = match simd {
+            super::Simd::Avx2 => 8,
+            super::Simd::Avx512 => 16,
+        };
+        let mut best = f64::INFINITY;
+        for _ in 0..repeat.max(1) {
+            let t = Instant::now();
+            let sink: f32 = (0..threads)
+                .into_par_iter()
+                .map(|_| {
+                    // SAFETY: callers ask only for a width this CPU has (`Isa::simd_for`).
+                    unsafe {
+                        match simd {
+                            super::Simd::Avx2 => fma_chains::avx2(ITERS),
+                            super::Simd::Avx512 => fma_chains::avx512(ITERS),
+                        }
+                    }
+                })
+                .sum();
+            best = best.min(t.elapsed().as_secs_f64());
+            std::hint::black_box(sink);
+        }
+        (threads * ITERS * fma_chains::CHAINS * lanes * 2) as f64 / best
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (simd, repeat);
+        f64::NAN
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod fma_chains {
+    //! Register-only FMA loops for [`super::fma_peak`].
+    use std::arch::x86_64::*;
+
+    /// Independent accumulator chains.
+    pub const CHAINS: usize = 12;
+
+    /// # Safety
+    /// AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn avx2(iters: usize) -> f32 {
+        let (m, a) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+        let mut acc = [_mm256_set1_ps(1.0); CHAINS];
+        for _ in 0..iters {
+            for r in acc.iter_mut() {
+                *r = _mm256_fmadd_ps(*r, m, a);
+            }
+        }
+        let mut out = [0f32; 8];
+        let s = acc
+            .iter()
+            .fold(_mm256_setzero_ps(), |s, &r| _mm256_add_ps(s, r));
+        _mm256_storeu_ps(out.as_mut_ptr(), s);
+        out.iter().sum()
+    }
+
+    /// # Safety
+    /// AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn avx512(iters: usize) -> f32 {
+        let (m, a) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+        let mut acc = [_mm512_set1_ps(1.0); CHAINS];
+        for _ in 0..iters {
+            for r in acc.iter_mut() {
+                *r = _mm512_fmadd_ps(*r, m, a);
+            }
+        }
+        let s = acc
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, &r| _mm512_add_ps(s, r));
+        _mm512_reduce_add_ps(s)
+    }
+}

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 pub const FAMILY: Family = Family {
     model_type: "deepseek",
+    architecture: "DeepseekForCausalLM",
     names: MoeNames {
         block: "mlp",
         router: "gate",

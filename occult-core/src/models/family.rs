@@ -72,6 +72,9 @@ pub struct FamilyConfig {
 pub struct Family {
     /// `config.json`'s `model_type`.
     pub model_type: &'static str,
+    /// The model class a Hugging Face `config.json` names in `architectures` (a synthetic
+    /// checkpoint names it too, as converters such as llama.cpp's look a model up by it).
+    pub architecture: &'static str,
     pub names: MoeNames,
     pub qk_norm: QkNorm,
     /// transformers' defaults when `config.json` is silent.
@@ -140,6 +143,31 @@ mod tests {
         types.dedup();
         assert_eq!(types.len(), FAMILIES.len(), "model_types are unique");
         assert_eq!(family("llama"), None);
+    }
+
+    /// The class each family names in `architectures` is the one transformers wrote into the
+    /// reference fixtures (scripts/make_model_fixtures.py), and synthetic configs name it too.
+    #[test]
+    fn architectures_are_the_reference_checkpoints() {
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models");
+        for f in FAMILIES {
+            let path = fixtures.join(f.model_type).join("config.json");
+            let text = std::fs::read_to_string(&path).unwrap();
+            let config: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(
+                config["architectures"][0],
+                f.architecture,
+                "{}",
+                path.display()
+            );
+            let synth = SynthModel::tiny(f).config_json().unwrap();
+            assert_eq!(
+                synth["architectures"],
+                serde_json::json!([f.architecture]),
+                "{f}"
+            );
+        }
     }
 
     #[test]

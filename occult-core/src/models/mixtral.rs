@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 pub const FAMILY: Family = Family {
     model_type: "mixtral",
+    architecture: "MixtralForCausalLM",
     names: MoeNames {
         block: "block_sparse_moe",
         router: "gate",

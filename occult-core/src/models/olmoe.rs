@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 
 pub const FAMILY: Family = Family {
     model_type: "olmoe",
+    architecture: "OlmoeForCausalLM",
     names: MoeNames {
         block: "mlp",
         router: "gate",

@@ -16,6 +16,7 @@ use serde_json::json;
 
 pub const FAMILY: Family = Family {
     model_type: "qwen2_moe",
+    architecture: "Qwen2MoeForCausalLM",
     names: MoeNames {
         block: "mlp",
         router: "gate",

@@ -15,6 +15,7 @@ use serde_json::json;
 
 pub const FAMILY: Family = Family {
     model_type: "qwen3_moe",
+    architecture: "Qwen3MoeForCausalLM",
     names: MoeNames {
         block: "mlp",
         router: "gate",

@@ -91,6 +91,7 @@ impl SynthModel {
             );
         }
         let mut c = json!({
+            "architectures": [self.family.architecture],
             "model_type": self.model_type(),
             "vocab_size": self.vocab,
             "hidden_size": self.hidden,
@@ -98,7 +99,7 @@ impl SynthModel {
             "num_attention_heads": self.heads,
             "num_key_value_heads": self.kv_heads,
             "num_experts_per_tok": self.top_k,
-            "rms_norm_eps": 1e-6,
+            "rms_norm_eps": self.family.default_rms_norm_eps,
             "rope_theta": 10000.0,
             "max_position_embeddings": 4096,
             "tie_word_embeddings": false,
@@ -117,9 +118,10 @@ impl SynthModel {
         Ok(c)
     }
 
-    /// Writes `config.json` and `model.safetensors` into `dir` (created if needed), refusing
-    /// weights over [`MAX_SYNTH_BYTES`] before creating anything. Returns the
-    /// configuration and the weights' size in bytes.
+    /// Writes `config.json`, `model.safetensors` and (with a vocabulary of 2 or more)
+    /// [`tokenizer_json`]'s `tokenizer.json` with its `tokenizer_config.json` into `dir` (created if needed), refusing weights
+    /// over [`MAX_SYNTH_BYTES`] before creating anything. Returns the configuration and the
+    /// weights' size in bytes.
     pub fn write(&self, dir: &Path) -> Result<(ModelConfig, u64)> {
         let config = self.config_json()?;
         let cfg = ModelConfig::from_json(&config, "the synthetic configuration")?;
@@ -185,7 +187,129 @@ impl SynthModel {
         let size = bytes.len() as u64;
         drop(data);
         write_atomic(&dir.join("model.safetensors"), |w| w.write_all(&bytes))?;
+        if let Some(tokenizer) = tokenizer_json(self.vocab) {
+            write_json_atomic(&dir.join("tokenizer.json"), &tokenizer)?;
+            // The class named, so that transformers does not take the family's own tokenizer
+            // class, which may add tokens of its own (OLMoE's GPT-NeoX adds a padding token).
+            let special = json!({
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|endoftext|>",
+                "eos_token": "<|endoftext|>",
+                "unk_token": "<unk>",
+            });
+            write_json_atomic(&dir.join("tokenizer_config.json"), &special)?;
+        }
         write_json_atomic(&dir.join("config.json"), &config)?;
         Ok((cfg, size))
+    }
+}
+
+/// The characters a synthetic tokenizer spells its tokens with.
+const ALPHABET: &str = "abcdefghijklmnopqrstuvwxyz0123456789";
+
+/// The `tokenizer.json` of a synthetic checkpoint with `vocab` ids, or `None` below 2:
+/// `<|endoftext|>` (id 0, the synthetic config's BOS and EOS) and `<unk>` (1), then the 36
+/// lower-case letters and digits, then their runs of two, three, ... characters (`aa`, `ab`,
+/// ...), each made by a byte-pair merge of its first characters with its last, until `vocab`
+/// ids are used. A real BPE model with its merges, lower-casing and splitting on whitespace and
+/// punctuation, so that transformers, llama.cpp's converter (which wants the merges of a
+/// GPT-2-style tokenizer) and every occult command read it; characters outside the alphabet
+/// become `<unk>`.
+pub fn tokenizer_json(vocab: usize) -> Option<Value> {
+    const SPECIAL: [&str; 2] = ["<|endoftext|>", "<unk>"];
+    if vocab < SPECIAL.len() {
+        return None;
+    }
+    let mut tokens: Vec<String> = SPECIAL.iter().map(|t| t.to_string()).collect();
+    let mut merges: Vec<String> = Vec::new();
+    let mut level: Vec<String> = ALPHABET.chars().map(String::from).collect();
+    tokens.extend(level.iter().take(vocab - tokens.len()).cloned());
+    while tokens.len() < vocab {
+        let mut next = Vec::new();
+        'fill: for prefix in &level {
+            for c in ALPHABET.chars() {
+                if tokens.len() == vocab {
+                    break 'fill;
+                }
+                let token = format!("{prefix}{c}");
+                merges.push(format!("{prefix} {c}"));
+                tokens.push(token.clone());
+                next.push(token);
+            }
+        }
+        level = next;
+    }
+    let ids: serde_json::Map<String, Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), json!(i)))
+        .collect();
+    let added: Vec<Value> = SPECIAL
+        .iter()
+        .enumerate()
+        .map(|(id, content)| {
+            json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    Some(json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "Lowercase"},
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null,
+        "decoder": null,
+        "model": {
+            "type": "BPE",
+            "dropout": null,
+            "unk_token": SPECIAL[1],
+            "continuing_subword_prefix": null,
+            "end_of_word_suffix": null,
+            "fuse_unk": false,
+            "byte_fallback": false,
+            "ignore_merges": false,
+            "vocab": ids,
+            "merges": merges,
+        },
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_synthetic_tokenizer_fills_the_vocabulary_and_reads_back() {
+        assert!(tokenizer_json(1).is_none());
+        // Specials only, part of the alphabet, two-character runs, three-character runs.
+        for vocab in [2, 20, 128, 1024, 2000] {
+            let json = tokenizer_json(vocab).unwrap().to_string();
+            let tok = tokenizers::Tokenizer::from_bytes(json.as_bytes()).unwrap();
+            assert_eq!(tok.get_vocab_size(true), vocab, "{vocab}");
+            let ids = tok.encode("Ab c9 zz!", false).unwrap().get_ids().to_vec();
+            assert!(
+                ids.iter().all(|&i| (i as usize) < vocab),
+                "{vocab}: {ids:?}"
+            );
+            if vocab >= 2 + 36 + 36 * 36 {
+                // "ab", "c9", "zz" merged; "!" is outside the alphabet.
+                let want: Vec<u32> = ["ab", "c9", "zz"]
+                    .iter()
+                    .map(|t| tok.token_to_id(t).unwrap())
+                    .chain([1])
+                    .collect();
+                assert_eq!(ids, want);
+                assert_eq!(tok.token_to_id("aaa"), Some(2 + 36 + 36 * 36));
+                assert_eq!(tok.token_to_id("abc"), Some(2 + 36 + 36 * 36 + 36 + 2));
+            }
+        }
+        let tok =
+            tokenizers::Tokenizer::from_bytes(tokenizer_json(64).unwrap().to_string()).unwrap();
+        assert_eq!(tok.token_to_id("<|endoftext|>"), Some(0));
+        assert_eq!(tok.token_to_id("<unk>"), Some(1));
+        assert_eq!(tok.token_to_id("a"), Some(2));
+        assert_eq!(tok.token_to_id("aa"), Some(2 + 36));
     }
 }

@@ -170,7 +170,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
 }
 
 fn kernels(a: KernelBenchArgs) -> Result<()> {
-    use occult_core::kernels::{bench, describe, isa, process_level};
+    use occult_core::kernels::{bench, describe, isa, process_level, Simd};
     super::check_io(&[], &[a.json.as_deref()])?;
     let mut shapes = Vec::new();
     for s in &a.shapes {
@@ -233,10 +233,27 @@ fn kernels(a: KernelBenchArgs) -> Result<()> {
         bw / 1e9,
         a.bandwidth_mib
     );
+    // The FMA peak at each vector width this process's kernels may use.
+    let mut peaks = serde_json::Map::new();
+    for (simd, name, has) in [
+        (Simd::Avx2, "avx2", isa().avx2),
+        (Simd::Avx512, "avx512", isa().avx512f),
+    ] {
+        if has {
+            let peak = bench::fma_peak(simd, 5);
+            println!(
+                "f32 FMA peak at {name} ({threads} threads, register-only loop, best of 5): \
+                 {:.1} GFLOP/s",
+                peak / 1e9
+            );
+            peaks.insert(name.into(), serde_json::json!(peak));
+        }
+    }
     if let Some(p) = &a.json {
         let v = serde_json::json!({
             "threads": threads,
             "level": process_level().name(),
+            "fma_peak_flops": peaks,
             "isa": {"avx2": isa().avx2, "avx512f": isa().avx512f, "avx512bf16": isa().avx512bf16, "amx": isa().amx},
             "timings": rows,
             "read_bandwidth_bytes_per_s": bw,
