@@ -7,8 +7,16 @@ fn main() {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
+    // `--no-optional-locks`: a plain `git status` refreshes and rewrites `.git/index`, which
+    // is one of the files below, so the next cargo command would run this again and rebuild
+    // everything above occult-eval (a minute of CI, after a fresh clone).
     let dirty = std::process::Command::new("git")
-        .args(["status", "--porcelain", "--untracked-files=no"])
+        .args([
+            "--no-optional-locks",
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+        ])
         .output()
         .ok()
         .filter(|o| o.status.success())

@@ -52,7 +52,7 @@ def cpu_level():
     capped by $ATEN_CPU_CAPABILITY), or AMX where oneDNN may use its tile multiplies for bf16
     (the CPU has them and $ONEDNN_MAX_CPU_ISA does not cap below them)."""
     level = torch.backends.cpu.get_cpu_capability()
-    amx = getattr(torch._C._cpu, "_is_amx_tile_supported", lambda: False)()
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
     if level == "AVX512" and amx and (cap == "ALL" or "AMX" in cap):
         return "AMX"
