@@ -1,10 +1,10 @@
 //! `occult bench model`: prefill tokens/s and decode ms/token of our model code on a checkpoint,
 //! and of another implementation on the same weights and tokens in the same run, with the
 //! agreement of their last-position logits: candle-transformers' own model (qwen2_moe,
-//! mixtral, qwen3_moe; with the `candle-transformers` feature), or transformers or llama.cpp in
-//! a Python process beside this one ([`crate::bench_peer`]). Runs alternate between the two so that machine
-//! noise hits both alike; each figure is the best of the repeats. With `--devices D > 1` it
-//! compares the expert-parallel modes instead ([`crate::bench_model_ep`]).
+//! mixtral, qwen3_moe; with the `candle-transformers` feature), or transformers or llama.cpp
+//! in a Python process beside this one ([`crate::bench_peer`]). Runs alternate between the two
+//! so that machine noise hits both alike; each figure is the best of the repeats. With
+//! `--devices D > 1` it compares the expert-parallel modes instead ([`crate::bench_model_ep`]).
 
 use crate::bench_peer::{Peer, PeerKind, PeerOptions};
 use crate::commands::model_opts::ModelOpts;
