@@ -1,6 +1,8 @@
-//! Synthetic checkpoints: a `config.json` in a family's own field names and random weights under
-//! the names real checkpoints use (per-expert or fused experts), written atomically. For tests,
-//! benchmarks and trying the tools without a download.
+//! Synthetic checkpoints: a `config.json` in a family's own field names (with the model class
+//! in `architectures`), random weights under the names real checkpoints use (per-expert or
+//! fused experts) and a small BPE tokenizer ([`tokenizer_json`]), written atomically. For
+//! tests, benchmarks (transformers and llama.cpp's converter read them too) and trying the
+//! tools without a download.
 
 use super::config::ModelConfig;
 use super::family::Family;
@@ -41,6 +43,9 @@ pub struct SynthModel {
     pub seed: u64,
     /// Standard deviation of the weights.
     pub std: f32,
+    /// `rms_norm_eps` (the family's default in [`SynthModel::tiny`]: transformers' and, for
+    /// OLMoE, the one llama.cpp's converter writes whatever the config says).
+    pub rms_norm_eps: f64,
 }
 
 impl SynthModel {
@@ -63,6 +68,7 @@ impl SynthModel {
             dtype: safetensors::Dtype::F32,
             seed: 0,
             std: 0.1,
+            rms_norm_eps: family.default_rms_norm_eps,
         }
     }
 
@@ -99,7 +105,7 @@ impl SynthModel {
             "num_attention_heads": self.heads,
             "num_key_value_heads": self.kv_heads,
             "num_experts_per_tok": self.top_k,
-            "rms_norm_eps": self.family.default_rms_norm_eps,
+            "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": 10000.0,
             "max_position_embeddings": 4096,
             "tie_word_embeddings": false,

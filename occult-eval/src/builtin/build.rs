@@ -209,6 +209,8 @@ fn build_into(dir: &Path, recipe: &BuiltinRecipe) -> Result<()> {
         seed: recipe.seed,
         // A small start, as language models initialise (0.02 of a much wider model).
         std: 0.05,
+        // What the recipe's model has been built with since version 1.
+        rms_norm_eps: 1e-6,
     };
     synth.write(&random)?;
     std::fs::copy(dir.join("tokenizer.json"), random.join("tokenizer.json"))

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum ModelCmd {
-    /// Write a random checkpoint of a family (config.json + model.safetensors).
+    /// Write a random checkpoint of a family (config.json, model.safetensors, and a tokenizer
+    /// that transformers and llama.cpp read).
     Synth(SynthArgs),
     /// Print a checkpoint's configuration and size.
     Info(InfoArgs),
@@ -157,6 +158,7 @@ fn synth(a: SynthArgs) -> Result<()> {
         dtype,
         seed: a.seed,
         std: 0.02,
+        rms_norm_eps: family.default_rms_norm_eps,
     };
     let (cfg, bytes) = s.write(&a.output)?;
     eprintln!(
