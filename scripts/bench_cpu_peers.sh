@@ -35,7 +35,7 @@ if [[ ! -f olmoe-layer/model.safetensors ]]; then
     --experts 64 --top-k 8 --intermediate 1024 --vocab 1024 -o olmoe-layer
 fi
 
-top=$(OCCULT_KERNELS=auto "$occult" bench kernels --shapes 1x8x8 --repeat 1 2>&1 |
+top=$(OCCULT_KERNELS=auto "$occult" bench kernels --shapes 1x8x8 --repeat 1 --bandwidth-mib 1 2>&1 |
   sed -n 's/.*level \([a-z0-9]*\) .*/\1/p' | head -1)
 levels=("$top")
 [[ $top != avx2 && $top != portable ]] && levels+=(avx2)

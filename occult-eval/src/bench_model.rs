@@ -287,7 +287,7 @@ pub fn run(a: ModelBenchArgs) -> Result<()> {
                 };
                 let opts = PeerOptions {
                     gguf: a.gguf.clone(),
-                    level: Some(level),
+                    level,
                 };
                 let threads = rayon::current_num_threads();
                 let mut theirs = Peer::start(kind, &ck.files.dir, &a.model.dtype, threads, &opts)?;

@@ -60,14 +60,13 @@ impl PeerKind {
 }
 
 /// How to start a peer: beyond the checkpoint, dtype and threads.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct PeerOptions {
     /// llama.cpp: the converted GGUF, used if present and written there otherwise (without it,
     /// the checkpoint is converted into a temporary file at every start).
     pub gguf: Option<std::path::PathBuf>,
-    /// The level our kernels run at: transformers is held to it ([`torch_level_env`]), and
-    /// llama.cpp's is compared with it.
-    pub level: Option<Level>,
+    /// The level our kernels run at: transformers is held to it ([`torch_level_env`]).
+    pub level: Level,
 }
 
 /// A running peer with the model loaded.
@@ -137,6 +136,7 @@ pub fn level_of_report(isa: &str) -> Option<Level> {
         });
     }
     match upper.trim() {
+        "AMX" => Some(Level::Amx),
         "AVX512" => Some(Level::Avx512),
         "AVX2" => Some(Level::Avx2),
         "DEFAULT" | "NO AVX" => Some(Level::Portable),
@@ -228,9 +228,7 @@ impl Peer {
             .stderr(Stdio::inherit());
         match kind {
             PeerKind::Transformers => {
-                if let Some(level) = opts.level {
-                    cmd.envs(torch_level_env(level));
-                }
+                cmd.envs(torch_level_env(opts.level));
             }
             PeerKind::LlamaCpp => {
                 if let Some(g) = &opts.gguf {
@@ -333,6 +331,7 @@ mod tests {
             level_of_report("CPU : SSE3 = 1 | AVX512_VBMI = 1 | AVX2 = 0 |"),
             Some(Level::Portable)
         );
+        assert_eq!(level_of_report("AMX"), Some(Level::Amx));
         assert_eq!(level_of_report("AVX2"), Some(Level::Avx2));
         assert_eq!(level_of_report("AVX512"), Some(Level::Avx512));
         assert_eq!(level_of_report("DEFAULT"), Some(Level::Portable));

@@ -136,26 +136,31 @@ pub fn read_bandwidth(bytes: usize, repeat: usize) -> f64 {
     (buf.len() * 8) as f64 / best
 }
 
-/// The f32 FMA peak of this CPU at `simd`'s width on all of rayon's threads, in FLOP/s: the
-/// best of `repeat` runs of a loop of independent register-only FMAs (twelve chains, more than
-/// latency times issue ports on current x86 cores), so no load or store bounds it. What a
-/// kernel's GFLOP/s is to be read against: a product cannot run faster than this.
-pub fn fma_peak(simd: super::Simd, repeat: usize) -> f64 {
+/// The f32 FMA peak of this CPU at `simd`'s width on all of rayon's threads, in FLOP/s, or
+/// `None` where the CPU lacks that width: the best of `repeat` runs of a loop of independent
+/// register-only FMAs (twelve chains, more than latency times issue ports on current x86
+/// cores), so no load or store bounds it. What a kernel's GFLOP/s is to be read against: a
+/// product cannot run faster than this.
+pub fn fma_peak(simd: super::Simd, repeat: usize) -> Option<f64> {
+    let cpu = Isa::detect();
+    let (has, lanes) = match simd {
+        super::Simd::Avx2 => (cpu.avx2, 8),
+        super::Simd::Avx512 => (cpu.avx512f, 16),
+    };
+    if !has {
+        return None;
+    }
     #[cfg(target_arch = "x86_64")]
     {
         const ITERS: usize = 4_000_000;
         let threads = rayon::current_num_threads().max(1);
-        let lanes = match simd {
-            super::Simd::Avx2 => 8,
-            super::Simd::Avx512 => 16,
-        };
         let mut best = f64::INFINITY;
         for _ in 0..repeat.max(1) {
             let t = Instant::now();
             let sink: f32 = (0..threads)
                 .into_par_iter()
                 .map(|_| {
-                    // SAFETY: callers ask only for a width this CPU has (`Isa::simd_for`).
+                    // SAFETY: the CPU has the width (checked above).
                     unsafe {
                         match simd {
                             super::Simd::Avx2 => fma_chains::avx2(ITERS),
@@ -167,12 +172,12 @@ pub fn fma_peak(simd: super::Simd, repeat: usize) -> f64 {
             best = best.min(t.elapsed().as_secs_f64());
             std::hint::black_box(sink);
         }
-        (threads * ITERS * fma_chains::CHAINS * lanes * 2) as f64 / best
+        Some((threads * ITERS * fma_chains::CHAINS * lanes * 2) as f64 / best)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (simd, repeat);
-        f64::NAN
+        let _ = (repeat, lanes);
+        None
     }
 }
 

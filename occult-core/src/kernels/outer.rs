@@ -499,8 +499,12 @@ mod avx2 {
     ) {
         let mut acc = [[_mm256_setzero_ps(); NR_AVX2]; 2];
         let rows: [*const f32; NR_AVX2] = std::array::from_fn(|j| w.add(j * ldw));
-        // One `k` step: two vectors of rows times each weight row's value.
-        let step = |acc: &mut [[__m256; NR_AVX2]; 2], kk: usize| {
+        for kk in 0..kc {
+            if kk % 16 == 0 {
+                for r in rows {
+                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(kk + PF) as *const i8);
+                }
+            }
             let a0 = _mm256_loadu_ps(a.add(kk * 16));
             let a1 = _mm256_loadu_ps(a.add(kk * 16 + 8));
             for (j, r) in rows.iter().enumerate() {
@@ -508,23 +512,6 @@ mod avx2 {
                 acc[0][j] = _mm256_fmadd_ps(a0, b, acc[0][j]);
                 acc[1][j] = _mm256_fmadd_ps(a1, b, acc[1][j]);
             }
-        };
-        // Sixteen steps a round, unrolled, with the prefetch of each weight row's next line
-        // once per round, out of the steps (a test and branch per step, and the row addresses
-        // recomputed in a chain of adds, had made the loop 29 instructions a step for 12 FMAs).
-        let mut kk = 0;
-        while kk + 16 <= kc {
-            for r in rows {
-                _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(kk + PF) as *const i8);
-            }
-            for u in 0..16 {
-                step(&mut acc, kk + u);
-            }
-            kk += 16;
-        }
-        while kk < kc {
-            step(&mut acc, kk);
-            kk += 1;
         }
         for j in 0..cols.min(NR_AVX2) {
             for (h, half) in acc.iter().enumerate() {

@@ -125,9 +125,9 @@ impl SynthModel {
     }
 
     /// Writes `config.json`, `model.safetensors` and (with a vocabulary of 2 or more)
-    /// [`tokenizer_json`]'s `tokenizer.json` with its `tokenizer_config.json` into `dir` (created if needed), refusing weights
-    /// over [`MAX_SYNTH_BYTES`] before creating anything. Returns the configuration and the
-    /// weights' size in bytes.
+    /// [`tokenizer_json`]'s `tokenizer.json` with its `tokenizer_config.json` into `dir`
+    /// (created if needed), refusing weights over [`MAX_SYNTH_BYTES`] before creating anything.
+    /// Returns the configuration and the weights' size in bytes.
     pub fn write(&self, dir: &Path) -> Result<(ModelConfig, u64)> {
         let config = self.config_json()?;
         let cfg = ModelConfig::from_json(&config, "the synthetic configuration")?;

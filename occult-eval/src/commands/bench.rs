@@ -239,8 +239,7 @@ fn kernels(a: KernelBenchArgs) -> Result<()> {
         (Simd::Avx2, "avx2", isa().avx2),
         (Simd::Avx512, "avx512", isa().avx512f),
     ] {
-        if has {
-            let peak = bench::fma_peak(simd, 5);
+        if let Some(peak) = has.then(|| bench::fma_peak(simd, 5)).flatten() {
             println!(
                 "f32 FMA peak at {name} ({threads} threads, register-only loop, best of 5): \
                  {:.1} GFLOP/s",
