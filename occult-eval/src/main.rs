@@ -107,7 +107,7 @@ fn main() {
         Cmd::Model(c) => model::run(c),
     };
     match result {
-        Ok(()) => occult_eval::commands::finalize_mpi(),
+        Ok(()) => occult_eval::context::backend::finalize_mpi(),
         Err(e) => {
             eprintln!("error: {e:#}");
             // Without finalising MPI: finalising waits for every peer, while exiting at once

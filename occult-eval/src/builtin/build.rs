@@ -7,8 +7,9 @@
 
 use super::data::{write_data, DataSizes};
 use super::world::World;
-use crate::commands::model_opts::ModelOpts;
-use crate::commands::train::{TrainArgs, TrainWhat};
+use crate::context::ModelSpec;
+use crate::jobs::fine_tune::{fine_tune, FineTune, TrainWhat};
+use crate::jobs::profile::{profile, ProfileJob};
 use anyhow::{Context, Result};
 use occult_core::models::family::family;
 use occult_core::models::synth::SynthModel;
@@ -127,16 +128,17 @@ impl Builtin {
         }
         eprintln!("placing the built-in model's experts on {devices} devices (once)");
         let trace = self.file("trace-calibration.safetensors");
-        crate::commands::profile::run(crate::commands::profile::ProfileArgs {
-            model: ModelOpts::local(&self.model().display().to_string()),
-            data: self.file("calibration.jsonl"),
-            output: trace.clone(),
+        let job = ProfileJob {
             seq_len: Some(128),
             max_tokens: Some(20000),
-            no_logits: true,
-            add_bos: false,
-        })?;
-        let t = occult_core::analysis::trace::Trace::read(&trace)?;
+            logits: false,
+            ..ProfileJob::new(&self.file("calibration.jsonl"))
+        };
+        let spec = ModelSpec::local(&self.model().display().to_string());
+        let t = profile(&spec, &job)?
+            .context("profiling runs in this process")?
+            .trace;
+        t.write(&trace)?;
         let (placement, _) = occult_core::analysis::place_trace(
             &t,
             devices,
@@ -215,31 +217,25 @@ fn build_into(dir: &Path, recipe: &BuiltinRecipe) -> Result<()> {
     synth.write(&random)?;
     std::fs::copy(dir.join("tokenizer.json"), random.join("tokenizer.json"))
         .context("copying the tokenizer")?;
-    crate::commands::train::run(TrainArgs {
-        model: ModelOpts::local(&random.display().to_string()),
-        data: dir.join("pretrain.jsonl").display().to_string(),
-        out: dir.join("model"),
+    let pretrain = FineTune {
         steps: recipe.steps,
         seq_len: Some(recipe.seq_len),
         batch_size: recipe.batch_size,
-        grad_accum: 1,
         lr: recipe.lr,
         warmup: Some(recipe.steps / 20),
         min_lr_ratio: 0.1,
         weight_decay: 0.01,
-        max_grad_norm: 1.0,
         seed: recipe.seed,
-        save_every: None,
-        resume: false,
         overwrite: true,
-        stop_at: None,
-        add_bos: false,
         aux_loss: true,
-        eval_data: None,
-        eval_every: None,
         train: TrainWhat::All,
-    })
-    .context("pre-training the built-in model")?;
+        ..FineTune::new(
+            &dir.join("pretrain.jsonl").display().to_string(),
+            &dir.join("model"),
+        )
+    };
+    fine_tune(&ModelSpec::local(&random.display().to_string()), &pretrain)
+        .context("pre-training the built-in model")?;
     std::fs::remove_dir_all(dir.join("model/state")).context("removing the training state")?;
     std::fs::remove_dir_all(&random).context("removing the random start")?;
     let text = serde_json::to_string_pretty(recipe)?;

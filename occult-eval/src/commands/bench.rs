@@ -1,16 +1,13 @@
-//! `occult bench`: benchmarks as commands. `bench place` times each placement method on the same
-//! traces and device counts in one run and reports E[C_T] side by side.
+//! `occult bench`: the benchmarks' flags. Each subcommand checks its files and calls its
+//! benchmark in [`crate::bench`], which runs it, prints its table and writes its JSON.
 
-use super::Backend;
-use super::{load_trace, with_provenance, write_json};
-use crate::table::Table;
+use super::model_opts::ModelOpts;
+use crate::bench;
+use crate::context::Backend;
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use occult_core::analysis::place_trace;
-use occult_core::analysis::placement::{Method, SearchConfig};
-use serde::Serialize;
-use std::path::PathBuf;
-use std::time::Instant;
+use occult_core::analysis::placement::SearchConfig;
+use std::path::{Path, PathBuf};
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCmd {
@@ -33,7 +30,7 @@ pub enum BenchCmd {
     #[command(after_help = "Example:\n  \
         occult model synth --family qwen2_moe --hidden 1024 --layers 8 --experts 32 -o mid\n  \
         occult bench model --model mid --against candle-transformers")]
-    Model(crate::bench_model::ModelBenchArgs),
+    Model(ModelBenchArgs),
     /// A fine-tuning step of the MoE blocks on D ranks: standard, Occult, and Occult pruned to 2
     /// and 1 devices, side by side on the same model and data.
     #[command(after_help = "Example:\n  \
@@ -106,7 +103,7 @@ pub struct SuiteArgs {
 #[derive(Args, Debug)]
 pub struct TrainBenchArgs {
     #[command(flatten)]
-    pub model: super::model_opts::ModelOpts,
+    pub model: ModelOpts,
     /// Sequences per rank and step.
     #[arg(long, default_value_t = 2)]
     pub batch_size: usize,
@@ -145,281 +142,38 @@ pub struct PlaceBenchArgs {
     pub json: Option<PathBuf>,
 }
 
-/// One timed placement run.
-#[derive(Clone, Debug, Serialize)]
-pub struct PlaceRun {
-    pub trace: String,
-    pub method: &'static str,
-    pub devices: usize,
-    pub layers: usize,
-    pub tokens: usize,
-    pub seconds: f64,
-    pub ect: f64,
-}
-
-pub fn run(cmd: BenchCmd) -> Result<()> {
-    match cmd {
-        BenchCmd::Place(a) => place(a),
-        BenchCmd::Layer(a) => layer(a),
-        BenchCmd::Model(a) => crate::bench_model::run(a),
-        BenchCmd::Eval(a) => super::eval::bench(a),
-        BenchCmd::Train(a) => train(a),
-        BenchCmd::Suite(a) => suite(a),
-        BenchCmd::Kernels(a) => kernels(a),
-    }
-}
-
-fn kernels(a: KernelBenchArgs) -> Result<()> {
-    use occult_core::kernels::{bench, describe, isa, process_level, Simd};
-    super::check_io(&[], &[a.json.as_deref()])?;
-    let mut shapes = Vec::new();
-    for s in &a.shapes {
-        let dims: Vec<usize> = s
-            .split('x')
-            .map(|d| d.trim().parse::<usize>())
-            .collect::<Result<_, _>>()
-            .map_err(|_| anyhow::anyhow!("--shapes: {s:?} is not MxNxK (three whole numbers)"))?;
-        let [m, n, k] = dims[..] else {
-            anyhow::bail!("--shapes: {s:?} is not MxNxK (three whole numbers)");
-        };
-        if m * n * k > 1 << 34 {
-            anyhow::bail!("--shapes: {s} is over 2^34 multiply-adds; give a smaller shape");
-        }
-        shapes.push((m, n, k));
-    }
-    let threads = rayon::current_num_threads();
-    eprintln!(
-        "{threads} threads; level {} (AVX2 {}, AVX-512 F {}, BF16 {}, AMX {}); f32: {}; bf16: {}",
-        process_level(),
-        isa().avx2,
-        isa().avx512f,
-        isa().avx512bf16,
-        isa().amx,
-        describe(candle::DType::F32),
-        describe(candle::DType::BF16)
-    );
-    let mut rows = Vec::new();
-    let mut t = Table::new(&[
-        "shape",
-        "dtype",
-        "candidate",
-        "ms",
-        "GFLOP/s",
-        "vs candle",
-        "max |diff|",
-    ]);
-    for &(m, n, k) in &shapes {
-        for dtype in [candle::DType::F32, candle::DType::BF16] {
-            let r = bench::time_linear(m, n, k, dtype, a.repeat)?;
-            let candle_s = r[0].seconds;
-            for c in &r {
-                t.row(vec![
-                    format!("{m}x{n}x{k}"),
-                    c.dtype.clone(),
-                    c.candidate.clone(),
-                    format!("{:.3}", c.seconds * 1e3),
-                    format!("{:.1}", c.gflops),
-                    format!("{:.2}x", candle_s / c.seconds),
-                    format!("{:.2e}", c.max_abs_diff),
-                ]);
-            }
-            rows.extend(r);
-        }
-    }
-    println!("{}", t.render());
-    let bw = bench::read_bandwidth(a.bandwidth_mib << 20, 5);
-    println!(
-        "memory read bandwidth: {:.1} GB/s ({} MiB buffer, best of 5)",
-        bw / 1e9,
-        a.bandwidth_mib
-    );
-    // The FMA peak at each vector width this process's kernels may use.
-    let mut peaks = serde_json::Map::new();
-    for (simd, name, has) in [
-        (Simd::Avx2, "avx2", isa().avx2),
-        (Simd::Avx512, "avx512", isa().avx512f),
-    ] {
-        if let Some(peak) = has.then(|| bench::fma_peak(simd, 5)).flatten() {
-            println!(
-                "f32 FMA peak at {name} ({threads} threads, register-only loop, best of 5): \
-                 {:.1} GFLOP/s",
-                peak / 1e9
-            );
-            peaks.insert(name.into(), serde_json::json!(peak));
-        }
-    }
-    if let Some(p) = &a.json {
-        let v = serde_json::json!({
-            "threads": threads,
-            "level": process_level().name(),
-            "fma_peak_flops": peaks,
-            "isa": {"avx2": isa().avx2, "avx512f": isa().avx512f, "avx512bf16": isa().avx512bf16, "amx": isa().amx},
-            "timings": rows,
-            "read_bandwidth_bytes_per_s": bw,
-        });
-        write_json(p, &with_provenance(v))?;
-    }
-    Ok(())
-}
-
-fn suite(a: SuiteArgs) -> Result<()> {
-    super::check_io(
-        &[Some(&a.file), a.placement.as_deref()],
-        &[a.json.as_deref()],
-    )?;
-    use crate::bench_suite::{render, run, Suite};
-    let mut s = Suite::read(&a.file)?;
-    if let Some(m) = &a.model {
-        s.model = m.clone();
-    }
-    let mut opts = super::model_opts::ModelOpts::local(&s.model);
-    opts.placement = a.placement.clone();
-    if s.model == "builtin" {
-        let recipe = crate::builtin::BuiltinRecipe::default();
-        let b = crate::builtin::ensure_cached(&recipe, a.backend == Backend::Local)?;
-        opts.model = b.model().display().to_string();
-        if opts.placement.is_none() {
-            opts.placement = Some(b.placement(s.devices)?);
-        }
-    }
-    opts.devices = s.devices;
-    opts.backend = a.backend;
-    opts.dtype = s.dtype.clone();
-    let points = run(&s, &opts)?;
-    if points.is_empty() {
-        return Ok(());
-    }
-    println!("{}", render(&s, &points));
-    if let Some(p) = &a.json {
-        let v = serde_json::json!({
-            "bench": "suite",
-            "file": a.file.display().to_string(),
-            "config": s,
-            "model": opts.model,
-            "placement": opts.placement,
-            "backend": a.backend,
-            "projected_with": s.link,
-            "points": points,
-        });
-        write_json(p, &with_provenance(v))?;
-        eprintln!("wrote {}", p.display());
-    }
-    Ok(())
-}
-
-fn train(a: TrainBenchArgs) -> Result<()> {
-    super::check_model_io(&a.model, &[], &[a.json.as_deref()])?;
-    let link = a
-        .link
-        .as_deref()
-        .map(occult_core::ep::cost::LinkProfile::load)
-        .transpose()?;
-    let bench = crate::bench_train::TrainBench {
-        devices: a.model.devices,
-        batch_per_rank: a.batch_size,
-        seq_len: a.seq_len,
-        warmup: a.warmup,
-        steps: a.steps,
-        seed: a.seed,
-    };
-    let mut ck = a.model.open()?;
-    let Some(results) = crate::bench_train::run(&a.model, &mut ck, &bench, link.as_ref())? else {
-        return Ok(());
-    };
-    crate::bench_model_ep::print_results(&results, link.is_some(), "training step");
-    println!(
-        "({} ranks, {} sequences of {} tokens each per step; training the MoE blocks; stage \
-         times are the slowest rank's forward stages, summed over MoE layers)",
-        bench.devices, bench.batch_per_rank, bench.seq_len
-    );
-    if let Some(p) = &a.json {
-        let v = serde_json::json!({
-            "bench": "train",
-            "model": ck.name,
-            "backend": a.model.backend,
-            "config": bench,
-            "link": link,
-            "projected_with_link_model": link.is_some(),
-            "results": results,
-        });
-        write_json(p, &with_provenance(v))?;
-        eprintln!("wrote {}", p.display());
-    }
-    Ok(())
-}
-
-fn place(a: PlaceBenchArgs) -> Result<()> {
-    let traces: Vec<Option<&std::path::Path>> = a.trace.iter().map(|t| Some(t.as_path())).collect();
-    super::check_io(&traces, &[a.json.as_deref()])?;
-    let cfg = SearchConfig {
-        restarts: a.restarts,
-        seed: a.seed,
-        max_load_factor: None,
-    };
-    let mut runs = Vec::new();
-    for path in &a.trace {
-        let trace = load_trace(path)?;
-        for &d in &a.devices {
-            for m in [Method::Contiguous, Method::Greedy, Method::Occult] {
-                let start = Instant::now();
-                let (_, infos) = place_trace(&trace, d, m, &cfg, &|| {})?;
-                let seconds = start.elapsed().as_secs_f64();
-                let run = PlaceRun {
-                    trace: path.display().to_string(),
-                    method: m.name(),
-                    devices: d,
-                    layers: infos.len(),
-                    tokens: trace.layers.first().map_or(0, |l| l.tokens),
-                    seconds,
-                    ect: occult_core::analysis::collab::token_weighted_mean(
-                        infos.iter().map(|i| (i.ect, i.tokens)),
-                    ),
-                };
-                eprintln!(
-                    "{} D={d} {}: {:.2} s, E[C_T] {:.3}",
-                    run.trace, run.method, run.seconds, run.ect
-                );
-                runs.push(run);
-            }
-        }
-    }
-    print!("{}", render(&runs));
-    if let Some(out) = &a.json {
-        let v = serde_json::json!({ "bench": "place", "results": runs });
-        write_json(out, &with_provenance(v))?;
-        eprintln!("wrote {}", out.display());
-    }
-    Ok(())
-}
-
-fn render(runs: &[PlaceRun]) -> String {
-    let mut t = Table::new(&[
-        "trace",
-        "D",
-        "method",
-        "seconds",
-        "mean E[C_T]",
-        "vs contiguous",
-        "vs greedy",
-    ]);
-    for r in runs {
-        let find = |m: &str| {
-            runs.iter()
-                .find(|x| x.trace == r.trace && x.devices == r.devices && x.method == m)
-                .map(|x| x.ect)
-        };
-        let ratio = |b: Option<f64>| b.map_or("-".into(), |b| format!("{:.3}", r.ect / b));
-        t.row(vec![
-            r.trace.clone(),
-            r.devices.to_string(),
-            r.method.into(),
-            format!("{:.2}", r.seconds),
-            format!("{:.3}", r.ect),
-            ratio(find("contiguous")),
-            ratio(find("greedy")),
-        ]);
-    }
-    t.render()
+#[derive(clap::Args, Debug)]
+pub struct ModelBenchArgs {
+    #[command(flatten)]
+    pub model: ModelOpts,
+    /// Prompt length (random token ids).
+    #[arg(long, default_value_t = 128)]
+    pub prompt_len: usize,
+    /// Prompts per rank, prefilled and decoded as one batch (with --devices > 1).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Decode steps after the prompt.
+    #[arg(long, default_value_t = 16)]
+    pub decode_tokens: usize,
+    /// Repeats of each measurement (the best is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Also run another implementation on the same weights.
+    #[arg(long, value_enum)]
+    pub against: Option<bench::model::Against>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// With --against llama.cpp: the converted GGUF, used as it is when present and written
+    /// there otherwise (without it, the checkpoint is converted again at every run).
+    #[arg(long, value_name = "PATH")]
+    pub gguf: Option<std::path::PathBuf>,
+    /// With --devices D > 1: project the prefill onto this machine (pcie4, nvlink-h100,
+    /// ib-ndr, or a TOML file).
+    #[arg(long)]
+    pub link: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -473,12 +227,92 @@ pub struct LayerBenchArgs {
     pub json: Option<PathBuf>,
 }
 
+pub fn run(cmd: BenchCmd) -> Result<()> {
+    match cmd {
+        BenchCmd::Place(a) => place(a),
+        BenchCmd::Layer(a) => layer(a),
+        BenchCmd::Model(a) => model(a),
+        BenchCmd::Eval(a) => eval(a),
+        BenchCmd::Train(a) => train(a),
+        BenchCmd::Suite(a) => suite(a),
+        BenchCmd::Kernels(a) => kernels(a),
+    }
+}
+
+fn kernels(a: KernelBenchArgs) -> Result<()> {
+    super::check_io(&[], &[a.json.as_deref()])?;
+    let shapes = bench::kernels::parse_shapes(&a.shapes)?;
+    bench::kernels::run(&shapes, a.repeat, a.bandwidth_mib, a.json.as_deref())
+}
+
+fn suite(a: SuiteArgs) -> Result<()> {
+    super::check_io(
+        &[Some(&a.file), a.placement.as_deref()],
+        &[a.json.as_deref()],
+    )?;
+    bench::suite::bench(
+        &a.file,
+        a.model.as_deref(),
+        a.placement.as_deref(),
+        a.backend,
+        a.json.as_deref(),
+    )
+}
+
+fn train(a: TrainBenchArgs) -> Result<()> {
+    let spec = a.model.spec()?;
+    super::check_model_io(&spec, &[], &[a.json.as_deref()])?;
+    let link = a
+        .link
+        .as_deref()
+        .map(occult_core::ep::cost::LinkProfile::load)
+        .transpose()?;
+    let b = bench::train::TrainBench {
+        devices: spec.devices,
+        batch_per_rank: a.batch_size,
+        seq_len: a.seq_len,
+        warmup: a.warmup,
+        steps: a.steps,
+        seed: a.seed,
+    };
+    bench::train::bench(&spec, &b, link.as_ref(), a.json.as_deref())
+}
+
+fn place(a: PlaceBenchArgs) -> Result<()> {
+    let traces: Vec<Option<&Path>> = a.trace.iter().map(|t| Some(t.as_path())).collect();
+    super::check_io(&traces, &[a.json.as_deref()])?;
+    let cfg = SearchConfig {
+        restarts: a.restarts,
+        seed: a.seed,
+        max_load_factor: None,
+    };
+    bench::place::run(&a.trace, &a.devices, &cfg, a.json.as_deref())
+}
+
+fn eval(a: super::eval::EvalArgs) -> Result<()> {
+    bench::eval::run(&a.model.spec()?, &a.job(), a.output.as_deref())
+}
+
+fn model(a: ModelBenchArgs) -> Result<()> {
+    let spec = a.model.spec()?;
+    super::check_model_io(&spec, &[], &[a.json.as_deref()])?;
+    let b = bench::model::ModelBench {
+        prompt_len: a.prompt_len,
+        batch: a.batch,
+        decode_tokens: a.decode_tokens,
+        repeats: a.repeats,
+        against: a.against,
+        seed: a.seed,
+        gguf: a.gguf,
+        link: a.link,
+    };
+    bench::model::run(&spec, &b, a.json.as_deref())
+}
+
 fn layer(a: LayerBenchArgs) -> Result<()> {
     super::check_io(&[], &[a.json.as_deref()])?;
-    use crate::bench_layer::{LayerBench, ModeResult};
-    use occult_core::ep::cost::{swiglu_flops, LinkProfile};
-    let device = super::model_opts::pick_device(a.cuda, a.backend)?;
-    let bench = LayerBench {
+    let device = crate::context::device::pick_device(a.cuda, a.backend)?;
+    let b = bench::layer::LayerBench {
         experts: a.experts,
         top_k: a.top_k,
         hidden: a.hidden,
@@ -497,200 +331,14 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
                 occult_core::analysis::pruning::PruneRule::Similarity
             }
         },
-        device_name: super::model_opts::ModelOpts::device_name(&device),
+        device_name: crate::context::device::device_name(&device),
         dtype: a.dtype.clone(),
         device,
     };
-    let link = a.link.as_deref().map(LinkProfile::load).transpose()?;
-    let (records, is_root) = match a.backend {
-        Backend::Local => {
-            bench.validate()?;
-            let setup = bench.setup()?;
-            eprintln!("running {} local ranks", bench.devices);
-            let per_rank = occult_core::ep::comm::local::run_local(bench.devices, |comm| {
-                bench
-                    .run_rank(&setup, comm)
-                    .map_err(|e| occult_core::Error::invalid(e.to_string()))
-            });
-            let mut records = Vec::new();
-            for r in per_rank {
-                records.extend(r?);
-            }
-            (Some((records, bench.run_reference(&setup)?)), true)
-        }
-        Backend::Mpi | Backend::Nccl => process_layer(&bench, a.backend)?,
-    };
-    if !is_root {
-        return Ok(());
-    }
-    let (records, reference_s) = records.expect("root has the records");
-    let mut results: Vec<ModeResult> = bench.combine(&records, link.as_ref());
-    let total = bench.tokens * bench.devices;
-    let reference_flops = swiglu_flops(total * bench.top_k, bench.hidden, bench.intermediate);
-    let reference = ModeResult {
-        mode: "reference (1 device)".into(),
-        devices: 1,
-        tokens: total,
-        rows_sent: 0,
-        remote_rows_sent: 0,
-        bytes_sent: 0,
-        ect: 1.0,
-        seconds: reference_s,
-        route_s: 0.0,
-        plan_s: 0.0,
-        dispatch_s: 0.0,
-        compute_s: reference_s,
-        combine_s: 0.0,
-        tokens_per_s: total as f64 / reference_s.max(1e-12),
-        expert_flops: reference_flops,
-        expert_flops_per_s: reference_flops / reference_s.max(1e-12),
-        projected_seconds: None,
-        projected: None,
-    };
-    results.insert(0, reference);
-    print!(
-        "{}",
-        render_layer(&bench, &results, link.as_ref(), a.backend)
-    );
-    if let Some(out) = &a.json {
-        let v = serde_json::json!({
-            "bench": "layer",
-            "backend": a.backend,
-            "config": bench,
-            "link": link,
-            "projected_with_link_model": link.is_some(),
-            "results": results,
-        });
-        write_json(out, &with_provenance(v))?;
-        eprintln!("wrote {}", out.display());
-    }
-    Ok(())
-}
-
-type LayerRecords = (Option<(Vec<crate::bench_layer::RankRecord>, f64)>, bool);
-
-/// The bench on this process's rank of `backend`'s group (one process per rank); rank 0
-/// gathers the records.
-fn process_layer(bench: &crate::bench_layer::LayerBench, backend: Backend) -> Result<LayerRecords> {
-    let timeout = occult_core::ep::comm::DEFAULT_TIMEOUT;
-    let comm = backend.world(bench.devices, &bench.device, timeout)?;
-    bench.validate()?;
-    let setup = bench.setup()?;
-    let mine = bench.run_rank(&setup, &comm)?;
-    // Every rank sends its records to rank 0.
-    let bytes = serde_json::to_vec(&mine)?;
-    let mut counts = vec![0; comm.size()];
-    counts[0] = bytes.len();
-    let (all, from) = comm.all_to_all_v_bytes(&bytes, &counts, 1)?;
-    if comm.rank() != 0 {
-        return Ok((None, false));
-    }
-    let mut records = Vec::new();
-    let mut at = 0;
-    for n in from {
-        let part: Vec<crate::bench_layer::RankRecord> = serde_json::from_slice(&all[at..at + n])?;
-        records.extend(part);
-        at += n;
-    }
-    Ok((Some((records, bench.run_reference(&setup)?)), true))
-}
-
-fn render_layer(
-    bench: &crate::bench_layer::LayerBench,
-    results: &[crate::bench_layer::ModeResult],
-    link: Option<&occult_core::ep::cost::LinkProfile>,
-    backend: Backend,
-) -> String {
-    let ms = |s: f64| format!("{:.2}", s * 1e3);
-    let mut header = vec![
-        "mode",
-        "E[C_T]",
-        "rows sent",
-        "remote rows",
-        "remote MB",
-        "step ms",
-        "route",
-        "plan",
-        "dispatch",
-        "compute",
-        "combine",
-        "tokens/s",
-        "expert TFLOP/s",
-    ];
-    if link.is_some() {
-        header.extend(["proj. ms", "proj. compute", "proj. comm"]);
-    }
-    let mut t = Table::new(&header);
-    for r in results {
-        let mut row = vec![
-            r.mode.clone(),
-            format!("{:.3}", r.ect),
-            crate::table::count(r.rows_sent as u64),
-            crate::table::count(r.remote_rows_sent as u64),
-            format!("{:.2}", r.bytes_sent as f64 / 1e6),
-            ms(r.seconds),
-            ms(r.route_s),
-            ms(r.plan_s),
-            ms(r.dispatch_s),
-            ms(r.compute_s),
-            ms(r.combine_s),
-            format!("{:.0}", r.tokens_per_s),
-            format!("{:.3}", r.expert_flops_per_s / 1e12),
-        ];
-        if link.is_some() {
-            match &r.projected {
-                Some(p) => row.extend([
-                    format!("{:.4}", p.total_s * 1e3),
-                    format!("{:.4}", p.compute_s * 1e3),
-                    format!("{:.4}", p.comm_s * 1e3),
-                ]),
-                None => row.extend(["-".into(), "-".into(), "-".into()]),
-            }
-        }
-        t.row(row);
-    }
-    let mut out = format!(
-        "layer: {} experts, top-{}, hidden {}, intermediate {}, {} on {}; {} ranks x {} tokens ({} backend);\n  placement {}.\n  expert TFLOP/s: the slowest rank's expert FLOPs over its compute stage.\n  step ms: the slowest rank's mean forward time; phase columns: each phase's slowest rank \
-         (phases include waiting for peers, so they need not add up to step ms)\n\n{}",
-        bench.experts,
-        bench.top_k,
-        bench.hidden,
-        bench.intermediate,
-        bench.dtype,
-        bench.device_name,
-        bench.devices,
-        bench.tokens,
-        backend.name(),
-        bench.placement.name(),
-        t.render()
-    );
-    if let Some(l) = link {
-        out.push_str(&format!(
-            "\nprojected on link profile {} ({}): expert FLOPs / {:.2e} FLOP/s + bytes / bandwidth \
-             + latency per message, slowest rank\n",
-            l.name, l.description, l.device_flops
-        ));
-    }
-    let find = |m: &str| results.iter().find(|r| r.mode == m);
-    if let (Some(s), Some(o)) = (find("standard"), find("occult")) {
-        let ratio = |a: f64, b: f64| {
-            if b > 0.0 {
-                format!("{:.3}", a / b)
-            } else {
-                "-".into()
-            }
-        };
-        out.push_str(&format!(
-            "\noccult / standard: rows {}, remote rows {}, remote bytes {}, measured time {}{}\n",
-            ratio(o.rows_sent as f64, s.rows_sent as f64),
-            ratio(o.remote_rows_sent as f64, s.remote_rows_sent as f64),
-            ratio(o.bytes_sent as f64, s.bytes_sent as f64),
-            ratio(o.seconds, s.seconds),
-            match (o.projected_seconds, s.projected_seconds) {
-                (Some(a), Some(b)) => format!(", projected time {}", ratio(a, b)),
-                _ => String::new(),
-            }
-        ));
-    }
-    out
+    let link = a
+        .link
+        .as_deref()
+        .map(occult_core::ep::cost::LinkProfile::load)
+        .transpose()?;
+    bench::layer::run(&b, a.backend, link.as_ref(), a.json.as_deref())
 }

@@ -1,6 +1,7 @@
 //! `occult collab`: collaboration statistics of a trace under a placement.
 
-use super::{resolve_placement, with_provenance, write_json, RowDtype};
+use super::{resolve_placement, with_provenance, write_json};
+use crate::rows::RowDtype;
 use crate::table::{count, fmt_opt, Table};
 use anyhow::{Context, Result};
 use clap::Args;

@@ -169,7 +169,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         bail!("--temperature must be a number >= 0, got {}", a.temperature);
     }
     let texts = prompts(&a)?;
-    let ck = a.model.open()?;
+    let spec = a.model.spec()?;
+    let ck = spec.open()?;
     let tok = ck.tokenizer()?;
     let eos = tok.eos.clone();
     let max_positions = ck.cfg.positions();
@@ -203,7 +204,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let work = occult_core::models::data_parallel::fingerprint(
         format!("{encoded:?} {} {} {}", a.seed, a.temperature, a.top_p).into_bytes(),
     );
-    let Some(results) = a.model.run(&ck, |m| {
+    let Some(results) = spec.run(&ck, |m| {
         m.check_same_work("prompts or sampling flags", work)?;
         let mut mine = Vec::new();
         for i in m.shard(encoded.len()) {

@@ -21,11 +21,12 @@ pub struct LoglikArgs {
 }
 
 pub fn run(a: LoglikArgs) -> Result<()> {
-    let ck = a.model.open()?;
+    let spec = a.model.spec()?;
+    let ck = spec.open()?;
     let enc = encode(ck.tokenizer()?, &a.context, &a.continuation, a.add_bos)?;
     // One request: the first rank scores it, the others take part in its exchanges.
     let work = occult_core::models::data_parallel::fingerprint(format!("{enc:?}").into_bytes());
-    let scores = a.model.run(&ck, |m| {
+    let scores = spec.run(&ck, |m| {
         m.check_same_work("request", work)?;
         let mine = m
             .shard(1)

@@ -4,7 +4,7 @@
 //! every token of packed text.
 
 use super::model_opts::ModelOpts;
-use super::train::{load_examples, seq_len};
+use crate::jobs::fine_tune::{load_examples, seq_len};
 use anyhow::Result;
 use occult_train::heldout::heldout_loss;
 
@@ -31,7 +31,8 @@ pub struct LossArgs {
 }
 
 pub fn run(a: LossArgs) -> Result<()> {
-    let ck = a.model.open()?;
+    let spec = a.model.spec()?;
+    let ck = spec.open()?;
     let data = load_examples(&ck, &a.data, seq_len(&ck, a.seq_len), a.add_bos)?;
     let work = occult_core::models::data_parallel::fingerprint(
         format!(
@@ -40,7 +41,7 @@ pub fn run(a: LossArgs) -> Result<()> {
         )
         .into_bytes(),
     );
-    let scored = a.model.run(&ck, |m| {
+    let scored = spec.run(&ck, |m| {
         m.check_same_work("held-out data", work)?;
         Ok(heldout_loss(m, &data.examples, a.batch_size)?)
     })?;
@@ -53,7 +54,7 @@ pub fn run(a: LossArgs) -> Result<()> {
             "loss": h.loss,
             "perplexity": h.perplexity(),
             "mean_ect": h.ect,
-            "mode": a.model.mode(),
+            "mode": spec.mode(),
             "devices": a.model.devices,
             "max_devices": a.model.max_devices,
         });

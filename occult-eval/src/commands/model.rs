@@ -173,7 +173,8 @@ fn synth(a: SynthArgs) -> Result<()> {
 }
 
 fn info(a: InfoArgs) -> Result<()> {
-    let ck = a.model.open_header()?;
+    let spec = a.model.spec()?;
+    let ck = spec.open_header()?;
     let c = &ck.cfg;
     let bytes = weight_bytes(&ck);
     let ranks = a.model.devices.max(1);
@@ -213,9 +214,10 @@ fn info(a: InfoArgs) -> Result<()> {
 
 fn check(a: InfoArgs) -> Result<()> {
     let clock = std::time::Instant::now();
-    let ck = a.model.open()?;
+    let spec = a.model.spec()?;
+    let ck = spec.open()?;
     let bytes = weight_bytes(&ck);
-    let Some(params) = a.model.run(&ck, |m| {
+    let Some(params) = spec.run(&ck, |m| {
         Ok(m.params()
             .iter()
             .map(|(_, t)| t.elem_count())

@@ -1,21 +1,11 @@
 //! `occult profile`: runs calibration text through a model and writes its routing trace
-//! (`occult.trace.v1`: top-k ids, gate weights and router logits per MoE layer), which `collab`,
-//! `place` and `prune` read.
-//!
-//! Data: a `.jsonl` file of objects with a `text` field, or a plain text file with one
-//! document per non-empty line. Each document is tokenised on its own (no special tokens
-//! unless `--add-bos`) and cut into windows of at most `--seq-len` tokens.
-//!
-//! On D ranks each rank runs a contiguous share of the windows, and the trace holds every
-//! rank's routing in rank order: the windows' order, the token order of one device. (The
-//! trace's `num_ranks` stays unset: the shares are whole windows, not even token splits.)
+//! (`occult.trace.v1`), which `collab`, `place` and `prune` read. The work is
+//! [`crate::jobs::profile`].
 
 use super::model_opts::ModelOpts;
-use anyhow::{bail, Context, Result};
-use candle::{Device, Tensor};
-use occult_core::analysis::trace::{LayerTrace, Trace, TraceMeta};
-use occult_core::models::model::{Logits, RoutingRecorder};
-use std::path::{Path, PathBuf};
+use crate::jobs::profile::{profile, ProfileJob};
+use anyhow::Result;
+use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct ProfileArgs {
@@ -41,146 +31,26 @@ pub struct ProfileArgs {
     pub add_bos: bool,
 }
 
-/// The documents of a calibration file.
-pub fn read_documents(path: &Path) -> Result<Vec<String>> {
-    let text = occult_core::input::read_text(path)?;
-    let jsonl = path
-        .extension()
-        .is_some_and(|e| e == "jsonl" || e == "json");
-    let mut docs = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        if jsonl {
-            let v: serde_json::Value = serde_json::from_str(line)
-                .with_context(|| format!("{} line {}: not valid JSON", path.display(), i + 1))?;
-            let t = v.get("text").and_then(|t| t.as_str()).with_context(|| {
-                format!("{} line {}: no string field `text`", path.display(), i + 1)
-            })?;
-            docs.push(t.to_string());
-        } else {
-            docs.push(line.to_string());
-        }
-    }
-    if docs.is_empty() {
-        bail!("{}: no documents", path.display());
-    }
-    Ok(docs)
-}
-
 pub fn run(a: ProfileArgs) -> Result<()> {
-    super::check_model_io(&a.model, &[Some(&a.data)], &[Some(&a.output)])?;
-    if a.seq_len == Some(0) {
-        bail!("--seq-len must be at least 1");
-    }
-    if a.max_tokens == Some(0) {
-        bail!("--max-tokens must be at least 1");
-    }
-    let ck = a.model.open()?;
-    // Windows never exceed the model's positions; a longer one asked for is an error.
-    let positions = ck.cfg.positions();
-    let seq_len = match a.seq_len {
-        Some(n) if n > positions => bail!(
-            "--seq-len {n} exceeds the model's {positions} positions (max_position_embeddings)"
-        ),
-        Some(n) => n,
-        None => 512.min(positions),
+    let spec = a.model.spec()?;
+    super::check_model_io(&spec, &[Some(&a.data)], &[Some(&a.output)])?;
+    let job = ProfileJob {
+        data: a.data.clone(),
+        seq_len: a.seq_len,
+        max_tokens: a.max_tokens,
+        logits: !a.no_logits,
+        add_bos: a.add_bos,
     };
-    let tok = ck.tokenizer()?;
-    let docs = read_documents(&a.data)?;
-    let mut windows: Vec<Vec<u32>> = Vec::new();
-    let mut total = 0;
-    'docs: for d in &docs {
-        let ids = tok.encode(d, a.add_bos)?;
-        for w in ids.chunks(seq_len) {
-            let take = a.max_tokens.map_or(w.len(), |m| w.len().min(m - total));
-            if take == 0 {
-                break 'docs;
-            }
-            windows.push(w[..take].to_vec());
-            total += take;
-        }
-    }
-    if total == 0 {
-        bail!("{}: the documents hold no tokens", a.data.display());
-    }
-    let cfg = ck.cfg.clone();
-    let work = occult_core::models::data_parallel::fingerprint(
-        windows.iter().flatten().flat_map(|x| x.to_le_bytes()),
-    );
-    let Some(rec) = a.model.run(&ck, |m| {
-        m.check_same_work("calibration windows", work)?;
-        let share = &windows[m.shard(windows.len())];
-        let mine = share.iter().map(Vec::len).sum::<usize>() as u64;
-        let bar = crate::progress::rank_bar(m.rank_and_size().0, mine, "tokens");
-        let mut rec = RoutingRecorder::default();
-        for w in share {
-            let ids = Tensor::from_slice(w, (1, w.len()), &Device::Cpu)?;
-            m.forward(&ids, None, Some(&mut rec), Logits::Last)?;
-            bar.inc(w.len() as u64);
-        }
-        bar.finish_and_clear();
-        Ok(m.finish_and_gather_routing(rec)?)
-    })?
-    else {
+    let Some(p) = profile(&spec, &job)? else {
         return Ok(());
     };
-    let trace = trace_of(
-        rec,
-        &cfg,
-        &ck.name,
-        &a.data.display().to_string(),
-        !a.no_logits,
-    );
-    // NaN or infinite routing is the model's fault, not the trace file's: say so.
-    for l in &trace.layers {
-        let values = l.topk_weights.iter().chain(&l.router_logits).flatten();
-        if values.clone().any(|v| !v.is_finite()) {
-            bail!(
-                "the model's routing at layer {} is not finite (NaN or infinite gate weights or \
-                 router logits): its weights hold non-finite values, or the dtype overflows \
-                 (try --dtype f32)",
-                l.layer
-            );
-        }
-    }
-    trace.write(&a.output)?;
+    p.trace.write(&a.output)?;
     eprintln!(
-        "profiled {total} tokens in {} windows over {} MoE layers -> {}",
-        windows.len(),
-        trace.layers.len(),
+        "profiled {} tokens in {} windows over {} MoE layers -> {}",
+        p.tokens,
+        p.windows,
+        p.trace.layers.len(),
         a.output.display()
     );
     Ok(())
-}
-
-/// A routing trace of what a recorder saw.
-pub fn trace_of(
-    rec: RoutingRecorder,
-    cfg: &occult_core::models::config::ModelConfig,
-    model: &str,
-    data: &str,
-    logits: bool,
-) -> Trace {
-    let meta = TraceMeta {
-        num_experts: cfg.moe.num_experts,
-        top_k: cfg.moe.top_k,
-        model: Some(model.to_string()),
-        data: Some(data.to_string()),
-        num_ranks: None,
-        extra: Default::default(),
-    };
-    let layers = rec
-        .layers
-        .into_iter()
-        .map(|(layer, r)| LayerTrace {
-            layer,
-            tokens: r.tokens,
-            topk_ids: r.ids,
-            topk_weights: Some(r.weights),
-            router_logits: logits.then_some(r.logits),
-        })
-        .collect();
-    Trace { meta, layers }
 }

@@ -19,7 +19,7 @@ pub struct ReproduceArgs {
     pub out: PathBuf,
     /// Override the recipe's backend: local (threads) or mpi (under mpirun -np DEVICES).
     #[arg(long, value_enum)]
-    pub backend: Option<crate::commands::Backend>,
+    pub backend: Option<crate::context::Backend>,
 }
 
 pub fn run(a: ReproduceArgs) -> Result<()> {

@@ -41,8 +41,28 @@ pub struct LadderSettings<'a> {
     pub router: &'a RouterRule,
 }
 
-/// The three placements: contiguous, paper-greedy, ours.
-pub type Placements = Vec<(Method, Placement)>;
+/// The three placements of the table.
+#[derive(Clone, Debug)]
+pub struct Placements {
+    /// Expert e on device e / (E / D): what frameworks do without profiling.
+    pub contiguous: Placement,
+    /// The paper's Algorithm 1.
+    pub greedy: Placement,
+    /// Ours: the swap search.
+    pub ours: Placement,
+}
+
+impl Placements {
+    /// Each with its method, in the table's order.
+    pub fn iter(&self) -> impl Iterator<Item = (Method, &Placement)> {
+        [
+            (Method::Contiguous, &self.contiguous),
+            (Method::Greedy, &self.greedy),
+            (Method::Occult, &self.ours),
+        ]
+        .into_iter()
+    }
+}
 
 /// The table, and the three placements.
 pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Placements)> {
@@ -51,20 +71,24 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
         seed: s.seed,
         max_load_factor: None,
     };
-    let mut placements = Vec::new();
     let mut search_secs = Vec::new();
-    for m in [Method::Contiguous, Method::Greedy, Method::Occult] {
+    let mut place = |m: Method| -> Result<Placement> {
         let t = Instant::now();
         let (p, _) = place_trace(trace, s.devices, m, &cfg, &|| {})?;
         search_secs.push(t.elapsed().as_secs_f64());
-        placements.push((m, p));
-    }
+        Ok(p)
+    };
+    let placements = Placements {
+        contiguous: place(Method::Contiguous)?,
+        greedy: place(Method::Greedy)?,
+        ours: place(Method::Occult)?,
+    };
     let tokens: usize = trace.layers.iter().map(|l| l.tokens).sum();
     let per_tok = |x: u64| x as f64 / tokens.max(1) as f64;
     let sum = |st: &TraceStats, f: fn(&occult_core::analysis::collab::LayerStats) -> u64| {
         st.layers.iter().map(f).sum::<u64>()
     };
-    let contiguous = trace_stats(trace, &placements[0].1, s.row_bytes, true)?;
+    let contiguous = trace_stats(trace, &placements.contiguous, s.row_bytes, true)?;
     let base_bytes = sum(&contiguous, |l| l.remote_rows_standard) * s.row_bytes;
     let step = |name: &str,
                 placement: &str,
@@ -108,7 +132,7 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
         };
         steps.push(step(name, m.name(), &st, None, *secs));
     }
-    let best = &placements[2].1;
+    let best = &placements.ours;
     for &n in s.prune_devices {
         for &rule in s.rules {
             let t = Instant::now();

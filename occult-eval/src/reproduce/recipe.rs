@@ -4,6 +4,7 @@
 //! every slot left empty; a recipe for a real checkpoint names its own.
 
 use anyhow::{bail, Context, Result};
+use occult_core::analysis::pruning::PruneRule;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -19,7 +20,7 @@ pub struct Recipe {
     /// `local` (ranks as threads of this process) or `mpi` (run the recipe under
     /// `mpirun -np DEVICES`, with occult built with MPI).
     #[serde(default = "local")]
-    pub backend: crate::commands::Backend,
+    pub backend: crate::context::Backend,
     /// Seconds a rank waits for its peers before the run fails.
     #[serde(default = "comm_timeout")]
     pub comm_timeout: f64,
@@ -72,21 +73,21 @@ pub struct CalibrationRecipe {
 #[serde(deny_unknown_fields)]
 pub struct AnalysisRecipe {
     /// Element type of the rows the table counts bytes for (f32, bf16, f16, fp8).
-    #[serde(default = "bf16_name")]
-    pub row_dtype: String,
+    #[serde(default = "bf16_rows")]
+    pub row_dtype: crate::rows::RowDtype,
     /// Placement search restarts.
     #[serde(default = "two")]
     pub restarts: usize,
     #[serde(default = "prune_devices")]
     pub prune_devices: Vec<usize>,
     #[serde(default = "prune_rules")]
-    pub prune_rules: Vec<String>,
+    pub prune_rules: Vec<PruneRule>,
 }
 
 impl Default for AnalysisRecipe {
     fn default() -> Self {
         AnalysisRecipe {
-            row_dtype: bf16_name(),
+            row_dtype: bf16_rows(),
             restarts: 2,
             prune_devices: prune_devices(),
             prune_rules: prune_rules(),
@@ -173,8 +174,8 @@ impl Default for ProjectionRecipe {
     }
 }
 
-fn local() -> crate::commands::Backend {
-    crate::commands::Backend::Local
+fn local() -> crate::context::Backend {
+    crate::context::Backend::Local
 }
 fn comm_timeout() -> f64 {
     600.0
@@ -182,8 +183,8 @@ fn comm_timeout() -> f64 {
 fn f32_name() -> String {
     "f32".into()
 }
-fn bf16_name() -> String {
-    "bf16".into()
+fn bf16_rows() -> crate::rows::RowDtype {
+    crate::rows::RowDtype::Bf16
 }
 fn two() -> usize {
     2
@@ -191,8 +192,8 @@ fn two() -> usize {
 fn prune_devices() -> Vec<usize> {
     vec![2, 1]
 }
-fn prune_rules() -> Vec<String> {
-    vec!["router".into(), "similarity".into()]
+fn prune_rules() -> Vec<PruneRule> {
+    vec![PruneRule::Router, PruneRule::Similarity]
 }
 fn steps() -> u64 {
     200
@@ -273,11 +274,6 @@ impl Recipe {
                 || sp.train_batch_per_rank == 0)
         {
             bail!("[speed] token counts, batches, lengths and repeats must be positive");
-        }
-        for r in &self.analysis.prune_rules {
-            if r != "router" && r != "similarity" {
-                bail!("[analysis] prune rule {r:?} is not router or similarity");
-            }
         }
         if let Some(&n) = self
             .analysis

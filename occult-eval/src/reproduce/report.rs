@@ -338,5 +338,46 @@ pub fn projection_section(
             );
         }
     }
-    md + "\n" + &crate::commands::project::render(p)
+    md + "\n" + &crate::jobs::project::render(p)
+}
+
+/// The report: the tables, then the shaped run's note, the projection and the collaboration.
+pub fn full(
+    recipe: &Recipe,
+    origin: &str,
+    cfg: &ModelConfig,
+    trace: &Trace,
+    f: &super::Findings,
+    seconds: f64,
+) -> String {
+    let mut md = render(
+        recipe,
+        origin,
+        cfg,
+        trace,
+        &f.steps,
+        &f.speed,
+        &f.finetunes,
+        &f.quality,
+        seconds,
+    );
+    if let Some(why) = f.shaped["reason"].as_str() {
+        md += &format!(
+            "\nThe shaped-link measurement (scripts/shaped_links.sh) did not run: {why}.\n"
+        );
+    }
+    if let Some(p) = &f.projection {
+        md += &projection_section(p, &recipe.projection, recipe.devices);
+    }
+    let c = &f.collaboration;
+    if let (Some(b), Some(a)) = (c["ect_before"].as_f64(), c["ect_after"].as_f64()) {
+        md += &format!(
+            "\n## Collaboration before and after pruned fine-tuning\n\nThe routing the model \
+             chooses on its own (unpruned) on the calibration text, under our placement: E[C_T] \
+             {b:.3} at the start, {a:.3} after {} fine-tuning. Co-activation of the first MoE \
+             layer's experts, grouped by device:\n\n![Collaboration](collaboration.png)\n",
+            c["variant"].as_str().unwrap_or_default()
+        );
+    }
+    md
 }

@@ -81,7 +81,7 @@ pub fn run(
 ) -> Result<Vec<SpeedRow>> {
     let dir = out.join("shaped");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let (len, batch) = crate::bench_model_ep::prefill_shape(s.prefill_tokens, devices, s.seq_len);
+    let (len, batch) = crate::bench::model_ep::prefill_shape(s.prefill_tokens, devices, s.seq_len);
     let exe = std::env::current_exe().context("finding this binary")?;
     let placement = placement.display().to_string();
     let common = ["--model", model, "--placement", &placement];

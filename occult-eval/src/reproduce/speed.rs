@@ -4,9 +4,10 @@
 //! projected onto a link profile (which models the MoE layers: their exchanges and expert
 //! compute). The same code as `occult bench model` and `occult bench train`.
 
-use crate::bench_model_ep::{self, EpModelBench, ModeResult};
-use crate::bench_train::{self, TrainBench};
-use crate::commands::model_opts::ModelOpts;
+use crate::bench::model_ep::{self, EpModelBench};
+use crate::bench::modes::ModeSummary;
+use crate::bench::train::{self, TrainBench};
+use crate::context::ModelSpec;
 use anyhow::Result;
 use occult_core::ep::cost::LinkProfile;
 use serde::{Deserialize, Serialize};
@@ -69,7 +70,7 @@ pub struct SpeedRow {
     pub link: String,
 }
 
-fn row(suite: &str, r: &ModeResult, link: &str) -> SpeedRow {
+fn row(suite: &str, r: &ModeSummary, link: &str) -> SpeedRow {
     SpeedRow {
         suite: suite.into(),
         mode: r.mode.clone(),
@@ -85,7 +86,7 @@ fn row(suite: &str, r: &ModeResult, link: &str) -> SpeedRow {
 }
 
 /// Runs the speed stage with `opts` (the model, devices and placement).
-pub fn speed(opts: &ModelOpts, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
+pub fn speed(opts: &ModelSpec, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
     let link = LinkProfile::load(&s.link)?;
     let mut ck = opts.open()?;
     let mut rows = Vec::new();
@@ -99,13 +100,12 @@ pub fn speed(opts: &ModelOpts, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
         seed: 0,
     };
     for &tokens in &s.prefill_tokens {
-        let (len, batch) = bench_model_ep::prefill_shape(tokens, opts.devices, s.prefill_seq_len);
+        let (len, batch) = model_ep::prefill_shape(tokens, opts.devices, s.prefill_seq_len);
         eprintln!(
             "  prefill, {} tokens ({batch} x {len} per rank)",
             opts.devices * batch * len
         );
-        let Some(results) = bench_model_ep::run(opts, &ck, &bench(len, batch, 0), Some(&link))?
-        else {
+        let Some(results) = model_ep::run(opts, &ck, &bench(len, batch, 0), Some(&link))? else {
             continue;
         };
         // Every mode, the single-device reference too (a baseline without exchanges).
@@ -122,17 +122,18 @@ pub fn speed(opts: &ModelOpts, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
     for &batch in s.decode_batches.iter().filter(|_| s.decode_tokens > 0) {
         eprintln!("  decode, {batch} sequence(s) per rank");
         let b = bench(s.decode_prompt_len.max(1), batch, s.decode_tokens);
-        let Some(results) = bench_model_ep::run(opts, &ck, &b, Some(&link))? else {
+        let Some(results) = model_ep::run(opts, &ck, &b, Some(&link))? else {
             continue;
         };
         for r in &results {
+            let Some(d) = &r.decode else { continue };
             rows.push(SpeedRow {
                 tokens: r.devices.max(opts.devices) * batch,
-                ect: r.decode_ect,
-                rows_sent: r.decode_rows_sent,
-                bytes_sent: r.decode_bytes_sent,
-                seconds: r.decode_ms_per_token / 1e3,
-                projected_seconds: r.decode_projected_s,
+                ect: d.decode_ect,
+                rows_sent: d.decode_rows_sent,
+                bytes_sent: d.decode_bytes_sent,
+                seconds: d.decode_ms_per_token / 1e3,
+                projected_seconds: d.decode_projected_s,
                 ..row("decode", r, &s.link)
             });
         }
@@ -146,7 +147,7 @@ pub fn speed(opts: &ModelOpts, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
         steps: s.repeats,
         seed: 0,
     };
-    if let Some(results) = bench_train::run(opts, &mut ck, &b, Some(&link))? {
+    if let Some(results) = train::run(opts, &mut ck, &b, Some(&link))? {
         rows.extend(results.iter().map(|r| row("train", r, &s.link)));
     }
     Ok(rows)

@@ -5,8 +5,9 @@
 //! (forward and backward exchanges, gradient reduction), E[C_T], the EP stages' times, and
 //! with a link profile its projection (the exchanges as measured, in f32).
 
-use crate::bench_model_ep::{combine, measure, mode_opts, ModeResult, RankRun};
-use crate::commands::model_opts::{ModeArg, ModelOpts};
+use super::model_ep::{measure, mode_opts};
+use super::modes::{summarise, Exchanges, ModeSummary, RankRun};
+use crate::context::{ModeArg, ModelSpec};
 use anyhow::{bail, Context, Result};
 use occult_core::ep::cost::{swiglu_flops, LinkProfile};
 use occult_core::models::loader::Checkpoint;
@@ -34,7 +35,7 @@ fn examples(b: &TrainBench, vocab: usize, rank: usize) -> Vec<Example> {
     (0..b.batch_per_rank)
         .map(|i| {
             let seed = b.seed + (rank * b.batch_per_rank + i) as u64;
-            let ids = crate::bench_model::random_prompt(b.seq_len, vocab, seed);
+            let ids = super::timing::random_prompt(b.seq_len, vocab, seed);
             Example {
                 target: (0..ids.len()).map(|j| j > 0).collect(),
                 ids,
@@ -89,11 +90,11 @@ fn rank_run(m: &Model, b: &TrainBench, ck: &Checkpoint) -> Result<RankRun> {
 
 /// Runs every mode on D ranks; returns the results on rank 0 (`None` on other processes).
 pub fn run(
-    opts: &ModelOpts,
+    opts: &ModelSpec,
     ck: &mut Checkpoint,
     b: &TrainBench,
     link: Option<&LinkProfile>,
-) -> Result<Option<Vec<ModeResult>>> {
+) -> Result<Option<Vec<ModeSummary>>> {
     if b.devices < 2 {
         bail!("the training bench compares expert-parallel modes: give --devices 2 or more");
     }
@@ -126,8 +127,47 @@ pub fn run(
         let runs = o.run_training(ck, |m| measure(m, work, &label, || rank_run(m, b, ck)))?;
         if let Some(runs) = runs {
             let tokens = b.devices * b.batch_per_rank * b.seq_len;
-            results.push(combine(&label, b.devices, tokens, &runs, link, false));
+            results.push(summarise(
+                &label,
+                b.devices,
+                tokens,
+                &runs,
+                link,
+                Exchanges::Measured,
+            ));
         }
     }
     Ok((!results.is_empty()).then_some(results))
+}
+
+/// `occult bench train`: runs every mode on `spec`'s ranks, prints the table on rank 0 and
+/// writes it as JSON to `json`, projected onto `link` when given.
+pub fn bench(
+    spec: &ModelSpec,
+    bench: &TrainBench,
+    link: Option<&LinkProfile>,
+    json: Option<&std::path::Path>,
+) -> Result<()> {
+    let mut ck = spec.open()?;
+    let Some(results) = run(spec, &mut ck, bench, link)? else {
+        return Ok(());
+    };
+    super::modes::print(&results, link.is_some(), "training step");
+    println!(
+        "({} ranks, {} sequences of {} tokens each per step; training the MoE blocks; stage \
+         times are the slowest rank's forward stages, summed over MoE layers)",
+        bench.devices, bench.batch_per_rank, bench.seq_len
+    );
+    if let Some(p) = json {
+        super::report::write_modes(
+            p,
+            "train",
+            Some(&ck.name),
+            spec.backend,
+            bench,
+            link,
+            &results,
+        )?;
+    }
+    Ok(())
 }

@@ -7,6 +7,9 @@
 //! one centroid each) so that routing has the locality real MoE routers show; experts are
 //! placed from a calibration batch routed by the same router.
 
+use super::modes::{reference, summarise, Exchanges, ModeSummary, RankRun};
+use crate::context::Backend;
+use crate::table::Table;
 use anyhow::{bail, Result};
 use candle::{DType, Device, Tensor};
 use occult_core::analysis::collab::CoActivation;
@@ -14,13 +17,11 @@ use occult_core::analysis::placement::{self, Method, SearchConfig};
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::analysis::routing::RouterRule;
 use occult_core::analysis::similarity::SimilarityTable;
-use occult_core::ep::comm::{Communicator, Exchange};
-use occult_core::ep::cost::{project_step, swiglu_flops, LinkProfile, Projection, RankStep};
+use occult_core::ep::comm::Communicator;
+use occult_core::ep::cost::{swiglu_flops, LinkProfile};
 use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::experts::SwigluStack;
-use occult_core::ep::{
-    reference_forward, route, EpMoe, EpSettings, MoeWeights, PruneSpec, StepStats,
-};
+use occult_core::ep::{reference_forward, route, EpMoe, EpSettings, MoeWeights, PruneSpec};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -55,47 +56,11 @@ pub struct LayerBench {
     pub device: Device,
 }
 
-/// One mode's figures on one rank.
+/// One mode's measurements on one rank.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RankRecord {
     pub mode: String,
-    pub rank: usize,
-    /// Mean forward time per measured step.
-    pub seconds: f64,
-    pub stats: StepStats,
-    /// The exchanges of the last measured step.
-    pub exchanges: Vec<Exchange>,
-    pub flops: f64,
-}
-
-/// One mode's figures over all ranks.
-#[derive(Clone, Debug, Serialize)]
-pub struct ModeResult {
-    pub mode: String,
-    pub devices: usize,
-    pub tokens: usize,
-    pub rows_sent: usize,
-    pub remote_rows_sent: usize,
-    /// Bytes sent to other ranks in one forward (dispatch metadata, rows, combine).
-    pub bytes_sent: u64,
-    pub ect: f64,
-    /// The slowest rank's mean forward time per step.
-    pub seconds: f64,
-    /// Each phase's slowest rank (last measured step); phases include waiting for peers.
-    pub route_s: f64,
-    pub plan_s: f64,
-    pub dispatch_s: f64,
-    pub compute_s: f64,
-    pub combine_s: f64,
-    pub tokens_per_s: f64,
-    /// The experts' FLOPs (every rank's pairs), and the expert compute rate of the rank whose
-    /// compute stage was slowest (its FLOPs over that stage, last measured step), in FLOP per
-    /// second per device.
-    pub expert_flops: f64,
-    pub expert_flops_per_s: f64,
-    /// With a link profile: the slowest rank's projected time and its parts.
-    pub projected_seconds: Option<f64>,
-    pub projected: Option<Projection>,
+    pub run: RankRun,
 }
 
 /// The layer's weights, tokens and calibration batch, identical on every rank.
@@ -294,11 +259,14 @@ impl LayerBench {
             let flops = swiglu_flops(stats.pairs, h, self.intermediate);
             out.push(RankRecord {
                 mode: name,
-                rank: r,
-                seconds: seconds / self.steps as f64,
-                stats,
-                exchanges: comm.stats().exchanges,
-                flops,
+                run: RankRun {
+                    rank: r,
+                    seconds: seconds / self.steps as f64,
+                    stats,
+                    exchanges: comm.stats().exchanges,
+                    flops,
+                    ..RankRun::default()
+                },
             });
         }
         Ok(out)
@@ -351,8 +319,8 @@ impl LayerBench {
         })
     }
 
-    /// Combines every rank's records into one result per mode.
-    pub fn combine(&self, records: &[RankRecord], link: Option<&LinkProfile>) -> Vec<ModeResult> {
+    /// Combines every rank's records into one summary per mode.
+    pub fn combine(&self, records: &[RankRecord], link: Option<&LinkProfile>) -> Vec<ModeSummary> {
         let mut modes: Vec<String> = Vec::new();
         for r in records {
             if !modes.contains(&r.mode) {
@@ -362,50 +330,194 @@ impl LayerBench {
         modes
             .into_iter()
             .map(|mode| {
-                let rs: Vec<&RankRecord> = records.iter().filter(|r| r.mode == mode).collect();
-                let max = |f: fn(&RankRecord) -> f64| rs.iter().map(|r| f(r)).fold(0.0, f64::max);
-                let tokens: usize = rs.iter().map(|r| r.stats.tokens).sum();
-                let seconds = max(|r| r.seconds);
-                // Exchanges per step: slot metadata, then the rows out (1) and back (2).
-                let projected = link.map(|p| {
-                    let steps: Vec<RankStep> = rs
-                        .iter()
-                        .map(|r| RankStep {
-                            flops: r.flops,
-                            exchanges: &r.exchanges,
-                        })
-                        .collect();
-                    project_step(p, &steps, &[1, 2])
-                });
-                let bytes_sent = rs
+                let runs: Vec<RankRun> = records
                     .iter()
-                    .map(|r| Exchange::remote_bytes(&r.exchanges, r.rank))
-                    .sum();
-                ModeResult {
-                    mode,
-                    devices: self.devices,
+                    .filter(|r| r.mode == mode)
+                    .map(|r| r.run.clone())
+                    .collect();
+                let tokens = runs.iter().map(|r| r.stats.tokens).sum();
+                summarise(
+                    &mode,
+                    self.devices,
                     tokens,
-                    rows_sent: rs.iter().map(|r| r.stats.rows_sent).sum(),
-                    remote_rows_sent: rs.iter().map(|r| r.stats.remote_rows_sent).sum(),
-                    bytes_sent,
-                    ect: rs.iter().map(|r| r.stats.devices_touched).sum::<usize>() as f64
-                        / tokens.max(1) as f64,
-                    seconds,
-                    route_s: max(|r| r.stats.route_s),
-                    plan_s: max(|r| r.stats.plan_s),
-                    dispatch_s: max(|r| r.stats.dispatch_s),
-                    compute_s: max(|r| r.stats.compute_s),
-                    combine_s: max(|r| r.stats.combine_s),
-                    tokens_per_s: tokens as f64 / seconds.max(1e-12),
-                    expert_flops: rs.iter().map(|r| r.flops).sum(),
-                    expert_flops_per_s: rs
-                        .iter()
-                        .max_by(|a, b| a.stats.compute_s.total_cmp(&b.stats.compute_s))
-                        .map_or(0.0, |r| r.flops / r.stats.compute_s.max(1e-12)),
-                    projected_seconds: projected.as_ref().map(|p| p.total_s),
-                    projected,
-                }
+                    &runs,
+                    link,
+                    Exchanges::LayerForward,
+                )
             })
             .collect()
     }
+}
+
+/// Runs `bench` on its ranks (`backend`), prints the table on rank 0, and writes it as JSON
+/// to `json`, projected onto `link` when given.
+pub fn run(
+    bench: &LayerBench,
+    backend: Backend,
+    link: Option<&LinkProfile>,
+    json: Option<&std::path::Path>,
+) -> Result<()> {
+    let (records, is_root) = match backend {
+        Backend::Local => {
+            bench.validate()?;
+            let setup = bench.setup()?;
+            eprintln!("running {} local ranks", bench.devices);
+            let per_rank = occult_core::ep::comm::local::run_local(bench.devices, |comm| {
+                bench
+                    .run_rank(&setup, comm)
+                    .map_err(|e| occult_core::Error::invalid(e.to_string()))
+            });
+            let mut records = Vec::new();
+            for r in per_rank {
+                records.extend(r?);
+            }
+            (Some((records, bench.run_reference(&setup)?)), true)
+        }
+        Backend::Mpi | Backend::Nccl => process_layer(bench, backend)?,
+    };
+    if !is_root {
+        return Ok(());
+    }
+    let (records, reference_s) = records.expect("root has the records");
+    let mut results: Vec<ModeSummary> = bench.combine(&records, link);
+    let total = bench.tokens * bench.devices;
+    let reference_flops = swiglu_flops(total * bench.top_k, bench.hidden, bench.intermediate);
+    let reference = reference(total, reference_s, None, Some(reference_flops));
+    results.insert(0, reference);
+    print!("{}", render(bench, &results, link, backend));
+    if let Some(out) = json {
+        super::report::write_modes(out, "layer", None, backend, bench, link, &results)?;
+    }
+    Ok(())
+}
+
+type LayerRecords = (Option<(Vec<RankRecord>, f64)>, bool);
+
+/// The bench on this process's rank of `backend`'s group (one process per rank); rank 0
+/// gathers the records.
+fn process_layer(bench: &LayerBench, backend: Backend) -> Result<LayerRecords> {
+    let timeout = occult_core::ep::comm::DEFAULT_TIMEOUT;
+    let comm = backend.world(bench.devices, &bench.device, timeout)?;
+    bench.validate()?;
+    let setup = bench.setup()?;
+    let mine = bench.run_rank(&setup, &comm)?;
+    // Every rank sends its records to rank 0.
+    let bytes = serde_json::to_vec(&mine)?;
+    let mut counts = vec![0; comm.size()];
+    counts[0] = bytes.len();
+    let (all, from) = comm.all_to_all_v_bytes(&bytes, &counts, 1)?;
+    if comm.rank() != 0 {
+        return Ok((None, false));
+    }
+    let mut records = Vec::new();
+    let mut at = 0;
+    for n in from {
+        let part: Vec<RankRecord> = serde_json::from_slice(&all[at..at + n])?;
+        records.extend(part);
+        at += n;
+    }
+    Ok((Some((records, bench.run_reference(&setup)?)), true))
+}
+
+fn render(
+    bench: &LayerBench,
+    results: &[ModeSummary],
+    link: Option<&LinkProfile>,
+    backend: Backend,
+) -> String {
+    let ms = |s: f64| format!("{:.2}", s * 1e3);
+    let mut header = vec![
+        "mode",
+        "E[C_T]",
+        "rows sent",
+        "remote rows",
+        "remote MB",
+        "step ms",
+        "route",
+        "plan",
+        "dispatch",
+        "compute",
+        "combine",
+        "tokens/s",
+        "expert TFLOP/s",
+    ];
+    if link.is_some() {
+        header.extend(["proj. ms", "proj. compute", "proj. comm"]);
+    }
+    let mut t = Table::new(&header);
+    for r in results {
+        let mut row = vec![
+            r.mode.clone(),
+            format!("{:.3}", r.ect),
+            crate::table::count(r.rows_sent as u64),
+            crate::table::count(r.remote_rows_sent as u64),
+            format!("{:.2}", r.bytes_sent as f64 / 1e6),
+            ms(r.seconds),
+            ms(r.route_s),
+            ms(r.plan_s),
+            ms(r.dispatch_s),
+            ms(r.compute_s),
+            ms(r.combine_s),
+            format!("{:.0}", r.tokens_per_s),
+            format!(
+                "{:.3}",
+                r.expert.as_ref().map_or(0.0, |e| e.expert_flops_per_s) / 1e12
+            ),
+        ];
+        if link.is_some() {
+            match &r.projected {
+                Some(p) => row.extend([
+                    format!("{:.4}", p.total_s * 1e3),
+                    format!("{:.4}", p.compute_s * 1e3),
+                    format!("{:.4}", p.comm_s * 1e3),
+                ]),
+                None => row.extend(["-".into(), "-".into(), "-".into()]),
+            }
+        }
+        t.row(row);
+    }
+    let mut out = format!(
+        "layer: {} experts, top-{}, hidden {}, intermediate {}, {} on {}; {} ranks x {} tokens ({} backend);\n  placement {}.\n  expert TFLOP/s: the slowest rank's expert FLOPs over its compute stage.\n  step ms: the slowest rank's mean forward time; phase columns: each phase's slowest rank \
+         (phases include waiting for peers, so they need not add up to step ms)\n\n{}",
+        bench.experts,
+        bench.top_k,
+        bench.hidden,
+        bench.intermediate,
+        bench.dtype,
+        bench.device_name,
+        bench.devices,
+        bench.tokens,
+        backend.name(),
+        bench.placement.name(),
+        t.render()
+    );
+    if let Some(l) = link {
+        out.push_str(&format!(
+            "\nprojected on link profile {} ({}): expert FLOPs / {:.2e} FLOP/s + bytes / bandwidth \
+             + latency per message, slowest rank\n",
+            l.name, l.description, l.device_flops
+        ));
+    }
+    let find = |m: &str| results.iter().find(|r| r.mode == m);
+    if let (Some(s), Some(o)) = (find("standard"), find("occult")) {
+        let ratio = |a: f64, b: f64| {
+            if b > 0.0 {
+                format!("{:.3}", a / b)
+            } else {
+                "-".into()
+            }
+        };
+        out.push_str(&format!(
+            "\noccult / standard: rows {}, remote rows {}, remote bytes {}, measured time {}{}\n",
+            ratio(o.rows_sent as f64, s.rows_sent as f64),
+            ratio(o.remote_rows_sent as f64, s.remote_rows_sent as f64),
+            ratio(o.bytes_sent as f64, s.bytes_sent as f64),
+            ratio(o.seconds, s.seconds),
+            match (o.projected_seconds, s.projected_seconds) {
+                (Some(a), Some(b)) => format!(", projected time {}", ratio(a, b)),
+                _ => String::new(),
+            }
+        ));
+    }
+    out
 }

@@ -12,7 +12,7 @@
 //! through torch's, oneDNN's and MKL's own switches ([`torch_level_env`]); llama.cpp's level is
 //! fixed when it is built, so the bench reads it back and says when it differs from ours.
 
-use crate::bench_model::Timed;
+use crate::bench::timing::Timed;
 use anyhow::{anyhow, bail, Context, Result};
 use occult_core::kernels::Level;
 use std::io::{BufRead, BufReader, Write};
@@ -40,8 +40,8 @@ impl PeerKind {
     /// The script, carried in the binary so that the bench works outside the repository.
     fn script(self) -> &'static str {
         match self {
-            PeerKind::Transformers => include_str!("../../scripts/bench_transformers.py"),
-            PeerKind::LlamaCpp => include_str!("../../scripts/bench_llama_cpp.py"),
+            PeerKind::Transformers => include_str!("../../../../scripts/bench_transformers.py"),
+            PeerKind::LlamaCpp => include_str!("../../../../scripts/bench_llama_cpp.py"),
         }
     }
 

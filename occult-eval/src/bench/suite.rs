@@ -4,9 +4,10 @@
 //! Occult, Occult pruned, and the single-device reference) side by side on the same inputs,
 //! measured on the local or MPI backend and projected onto a link profile.
 
-use crate::bench_model_ep::{self, EpModelBench, ModeResult};
-use crate::bench_train::{self, TrainBench};
-use crate::commands::model_opts::ModelOpts;
+use super::model_ep::{self, EpModelBench};
+use super::modes::ModeSummary;
+use super::train::{self, TrainBench};
+use crate::context::ModelSpec;
 use anyhow::{bail, Context, Result};
 use occult_core::ep::cost::LinkProfile;
 use serde::{Deserialize, Serialize};
@@ -32,7 +33,7 @@ pub struct Suite {
     pub suite: SuiteKind,
     /// `builtin` (the built-in model, built on first use), a model folder or a cached hub id.
     pub model: String,
-    #[serde(default = "four")]
+    #[serde(default = "defaults::devices")]
     pub devices: usize,
     /// Prefill: tokens over all ranks at each point.
     #[serde(default)]
@@ -42,40 +43,52 @@ pub struct Suite {
     pub batches: Vec<usize>,
     /// Tokens per sequence (prefill: its prompts, which are batched to reach `tokens`;
     /// decode: the prompt before decoding; train: the sequence).
-    #[serde(default = "sequence")]
+    #[serde(default = "defaults::seq_len")]
     pub seq_len: usize,
     /// Decode steps measured per point.
-    #[serde(default = "eight")]
+    #[serde(default = "defaults::decode_tokens")]
     pub decode_tokens: usize,
     /// Prune to this many devices in the pruned mode (0: no pruned mode).
-    #[serde(default = "two")]
+    #[serde(default = "defaults::max_devices")]
     pub max_devices: usize,
-    #[serde(default = "two")]
+    #[serde(default = "defaults::repeats")]
     pub repeats: usize,
     /// The link profile of the projection (a built-in name or a file).
-    #[serde(default = "pcie4")]
+    #[serde(default = "defaults::link")]
     pub link: String,
-    #[serde(default = "f32_name")]
+    #[serde(default = "defaults::dtype")]
     pub dtype: String,
 }
 
-fn four() -> usize {
-    4
-}
-fn two() -> usize {
-    2
-}
-fn eight() -> usize {
-    8
-}
-fn sequence() -> usize {
-    128
-}
-fn pcie4() -> String {
-    "pcie4".into()
-}
-fn f32_name() -> String {
-    "f32".into()
+/// The defaults of a suite file's optional fields.
+mod defaults {
+    /// Expert-parallel ranks.
+    pub fn devices() -> usize {
+        4
+    }
+    /// Tokens per sequence.
+    pub fn seq_len() -> usize {
+        128
+    }
+    /// Decode steps measured per point.
+    pub fn decode_tokens() -> usize {
+        8
+    }
+    /// Devices per token in the pruned mode.
+    pub fn max_devices() -> usize {
+        2
+    }
+    /// Measured repeats per point.
+    pub fn repeats() -> usize {
+        2
+    }
+    /// The paper's box: four GPUs over PCIe 4.
+    pub fn link() -> String {
+        "pcie4".into()
+    }
+    pub fn dtype() -> String {
+        "f32".into()
+    }
 }
 
 impl Suite {
@@ -131,12 +144,12 @@ pub struct Point {
     /// Sequences per rank.
     pub batch: usize,
     pub seq_len: usize,
-    pub results: Vec<ModeResult>,
+    pub results: Vec<ModeSummary>,
 }
 
 /// Runs a suite with `opts` (model, devices, backend, placement). Returns the points on rank 0
 /// (an empty list on the other processes of an MPI run).
-pub fn run(s: &Suite, opts: &ModelOpts) -> Result<Vec<Point>> {
+pub fn run(s: &Suite, opts: &ModelSpec) -> Result<Vec<Point>> {
     let link = LinkProfile::load(&s.link)?;
     let mut ck = opts.open()?;
     let decoded = if s.suite == SuiteKind::Decode {
@@ -156,7 +169,7 @@ pub fn run(s: &Suite, opts: &ModelOpts) -> Result<Vec<Point>> {
         SuiteKind::Prefill => s
             .tokens
             .iter()
-            .map(|&t| bench_model_ep::prefill_shape(t, s.devices, s.seq_len).1)
+            .map(|&t| model_ep::prefill_shape(t, s.devices, s.seq_len).1)
             .collect(),
         _ => s.batches.clone(),
     };
@@ -187,7 +200,7 @@ pub fn run(s: &Suite, opts: &ModelOpts) -> Result<Vec<Point>> {
                     max_devices: s.max_devices,
                     seed: 0,
                 };
-                bench_model_ep::run(opts, &ck, &b, Some(&link))?
+                model_ep::run(opts, &ck, &b, Some(&link))?
             }
             SuiteKind::Train => {
                 let b = TrainBench {
@@ -198,7 +211,7 @@ pub fn run(s: &Suite, opts: &ModelOpts) -> Result<Vec<Point>> {
                     steps: s.repeats,
                     seed: 0,
                 };
-                bench_train::run(opts, &mut ck, &b, Some(&link))?
+                train::run(opts, &mut ck, &b, Some(&link))?
             }
         };
         if let Some(results) = results {
@@ -228,9 +241,11 @@ pub fn render(s: &Suite, points: &[Point]) -> String {
         "x",
     ]);
     for p in points {
-        let time = |r: &ModeResult| {
+        let time = |r: &ModeSummary| {
             if decode {
-                (r.decode_ms_per_token / 1e3, r.decode_projected_s)
+                r.decode.as_ref().map_or((0.0, None), |d| {
+                    (d.decode_ms_per_token / 1e3, d.decode_projected_s)
+                })
             } else {
                 (r.seconds, r.projected_seconds)
             }
@@ -239,7 +254,9 @@ pub fn render(s: &Suite, points: &[Point]) -> String {
         for r in &p.results {
             let (measured, projected) = time(r);
             let (ect, bytes) = if decode {
-                (r.decode_ect, r.decode_bytes_sent)
+                r.decode
+                    .as_ref()
+                    .map_or((0.0, 0), |d| (d.decode_ect, d.decode_bytes_sent))
             } else {
                 (r.ect, r.bytes_sent)
             };
@@ -267,6 +284,59 @@ pub fn render(s: &Suite, points: &[Point]) -> String {
         s.link,
         t.render()
     )
+}
+
+/// `occult bench suite FILE`: the suite in `file` (its model replaced by `model` when given),
+/// on `backend`'s ranks with Occult's placement from `placement` (for the built-in model, made
+/// from its calibration text on first use; contiguous for another model without one); prints
+/// the table and writes the points as JSON to `json`.
+pub fn bench(
+    file: &Path,
+    model: Option<&str>,
+    placement: Option<&Path>,
+    backend: crate::context::Backend,
+    json: Option<&Path>,
+) -> Result<()> {
+    let mut s = Suite::read(file)?;
+    if let Some(m) = model {
+        s.model = m.to_string();
+    }
+    let mut spec = ModelSpec::local(&s.model);
+    let mut placement_file = placement.map(Path::to_path_buf);
+    if s.model == "builtin" {
+        let recipe = crate::builtin::BuiltinRecipe::default();
+        let b = crate::builtin::ensure_cached(&recipe, backend == crate::context::Backend::Local)?;
+        spec.model = b.model().display().to_string();
+        if placement_file.is_none() {
+            placement_file = Some(b.placement(s.devices)?);
+        }
+    }
+    spec.placement = placement_file
+        .as_deref()
+        .map(occult_core::analysis::placement::Placement::read)
+        .transpose()?;
+    spec.placement_file = placement_file;
+    spec.devices = s.devices;
+    spec.backend = backend;
+    spec.dtype = s.dtype.clone();
+    let points = run(&s, &spec)?;
+    if points.is_empty() {
+        return Ok(());
+    }
+    println!("{}", render(&s, &points));
+    if let Some(p) = json {
+        let v = serde_json::json!({
+            "file": file.display().to_string(),
+            "config": s,
+            "model": spec.model,
+            "placement": spec.placement_file,
+            "backend": backend,
+            "projected_with": s.link,
+            "points": points,
+        });
+        super::report::write(p, "suite", v)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

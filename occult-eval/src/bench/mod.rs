@@ -1,0 +1,28 @@
+//! The benchmarks, each comparing methods in one run on the same inputs, with exact counts
+//! (rows and bytes across links, E[C_T]) beside times:
+//!
+//! - [`layer`]: one MoE layer on D ranks, every dispatch mode;
+//! - [`model`]: a model's prefill and decode, against another implementation ([`peers`]) on one
+//!   device, or every EP mode on D ranks ([`model_ep`]);
+//! - [`train`]: a fine-tuning step in every EP mode;
+//! - [`suite`]: sweeps of those from `configs/bench/*.toml`;
+//! - [`place`]: the placement methods on the same traces;
+//! - [`kernels`]: the CPU linear kernels against candle's matmul;
+//! - [`eval`]: scoring with and without context reuse.
+//!
+//! Shared: [`modes`] (each rank's run, the one aggregator into a mode's summary, the table),
+//! [`timing`] (paired, alternating repeats of two implementations) and [`report`] (the one
+//! JSON envelope).
+
+pub mod eval;
+pub mod kernels;
+pub mod layer;
+pub mod model;
+pub mod model_ep;
+pub mod modes;
+pub mod peers;
+pub mod place;
+pub mod report;
+pub mod suite;
+pub mod timing;
+pub mod train;

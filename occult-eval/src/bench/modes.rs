@@ -1,0 +1,319 @@
+//! One mode's figures over all ranks, for every expert-parallel benchmark (a layer, a model's
+//! prefill and decode, a training step): each rank's measurements ([`RankRun`]), the one
+//! aggregator ([`summarise`]) that makes them a [`ModeSummary`] (traffic and E[C_T] summed,
+//! times the slowest rank's, projected onto a link profile), the single-device reference's
+//! row, and the table with each mode's ratios to standard dispatch.
+
+use occult_core::ep::comm::Exchange;
+use occult_core::ep::cost::{project_step, LinkProfile, Projection, RankStep};
+use occult_core::ep::StepStats;
+use serde::{Deserialize, Serialize};
+
+/// One rank's measurements of one mode.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RankRun {
+    pub rank: usize,
+    /// The measured step: the mean forward of a layer, the best prefill of the repeats, or a
+    /// training step.
+    pub seconds: f64,
+    /// The mean decode step time of that repeat's decode (0 when none).
+    pub decode_step_s: f64,
+    /// The step's EP statistics, summed over MoE layers.
+    pub stats: StepStats,
+    /// The step's all-to-alls, in order.
+    pub exchanges: Vec<Exchange>,
+    /// Expert FLOPs of the step on this rank.
+    pub flops: f64,
+    /// The last decode step's EP statistics, all-to-alls and expert FLOPs (empty without
+    /// decode).
+    pub decode_stats: StepStats,
+    pub decode_exchanges: Vec<Exchange>,
+    pub decode_flops: f64,
+}
+
+/// What a [`RankRun`]'s exchanges are, which says which of them carry hidden-state rows (projected
+/// in the link profile's activation size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exchanges {
+    /// One EP layer's forward: slot metadata, rows out, rows back.
+    LayerForward,
+    /// A model's forward: the lockstep announcement, then per MoE layer slot metadata, rows
+    /// out, rows back.
+    ModelForward,
+    /// Every exchange projected as measured (f32): a training step.
+    Measured,
+}
+
+impl Exchanges {
+    /// The indices of the exchanges that carry rows, of `n`.
+    fn rows(self, n: usize) -> Vec<usize> {
+        match self {
+            Exchanges::LayerForward => (0..n).filter(|j| j % 3 != 0).collect(),
+            Exchanges::ModelForward => (1..n).filter(|j| (j - 1) % 3 != 0).collect(),
+            Exchanges::Measured => Vec::new(),
+        }
+    }
+}
+
+/// A decode step's figures (model benchmarks).
+#[derive(Clone, Debug, Serialize)]
+pub struct DecodeSummary {
+    /// The slowest rank's decode step (one token for each of its sequences).
+    pub decode_ms_per_token: f64,
+    /// With a link profile: the projected decode step.
+    pub decode_projected_s: Option<f64>,
+    /// The decode step's traffic and E[C_T] (the last step's).
+    pub decode_rows_sent: usize,
+    pub decode_bytes_sent: u64,
+    pub decode_ect: f64,
+}
+
+/// The experts' compute rate (layer benchmark).
+#[derive(Clone, Debug, Serialize)]
+pub struct ExpertRate {
+    /// The experts' FLOPs (every rank's pairs).
+    pub expert_flops: f64,
+    /// The expert compute rate of the rank whose compute stage was slowest (its FLOPs over
+    /// that stage), in FLOP per second per device.
+    pub expert_flops_per_s: f64,
+}
+
+/// One mode's figures over all ranks.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModeSummary {
+    pub mode: String,
+    pub devices: usize,
+    /// Tokens of the step over all ranks.
+    pub tokens: usize,
+    pub rows_sent: usize,
+    pub remote_rows_sent: usize,
+    /// Bytes sent to other ranks during the step (dispatch metadata, rows, combine).
+    pub bytes_sent: u64,
+    pub ect: f64,
+    /// The slowest rank's step.
+    pub seconds: f64,
+    pub tokens_per_s: f64,
+    /// Each EP stage's slowest rank (summed over MoE layers); stages include waiting for
+    /// peers.
+    pub route_s: f64,
+    pub plan_s: f64,
+    pub dispatch_s: f64,
+    pub compute_s: f64,
+    pub combine_s: f64,
+    /// With a link profile: the projected step and its parts.
+    pub projected_seconds: Option<f64>,
+    pub projected: Option<Projection>,
+    #[serde(flatten)]
+    pub decode: Option<DecodeSummary>,
+    #[serde(flatten)]
+    pub expert: Option<ExpertRate>,
+}
+
+/// E[C_T] of ranks' statistics: token-layer pairs on both sides, so the mean over MoE layers.
+fn ect<'a>(stats: impl Iterator<Item = &'a StepStats> + Clone) -> f64 {
+    let touched: usize = stats.clone().map(|s| s.devices_touched).sum();
+    touched as f64 / stats.map(|s| s.tokens).sum::<usize>().max(1) as f64
+}
+
+/// One mode's summary from every rank's run of `tokens` tokens in all; `exchanges` says what
+/// the runs' exchanges are. Decode figures come with [`Exchanges::ModelForward`] and
+/// [`Exchanges::Measured`], the experts' rate with [`Exchanges::LayerForward`].
+pub fn summarise(
+    label: &str,
+    devices: usize,
+    tokens: usize,
+    runs: &[RankRun],
+    link: Option<&LinkProfile>,
+    exchanges: Exchanges,
+) -> ModeSummary {
+    let max = |f: fn(&RankRun) -> f64| runs.iter().map(f).fold(0.0, f64::max);
+    let seconds = max(|r| r.seconds);
+    let bytes_sent = runs
+        .iter()
+        .map(|r| Exchange::remote_bytes(&r.exchanges, r.rank))
+        .sum();
+    let project = |p: &LinkProfile, part: fn(&RankRun) -> (&[Exchange], f64)| {
+        let steps: Vec<RankStep> = runs
+            .iter()
+            .map(|r| {
+                let (exchanges, flops) = part(r);
+                RankStep { flops, exchanges }
+            })
+            .collect();
+        let n = steps.iter().map(|r| r.exchanges.len()).min().unwrap_or(0);
+        project_step(p, &steps, &exchanges.rows(n))
+    };
+    let projected = link.map(|p| project(p, |r| (&r.exchanges, r.flops)));
+    let decode = (exchanges != Exchanges::LayerForward).then(|| {
+        let decoded = runs.iter().all(|r| !r.decode_exchanges.is_empty());
+        DecodeSummary {
+            decode_ms_per_token: max(|r| r.decode_step_s) * 1e3,
+            decode_projected_s: link
+                .filter(|_| exchanges == Exchanges::ModelForward && decoded)
+                .map(|p| project(p, |r| (&r.decode_exchanges, r.decode_flops)).total_s),
+            decode_rows_sent: runs.iter().map(|r| r.decode_stats.rows_sent).sum(),
+            decode_bytes_sent: runs
+                .iter()
+                .map(|r| Exchange::remote_bytes(&r.decode_exchanges, r.rank))
+                .sum(),
+            decode_ect: ect(runs.iter().map(|r| &r.decode_stats)),
+        }
+    });
+    let expert = (exchanges == Exchanges::LayerForward).then(|| ExpertRate {
+        expert_flops: runs.iter().map(|r| r.flops).sum(),
+        expert_flops_per_s: runs
+            .iter()
+            .max_by(|a, b| a.stats.compute_s.total_cmp(&b.stats.compute_s))
+            .map_or(0.0, |r| r.flops / r.stats.compute_s.max(1e-12)),
+    });
+    ModeSummary {
+        mode: label.to_string(),
+        devices,
+        tokens,
+        rows_sent: runs.iter().map(|r| r.stats.rows_sent).sum(),
+        remote_rows_sent: runs.iter().map(|r| r.stats.remote_rows_sent).sum(),
+        bytes_sent,
+        ect: ect(runs.iter().map(|r| &r.stats)),
+        seconds,
+        tokens_per_s: tokens as f64 / seconds.max(1e-12),
+        route_s: max(|r| r.stats.route_s),
+        plan_s: max(|r| r.stats.plan_s),
+        dispatch_s: max(|r| r.stats.dispatch_s),
+        compute_s: max(|r| r.stats.compute_s),
+        combine_s: max(|r| r.stats.combine_s),
+        projected_seconds: projected.as_ref().map(|p| p.total_s),
+        projected,
+        decode,
+        expert,
+    }
+}
+
+/// The single-device reference's row: `tokens` in `seconds` (all of it compute), with its
+/// decode step or its experts' FLOPs where the benchmark has them.
+pub fn reference(
+    tokens: usize,
+    seconds: f64,
+    decode_step_s: Option<f64>,
+    expert_flops: Option<f64>,
+) -> ModeSummary {
+    ModeSummary {
+        mode: "reference (1 device)".into(),
+        devices: 1,
+        tokens,
+        rows_sent: 0,
+        remote_rows_sent: 0,
+        bytes_sent: 0,
+        ect: 1.0,
+        seconds,
+        tokens_per_s: tokens as f64 / seconds.max(1e-12),
+        route_s: 0.0,
+        plan_s: 0.0,
+        dispatch_s: 0.0,
+        compute_s: seconds,
+        combine_s: 0.0,
+        projected_seconds: None,
+        projected: None,
+        decode: decode_step_s.map(|s| DecodeSummary {
+            decode_ms_per_token: s * 1e3,
+            decode_projected_s: None,
+            decode_rows_sent: 0,
+            decode_bytes_sent: 0,
+            decode_ect: 1.0,
+        }),
+        expert: expert_flops.map(|f| ExpertRate {
+            expert_flops: f,
+            expert_flops_per_s: f / seconds.max(1e-12),
+        }),
+    }
+}
+
+/// Prints the results as a table, then each mode's ratios to standard dispatch, measured beside
+/// projected; `what` names the timed step ("prefill", "training step").
+pub fn print(results: &[ModeSummary], projected: bool, what: &str) {
+    let ms = |s: f64| format!("{:.1}", s * 1e3);
+    let (rate, time) = (format!("{what} tok/s"), format!("{what} ms"));
+    let mut header = vec![
+        "mode",
+        "E[C_T]",
+        "rows",
+        "remote rows",
+        "remote MB",
+        rate.as_str(),
+        time.as_str(),
+        "decode ms/step",
+        "route",
+        "plan",
+        "dispatch",
+        "compute",
+        "combine",
+    ];
+    let decode_projected = results.iter().any(|r| {
+        r.decode
+            .as_ref()
+            .is_some_and(|d| d.decode_projected_s.is_some())
+    });
+    if projected {
+        header.push("projected ms");
+    }
+    if decode_projected {
+        header.push("decode projected ms");
+    }
+    let mut table = crate::table::Table::new(&header);
+    for r in results {
+        let mut row = vec![
+            r.mode.clone(),
+            format!("{:.3}", r.ect),
+            r.rows_sent.to_string(),
+            r.remote_rows_sent.to_string(),
+            format!("{:.2}", r.bytes_sent as f64 / 1e6),
+            format!("{:.1}", r.tokens_per_s),
+            ms(r.seconds),
+            format!(
+                "{:.2}",
+                r.decode.as_ref().map_or(0.0, |d| d.decode_ms_per_token)
+            ),
+            ms(r.route_s),
+            ms(r.plan_s),
+            ms(r.dispatch_s),
+            ms(r.compute_s),
+            ms(r.combine_s),
+        ];
+        if projected {
+            row.push(
+                r.projected_seconds
+                    .map_or("-".into(), |s| format!("{:.3}", s * 1e3)),
+            );
+        }
+        if decode_projected {
+            row.push(
+                r.decode
+                    .as_ref()
+                    .and_then(|d| d.decode_projected_s)
+                    .map_or("-".into(), |s| format!("{:.3}", s * 1e3)),
+            );
+        }
+        table.row(row);
+    }
+    println!("{}", table.render());
+    // Each mode against standard dispatch, measured in this run beside the projection.
+    if let Some(s) = results.iter().find(|r| r.mode == "standard") {
+        for o in results
+            .iter()
+            .filter(|r| r.devices > 1 && r.mode != "standard")
+        {
+            println!(
+                "{} / standard: rows {:.3}, remote bytes {:.3}, {what} time {:.3} (speed-up \
+                 {:.2}x){}",
+                o.mode,
+                o.rows_sent as f64 / s.rows_sent.max(1) as f64,
+                o.bytes_sent as f64 / s.bytes_sent.max(1) as f64,
+                o.seconds / s.seconds.max(1e-12),
+                s.seconds / o.seconds.max(1e-12),
+                match (o.projected_seconds, s.projected_seconds) {
+                    (Some(x), Some(y)) => format!(", projected time {:.3}", x / y.max(1e-12)),
+                    _ => String::new(),
+                }
+            );
+        }
+    }
+}

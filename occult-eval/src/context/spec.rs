@@ -1,0 +1,162 @@
+//! [`ModelSpec`]: which model to load and how to run it, as a plain value (the commands build
+//! it from their flags; the pipelines build it directly), and opening its checkpoint.
+
+use super::backend::Backend;
+use super::device::pick_device;
+use anyhow::{bail, Context, Result};
+use candle::Device;
+use occult_core::analysis::placement::Placement;
+use occult_core::analysis::pruning::PruneRule;
+use occult_core::models::loader::{parse_dtype, Checkpoint};
+use occult_core::models::memory;
+use std::path::PathBuf;
+
+/// How MoE blocks compute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModeArg {
+    /// The single-device reference (a plain loop over experts).
+    Reference,
+    /// Expert parallelism, one row per (token, expert).
+    Standard,
+    /// Expert parallelism, one row per (token, device), pre-reduced on the device.
+    Occult,
+}
+
+/// Which model to load and how to run it.
+#[derive(Clone, Debug)]
+pub struct ModelSpec {
+    /// A model folder, or a Hugging Face model id already in the local cache.
+    pub model: String,
+    /// Revision of a cached hub model.
+    pub revision: Option<String>,
+    /// Compute dtype: f32, bf16 or f16.
+    pub dtype: String,
+    /// CUDA device N (offset by the node-local rank under NCCL); the CPU when `None`.
+    pub cuda: Option<usize>,
+    /// Expert-parallel ranks.
+    pub devices: usize,
+    pub backend: Backend,
+    /// Seconds a rank waits in one exchange for its peers.
+    pub comm_timeout: f64,
+    /// MoE computation; `None`: reference on one device, occult on more.
+    pub mode: Option<ModeArg>,
+    /// Where experts live; contiguous blocks when `None`.
+    pub placement: Option<Placement>,
+    /// The file the placement was read from, for reports and the input check.
+    pub placement_file: Option<PathBuf>,
+    /// Collaboration pruning: each token's experts span at most this many devices.
+    pub max_devices: Option<usize>,
+    pub prune_rule: PruneRule,
+    /// A trace with router logits to build the similarity rule's tables.
+    pub calibration: Option<PathBuf>,
+    /// The most memory the model may need (bytes); the memory available by default.
+    pub max_memory: Option<u64>,
+}
+
+impl ModelSpec {
+    /// `model` on one device in the reference mode, every other option at its default.
+    pub fn local(model: &str) -> Self {
+        ModelSpec {
+            model: model.to_string(),
+            revision: None,
+            dtype: "f32".into(),
+            cuda: None,
+            devices: 1,
+            backend: Backend::Local,
+            comm_timeout: 120.0,
+            mode: None,
+            placement: None,
+            placement_file: None,
+            max_devices: None,
+            prune_rule: PruneRule::Router,
+            calibration: None,
+            max_memory: None,
+        }
+    }
+
+    /// The files and folders this reads: the model's folder (when it is one), the placement
+    /// and the calibration trace; outputs must replace none of them.
+    pub fn inputs(&self) -> Vec<PathBuf> {
+        let model = PathBuf::from(&self.model);
+        model
+            .exists()
+            .then_some(model)
+            .into_iter()
+            .chain(self.placement_file.clone())
+            .chain(self.calibration.clone())
+            .collect()
+    }
+
+    /// The effective mode.
+    pub fn mode(&self) -> ModeArg {
+        self.mode.unwrap_or(if self.devices > 1 {
+            ModeArg::Occult
+        } else {
+            ModeArg::Reference
+        })
+    }
+
+    /// Opens the checkpoint, refusing one that will not fit in memory (before any weight is
+    /// read).
+    pub fn open(&self) -> Result<Checkpoint> {
+        let ck = self.open_header()?;
+        self.check_memory(&ck, false)?;
+        Ok(ck)
+    }
+
+    /// Opens the checkpoint's header, config and tokenizer without the memory check (for
+    /// commands that read no weights, and for train, which checks its own need).
+    pub fn open_header(&self) -> Result<Checkpoint> {
+        let dtype = parse_dtype(&self.dtype)?;
+        if self.revision.is_some() && std::path::Path::new(&self.model).is_dir() {
+            bail!(
+                "--revision picks a version of a hub model in the cache; {} is a folder, which \
+                 has only the version it holds",
+                self.model
+            );
+        }
+        Checkpoint::open_on(
+            &self.model,
+            self.revision.as_deref(),
+            dtype,
+            &self.device()?,
+        )
+        .with_context(|| format!("loading model {}", self.model))
+    }
+
+    /// The device `cuda` names (offset by the node-local rank under NCCL), or the CPU.
+    pub fn device(&self) -> Result<Device> {
+        pick_device(self.cuda, self.backend)
+    }
+
+    /// Refuses a model that will not fit (see [`memory`]) before its weights are read;
+    /// `train` adds gradients and optimiser state.
+    pub fn check_memory(&self, ck: &Checkpoint, train: bool) -> Result<()> {
+        let mpi = self.backend.process_per_rank();
+        let ranks = if mpi { self.devices } else { 1 };
+        let need = memory::estimate(&ck.weights, ck.weights.dtype(), ranks, train);
+        // Ranks that mpirun put on this node share its memory.
+        let local = std::env::var("OMPI_COMM_WORLD_LOCAL_SIZE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|_| mpi)
+            .unwrap_or(1);
+        let what = format!("model {} in {}", self.model, self.dtype);
+        // A GPU is each rank's own under nccl; under mpi the node's ranks share `--cuda N`.
+        let device = ck.weights.device();
+        let sharing = if self.backend == Backend::Nccl {
+            1
+        } else {
+            local
+        };
+        Ok(memory::check_on(
+            device,
+            need,
+            self.max_memory,
+            local,
+            sharing,
+            &what,
+        )?)
+    }
+}

@@ -1,0 +1,280 @@
+//! Evaluation: multiple-choice tasks scored as lm-evaluation-harness scores them, on a model's
+//! ranks (so pruned routing can be scored without fine-tuning). The harness prepares and
+//! scores the tasks ([`crate::harness::evaluate`]) and aggregates their results
+//! ([`crate::harness::results`]); this runs them on the model and gathers the results JSON
+//! (per task and metric with standard errors, the configuration and the seed), the table, the
+//! per-item samples and, when asked, the routing of the evaluated tokens. A task that fails is
+//! reported and the others go on.
+
+use crate::context::ModelSpec;
+use crate::harness::evaluate::{data_sources, prepare, score_task, PrepareOptions, Prepared};
+use crate::harness::results::{summarise, TaskResults};
+use crate::harness::scorer::ScoreOptions;
+use crate::table::Table;
+use anyhow::{bail, Result};
+use occult_core::analysis::trace::Trace;
+use occult_core::models::model::RoutingRecorder;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// What to evaluate, and how.
+#[derive(Clone, Debug)]
+pub struct EvalJob {
+    /// Built-in task names or paths to task files.
+    pub tasks: Vec<String>,
+    /// Task data as `TASK=PATH`; without it, a task's dataset is read from the hub's cache.
+    pub data: Vec<String>,
+    /// Use the built-in sample data for tasks without data.
+    pub samples: bool,
+    /// Few-shot examples per item; each task's own when `None`.
+    pub num_fewshot: Option<usize>,
+    /// Score at most this many items per task.
+    pub limit: Option<usize>,
+    /// Requests per forward pass when contexts are not reused.
+    pub batch_size: usize,
+    /// Run a shared context once for all its continuations.
+    pub context_reuse: bool,
+    /// Seed of the few-shot draw.
+    pub seed: u64,
+    /// Add BOS when encoding (lm-eval's add_bos_token).
+    pub add_bos: bool,
+    /// Record the routing of every evaluated token (one device; requests run one at a time,
+    /// whole, so that no padding is recorded).
+    pub record_routing: bool,
+}
+
+impl EvalJob {
+    /// `tasks` at `occult eval`'s defaults.
+    pub fn new(tasks: Vec<String>) -> Self {
+        EvalJob {
+            tasks,
+            data: Vec::new(),
+            samples: false,
+            num_fewshot: None,
+            limit: None,
+            batch_size: 8,
+            context_reuse: true,
+            seed: 1234,
+            add_bos: false,
+            record_routing: false,
+        }
+    }
+
+    /// The task files and data files it reads.
+    pub fn inputs(&self) -> Result<Vec<std::path::PathBuf>> {
+        let po = prepare_options(self)?;
+        Ok(self
+            .tasks
+            .iter()
+            .map(Path::new)
+            .filter(|p| p.extension().is_some_and(|e| e == "toml") && p.exists())
+            .map(Path::to_path_buf)
+            .chain(po.data.into_values())
+            .collect())
+    }
+}
+
+/// What an evaluation gives: the results JSON (`results`, `errors`, `config`), the table, each
+/// task's per-item samples and the recorded routing.
+#[derive(Debug)]
+pub struct Evaluated {
+    pub report: serde_json::Value,
+    pub table: Table,
+    pub samples: Vec<(String, Vec<serde_json::Value>)>,
+    pub errors: BTreeMap<String, String>,
+    pub routing: Option<Trace>,
+}
+
+impl Evaluated {
+    /// Writes the results JSON (with provenance) to `out`, and each task's samples as
+    /// `samples_TASK.jsonl` beside it when `log_samples`. With no task scored there are no
+    /// results to write; the errors say why.
+    pub fn write(&self, out: &Path, log_samples: bool) -> Result<()> {
+        let scored = self.report["results"]
+            .as_object()
+            .is_some_and(|r| !r.is_empty());
+        if !scored {
+            return Ok(());
+        }
+        crate::output::write_json(out, &crate::output::with_provenance(self.report.clone()))?;
+        if log_samples {
+            let dir = out.parent().unwrap_or(Path::new("."));
+            for (task, samples) in &self.samples {
+                let path = dir.join(format!("samples_{task}.jsonl"));
+                occult_core::atomic::write_atomic(&path, |w| {
+                    for s in samples {
+                        serde_json::to_writer(&mut *w, s).map_err(std::io::Error::other)?;
+                        w.write_all(b"\n")?;
+                    }
+                    Ok(())
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails naming the tasks that failed, if any did.
+    pub fn check(&self, tasks: usize) -> Result<()> {
+        if !self.errors.is_empty() {
+            bail!(
+                "{} of {tasks} task(s) failed: {}",
+                self.errors.len(),
+                self.errors.keys().cloned().collect::<Vec<_>>().join(", ")
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The harness's options for preparing tasks: `TASK=PATH` sources, each naming one of the
+/// tasks, and the few-shot, limit and seed settings; checks the batch size.
+pub(crate) fn prepare_options(a: &EvalJob) -> Result<PrepareOptions> {
+    if a.batch_size == 0 {
+        bail!("--batch-size must be at least 1");
+    }
+    let sources = data_sources(&a.tasks, &a.data)?;
+    Ok(PrepareOptions {
+        data: sources,
+        samples: a.samples,
+        num_fewshot: a.num_fewshot,
+        limit: a.limit,
+        seed: a.seed,
+    })
+}
+
+/// Prepares and scores every task of `job` on `spec`'s ranks: rank 0 gets what was scored
+/// (tasks that failed among its errors), the other processes of an `mpirun` job `None`.
+/// Fails only when no task could be prepared.
+pub fn evaluate(spec: &ModelSpec, job: &EvalJob) -> Result<Option<Evaluated>> {
+    let a = job;
+    let po = prepare_options(a)?;
+    // Tasks that cannot be prepared are reported; the others go on.
+    let mut errors: BTreeMap<String, String> = BTreeMap::new();
+    let mut prepared = Vec::new();
+    for name in &a.tasks {
+        match prepare(name, &po) {
+            Ok(p) => prepared.push(p),
+            Err(e) => {
+                eprintln!("error: task {name}: {e:#}");
+                errors.insert(name.clone(), format!("{e:#}"));
+            }
+        }
+    }
+    if prepared.is_empty() {
+        bail!("no task could be prepared");
+    }
+    if a.record_routing && spec.devices != 1 {
+        bail!("--trace records on one device (routing does not depend on the device count)");
+    }
+    let ck = spec.open()?;
+    let tok = ck.tokenizer()?;
+    let opts = ScoreOptions {
+        reuse_context: a.context_reuse && !a.record_routing,
+        batch: if a.record_routing { 1 } else { a.batch_size },
+        add_bos: a.add_bos,
+    };
+    let record = a.record_routing;
+    let work = work_fingerprint(&prepared);
+    let Some((scored, routing)) = spec.run(&ck, |m| {
+        m.check_same_work("tasks or items", work)?;
+        // Rank 0 shows the progress of its share.
+        let mine: usize = prepared.iter().map(|p| m.shard(p.items.len()).len()).sum();
+        let bar = crate::progress::rank_bar(m.rank_and_size().0, mine as u64, "items");
+        let mut routing = record.then(RoutingRecorder::default);
+        let mut out = Vec::new();
+        for p in &prepared {
+            let (s, r) = score_task(m, tok, opts, p, routing.take(), &|n| bar.inc(n))?;
+            routing = r;
+            out.push(s);
+        }
+        bar.finish_and_clear();
+        Ok((out, routing))
+    })?
+    else {
+        return Ok(None);
+    };
+    let routing = routing.map(|rec| {
+        crate::jobs::profile::trace_of(
+            rec,
+            &ck.cfg,
+            &ck.name,
+            &format!("occult eval --tasks {}", a.tasks.join(",")),
+            true,
+        )
+    });
+    let mut results = serde_json::Map::new();
+    let mut table = Table::new(&["task", "n", "shots", "metric", "value", "stderr", "items/s"]);
+    let mut all_samples = Vec::new();
+    for (p, s) in prepared.iter().zip(scored) {
+        let s = match s {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("error: task {}: {e}", p.spec.name);
+                errors.insert(p.spec.name.clone(), e);
+                continue;
+            }
+        };
+        let TaskResults {
+            results: r,
+            samples,
+        } = summarise(p, &s);
+        for &m in &p.spec.metrics {
+            let key = m.key();
+            table.row(vec![
+                p.spec.name.clone(),
+                p.items.len().to_string(),
+                p.shots.to_string(),
+                key.into(),
+                format!("{:.4}", r[key].as_f64().unwrap_or(f64::NAN)),
+                r[m.stderr_key()]
+                    .as_f64()
+                    .map_or("N/A".into(), |x| format!("{x:.4}")),
+                format!("{:.2}", r["speed"]["items_per_s"].as_f64().unwrap_or(0.0)),
+            ]);
+        }
+        results.insert(p.spec.name.clone(), r);
+        all_samples.push((p.spec.name.clone(), samples));
+    }
+    let report = json!({
+        "results": results,
+        "errors": errors,
+        "config": {
+            "model": ck.name,
+            "tasks": a.tasks,
+            "num_fewshot": a.num_fewshot,
+            "limit": a.limit,
+            "batch_size": opts.batch,
+            "context_reuse": opts.reuse_context,
+            "seed": a.seed,
+            "add_bos": a.add_bos,
+            "devices": spec.devices,
+            "mode": spec.mode(),
+            "placement": spec.placement_file,
+            "max_devices": spec.max_devices,
+            "prune_rule": spec.max_devices.map(|_| spec.prune_rule),
+            "dtype": spec.dtype,
+        },
+    });
+    Ok(Some(Evaluated {
+        report,
+        table,
+        samples: all_samples,
+        errors,
+        routing,
+    }))
+}
+
+/// What ranks must agree on before they score: each task's name and its items' documents and
+/// requests.
+pub(crate) fn work_fingerprint(prepared: &[Prepared]) -> u64 {
+    let mut text = String::new();
+    for p in prepared {
+        text.push_str(&p.spec.name);
+        for it in &p.items {
+            text.push_str(&format!("|{}|{}|{:?}", it.doc_id, it.gold, it.contexts));
+            text.push_str(&it.continuations.join("|"));
+        }
+    }
+    occult_core::models::data_parallel::fingerprint(text.into_bytes())
+}

@@ -1,0 +1,12 @@
+//! Typed entry points: each takes values (a [`ModelSpec`](crate::context::ModelSpec) and its
+//! job) and returns values, for the commands and the pipelines alike.
+//!
+//! - [`profile`]: calibration text through a model, its routing trace back;
+//! - [`fine_tune`]: fine-tuning on a model's ranks, the model and its log written;
+//! - [`eval`]: tasks scored as lm-evaluation-harness scores them, the results back;
+//! - [`project`]: layer and step times of each dispatch projected onto clusters.
+
+pub mod eval;
+pub mod fine_tune;
+pub mod profile;
+pub mod project;

@@ -1,0 +1,427 @@
+//! The stages of [`super::run`], one function each, passing typed values on: the trace, the
+//! [`Placements`] and our [`Placed`] placement, the speed rows, the fine-tuned models and the
+//! quality rows; and the model specs each stage runs under.
+
+use super::ladder::{ect_ladder, LadderSettings, Placements, Step};
+use super::plots;
+use super::ranks::{Progress, Ranks};
+use super::recipe::{self, Recipe};
+use super::shaped;
+use super::speed::{self, SpeedRow};
+use super::subject::Subject;
+use super::{FinetuneRow, QualityRow, Routing};
+use crate::context::{ModeArg, ModelSpec};
+use crate::jobs::eval::{evaluate, EvalJob};
+use crate::jobs::fine_tune::{fine_tune, FineTune};
+use crate::jobs::profile::{profile, ProfileJob};
+use anyhow::{Context, Result};
+use occult_core::analysis::placement::Placement;
+use occult_core::analysis::projection::{ProjectReport, ProjectSettings};
+use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::trace::Trace;
+use occult_core::models::config::ModelConfig;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The model on the recipe's ranks in Occult dispatch, without a placement.
+pub fn ranks_spec(model: &str, r: &Recipe) -> ModelSpec {
+    let mut o = ModelSpec::local(model);
+    o.dtype = r.model.dtype.clone();
+    o.devices = r.devices;
+    o.backend = r.backend;
+    o.comm_timeout = r.comm_timeout;
+    o.mode = Some(ModeArg::Occult);
+    o
+}
+
+/// The model on the recipe's ranks under `placement`, served or fine-tuned under `routing`
+/// (the similarity rule's tables from the calibration trace).
+pub fn routed_spec(model: &str, r: &Recipe, placement: &Placed, routing: Routing) -> ModelSpec {
+    let mut o = ranks_spec(model, r);
+    o.placement = Some(placement.placement.clone());
+    o.placement_file = Some(placement.file.clone());
+    if let Some((n, rule)) = routing.prune {
+        o.max_devices = Some(n);
+        o.prune_rule = rule;
+        if rule == PruneRule::Similarity {
+            o.calibration = Some(placement.trace_file.clone());
+        }
+    }
+    o
+}
+
+/// Our placement, as every stage after the table serves under it, with the files it and the
+/// calibration trace were written to.
+pub struct Placed {
+    pub placement: Placement,
+    pub file: PathBuf,
+    pub trace_file: PathBuf,
+}
+
+/// The routing profile on the calibration text, on the recipe's ranks (one device locally);
+/// written to `trace.safetensors` and returned on every rank.
+pub fn profile_stage(recipe: &Recipe, s: &Subject, ranks: &Ranks, out: &Path) -> Result<Trace> {
+    let spec = if ranks.mpi() {
+        ranks_spec(&s.model, recipe)
+    } else {
+        let mut o = ModelSpec::local(&s.model);
+        o.dtype = recipe.model.dtype.clone();
+        o
+    };
+    let job = ProfileJob {
+        seq_len: recipe.calibration.seq_len,
+        max_tokens: recipe.calibration.max_tokens,
+        ..ProfileJob::new(&s.calibration)
+    };
+    let file = out.join("trace.safetensors");
+    let trace = profile(&spec, &job)?.map(|p| p.trace);
+    if let Some(t) = &trace {
+        t.write(&file)?;
+    }
+    ranks.share(trace, &file, |p| Ok(Trace::read(p)?))
+}
+
+/// The three placements and the E[C_T] table (rank 0's; the placements are written beside the
+/// report), and our placement on every rank.
+pub fn placement_stage(
+    recipe: &Recipe,
+    cfg: &ModelConfig,
+    trace: &Trace,
+    ranks: &Ranks,
+    out: &Path,
+) -> Result<(Vec<Step>, Option<Placements>, Placed)> {
+    let router = cfg.router_rule();
+    let file = out.join("placement-occult.json");
+    let (steps, placements) = if ranks.root() {
+        let (steps, placements) = ect_ladder(
+            trace,
+            &LadderSettings {
+                devices: recipe.devices,
+                row_bytes: cfg.hidden_size as u64 * recipe.analysis.row_dtype.bytes(),
+                restarts: recipe.analysis.restarts,
+                seed: 0,
+                prune_devices: &recipe.analysis.prune_devices,
+                rules: &recipe.analysis.prune_rules,
+                router: &router,
+            },
+        )?;
+        for (m, p) in placements.iter() {
+            p.write(&out.join(format!("placement-{}.json", m.name())))?;
+        }
+        (steps, Some(placements))
+    } else {
+        (Vec::new(), None)
+    };
+    let ours = placements.as_ref().map(|p| p.ours.clone());
+    let placement = ranks.share(ours, &file, |p| Ok(Placement::read(p)?))?;
+    let placed = Placed {
+        placement,
+        file,
+        trace_file: out.join("trace.safetensors"),
+    };
+    Ok((steps, placements, placed))
+}
+
+/// The speed stage (measured and projected), then again over shaped links where the machine
+/// allows; the shaped run's outcome as JSON (`ran`, and why not).
+pub fn speed_stage(
+    recipe: &Recipe,
+    s: &Subject,
+    placed: &Placed,
+    ranks: &Ranks,
+    out: &Path,
+    progress: &mut Progress,
+) -> Result<(Vec<SpeedRow>, serde_json::Value)> {
+    let mut speed = Vec::new();
+    let mut shaped = serde_json::Value::Null;
+    if recipe.speed.skip {
+        return Ok((speed, shaped));
+    }
+    progress.stage("speed: prefill, decode and a training step, measured and projected");
+    let spec = routed_spec(&s.model, recipe, placed, Routing { prune: None });
+    speed = speed::speed(&spec, &recipe.speed)?;
+    if recipe.shaped.skip {
+        return Ok((speed, shaped));
+    }
+    progress.stage("speed over shaped links (measured)");
+    let why = if ranks.mpi() {
+        Some("the recipe runs under mpirun, and the shaped run starts its own".to_string())
+    } else {
+        shaped::unavailable(&shaped::script())
+    };
+    shaped = match why {
+        Some(why) => {
+            eprintln!("  skipped: {why}");
+            serde_json::json!({"ran": false, "reason": why})
+        }
+        // A machine that refuses namespaces or shaping costs this stage, not the run.
+        None => match shaped::run(&recipe.shaped, &s.model, &placed.file, recipe.devices, out) {
+            Ok(rows) => {
+                speed.extend(rows);
+                serde_json::json!({"ran": true, "rate": recipe.shaped.rate})
+            }
+            Err(e) => {
+                eprintln!("  failed: {e:#}");
+                serde_json::json!({"ran": false, "reason": format!("{e:#}")})
+            }
+        },
+    };
+    Ok((speed, shaped))
+}
+
+/// A fine-tuned model: the routing it was fine-tuned under and its folder.
+pub struct FineTuned {
+    pub routing: Routing,
+    pub dir: PathBuf,
+}
+
+/// Fine-tuning from the same start under each routing; the models on every rank, their rows
+/// on rank 0.
+pub fn finetune_stage(
+    recipe: &Recipe,
+    s: &Subject,
+    placed: &Placed,
+    routings: &[Routing],
+    ranks: &Ranks,
+    out: &Path,
+) -> Result<(Vec<FineTuned>, Vec<FinetuneRow>)> {
+    let data = s.instructions.clone().expect("checked");
+    let (mut models, mut rows) = (Vec::new(), Vec::new());
+    for &routing in routings {
+        let dir = out.join("finetune").join(routing.name());
+        if ranks.root() {
+            eprintln!("  {}", routing.name());
+        }
+        let t = Instant::now();
+        let job = FineTune {
+            steps: recipe.finetune.steps,
+            seq_len: recipe.finetune.seq_len,
+            batch_size: recipe.finetune.batch_size,
+            lr: recipe.finetune.lr,
+            warmup: Some(recipe.finetune.steps / 10),
+            overwrite: true,
+            eval_data: s.held_out.clone(),
+            ..FineTune::new(&data, &dir)
+        };
+        fine_tune(&routed_spec(&s.model, recipe, placed, routing), &job)
+            .with_context(|| format!("fine-tuning under {}", routing.name()))?;
+        ranks.sync()?;
+        if ranks.root() {
+            let _ = std::fs::remove_dir_all(dir.join("state"));
+            rows.push(finetune_row(&dir, routing, t.elapsed().as_secs_f64())?);
+        }
+        models.push(FineTuned { routing, dir });
+    }
+    Ok((models, rows))
+}
+
+/// Quality on the tasks: the start served under every routing, the standard fine-tuned model
+/// likewise, and each pruned fine-tuned model under its own routing. Each evaluation's results
+/// are written under `quality/`; the rows are rank 0's.
+pub fn quality_stage(
+    recipe: &Recipe,
+    s: &Subject,
+    placed: &Placed,
+    routings: &[Routing],
+    finetuned: &[FineTuned],
+    ranks: &Ranks,
+    out: &Path,
+) -> Result<Vec<QualityRow>> {
+    let mut quality = Vec::new();
+    let job = EvalJob {
+        data: s.task_data.clone(),
+        num_fewshot: recipe.quality.num_fewshot,
+        limit: recipe.quality.limit,
+        ..EvalJob::new(s.tasks.clone())
+    };
+    let mut evaluate_one = |variant: &str, model: &str, fine_tuned: bool, routing: Routing| {
+        let file = out
+            .join("quality")
+            .join(format!("{variant}--served-{}.json", routing.name()));
+        std::fs::create_dir_all(file.parent().expect("a folder"))?;
+        if ranks.root() {
+            eprintln!("  {variant}, served {}", routing.name());
+        }
+        let spec = routed_spec(model, recipe, placed, routing);
+        let scored = evaluate(&spec, &job)
+            .and_then(|done| {
+                let Some(done) = done else { return Ok(()) };
+                done.write(&file, false)?;
+                done.check(job.tasks.len())?;
+                quality.extend(quality_rows(&done.report, variant, fine_tuned, routing)?);
+                Ok(())
+            })
+            .with_context(|| format!("evaluating {variant} served {}", routing.name()));
+        scored
+    };
+    for &routing in routings {
+        evaluate_one("base", &s.model, false, routing)?;
+    }
+    if let Some(standard) = finetuned.iter().find(|f| f.routing.prune.is_none()) {
+        let model = standard.dir.display().to_string();
+        for &routing in routings {
+            evaluate_one("exact", &model, true, routing)?;
+        }
+    }
+    for f in finetuned.iter().filter(|f| f.routing.prune.is_some()) {
+        let model = f.dir.display().to_string();
+        evaluate_one(&f.routing.name(), &model, true, f.routing)?;
+    }
+    Ok(quality)
+}
+
+/// Exact routing, then each pruning of the recipe with each rule.
+pub fn routings(recipe: &Recipe) -> Vec<Routing> {
+    let rules = &recipe.analysis.prune_rules;
+    std::iter::once(Routing { prune: None })
+        .chain(recipe.analysis.prune_devices.iter().flat_map(|&n| {
+            rules.iter().map(move |&r| Routing {
+                prune: Some((n, r)),
+            })
+        }))
+        .collect()
+}
+
+/// Collaboration before and after pruned fine-tuning: the routing the fine-tuned model chooses
+/// on its own (unpruned) on the calibration text, under our placement; its E[C_T] beside the
+/// start's, and the co-activation heat maps of the first MoE layer.
+pub fn collaboration(
+    recipe: &Recipe,
+    cfg: &ModelConfig,
+    trace: &Trace,
+    after: &Trace,
+    best: &Placement,
+    routing: Routing,
+    out: &Path,
+) -> Result<(serde_json::Value, PathBuf)> {
+    let row = cfg.hidden_size as u64 * 2;
+    let before_ect = occult_core::analysis::trace_stats(trace, best, row, true)?.mean_ect;
+    let after_ect = occult_core::analysis::trace_stats(after, best, row, true)?.mean_ect;
+    let map = &best.layers[0].device_of_expert;
+    let mut order: Vec<usize> = (0..map.len()).collect();
+    order.sort_by_key(|&x| (map[x], x));
+    let k = cfg.moe.top_k;
+    let (b, a) = (
+        plots::coactivation(&trace.layers[0], k, &order),
+        plots::coactivation(&after.layers[0], k, &order),
+    );
+    let p = out.join("collaboration.png");
+    let t_before = format!(
+        "start, layer {} (E[C_T] {before_ect:.3})",
+        trace.layers[0].layer
+    );
+    let t_after = format!("after {} fine-tuning ({after_ect:.3})", routing.name());
+    plots::heatmaps(&p, [(&t_before, &b), (&t_after, &a)], recipe.devices)?;
+    let value = serde_json::json!({"variant": routing.name(),
+        "ect_before": before_ect, "ect_after": after_ect});
+    Ok((value, p))
+}
+
+/// The projection stage: `occult project` on the profiled trace.
+pub fn project(
+    p: &recipe::ProjectionRecipe,
+    recipe: &Recipe,
+    cfg: &ModelConfig,
+    trace: &Trace,
+) -> Result<ProjectReport> {
+    let own = crate::jobs::project::layer_sizes(cfg);
+    let profiles = crate::jobs::project::load_profiles(&p.links)?;
+    let settings = ProjectSettings {
+        devices: p.devices.clone(),
+        tokens_per_device: p.tokens_per_device.clone(),
+        prune_devices: recipe.analysis.prune_devices.clone(),
+        hidden: p.hidden.unwrap_or(own.0),
+        intermediate: p.intermediate.unwrap_or(own.1),
+        shared_intermediate: p.shared_intermediate.unwrap_or(own.2),
+        load_caps: p.load_caps.clone(),
+        restarts: recipe.analysis.restarts,
+        seed: 0,
+    };
+    crate::jobs::project::project(trace, &profiles, &settings)
+}
+
+/// The routing the pruned-to-2 fine-tuned model chooses on its own (unpruned) on the
+/// calibration text: its trace, profiled on the recipe's ranks and written beside the report;
+/// rank 0's, and `None` without that model.
+pub fn collaboration_trace(
+    finetuned: &[FineTuned],
+    recipe: &Recipe,
+    s: &Subject,
+    out: &Path,
+    mpi: bool,
+) -> Result<Option<(Routing, Trace)>> {
+    let Some(f) = finetuned
+        .iter()
+        .find(|f| f.routing.prune.is_some_and(|p| p.0 == 2))
+    else {
+        return Ok(None);
+    };
+    if !f.dir.join("config.json").exists() {
+        return Ok(None);
+    }
+    let model = f.dir.display().to_string();
+    let spec = if mpi {
+        ranks_spec(&model, recipe)
+    } else {
+        ModelSpec::local(&model)
+    };
+    let job = ProfileJob {
+        seq_len: recipe.calibration.seq_len,
+        max_tokens: recipe.calibration.max_tokens,
+        logits: false,
+        ..ProfileJob::new(&s.calibration)
+    };
+    let Some(p) = profile(&spec, &job)? else {
+        return Ok(None);
+    };
+    let file = out.join(format!("trace-finetuned-{}.safetensors", f.routing.name()));
+    p.trace.write(&file)?;
+    Ok(Some((f.routing, p.trace)))
+}
+
+pub fn finetune_row(dir: &Path, routing: Routing, seconds: f64) -> Result<FinetuneRow> {
+    let log = std::fs::read_to_string(dir.join("log.jsonl"))
+        .with_context(|| format!("reading {}", dir.join("log.jsonl").display()))?;
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<std::result::Result<_, _>>()?;
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let first = lines.first().context("an empty training log")?;
+    let last = lines.last().context("an empty training log")?;
+    let ects: Vec<f64> = lines.iter().map(|v| f(v, "mean_ect")).collect();
+    Ok(FinetuneRow {
+        variant: routing.name(),
+        max_devices: routing.prune.map(|p| p.0),
+        rule: routing.prune.map(|p| p.1.name().to_string()),
+        first_loss: f(first, "loss"),
+        last_loss: f(last, "loss"),
+        held_out_loss: last["eval_loss"].as_f64(),
+        mean_ect: ects.iter().sum::<f64>() / ects.len().max(1) as f64,
+        seconds,
+    })
+}
+
+/// The quality rows of one evaluation's results JSON.
+pub fn quality_rows(
+    report: &serde_json::Value,
+    variant: &str,
+    fine_tuned: bool,
+    routing: Routing,
+) -> Result<Vec<QualityRow>> {
+    let results = report["results"]
+        .as_object()
+        .context("no `results` in the eval output")?;
+    Ok(results
+        .iter()
+        .map(|(task, r)| QualityRow {
+            variant: variant.to_string(),
+            fine_tuned,
+            max_devices: routing.prune.map(|p| p.0),
+            rule: routing.prune.map(|p| p.1.name().to_string()),
+            task: task.clone(),
+            acc: r["acc"].as_f64().unwrap_or(f64::NAN),
+            acc_norm: r["acc_norm"].as_f64(),
+        })
+        .collect())
+}
