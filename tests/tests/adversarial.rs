@@ -4,7 +4,7 @@
 //! limit), no output written or replaced, and every input unchanged byte for byte. Before the
 //! hostile runs, each command runs once on the good inputs and must succeed, so a failure is
 //! the hostile input's doing. The counts per class are printed (`--nocapture`) and are the ones
-//! README's "What a bad input gets" table gives.
+//! `docs/robustness.md`'s "What a bad input gets" table gives.
 
 mod common;
 use common::occult_bin;

@@ -2,8 +2,8 @@
 //! protocol (a ready line, then one answer a prompt), the report built from its answers, and a
 //! clear error for every way the peer can fail (no interpreter, a missing module, a peer that
 //! dies, an answer without its fields). The peer here is a shell script standing in for
-//! Python, so that the tests need no Python; the real scripts are run by hand (README, "CPU
-//! kernels").
+//! Python, so that the tests need no Python; the real scripts are run by hand
+//! (`docs/kernels.md`, "Against transformers and llama.cpp, at every level").
 
 mod common;
 

@@ -1,5 +1,5 @@
 //! End-to-end runs of the `occult` binary: synth -> collab -> place -> collab -> prune ->
-//! reproduce, checking the JSON contract of DESIGN.md 4.4 and that the figures agree.
+//! reproduce, checking the JSON contract of `docs/formats.md` and that the figures agree.
 
 mod common;
 use common::{occult_err, occult_ok, Raw};
