@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The CPU comparison of docs/kernels.md ("Against transformers and llama.cpp, at every
 # level"): `occult bench model` against transformers and llama.cpp on the OLMoE-shaped
-# 1-layer qwen3_moe (64 experts, top-8, hidden 2048, expert size 1024), in f32 and bf16, with 512- and 128-token prompts, 8 decode steps, 5 paired repeats, at
-# this CPU's own level and again with everything held to AVX2, on THREADS threads. Prints one
-# Markdown table; the JSON of every run stays in OUT.
+# 1-layer qwen3_moe (64 experts, top-8, hidden 2048, expert size 1024), in f32 and bf16, with
+# 512- and 128-token prompts, 8 decode steps, 5 paired repeats, at this CPU's own level and
+# again with everything held to AVX2, on THREADS threads. Prints one Markdown table; the JSON
+# of every run stays in OUT.
 #
 #   TORCH_PYTHON=venv/bin/python LLAMA_PYTHON=venv/bin/python \
 #   LLAMA_AVX2_PYTHON=venv-avx2/bin/python scripts/bench_cpu_peers.sh
