@@ -1,14 +1,10 @@
 //! `occult generate`: continue a prompt, or every line of a prompts file, greedily or by
 //! sampling (temperature, top-p), with the key/value cache; prints the text on stdout and the
-//! speed on stderr. On D ranks the prompts are spread over the ranks (each rank decodes its
-//! own, in step with the others), and the results come back in the file's order.
+//! speed on stderr. The work is [`crate::jobs::generate`].
 
 use super::model_opts::ModelOpts;
+use crate::jobs::generate::{generate, Sampling};
 use anyhow::{bail, Result};
-use candle::{DType, Device, Tensor};
-use occult_core::models::model::{Logits, Model};
-use rand::{Rng, SeedableRng};
-use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
@@ -45,102 +41,6 @@ pub struct GenerateArgs {
     pub json: bool,
 }
 
-/// Picks the next token from last-position logits.
-pub fn pick(logits: &[f32], temperature: f64, top_p: f64, rng: &mut impl Rng) -> u32 {
-    let argmax = || {
-        logits
-            .iter()
-            .enumerate()
-            .fold(
-                (0, f32::NEG_INFINITY),
-                |b, (i, &v)| if v > b.1 { (i, v) } else { b },
-            )
-            .0 as u32
-    };
-    if temperature <= 0.0 {
-        return argmax();
-    }
-    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let mut p: Vec<(usize, f64)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| (i, ((v as f64 - max) / temperature).exp()))
-        .collect();
-    let z: f64 = p.iter().map(|x| x.1).sum();
-    p.iter_mut().for_each(|x| x.1 /= z);
-    p.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    let mut kept = 0;
-    let mut mass = 0.0;
-    for x in &p {
-        kept += 1;
-        mass += x.1;
-        if mass >= top_p {
-            break;
-        }
-    }
-    let mut u = rng.random::<f64>() * mass;
-    for x in &p[..kept] {
-        u -= x.1;
-        if u <= 0.0 {
-            return x.0 as u32;
-        }
-    }
-    p[kept - 1].0 as u32
-}
-
-/// One prompt's generation.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-struct Generated {
-    new: Vec<u32>,
-    prefill_s: f64,
-    decode_s: f64,
-}
-
-/// Generates at most `limit` tokens after `prompt` (stopping at an EOS token).
-fn generate_one(
-    m: &Model,
-    prompt: &[u32],
-    limit: usize,
-    eos: &[u32],
-    a: &GenerateArgs,
-    seed: u64,
-) -> Result<Generated> {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let mut cache = m.new_cache();
-    let mut new = Vec::new();
-    let clock = Instant::now();
-    let ids = Tensor::from_slice(prompt, (1, prompt.len()), &Device::Cpu)?;
-    let mut logits = m.forward(&ids, Some(&mut cache), None, Logits::Last)?;
-    let prefill_s = clock.elapsed().as_secs_f64();
-    let clock = Instant::now();
-    for step in 0..limit {
-        let row = logits
-            .flatten_all()?
-            .to_dtype(DType::F32)?
-            .to_vec1::<f32>()?;
-        // A NaN or infinite logit would silently pick token 0.
-        if let Some(i) = row.iter().position(|v| !v.is_finite()) {
-            bail!(
-                "the model's logits are not finite ({} at token id {i}) at generation step \
-                 {step}: the weights or the dtype overflow",
-                row[i]
-            );
-        }
-        let next = pick(&row, a.temperature, a.top_p, &mut rng);
-        new.push(next);
-        if eos.contains(&next) || step + 1 == limit {
-            break;
-        }
-        let ids = Tensor::from_slice(&[next], (1, 1), &Device::Cpu)?;
-        logits = m.forward(&ids, Some(&mut cache), None, Logits::Last)?;
-    }
-    Ok(Generated {
-        new,
-        prefill_s,
-        decode_s: clock.elapsed().as_secs_f64(),
-    })
-}
-
 /// The prompts: `--prompt`, or the non-empty lines of `--prompts`.
 fn prompts(a: &GenerateArgs) -> Result<Vec<String>> {
     match (&a.prompt, &a.prompts) {
@@ -162,93 +62,39 @@ fn prompts(a: &GenerateArgs) -> Result<Vec<String>> {
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
-    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
-        bail!("--top-p must be in (0, 1], got {}", a.top_p);
-    }
-    if !(a.temperature >= 0.0 && a.temperature.is_finite()) {
-        bail!("--temperature must be a number >= 0, got {}", a.temperature);
-    }
+    let sampling = Sampling {
+        max_new_tokens: a.max_new_tokens,
+        temperature: a.temperature,
+        top_p: a.top_p,
+        seed: a.seed,
+        add_bos: a.add_bos,
+    };
     let texts = prompts(&a)?;
     let spec = a.model.spec()?;
-    let ck = spec.open()?;
-    let tok = ck.tokenizer()?;
-    let eos = tok.eos.clone();
-    let max_positions = ck.cfg.positions();
-    let mut encoded = Vec::with_capacity(texts.len());
-    for (i, text) in texts.iter().enumerate() {
-        let prompt = tok.encode(text, a.add_bos)?;
-        let which = if texts.len() > 1 {
-            format!("prompt {}", i + 1)
-        } else {
-            "the prompt".into()
-        };
-        if prompt.is_empty() {
-            bail!("{which} encodes to no tokens");
-        }
-        if prompt.len() >= max_positions {
-            bail!(
-                "{which} has {} tokens; the model takes {max_positions} positions",
-                prompt.len()
-            );
-        }
-        // Stop at the model's last position rather than fail there.
-        let limit = a.max_new_tokens.min(max_positions - prompt.len());
-        if limit < a.max_new_tokens {
-            eprintln!(
-                "note: {which}: generating at most {limit} tokens (max_position_embeddings \
-                 {max_positions})"
-            );
-        }
-        encoded.push((prompt, limit));
-    }
-    let work = occult_core::models::data_parallel::fingerprint(
-        format!("{encoded:?} {} {} {}", a.seed, a.temperature, a.top_p).into_bytes(),
-    );
-    let Some(results) = spec.run(&ck, |m| {
-        m.check_same_work("prompts or sampling flags", work)?;
-        let mut mine = Vec::new();
-        for i in m.shard(encoded.len()) {
-            let (prompt, limit) = &encoded[i];
-            mine.push(generate_one(
-                m,
-                prompt,
-                *limit,
-                &eos,
-                &a,
-                a.seed + i as u64,
-            )?);
-        }
-        Ok(m.finish_and_gather(mine)?)
-    })?
-    else {
+    let Some(outputs) = generate(&spec, &texts, &sampling)? else {
         return Ok(());
     };
-    let mut outputs = Vec::new();
-    for ((text, (prompt, _)), g) in texts.iter().zip(&encoded).zip(&results) {
-        // Decode prompt and continuation together (a decoder may drop a leading space of a
-        // lone continuation), then print the prompt as given and what follows it.
-        let all: Vec<u32> = prompt.iter().chain(&g.new).copied().collect();
-        let full = tok.decode(&all)?;
-        let head = tok.decode(prompt)?;
-        let tail = full.strip_prefix(head.as_str()).map(str::to_string);
-        let completion = format!("{text}{}", tail.unwrap_or(tok.decode(&g.new)?));
-        outputs.push(serde_json::json!({
-            "prompt": text, "prompt_ids": prompt, "new_ids": g.new, "text": completion,
-        }));
-    }
+    let json = |o: &crate::jobs::generate::Continuation| {
+        serde_json::json!({"prompt": o.prompt, "prompt_ids": o.prompt_ids,
+            "new_ids": o.generated.new, "text": o.text})
+    };
     match (a.json, a.prompts.is_some()) {
         (true, false) => {
             let o = &outputs[0];
-            let v = serde_json::json!({"prompt_ids": o["prompt_ids"], "new_ids": o["new_ids"]});
+            let v = serde_json::json!({"prompt_ids": o.prompt_ids, "new_ids": o.generated.new});
             println!("{}", serde_json::to_string_pretty(&v)?);
         }
-        (true, true) => println!("{}", serde_json::to_string_pretty(&outputs)?),
+        (true, true) => {
+            let all: Vec<serde_json::Value> = outputs.iter().map(json).collect();
+            println!("{}", serde_json::to_string_pretty(&all)?)
+        }
         (false, _) => {
-            let texts: Vec<&str> = outputs.iter().filter_map(|o| o["text"].as_str()).collect();
+            let texts: Vec<&str> = outputs.iter().map(|o| o.text.as_str()).collect();
             println!("{}", texts.join("\n\n"));
         }
     }
-    let prompt_tokens: usize = encoded.iter().map(|(p, _)| p.len()).sum();
+    let prompt_tokens: usize = outputs.iter().map(|o| o.prompt_ids.len()).sum();
+    let results: Vec<_> = outputs.iter().map(|o| &o.generated).collect();
     let new_tokens: usize = results.iter().map(|g| g.new.len()).sum();
     let prefill_s: f64 = results.iter().map(|g| g.prefill_s).sum();
     let decode_s: f64 = results.iter().map(|g| g.decode_s).sum();
@@ -256,28 +102,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     eprintln!(
         "{} prompt(s), {prompt_tokens} tokens: prefill {:.1} tokens/s; {new_tokens} new tokens: \
          {:.2} ms/token",
-        encoded.len(),
+        outputs.len(),
         prompt_tokens as f64 / prefill_s.max(1e-9),
         1e3 * decode_s / steps.max(1) as f64
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn greedy_and_sampling_pick_sensibly() {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-        assert_eq!(pick(&[0.0, 3.0, 1.0], 0.0, 1.0, &mut rng), 1);
-        // A tiny top-p keeps only the best token.
-        assert_eq!(pick(&[0.0, 3.0, 1.0], 1.0, 1e-6, &mut rng), 1);
-        // Sampling hits every token of a flat distribution.
-        let mut seen = [false; 3];
-        for _ in 0..200 {
-            seen[pick(&[0.0, 0.0, 0.0], 1.0, 1.0, &mut rng) as usize] = true;
-        }
-        assert_eq!(seen, [true; 3]);
-    }
 }
