@@ -10,12 +10,12 @@
 use anyhow::{bail, Result};
 use candle::{DType, Device, Tensor};
 use occult_core::analysis::collab::CoActivation;
+use occult_core::analysis::links::{project_step, swiglu_flops, LinkProfile, Projection, RankStep};
 use occult_core::analysis::placement::{self, Method, SearchConfig};
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::analysis::routing::RouterRule;
 use occult_core::analysis::similarity::SimilarityTable;
 use occult_core::ep::comm::{Communicator, Exchange};
-use occult_core::ep::cost::{project_step, swiglu_flops, LinkProfile, Projection, RankStep};
 use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::experts::SwigluStack;
 use occult_core::ep::{

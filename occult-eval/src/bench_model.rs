@@ -364,7 +364,7 @@ fn run_parallel(a: &ModelBenchArgs, ck: &occult_core::models::loader::Checkpoint
     let link = a
         .link
         .as_deref()
-        .map(occult_core::ep::cost::LinkProfile::load)
+        .map(occult_core::analysis::links::LinkProfile::load)
         .transpose()?;
     let bench = EpModelBench {
         devices: a.model.devices,

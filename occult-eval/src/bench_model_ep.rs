@@ -9,8 +9,8 @@
 use crate::commands::model_opts::{ModeArg, ModelOpts, PruneRuleArg};
 use anyhow::{bail, Context, Result};
 use candle::{DType, Device, Tensor};
+use occult_core::analysis::links::{project_step, swiglu_flops, LinkProfile, Projection, RankStep};
 use occult_core::ep::comm::Exchange;
-use occult_core::ep::cost::{project_step, swiglu_flops, LinkProfile, Projection, RankStep};
 use occult_core::ep::StepStats;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::{Logits, Model};

@@ -8,7 +8,7 @@ use crate::bench_model_ep::{self, EpModelBench, ModeResult};
 use crate::bench_train::{self, TrainBench};
 use crate::commands::model_opts::ModelOpts;
 use anyhow::{bail, Context, Result};
-use occult_core::ep::cost::LinkProfile;
+use occult_core::analysis::links::LinkProfile;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 

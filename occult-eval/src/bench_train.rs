@@ -8,7 +8,7 @@
 use crate::bench_model_ep::{combine, measure, mode_opts, ModeResult, RankRun};
 use crate::commands::model_opts::{ModeArg, ModelOpts};
 use anyhow::{bail, Context, Result};
-use occult_core::ep::cost::{swiglu_flops, LinkProfile};
+use occult_core::analysis::links::{swiglu_flops, LinkProfile};
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::Model;
 use occult_train::examples::Example;

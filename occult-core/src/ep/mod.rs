@@ -11,13 +11,11 @@
 //! | [`experts_fast`] | the grouped compute at inference on CPU, on slices (the same sums) | compute |
 //! | [`moe`] | the EP layer: settings, the named stages, per-step statistics | all |
 //! | [`reference`] | the plain single-device MoE forward: the oracle every EP mode must match | - |
-//! | [`cost`] | link profiles, and a step's projection onto a cluster's links | - |
 //!
 //! Plans are plain index arithmetic (tested without tensors); the layer sees only the
 //! [`Communicator`] trait, never a backend.
 
 pub mod comm;
-pub mod cost;
 pub mod dispatch;
 pub mod exchange;
 pub mod experts;

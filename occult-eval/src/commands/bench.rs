@@ -312,7 +312,7 @@ fn train(a: TrainBenchArgs) -> Result<()> {
     let link = a
         .link
         .as_deref()
-        .map(occult_core::ep::cost::LinkProfile::load)
+        .map(occult_core::analysis::links::LinkProfile::load)
         .transpose()?;
     let bench = crate::bench_train::TrainBench {
         devices: a.model.devices,
@@ -476,7 +476,7 @@ pub struct LayerBenchArgs {
 fn layer(a: LayerBenchArgs) -> Result<()> {
     super::check_io(&[], &[a.json.as_deref()])?;
     use crate::bench_layer::{LayerBench, ModeResult};
-    use occult_core::ep::cost::{swiglu_flops, LinkProfile};
+    use occult_core::analysis::links::{swiglu_flops, LinkProfile};
     let device = super::model_opts::pick_device(a.cuda, a.backend)?;
     let bench = LayerBench {
         experts: a.experts,
@@ -598,7 +598,7 @@ fn process_layer(bench: &crate::bench_layer::LayerBench, backend: Backend) -> Re
 fn render_layer(
     bench: &crate::bench_layer::LayerBench,
     results: &[crate::bench_layer::ModeResult],
-    link: Option<&occult_core::ep::cost::LinkProfile>,
+    link: Option<&occult_core::analysis::links::LinkProfile>,
     backend: Backend,
 ) -> String {
     let ms = |s: f64| format!("{:.2}", s * 1e3);
