@@ -3,10 +3,11 @@
 //! The crate has three parts; data flows from the first to the last.
 //!
 //! - [`analysis`]: host-side and tensor-free. Router rules, routing traces, co-activation and
-//!   E[C_T], expert placement, collaboration pruning. Behind `occult collab`, `place`, `prune`.
+//!   E[C_T], expert placement, collaboration pruning, link profiles and projected times. Behind
+//!   `occult collab`, `place`, `prune`, `project`.
 //! - [`ep`]: expert parallelism on tensors. Dispatch plans, communicators (threads, MPI), the
 //!   differentiable row exchange, grouped expert compute, the EP MoE layer in named stages
-//!   (route, plan, dispatch, compute, combine), its single-device oracle, and link cost models.
+//!   (route, plan, dispatch, compute, combine) and its single-device oracle.
 //! - [`models`]: Hugging Face MoE checkpoints. Resolving and reading them (`checkpoint`,
 //!   `weights`), one file per family with its own rules, the shared decoder whose MoE blocks run
 //!   the reference or the EP layer, tokenizers and synthetic checkpoints.

@@ -18,7 +18,7 @@
 //! the same traffic reversed and costs the same.
 
 use crate::analysis::collab::DeviceCounter;
-use crate::ep::cost::{Link, LinkProfile};
+use crate::analysis::links::{Link, LinkProfile};
 use serde::Serialize;
 
 /// D devices in nodes of `per_node` (the last node may hold fewer).
@@ -172,7 +172,7 @@ impl LevelTraffic {
 mod tests {
     use super::*;
 
-    use crate::ep::cost::tests::test_profile as profile;
+    use crate::analysis::links::tests::test_profile as profile;
 
     #[test]
     fn proxies_fold_into_a_short_last_node() {

@@ -7,6 +7,7 @@
 //! | [`synth`] | synthetic traces with latent expert clusters |
 //! | [`ranks`] | which source rank each token of a trace belongs to |
 //! | [`collab`] | co-activation matrices, C_T and E[C_T], row and byte counts per link |
+//! | [`links`] | link profiles (a machine's devices and links), and a measured step's projection onto them |
 //! | [`cluster`] | two-level (intra- and inter-node) dispatch traffic and its projected time |
 //! | [`placement`] | expert -> device maps, their JSON file, and the placement methods |
 //! | [`pruning`] | device-limited routing (router-score and similarity rules) |
@@ -19,6 +20,7 @@
 
 pub mod cluster;
 pub mod collab;
+pub mod links;
 pub mod placement;
 pub mod projection;
 pub mod pruning;

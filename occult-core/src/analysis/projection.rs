@@ -19,12 +19,12 @@
 
 use crate::analysis::cluster::{Cluster, Dispatch, LevelTraffic};
 use crate::analysis::collab::DeviceCounter;
+use crate::analysis::links::{swiglu_flops, LinkProfile};
 use crate::analysis::placement::{Method, Placement, SearchConfig};
 use crate::analysis::pruning::PruneRule;
 use crate::analysis::routing::RouterRule;
 use crate::analysis::trace::Trace;
 use crate::analysis::{place_trace, prune_trace};
-use crate::ep::cost::{swiglu_flops, LinkProfile};
 use crate::{bail, Result};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;

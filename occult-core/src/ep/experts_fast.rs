@@ -17,7 +17,7 @@
 //! for the weights; otherwise [`grouped_sum`] returns `None` and the caller takes the tensor
 //! path.
 
-use super::experts::SwigluStack;
+use super::swiglu::SwigluStack;
 use crate::kernels::scratch::{give, take};
 use crate::kernels::vmath::{silu_mul, Stored};
 use crate::kernels::{linear_rows, operand_of, Operand};

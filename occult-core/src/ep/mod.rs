@@ -6,17 +6,16 @@
 //! | [`dispatch`] | index maps: which rows go where and what each carries (standard or Occult) | plan |
 //! | [`comm`] | the [`Communicator`] trait, its statistics, and its backends (threads, MPI) | dispatch, combine |
 //! | [`exchange`] | the all-to-all of tensor rows as a differentiable op | dispatch, combine |
-//! | [`experts`] | a layer's weights ([`MoeWeights`]), stacked SwiGLU experts and their grouped compute, shared experts | compute |
+//! | [`swiglu`] | SwiGLU MLPs: stacked experts ([`SwigluStack`]) and shared experts | compute |
+//! | [`experts`] | a layer's weights ([`MoeWeights`]) and the grouped compute of stacked experts over received rows | compute |
 //! | [`experts_fast`] | the grouped compute at inference on CPU, on slices (the same sums) | compute |
 //! | [`moe`] | the EP layer: settings, the named stages, per-step statistics | all |
 //! | [`reference`] | the plain single-device MoE forward: the oracle every EP mode must match | - |
-//! | [`cost`] | link profiles, and a step's projection onto a cluster's links | - |
 //!
 //! Plans are plain index arithmetic (tested without tensors); the layer sees only the
 //! [`Communicator`] trait, never a backend.
 
 pub mod comm;
-pub mod cost;
 pub mod dispatch;
 pub mod exchange;
 pub mod experts;
@@ -25,10 +24,12 @@ pub mod moe;
 pub mod pre_reduce;
 pub mod reference;
 pub mod router;
+pub mod swiglu;
 
 pub use comm::Communicator;
 pub use dispatch::{ComputePlan, DispatchMode, ExpertLocations, SendPlan};
-pub use experts::{MoeWeights, SharedExperts, SwigluStack};
+pub use experts::MoeWeights;
 pub use moe::{residual_add, EpMoe, EpSettings, StepStats};
 pub use reference::{reference_forward, reference_forward_routed};
 pub use router::{route, PruneSpec, Routed};
+pub use swiglu::{SharedExperts, SwigluStack};

@@ -5,9 +5,10 @@
 //! experts' sums run on [`super::experts_fast`]: the tensor path's sums, but for SiLU's `exp`
 //! in the last bits.
 
-use super::experts::{par_map, sum_dtype, MoeWeights};
+use super::experts::{par_map, MoeWeights};
 use super::experts_fast::{grouped_sum, Group};
 use super::router::{route, PruneSpec, Routed};
+use super::swiglu::sum_dtype;
 use crate::analysis::routing::RouterRule;
 use crate::Result;
 use candle::Tensor;

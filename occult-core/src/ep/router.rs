@@ -2,7 +2,7 @@
 //! [`RouterRule`], then rewritten by a [`Pruner`] if collaboration pruning is on), gate weights
 //! gathered back from the scores on the graph so that the router gets gradients.
 
-use super::experts::sigmoid;
+use super::swiglu::sigmoid;
 use crate::analysis::pruning::{PruneRule, Pruner};
 use crate::analysis::routing::{RouterRule, Scoring};
 use crate::analysis::similarity::SimilarityTable;

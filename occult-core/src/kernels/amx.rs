@@ -24,7 +24,7 @@
 //! asks, and says no if the CPU lacks the instructions or the kernel refuses. Rust has no
 //! stable AMX intrinsics, so the instructions are written as inline assembly.
 
-use super::gemm_nt::Elem;
+use super::elem::Elem;
 use super::Shared;
 use half::bf16;
 use rayon::prelude::*;

@@ -22,7 +22,7 @@
 //! by group (`[group][k][16]`), so that each micro-tile reads its rows as one contiguous run
 //! (3-5% over reading them 64 floats apart from the AVX-512 layout, `occult bench kernels`).
 
-use super::gemm_nt::Elem;
+use super::elem::Elem;
 use super::{Shared, Simd};
 use rayon::prelude::*;
 

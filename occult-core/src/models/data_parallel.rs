@@ -18,9 +18,8 @@
 //! count ([`Model::global_count`]), the result equals one device's gradients on the whole
 //! batch.
 
-use super::model::{DenseParts, Mlp, Model, MoeExec, MoeSetup, RoutingRecorder};
+use super::model::{Mlp, Model, MoeExec, RoutingRecorder};
 use crate::analysis::ranks::RankSplit;
-use crate::ep::comm::Communicator;
 use crate::ep::residual_add;
 use crate::{bail, Error, Result};
 use candle::backprop::GradStore;
@@ -28,6 +27,9 @@ use candle::{DType, Tensor};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::ops::Range;
+
+/// Digests of what ranks hold, to compare them without moving it (with [`Model::check_same_work`]).
+pub use super::model::fingerprint;
 
 impl Model {
     /// This rank and the number of ranks (0 of 1 without a communicator).
@@ -113,18 +115,6 @@ impl Model {
     /// Whether forwards are collective over more than one rank.
     pub fn is_distributed(&self) -> bool {
         self.comm().is_some_and(|c| c.size() > 1)
-    }
-
-    /// Opens one lockstep round: says whether this rank brings a step, and returns whether
-    /// any rank does. A no-op `true` on one rank.
-    pub(crate) fn announce(&self, active: bool) -> Result<bool> {
-        match self.comm() {
-            Some(c) if c.size() > 1 => {
-                let all = c.all_gather_bytes(&[active as u8])?;
-                Ok(all.iter().any(|&b| b != 0))
-            }
-            _ => Ok(true),
-        }
     }
 
     /// This rank's part of a step in which it has no tokens: every MoE block in order, on
@@ -250,144 +240,5 @@ impl Model {
             at += n;
         }
         Ok(())
-    }
-}
-
-/// A 64-bit FNV-1a digest of bytes (to compare what ranks hold without moving it).
-pub fn fingerprint(bytes: impl IntoIterator<Item = u8>) -> u64 {
-    bytes.into_iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
-/// What the ranks of a model must agree on, as (what, value) pairs for messages.
-fn layout(dense: &DenseParts, setup: &MoeSetup) -> Result<Vec<(String, String)>> {
-    let c = &dense.cfg;
-    // The replicated weights that decide routing: the routers (small), and the embeddings' first
-    // row. Two different checkpoints of one shape differ here.
-    let mut weights = Vec::new();
-    let first_row = dense.embed.get(0)?.to_dtype(DType::F32)?.to_vec1::<f32>()?;
-    weights.extend(first_row);
-    for layer in &dense.layers {
-        if let Some(r) = &layer.router {
-            weights.extend(r.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
-        }
-    }
-    // The maps in effect (a file's, or the default contiguous ones) of every MoE layer.
-    let maps: Vec<u8> = (0..c.num_layers)
-        .filter(|&l| c.moe_layers[l])
-        .flat_map(|l| std::iter::once(l as u32).chain(setup.map(l, c.moe.num_experts)))
-        .flat_map(u32::to_le_bytes)
-        .collect();
-    let prune: Vec<String> = setup
-        .prune
-        .iter()
-        .map(|(l, p)| {
-            let table = p
-                .similarity
-                .as_ref()
-                .map(|t| fingerprint(t.cos.iter().flat_map(|x| x.to_le_bytes())));
-            format!(
-                "layer {l}: {:?} to {} devices, table {table:x?}",
-                p.rule, p.max_devices
-            )
-        })
-        .collect();
-    Ok(vec![
-        (
-            "model".into(),
-            format!(
-                "{} with hidden size {}, {} layers, {} experts, top-{}, vocabulary {}",
-                c.family, c.hidden_size, c.num_layers, c.moe.num_experts, c.moe.top_k, c.vocab_size
-            ),
-        ),
-        ("dtype".into(), format!("{:?}", dense.embed.dtype())),
-        (
-            "checkpoint weights (digest of the routers and the embeddings' first row)".into(),
-            format!(
-                "{:016x}",
-                fingerprint(weights.iter().flat_map(|x| x.to_le_bytes()))
-            ),
-        ),
-        ("dispatch mode".into(), format!("{:?}", setup.mode)),
-        (
-            "placement (digest)".into(),
-            format!("{} devices, {:016x}", setup.num_devices, fingerprint(maps)),
-        ),
-        ("pruning".into(), format!("{prune:?}")),
-    ])
-}
-
-/// Checks that every rank loads the same model under the same setup; the error names the
-/// first thing that differs and the ranks that differ from rank 0. Collective.
-pub(crate) fn check_same_layout(
-    comm: &dyn Communicator,
-    dense: &DenseParts,
-    setup: &MoeSetup,
-) -> Result<()> {
-    if comm.size() < 2 {
-        return Ok(());
-    }
-    let mine = layout(dense, setup)?;
-    let bytes = serde_json::to_vec(&mine)
-        .map_err(|e| Error::invalid(format!("encoding the layout: {e}")))?;
-    let all = comm.all_gather_v_bytes(&bytes)?;
-    let decoded: Vec<Vec<(String, String)>> = all
-        .iter()
-        .map(|b| serde_json::from_slice(b))
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| Error::Comm(format!("a rank's layout does not decode: {e}")))?;
-    for (k, (what, value)) in decoded[0].iter().enumerate() {
-        let differ: Vec<usize> = (1..decoded.len())
-            .filter(|&r| decoded[r].get(k).map(|x| &x.1) != Some(value))
-            .collect();
-        if let Some(&r) = differ.first() {
-            let theirs = decoded[r].get(k).map_or("nothing", |x| x.1.as_str());
-            bail!(
-                "the ranks run different models or setups: rank(s) {differ:?} differ from rank 0 \
-                 in the {what}: rank 0 has {value}, rank {r} has {theirs}"
-            );
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::model::{LayerRouting, RoutingRecorder};
-
-    #[test]
-    fn routing_records_round_trip_and_refuse_garbage() {
-        let mut rec = RoutingRecorder::default();
-        rec.layers.insert(
-            1,
-            LayerRouting {
-                tokens: 2,
-                ids: vec![3, 1, 0, 2],
-                weights: vec![0.5, 0.25, 0.75, 0.125],
-                logits: vec![1.0; 8],
-            },
-        );
-        rec.layers.insert(4, LayerRouting::default());
-        let bytes = rec.to_bytes();
-        let back = RoutingRecorder::from_bytes(&bytes).unwrap();
-        assert_eq!(back.layers.len(), 2);
-        assert_eq!(back.layers[&1].ids, rec.layers[&1].ids);
-        assert_eq!(back.layers[&1].weights, rec.layers[&1].weights);
-        assert_eq!(back.layers[&1].tokens, 2);
-        // Truncated, extended, or claiming huge sizes: an error, never a panic.
-        assert!(RoutingRecorder::from_bytes(&bytes[..bytes.len() - 1]).is_err());
-        let mut longer = bytes.clone();
-        longer.push(0);
-        assert!(RoutingRecorder::from_bytes(&longer).is_err());
-        let mut huge = bytes.clone();
-        huge[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(RoutingRecorder::from_bytes(&huge).is_err());
-        assert!(RoutingRecorder::from_bytes(&u64::MAX.to_le_bytes()).is_err());
-        // Appending keeps layer order and concatenates tokens.
-        let mut both = rec.clone();
-        both.append(back);
-        assert_eq!(both.layers[&1].tokens, 4);
-        assert_eq!(both.layers[&1].ids.len(), 8);
     }
 }

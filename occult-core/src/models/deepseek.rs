@@ -7,9 +7,10 @@
 //! `config.json`: experts `n_routed_experts`, expert size `moe_intermediate_size`; a
 //! `scoring_func` other than softmax (DeepSeek-V2/V3) is refused.
 
-use super::config::{AuxForm, AuxLoss, ConfigFields, QkNorm, SharedConfig};
-use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts};
-use super::synth::SynthModel;
+use super::config_fields::{AuxForm, AuxLoss, ConfigFields, QkNorm, SharedConfig};
+use super::family_types::{
+    softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts, SynthSizes,
+};
 use super::weights::GATE_UP_DOWN;
 use crate::{bail, Error, Result};
 use serde_json::{json, Value};
@@ -84,7 +85,7 @@ fn read_aux_loss(f: &ConfigFields) -> Result<AuxLoss> {
     Ok(AuxLoss { form, coef })
 }
 
-fn synth_config(s: &SynthModel) -> Result<ConfigEntries> {
+fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
     if s.expert_intermediate == 0 || !s.shared_intermediate.is_multiple_of(s.expert_intermediate) {
         bail!(
             "DeepSeek's shared experts are whole experts: {} is not a multiple of {}",

@@ -1,18 +1,20 @@
-//! The family registry. A [`Family`] is plain data: the `model_type` it answers to, where its
-//! checkpoints keep the MoE weights, its defaults, and the functions that read its part of
-//! `config.json`, write a synthetic `config.json` and give its router rule. Each family defines
-//! one in its own file; [`FAMILIES`] lists them.
+//! The family registry: every supported family ([`FAMILIES`], one file each), found by its
+//! `model_type` ([`family`]), and reading the `config.json` of any of them
+//! ([`ModelConfig::from_json`], [`ModelConfig::read`]).
 //!
-//! Adding a family: write `models/NAME.rs` with a `pub const FAMILY: Family`, declare the module
-//! in `models/mod.rs`, and add `&NAME::FAMILY` to [`FAMILIES`].
+//! Adding a family: write `models/NAME.rs` with a `pub const FAMILY: Family` (the types are in
+//! [`super::family_types`]), declare the module in `models/mod.rs`, and add `&NAME::FAMILY` to
+//! [`FAMILIES`].
 
-use super::config::{AuxLoss, ConfigFields, ModelConfig, QkNorm, SharedConfig};
-use super::synth::SynthModel;
-use super::weights::ExpertNames;
+use super::config::ModelConfig;
 use super::{deepseek, mixtral, olmoe, qwen2_moe, qwen3_moe};
-use crate::analysis::routing::RouterRule;
-use crate::Result;
+use crate::{Error, Result};
 use serde_json::Value;
+use std::path::Path;
+
+pub use super::family_types::{
+    softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts, SynthSizes,
+};
 
 /// Every supported family, in the order they are listed to users.
 pub const FAMILIES: [&Family; 5] = [
@@ -33,105 +35,41 @@ pub fn supported() -> String {
     FAMILIES.map(|f| f.model_type).join(", ")
 }
 
-/// `config.json` fields as (key, value) pairs.
-pub type ConfigEntries = Vec<(&'static str, Value)>;
-
-/// Where a family keeps its MoE weights inside `model.layers.{l}`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MoeNames {
-    /// The MoE block (`mlp` or `block_sparse_moe`).
-    pub block: &'static str,
-    /// The router inside the block.
-    pub router: &'static str,
-    /// Per-expert projection names.
-    pub experts: ExpertNames,
-    /// The shared experts' MLP inside the block.
-    pub shared: Option<&'static str>,
-    /// The shared experts' sigmoid gate inside the block.
-    pub shared_gate: Option<&'static str>,
-}
-
-/// What a family reads from `config.json` in its own way; the fields every family shares are
-/// read by [`ModelConfig::from_json`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct FamilyConfig {
-    /// `None`: `hidden_size / num_attention_heads`.
-    pub head_dim: Option<usize>,
-    pub num_experts: usize,
-    pub expert_intermediate: usize,
-    pub renormalize: bool,
-    pub shared: Option<SharedConfig>,
-    /// Whether each layer's MLP is an MoE block (else a dense MLP).
-    pub moe_layers: Vec<bool>,
-    pub sliding_window: Option<usize>,
-    pub attention_bias: bool,
-    pub aux_loss: AuxLoss,
-}
-
-/// One model family.
-pub struct Family {
-    /// `config.json`'s `model_type`.
-    pub model_type: &'static str,
-    /// The model class a Hugging Face `config.json` names in `architectures` (a synthetic
-    /// checkpoint names it too, as converters such as llama.cpp's look a model up by it).
-    pub architecture: &'static str,
-    pub names: MoeNames,
-    pub qk_norm: QkNorm,
-    /// transformers' defaults when `config.json` is silent.
-    pub default_rms_norm_eps: f64,
-    pub default_rope_theta: f64,
-    /// Reads the family's own fields of `config.json`.
-    pub read_config: fn(&ConfigFields, num_layers: usize) -> Result<FamilyConfig>,
-    /// The family's own fields of a synthetic `config.json`.
-    pub synth_config: fn(&SynthModel) -> Result<ConfigEntries>,
-    /// The router rule of the family's MoE blocks.
-    pub router_rule: fn(&ModelConfig) -> RouterRule,
-    /// Which optional parts of a synthetic model the family has; a size for a part it lacks
-    /// is refused rather than ignored.
-    pub synth_parts: SynthParts,
-}
-
-/// Optional parts of a family's synthetic model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SynthParts {
-    /// Shared experts (`--shared-intermediate`).
-    pub shared_experts: bool,
-    /// Leading dense layers (`--dense-layers`, `--dense-intermediate`).
-    pub dense_layers: bool,
-}
-
-impl PartialEq for Family {
-    fn eq(&self, other: &Self) -> bool {
-        self.model_type == other.model_type
+impl ModelConfig {
+    /// Reads and checks `config.json`.
+    pub fn read(path: &Path) -> Result<Self> {
+        let text = crate::input::read_text(path)?;
+        let v: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::bad_file(path, format!("not valid JSON: {e}")))?;
+        Self::from_json(&v, &path.display().to_string())
     }
-}
 
-impl Eq for Family {}
-
-impl std::fmt::Debug for Family {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.model_type)
+    /// Parses a `config.json` value of any supported family (its `model_type` picks it);
+    /// `origin` names it in errors.
+    pub fn from_json(v: &Value, origin: &str) -> Result<Self> {
+        let model_type = v
+            .get("model_type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Error::bad_file(origin, "missing field `model_type`"))?;
+        let family = family(model_type).ok_or_else(|| {
+            Error::bad_file(
+                origin,
+                format!(
+                    "model_type {model_type:?} is not supported (supported: {})",
+                    supported()
+                ),
+            )
+        })?;
+        Self::from_family_json(v, origin, family)
     }
-}
-
-impl std::fmt::Display for Family {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.model_type)
-    }
-}
-
-/// Softmax over the experts, then top-k, renormalised if the config says so, then scaled: the
-/// rule of all five families.
-pub fn softmax_top_k(cfg: &ModelConfig) -> RouterRule {
-    let moe = &cfg.moe;
-    let mut rule = RouterRule::softmax_topk(moe.num_experts, moe.top_k, moe.renormalize);
-    rule.scaling_factor = moe.scaling_factor;
-    rule
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::models::config::{QkNorm, SharedConfig};
+    use crate::models::synth::SynthModel;
+    use serde_json::json;
 
     #[test]
     fn registry_is_consistent() {
@@ -188,5 +126,162 @@ mod tests {
             let rule = cfg.router_rule();
             assert_eq!((rule.num_experts, rule.top_k), (8, 2), "{f}");
         }
+    }
+
+    fn parse(v: Value) -> Result<ModelConfig> {
+        ModelConfig::from_json(&v, "config.json")
+    }
+
+    #[test]
+    fn the_five_families() {
+        let olmoe = parse(json!({"model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048,
+            "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "intermediate_size": 1024, "num_experts": 64, "num_experts_per_tok": 8,
+            "norm_topk_prob": false, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "clip_qkv": null}))
+        .unwrap();
+        assert_eq!(
+            (
+                olmoe.moe.num_experts,
+                olmoe.moe.top_k,
+                olmoe.moe.expert_intermediate
+            ),
+            (64, 8, 1024)
+        );
+        assert_eq!(olmoe.qk_norm, QkNorm::Full);
+        assert!(olmoe.moe_layers.iter().all(|&m| m) && olmoe.clip_qkv.is_none());
+        assert!(!olmoe.router_rule().renormalize);
+
+        let qwen2 = parse(
+            json!({"model_type": "qwen2_moe", "vocab_size": 151936, "hidden_size": 2048,
+            "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "intermediate_size": 5632, "moe_intermediate_size": 1408, "num_experts": 60,
+            "num_experts_per_tok": 4, "shared_expert_intermediate_size": 5632,
+            "decoder_sparse_step": 2, "mlp_only_layers": [3]}),
+        )
+        .unwrap();
+        assert_eq!(qwen2.moe_layers, vec![false, true, false, false]);
+        assert_eq!(
+            qwen2.moe.shared,
+            Some(SharedConfig {
+                intermediate: 5632,
+                gated: true
+            })
+        );
+        assert!(qwen2.attention_bias);
+
+        let ds = parse(
+            json!({"model_type": "deepseek", "vocab_size": 102400, "hidden_size": 2048,
+            "num_hidden_layers": 4, "num_attention_heads": 16, "intermediate_size": 10944,
+            "moe_intermediate_size": 1408, "n_routed_experts": 64, "num_experts_per_tok": 6,
+            "n_shared_experts": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1}),
+        )
+        .unwrap();
+        assert_eq!(ds.moe_layers, vec![false, true, true, true]);
+        assert_eq!(
+            ds.moe.shared,
+            Some(SharedConfig {
+                intermediate: 2816,
+                gated: false
+            })
+        );
+        assert_eq!(ds.num_kv_heads, 16);
+
+        let mix = parse(
+            json!({"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
+            "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2}),
+        )
+        .unwrap();
+        assert!(mix.router_rule().renormalize);
+        assert_eq!(mix.head_dim, 128);
+
+        let q3 = parse(
+            json!({"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+            "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 4,
+            "head_dim": 128, "moe_intermediate_size": 768, "num_experts": 128,
+            "num_experts_per_tok": 8, "norm_topk_prob": true, "intermediate_size": 6144}),
+        )
+        .unwrap();
+        assert_eq!((q3.head_dim, q3.qk_norm), (128, QkNorm::PerHead));
+        assert!(q3.router_rule().renormalize);
+        // transformers v5 layout: experts under `num_local_experts`, RoPE in
+        // `rope_parameters`, and norm_topk_prob defaulting to false.
+        let v5 = parse(
+            json!({"model_type": "qwen3_moe", "vocab_size": 10, "hidden_size": 64,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "moe_intermediate_size": 16,
+            "num_local_experts": 8, "num_experts_per_tok": 2,
+            "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}}),
+        )
+        .unwrap();
+        assert_eq!(v5.moe.num_experts, 8);
+        assert_eq!(v5.rope_theta, 1e6);
+        assert!(!v5.moe.renormalize);
+        let yarn = parse(
+            json!({"model_type": "qwen3_moe", "vocab_size": 10, "hidden_size": 64,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "moe_intermediate_size": 16,
+            "num_experts": 8, "num_experts_per_tok": 2,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(yarn.contains("\"yarn\" is not supported"), "{yarn}");
+    }
+
+    #[test]
+    fn bad_configs_are_named() {
+        // Found by fuzzing: the layer count sized a table before anything else was checked.
+        let e = parse(
+            json!({"model_type": "olmoe", "hidden_size": 8, "intermediate_size": 4,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "num_experts": 4,
+            "num_experts_per_tok": 2, "num_hidden_layers": 66600001232u64, "vocab_size": 304}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("field `num_hidden_layers` = 66600001232 is not at most 65536"),
+            "{e}"
+        );
+        let e = parse(json!({"model_type": "llama"}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"llama\" is not supported") && e.contains("olmoe, qwen2_moe"),
+            "{e}"
+        );
+        let e = parse(json!({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "intermediate_size": 32, "num_experts_per_tok": 2, "vocab_size": 10}))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("missing field `num_local_experts` (mixtral)"),
+            "{e}"
+        );
+        let e = parse(json!({"model_type": "olmoe", "hidden_size": "big"}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`hidden_size` = \"big\" is not a non-negative integer"),
+            "{e}"
+        );
+        let e = parse(
+            json!({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "num_key_value_heads": 3, "intermediate_size": 32,
+            "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 10}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("cannot share 3"), "{e}");
+        let e = parse(
+            json!({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "intermediate_size": 32, "num_local_experts": 2,
+            "num_experts_per_tok": 3, "vocab_size": 10}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("top_k = 3"), "{e}");
+        assert!(parse(json!({}))
+            .unwrap_err()
+            .to_string()
+            .contains("`model_type`"));
     }
 }

@@ -5,9 +5,10 @@
 //! `config.json`: experts `num_local_experts`, expert size `intermediate_size`, an optional
 //! `head_dim` (newer configs), `sliding_window`, RoPE theta 1e6 by default.
 
-use super::config::{AuxLoss, ConfigFields, QkNorm};
-use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts};
-use super::synth::SynthModel;
+use super::config_fields::{AuxLoss, ConfigFields, QkNorm};
+use super::family_types::{
+    softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts, SynthSizes,
+};
 use super::weights::W1_W3_W2;
 use crate::Result;
 use serde_json::{json, Value};
@@ -53,7 +54,7 @@ fn optional(f: &ConfigFields, key: &str) -> Result<Option<usize>> {
     f.present(key).then(|| f.usize(key)).transpose()
 }
 
-fn synth_config(s: &SynthModel) -> Result<ConfigEntries> {
+fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
     Ok(vec![
         ("num_local_experts", json!(s.experts)),
         ("intermediate_size", json!(s.expert_intermediate)),

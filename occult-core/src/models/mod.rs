@@ -17,7 +17,10 @@
 //!   mapped, in the chosen dtype, a rank's experts only), [`tokenizer`], [`loader`] (all of it
 //!   opened and checked together), [`layout`] (the tensors a config implies), [`synth`]
 //!   (random checkpoints);
-//! - configuration: [`config`] (the fields every family shares) and [`family`] (the registry);
+//! - configuration: [`config_fields`] (the parts of `config.json` families read in their own
+//!   ways), [`family_types`] (what a family is: the record each family file fills in),
+//!   [`config`] (the fields every family shares, in one typed config) and [`family`] (the
+//!   registry, and reading the config of any family);
 //! - the decoder: [`layers`] (norms, RoPE, masks), [`attention`] (with its KV cache), [`model`];
 //!   at inference on CPU, [`attention_fast`] (attention's core) and [`rope_fast`] (RoPE with
 //!   Qwen3's per-head norms) run on slices instead of candle's tensor ops.
@@ -26,8 +29,10 @@ pub mod attention;
 pub mod attention_fast;
 pub mod checkpoint;
 pub mod config;
+pub mod config_fields;
 pub mod data_parallel;
 pub mod family;
+pub mod family_types;
 pub mod layers;
 pub mod layout;
 pub mod loader;

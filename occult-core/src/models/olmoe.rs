@@ -6,9 +6,10 @@
 //!
 //! `config.json`: experts `num_experts`, expert size `intermediate_size`, every layer MoE.
 
-use super::config::{AuxLoss, ConfigFields, QkNorm};
-use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts};
-use super::synth::SynthModel;
+use super::config_fields::{AuxLoss, ConfigFields, QkNorm};
+use super::family_types::{
+    softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts, SynthSizes,
+};
 use super::weights::GATE_UP_DOWN;
 use crate::Result;
 use serde_json::{json, Value};
@@ -49,7 +50,7 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
     })
 }
 
-fn synth_config(s: &SynthModel) -> Result<ConfigEntries> {
+fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
     Ok(vec![
         ("num_experts", json!(s.experts)),
         ("intermediate_size", json!(s.expert_intermediate)),

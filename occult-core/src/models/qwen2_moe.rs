@@ -7,9 +7,10 @@
 //! size `moe_intermediate_size`, biases `qkv_bias` (default true); `use_sliding_window` is
 //! refused. Qwen3-MoE reads its experts and layers with the helpers here.
 
-use super::config::{AuxLoss, ConfigFields, QkNorm, SharedConfig};
-use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts};
-use super::synth::SynthModel;
+use super::config_fields::{AuxLoss, ConfigFields, QkNorm, SharedConfig};
+use super::family_types::{
+    softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts, SynthSizes,
+};
 use super::weights::GATE_UP_DOWN;
 use crate::{Error, Result};
 use serde_json::json;
@@ -86,7 +87,7 @@ pub(super) fn no_sliding_window(f: &ConfigFields) -> Result<Option<usize>> {
 }
 
 /// The fields Qwen2-MoE and Qwen3-MoE share in a synthetic `config.json`.
-pub(super) fn synth_common(s: &SynthModel) -> ConfigEntries {
+pub(super) fn synth_common(s: &SynthSizes) -> ConfigEntries {
     let dense: Vec<usize> = (0..s.dense_layers).collect();
     vec![
         ("num_experts", json!(s.experts)),
@@ -97,7 +98,7 @@ pub(super) fn synth_common(s: &SynthModel) -> ConfigEntries {
     ]
 }
 
-fn synth_config(s: &SynthModel) -> Result<ConfigEntries> {
+fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
     let mut c = synth_common(s);
     c.push((
         "shared_expert_intermediate_size",

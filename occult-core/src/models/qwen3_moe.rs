@@ -5,10 +5,11 @@
 //! `config.json`: read as Qwen2-MoE's for experts and MoE layers (see [`super::qwen2_moe`]),
 //! plus `head_dim`; no shared experts, no q/k/v biases unless `attention_bias`.
 
-use super::config::{AuxLoss, ConfigFields, QkNorm};
-use super::family::{softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts};
+use super::config_fields::{AuxLoss, ConfigFields, QkNorm};
+use super::family_types::{
+    softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts, SynthSizes,
+};
 use super::qwen2_moe::{experts, moe_layers, no_sliding_window, synth_common};
-use super::synth::SynthModel;
 use super::weights::GATE_UP_DOWN;
 use crate::Result;
 use serde_json::json;
@@ -54,7 +55,7 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
     })
 }
 
-fn synth_config(s: &SynthModel) -> Result<ConfigEntries> {
+fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
     let mut c = synth_common(s);
     c.push(("head_dim", json!(s.hidden / s.heads)));
     c.push(("norm_topk_prob", json!(true)));

@@ -5,7 +5,7 @@
 //! tools without a download.
 
 use super::config::ModelConfig;
-use super::family::Family;
+use super::family_types::{Family, SynthSizes};
 use crate::atomic::{write_atomic, write_json_atomic};
 use crate::{bail, Error, Result};
 use rand::SeedableRng;
@@ -77,6 +77,19 @@ impl SynthModel {
         self.family.model_type
     }
 
+    /// The sizes the family writes in its own field names.
+    fn sizes(&self) -> SynthSizes {
+        SynthSizes {
+            hidden: self.hidden,
+            heads: self.heads,
+            experts: self.experts,
+            expert_intermediate: self.expert_intermediate,
+            dense_intermediate: self.dense_intermediate,
+            shared_intermediate: self.shared_intermediate,
+            dense_layers: self.dense_layers,
+        }
+    }
+
     /// `config.json` in the family's own field names.
     pub fn config_json(&self) -> Result<Value> {
         for (flag, value) in [
@@ -118,7 +131,7 @@ impl SynthModel {
             },
         });
         let o = c.as_object_mut().expect("an object");
-        for (key, value) in (self.family.synth_config)(self)? {
+        for (key, value) in (self.family.synth_config)(&self.sizes())? {
             o.insert(key.to_string(), value);
         }
         Ok(c)
@@ -130,7 +143,8 @@ impl SynthModel {
     /// Returns the configuration and the weights' size in bytes.
     pub fn write(&self, dir: &Path) -> Result<(ModelConfig, u64)> {
         let config = self.config_json()?;
-        let cfg = ModelConfig::from_json(&config, "the synthetic configuration")?;
+        let cfg =
+            ModelConfig::from_family_json(&config, "the synthetic configuration", self.family)?;
         let width = match self.dtype {
             safetensors::Dtype::F32 => 4,
             safetensors::Dtype::BF16 | safetensors::Dtype::F16 => 2,

@@ -8,7 +8,7 @@
 //!
 //! Under expert parallelism a rank reads only its own experts.
 
-use crate::ep::experts::SwigluStack;
+use crate::ep::swiglu::SwigluStack;
 use crate::{Error, Result};
 use candle::{DType, Device, Tensor};
 use std::collections::HashMap;

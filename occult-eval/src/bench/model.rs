@@ -180,7 +180,7 @@ fn run_parallel(
     let link = a
         .link
         .as_deref()
-        .map(occult_core::ep::cost::LinkProfile::load)
+        .map(occult_core::analysis::links::LinkProfile::load)
         .transpose()?;
     let bench = EpModelBench {
         devices: spec.devices,

@@ -9,7 +9,7 @@ use super::model_ep::{measure, mode_opts};
 use super::modes::{summarise, Exchanges, ModeSummary, RankRun};
 use crate::context::{ModeArg, ModelSpec};
 use anyhow::{bail, Context, Result};
-use occult_core::ep::cost::{swiglu_flops, LinkProfile};
+use occult_core::analysis::links::{swiglu_flops, LinkProfile};
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::Model;
 use occult_train::examples::Example;

@@ -265,7 +265,7 @@ fn train(a: TrainBenchArgs) -> Result<()> {
     let link = a
         .link
         .as_deref()
-        .map(occult_core::ep::cost::LinkProfile::load)
+        .map(occult_core::analysis::links::LinkProfile::load)
         .transpose()?;
     let b = bench::train::TrainBench {
         devices: spec.devices,
@@ -338,7 +338,7 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
     let link = a
         .link
         .as_deref()
-        .map(occult_core::ep::cost::LinkProfile::load)
+        .map(occult_core::analysis::links::LinkProfile::load)
         .transpose()?;
     bench::layer::run(&b, a.backend, link.as_ref(), a.json.as_deref())
 }

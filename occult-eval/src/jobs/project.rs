@@ -7,9 +7,9 @@ use crate::context::ModelSpec;
 use crate::progress::bar;
 use crate::table::Table;
 use anyhow::Result;
+use occult_core::analysis::links::LinkProfile;
 use occult_core::analysis::projection::{project_trace, ProjectReport, ProjectSettings};
 use occult_core::analysis::trace::Trace;
-use occult_core::ep::cost::LinkProfile;
 use occult_core::models::config::ModelConfig;
 use std::path::Path;
 

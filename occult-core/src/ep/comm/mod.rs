@@ -19,6 +19,8 @@ use bytemuck::Pod;
 use serde::Serialize;
 use std::time::Duration;
 
+pub use crate::analysis::links::Exchange;
+
 /// What one rank sent to and received from one peer (itself included, as local traffic).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PeerStats {
@@ -28,28 +30,6 @@ pub struct PeerStats {
     pub messages_sent: u64,
     pub rows_recv: u64,
     pub bytes_recv: u64,
-}
-
-/// The bytes one rank sent to each peer in one all-to-all (for link-model projections).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct Exchange {
-    pub bytes_to: Vec<u64>,
-}
-
-impl Exchange {
-    /// Bytes that left rank `me` (sent to the other ranks) in `exchanges`.
-    pub fn remote_bytes(exchanges: &[Exchange], me: usize) -> u64 {
-        exchanges
-            .iter()
-            .flat_map(|e| {
-                e.bytes_to
-                    .iter()
-                    .enumerate()
-                    .filter(move |(p, _)| *p != me)
-                    .map(|(_, b)| *b)
-            })
-            .sum()
-    }
 }
 
 /// Exact traffic statistics of one rank.

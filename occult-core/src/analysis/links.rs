@@ -8,11 +8,35 @@
 //! the larger of its send and receive times, each the bytes to or from every other rank over
 //! that link's bandwidth plus one latency per non-empty message; its compute time is its expert
 //! FLOPs over the device throughput. CPU-measured time never enters a projection.
+//!
+//! What a step moved is recorded per rank and exchange as an [`Exchange`] (the communicators
+//! fill them in; a measured run hands them here).
 
-use crate::ep::comm::Exchange;
 use crate::{bail, Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+
+/// The bytes one rank sent to each peer in one all-to-all (for link-model projections).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exchange {
+    pub bytes_to: Vec<u64>,
+}
+
+impl Exchange {
+    /// Bytes that left rank `me` (sent to the other ranks) in `exchanges`.
+    pub fn remote_bytes(exchanges: &[Exchange], me: usize) -> u64 {
+        exchanges
+            .iter()
+            .flat_map(|e| {
+                e.bytes_to
+                    .iter()
+                    .enumerate()
+                    .filter(move |(p, _)| *p != me)
+                    .map(|(_, b)| *b)
+            })
+            .sum()
+    }
+}
 
 /// One link level.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

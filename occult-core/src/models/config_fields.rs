@@ -1,0 +1,149 @@
+//! The parts of `config.json` that each family reads in its own way: the typed reader of its
+//! fields ([`ConfigFields`], whose errors name the file and the field), and the settings those
+//! parts become and [`super::config::ModelConfig`] holds: query/key norms, shared experts, the
+//! auxiliary loss and the MoE blocks' configuration.
+
+use crate::{Error, Result};
+use serde_json::Value;
+
+/// How queries and keys are normalised before RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// RMSNorm over the whole projection (OLMoE).
+    Full,
+    /// RMSNorm over each head (Qwen3).
+    PerHead,
+}
+
+/// Shared experts, fused into one MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedConfig {
+    pub intermediate: usize,
+    /// Scaled by `sigmoid(x . shared_expert_gate)` (Qwen-MoE).
+    pub gated: bool,
+}
+
+/// The load-balancing auxiliary loss the family's own training code adds, with the config's
+/// coefficient (fine-tuning adds it on request).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AuxLoss {
+    pub form: AuxForm,
+    /// `router_aux_loss_coef`, or DeepSeek's `aux_loss_alpha`.
+    pub coef: f64,
+}
+
+/// How the auxiliary loss pools tokens. With `f_i` the share of routed slots that went to
+/// expert `i` and `P_i` its mean router probability (softmax over all experts):
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuxForm {
+    /// transformers' `load_balancing_loss_func`: `E * sum_i f_i * P_i` over the tokens of all
+    /// MoE layers together (OLMoE, Qwen-MoE, Mixtral, Qwen3-MoE).
+    AllLayers,
+    /// DeepSeek-MoE with `seq_aux` false: `E * sum_i f_i * P_i` per layer over the batch,
+    /// summed over layers.
+    PerLayer,
+    /// DeepSeek-MoE with `seq_aux` true: the same per layer and per sequence, averaged over
+    /// sequences and summed over layers.
+    PerSequence,
+}
+
+impl AuxLoss {
+    /// transformers' form with `router_aux_loss_coef` (or `default`).
+    pub fn read_all_layers(f: &ConfigFields, default: f64) -> Result<Self> {
+        let coef = f.f64_or("router_aux_loss_coef", default)?;
+        if !(coef >= 0.0 && coef.is_finite()) {
+            return Err(f.bad("router_aux_loss_coef", "a finite number >= 0"));
+        }
+        Ok(AuxLoss {
+            form: AuxForm::AllLayers,
+            coef,
+        })
+    }
+}
+
+/// The MoE blocks' configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub expert_intermediate: usize,
+    pub renormalize: bool,
+    pub scaling_factor: f32,
+    pub shared: Option<SharedConfig>,
+    pub aux_loss: AuxLoss,
+}
+/// `config.json` being read, with typed accessors whose errors name the file and the field.
+pub struct ConfigFields<'a> {
+    pub v: &'a Value,
+    /// Names the file in errors.
+    pub origin: &'a str,
+    pub model_type: &'a str,
+}
+
+impl ConfigFields<'_> {
+    /// The error for a required field that is absent.
+    pub fn missing(&self, key: &str) -> Error {
+        Error::bad_file(
+            self.origin,
+            format!("missing field `{key}` ({})", self.model_type),
+        )
+    }
+    /// The error for a field whose value is not `want`.
+    pub fn bad(&self, key: &str, want: &str) -> Error {
+        Error::bad_file(
+            self.origin,
+            format!("field `{key}` = {} is not {want}", self.v[key]),
+        )
+    }
+    /// Whether the field is there and not null.
+    pub fn present(&self, key: &str) -> bool {
+        !self.v.get(key).is_none_or(Value::is_null)
+    }
+    /// A required non-negative integer.
+    pub fn usize(&self, key: &str) -> Result<usize> {
+        if !self.present(key) {
+            return Err(self.missing(key));
+        }
+        self.v[key]
+            .as_u64()
+            .map(|x| x as usize)
+            .ok_or_else(|| self.bad(key, "a non-negative integer"))
+    }
+    /// A non-negative integer, or `default` when absent.
+    pub fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
+        if self.present(key) {
+            self.usize(key)
+        } else {
+            Ok(default)
+        }
+    }
+    /// A number, or `default` when absent.
+    pub fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
+        if !self.present(key) {
+            return Ok(default);
+        }
+        self.v[key]
+            .as_f64()
+            .ok_or_else(|| self.bad(key, "a number"))
+    }
+    /// A boolean, or `default` when absent.
+    pub fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        if !self.present(key) {
+            return Ok(default);
+        }
+        self.v[key]
+            .as_bool()
+            .ok_or_else(|| self.bad(key, "true or false"))
+    }
+    /// A list of non-negative integers (empty when absent).
+    pub fn usize_list(&self, key: &str) -> Result<Vec<usize>> {
+        if !self.present(key) {
+            return Ok(Vec::new());
+        }
+        self.v[key]
+            .as_array()
+            .and_then(|a| a.iter().map(|x| x.as_u64().map(|x| x as usize)).collect())
+            .ok_or_else(|| self.bad(key, "a list of layer indices"))
+    }
+}

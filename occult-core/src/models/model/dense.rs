@@ -1,0 +1,120 @@
+//! The parts of a model every rank holds in full: everything but the routed experts
+//! ([`DenseParts`]: embeddings, norms, attention, dense MLPs, routers and shared experts), read
+//! from a checkpoint.
+
+use crate::ep::SharedExperts;
+use crate::models::attention::Attention;
+use crate::models::config::ModelConfig;
+use crate::models::layers::Rope;
+use crate::models::weights::Weights;
+use crate::Result;
+use candle::Tensor;
+
+/// A dense SwiGLU MLP.
+#[derive(Clone, Debug)]
+pub struct DenseMlp {
+    pub gate: Tensor,
+    pub up: Tensor,
+    pub down: Tensor,
+}
+
+/// The parts every rank holds in full: everything but the routed experts.
+#[derive(Clone)]
+pub struct DenseParts {
+    pub cfg: ModelConfig,
+    pub embed: Tensor,
+    pub norm: Tensor,
+    pub lm_head: Tensor,
+    pub layers: Vec<DenseLayer>,
+    pub rope: Rope,
+}
+
+/// A layer without its routed experts.
+#[derive(Clone)]
+pub struct DenseLayer {
+    pub input_norm: Tensor,
+    pub attn: Attention,
+    pub post_norm: Tensor,
+    pub dense: Option<DenseMlp>,
+    /// `[E, H]` for MoE layers.
+    pub router: Option<Tensor>,
+    pub shared: Option<SharedExperts>,
+}
+
+impl DenseParts {
+    /// Reads everything but the routed experts.
+    pub fn load(w: &Weights, cfg: &ModelConfig) -> Result<Self> {
+        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+        let names = cfg.family.names;
+        let embed = w.get("model.embed_tokens.weight", &[v, h])?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.clone()
+        } else {
+            w.get("lm_head.weight", &[v, h])?
+        };
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let p = format!("model.layers.{l}");
+            let mlp3 = |prefix: &str, i: usize| -> Result<DenseMlp> {
+                Ok(DenseMlp {
+                    gate: w.get(&format!("{prefix}.gate_proj.weight"), &[i, h])?,
+                    up: w.get(&format!("{prefix}.up_proj.weight"), &[i, h])?,
+                    down: w.get(&format!("{prefix}.down_proj.weight"), &[h, i])?,
+                })
+            };
+            let (dense, router, shared) = if cfg.moe_layers[l] {
+                let b = format!("{p}.{}", names.block);
+                let router = w.get(
+                    &format!("{b}.{}.weight", names.router),
+                    &[cfg.moe.num_experts, h],
+                )?;
+                let shared = match (cfg.moe.shared, names.shared) {
+                    (Some(s), Some(sn)) => {
+                        let m = mlp3(&format!("{b}.{sn}"), s.intermediate)?;
+                        let gate = match (s.gated, names.shared_gate) {
+                            (true, Some(g)) => Some(w.get(&format!("{b}.{g}.weight"), &[1, h])?),
+                            _ => None,
+                        };
+                        Some(SharedExperts {
+                            gate_proj: m.gate,
+                            up_proj: m.up,
+                            down_proj: m.down,
+                            gate,
+                        })
+                    }
+                    _ => None,
+                };
+                (None, Some(router), shared)
+            } else {
+                (
+                    Some(mlp3(&format!("{p}.mlp"), cfg.dense_intermediate)?),
+                    None,
+                    None,
+                )
+            };
+            layers.push(DenseLayer {
+                input_norm: w.get(&format!("{p}.input_layernorm.weight"), &[h])?,
+                attn: Attention::load(w, cfg, l)?,
+                post_norm: w.get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                dense,
+                router,
+                shared,
+            });
+        }
+        let rope = Rope::new(
+            cfg.head_dim,
+            cfg.rope_theta,
+            cfg.positions(),
+            w.dtype(),
+            embed.device(),
+        )?;
+        Ok(DenseParts {
+            cfg: cfg.clone(),
+            embed,
+            norm: w.get("model.norm.weight", &[h])?,
+            lm_head,
+            layers,
+            rope,
+        })
+    }
+}
