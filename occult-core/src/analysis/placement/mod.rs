@@ -22,13 +22,15 @@ pub const PLACEMENT_FORMAT: &str = "occult.placement.v1";
 
 /// The placement methods `occult place` offers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Method {
-    /// Expert e on device e / (E / D): what frameworks do without profiling.
+    /// Expert e on device e / (E/D), what frameworks do without profiling.
     Contiguous,
     /// The paper's Algorithm 1 on the co-activation matrix.
     Greedy,
-    /// Ours: exact-objective swap search over several starts, greedy's result among them.
+    /// Ours: swap search on the exact E[C_T] from several starts (greedy's among them), never
+    /// worse than greedy on the trace it is given.
     Occult,
 }
 
