@@ -13,7 +13,8 @@
 //!   the reference or the EP layer, tokenizers and synthetic checkpoints.
 //!
 //! Beside them: [`kernels`] (`x · wᵀ` on AVX2, AVX-512 and AMX, with a portable path), [`atomic`] (files
-//! written whole or not at all), [`input`] (reading untrusted files) and the crate's one
+//! written whole or not at all), [`input`] (reading untrusted files), [`records`] (dataset
+//! records from the hub's file formats, for evaluation and fine-tuning) and the crate's one
 //! [`Error`].
 //!
 //! # Notation
@@ -42,6 +43,7 @@ pub mod fault;
 pub mod input;
 pub mod kernels;
 pub mod models;
+pub mod records;
 #[cfg(test)]
 mod test_util;
 

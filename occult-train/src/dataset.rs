@@ -4,9 +4,9 @@
 //! Alpaca instructions; records with `text` are plain text, packed to the sequence length.
 
 use crate::examples::{pack_text, Example, Instruction};
-use crate::records::{hub_dataset_dir, read_file, read_split, Docs};
 use crate::{Error, Result};
 use occult_core::models::tokenizer::TextTokenizer;
+use occult_core::records::{hub_dataset_dir, read_file, read_split, Docs};
 use std::path::Path;
 
 /// What kind of records a data set holds.

@@ -6,11 +6,10 @@
 //!   that a resumed run continues bit-identically;
 //! - [`schedule`]: linear warm-up and cosine decay of the learning rate;
 //! - [`grad_norm`]: the global gradient norm over all ranks, and clipping by it;
-//! - [`records`]: records from the hub's file formats (Parquet, JSONL, JSON), from files,
-//!   split folders or the Hugging Face cache (shared with the evaluation harness);
 //! - [`examples`]: Alpaca instruction examples (loss on the response and EOS) and packed
 //!   plain text;
-//! - [`dataset`]: training data from files, folders or the Hugging Face cache, as examples;
+//! - [`dataset`]: training data from files, folders or the Hugging Face cache (read with
+//!   `occult_core::records`, which the evaluation harness shares), as examples;
 //! - [`batches`]: the seeded order of examples, global batches and each rank's share;
 //! - [`aux_loss`]: the model's load-balancing loss over the global batch's real tokens;
 //! - [`step`]: one optimiser step on D ranks (masked loss over the global batch, backward,
@@ -27,7 +26,6 @@ pub mod examples;
 pub mod grad_norm;
 pub mod heldout;
 pub mod optim;
-pub mod records;
 pub mod run;
 pub mod save;
 pub mod schedule;

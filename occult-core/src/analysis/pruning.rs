@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 /// Which pruning rule to apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum PruneRule {
     /// Re-pick the top-k on the allowed devices (the paper's rule A).

@@ -2,9 +2,7 @@
 //! per-layer functions of [`super::collab`], [`super::placement`] and [`super::pruning`] to
 //! every layer of a trace (layers in parallel) and gather the results.
 
-use crate::analysis::collab::{
-    layer_stats, token_weighted_mean, total_devices, CoActivation, LayerStats,
-};
+use crate::analysis::collab::{layer_stats, token_weighted_mean, total_devices, LayerStats};
 use crate::analysis::placement::{
     self, LayerPlacement, Method, Placement, PlacementMetrics, SearchConfig,
 };
@@ -113,12 +111,9 @@ pub struct PlaceInfo {
     pub swaps: Option<usize>,
 }
 
-/// Progress steps [`place_trace`] reports for each layer.
+/// Progress steps [`place_trace`] reports for each layer ([`Method::progress_steps`]).
 pub fn place_steps_per_layer(method: Method, cfg: &SearchConfig) -> usize {
-    match method {
-        Method::Occult => placement::progress_steps(cfg),
-        Method::Contiguous | Method::Greedy => 1,
-    }
+    method.progress_steps(cfg)
 }
 
 /// Places every layer of a trace with one method, calling `on_step`
@@ -141,13 +136,7 @@ pub fn place_trace(
     let placed = trace
         .layers
         .par_iter()
-        .map(|l| {
-            let r = place_layer(l, k, e, num_devices, method, cfg, on_step);
-            if method != Method::Occult {
-                on_step();
-            }
-            r
-        })
+        .map(|l| place_layer(l, k, e, num_devices, method, cfg, on_step))
         .collect::<Result<Vec<_>>>()?;
     let (layers, infos): (Vec<_>, Vec<_>) = placed.into_iter().unzip();
     let mut p = Placement {
@@ -185,21 +174,11 @@ fn place_layer(
             total as f64 / l.tokens as f64
         }
     };
-    let co = || CoActivation::from_ids(&l.topk_ids, k, e);
-    let (map, greedy_ect, start, swaps) = match method {
-        Method::Contiguous => (placement::contiguous(e, d), None, None, None),
-        Method::Greedy => (placement::greedy(&co(), d), None, None, None),
-        Method::Occult => {
-            let out = placement::search_with_progress(&l.topk_ids, k, &co(), d, cfg, on_step)
-                .map_err(|err| Error::invalid(format!("layer {}: {err}", l.layer)))?;
-            (
-                out.map,
-                Some(per_token(out.greedy_total_devices)),
-                Some(out.start),
-                Some(out.swaps),
-            )
-        }
-    };
+    let (map, search) = method
+        .place(&l.topk_ids, k, e, d, cfg, on_step)
+        .map_err(|err| Error::invalid(format!("layer {}: {err}", l.layer)))?;
+    let greedy_ect = search.as_ref().map(|s| per_token(s.greedy_total_devices));
+    let (start, swaps) = search.map(|s| (s.start, s.swaps)).unzip();
     let ect = per_token(total_devices(&l.topk_ids, k, &map, d));
     Ok((
         LayerPlacement {

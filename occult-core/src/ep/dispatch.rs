@@ -22,6 +22,7 @@ pub const NO_SLOT: u32 = u32::MAX;
 
 /// How token rows travel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum DispatchMode {
     /// One row per (token, expert).

@@ -1,10 +1,10 @@
 //! The grouped compute of stacked experts over received rows, on candle's graph (any device,
-//! differentiable), with the CPU's inference path ([`super::experts_fast`]) taken where it
+//! differentiable), with the CPU's inference path ([`super::experts_infer`]) taken where it
 //! applies; and the weights of one MoE layer ([`MoeWeights`]). The experts themselves, and shared
 //! experts, are [`super::swiglu`]'s.
 
 use crate::ep::dispatch::ComputePlan;
-use crate::ep::experts_fast::{grouped_sum, Group};
+use crate::ep::experts_infer::{grouped_sum, Group};
 use crate::ep::pre_reduce::{self, pre_reduce};
 use crate::ep::swiglu::sum_dtype;
 use crate::{bail, Result};

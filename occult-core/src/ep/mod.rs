@@ -8,7 +8,7 @@
 //! | [`exchange`] | the all-to-all of tensor rows as a differentiable op | dispatch, combine |
 //! | [`swiglu`] | SwiGLU MLPs: stacked experts ([`SwigluStack`]) and shared experts | compute |
 //! | [`experts`] | a layer's weights ([`MoeWeights`]) and the grouped compute of stacked experts over received rows | compute |
-//! | [`experts_fast`] | the grouped compute at inference on CPU, on slices (the same sums) | compute |
+//! | [`experts_infer`] | the grouped compute's inference path on CPU: the same sums on slices, without a graph | compute |
 //! | [`moe`] | the EP layer: settings, the named stages, per-step statistics | all |
 //! | [`reference`] | the plain single-device MoE forward: the oracle every EP mode must match | - |
 //!
@@ -19,7 +19,7 @@ pub mod comm;
 pub mod dispatch;
 pub mod exchange;
 pub mod experts;
-pub mod experts_fast;
+pub mod experts_infer;
 pub mod moe;
 pub mod pre_reduce;
 pub mod reference;

@@ -2,11 +2,11 @@
 //! summed back into token order; plus shared experts. It shares nothing with the EP layer but
 //! the router and the expert MLPs, and is the oracle every EP mode, backend and placement is
 //! checked against (itself held to a plain-loop MoE in the tests). At inference on CPU the
-//! experts' sums run on [`super::experts_fast`]: the tensor path's sums, but for SiLU's `exp`
+//! experts' sums run on [`super::experts_infer`]: the tensor path's sums, but for SiLU's `exp`
 //! in the last bits.
 
 use super::experts::{par_map, MoeWeights};
-use super::experts_fast::{grouped_sum, Group};
+use super::experts_infer::{grouped_sum, Group};
 use super::router::{route, PruneSpec, Routed};
 use super::swiglu::sum_dtype;
 use crate::analysis::routing::RouterRule;

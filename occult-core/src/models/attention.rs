@@ -3,7 +3,7 @@
 //! q/k/v clipping (OLMoE), rotate-half RoPE, an optional sliding window, and a key/value
 //! cache for incremental decoding.
 
-use super::attention_fast;
+use super::attention_infer;
 use super::config::{ModelConfig, QkNorm};
 use super::layers::{causal_mask, linear, rms_norm, softmax_f32, Rope};
 use crate::ep::experts::par_map;
@@ -184,7 +184,7 @@ impl Attention {
         let s = k.dim(2)?;
         let q = q.contiguous()?.reshape((b, nkv, g * t, hd))?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let y = match attention_fast::core(&q, &k, &v, t, offset, self.window, scale)? {
+        let y = match attention_infer::core(&q, &k, &v, t, offset, self.window, scale)? {
             Some(y) => y,
             None => {
                 let mask = causal_mask(t, offset, self.window, DType::F32, x.device())?;

@@ -79,7 +79,7 @@ impl Rope {
     }
 
     /// Rotates `x` `[B, heads, T, head_dim]` whose first position is `offset`; `fused` uses
-    /// [`super::rope_fast`] on CPU, else candle's kernel (neither has a backward).
+    /// [`super::rope_infer`] on CPU, else candle's kernel (neither has a backward).
     pub fn apply(&self, x: &Tensor, offset: usize, fused: bool) -> Result<Tensor> {
         self.apply_normed(x, offset, fused, None)
     }
@@ -98,7 +98,7 @@ impl Rope {
         let cos = self.cos.narrow(0, offset, t)?;
         let sin = self.sin.narrow(0, offset, t)?;
         if fused {
-            if let Some(y) = super::rope_fast::apply(x, &cos, &sin, norm)? {
+            if let Some(y) = super::rope_infer::apply(x, &cos, &sin, norm)? {
                 return Ok(y);
             }
         }

@@ -22,11 +22,12 @@
 //!   [`config`] (the fields every family shares, in one typed config) and [`family`] (the
 //!   registry, and reading the config of any family);
 //! - the decoder: [`layers`] (norms, RoPE, masks), [`attention`] (with its KV cache), [`model`];
-//!   at inference on CPU, [`attention_fast`] (attention's core) and [`rope_fast`] (RoPE with
-//!   Qwen3's per-head norms) run on slices instead of candle's tensor ops.
+//!   at inference on CPU (nothing on the graph), [`attention_infer`] (attention's core) and
+//!   [`rope_infer`] (RoPE with Qwen3's per-head norms) run on slices instead of candle's
+//!   tensor ops.
 
 pub mod attention;
-pub mod attention_fast;
+pub mod attention_infer;
 pub mod checkpoint;
 pub mod config;
 pub mod config_fields;
@@ -38,7 +39,7 @@ pub mod layout;
 pub mod loader;
 pub mod memory;
 pub mod model;
-pub mod rope_fast;
+pub mod rope_infer;
 pub mod synth;
 pub mod tokenizer;
 pub mod weights;

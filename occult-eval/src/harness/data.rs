@@ -2,7 +2,7 @@
 //! folder with a file or shards per split (`validation.jsonl`, `test-00000-of-00001.parquet`,
 //! `ARC-Easy/test-....parquet`), a dataset already in the Hugging Face cache
 //! (`datasets--org--name`, offline), or the built-in samples. The file formats are read by
-//! `occult_train::records`. The built-in tasks and their small hand-written samples (`tasks/`)
+//! `occult_core::records`. The built-in tasks and their small hand-written samples (`tasks/`)
 //! are compiled in, so `occult eval --samples` runs anywhere.
 
 use anyhow::{Context, Result};
@@ -73,8 +73,8 @@ samples!(
     ("wsc", "train"),
 );
 
-pub use occult_train::records::Docs;
-use occult_train::records::{hub_dataset_dir, parse_docs, read_file, read_split};
+pub use occult_core::records::Docs;
+use occult_core::records::{hub_dataset_dir, parse_docs, read_file, read_split};
 
 /// Where a task's documents come from.
 #[derive(Clone, Debug)]

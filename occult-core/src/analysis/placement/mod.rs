@@ -1,5 +1,6 @@
 //! Expert placements: which device holds each expert, per layer; their validation, their JSON
-//! file (format `occult.placement.v1`) and the placement methods.
+//! file (format `occult.placement.v1`) and the placement methods ([`Method::place`] runs one on
+//! a layer's routing).
 //!
 //! A valid map is *balanced*: every device holds `floor(E/D)` or `ceil(E/D)` experts, so there
 //! are never more devices than experts.
@@ -10,6 +11,7 @@ mod search;
 pub use greedy::greedy;
 pub use search::{progress_steps, search, search_with_progress, SearchConfig, SearchOutcome};
 
+use crate::analysis::collab::CoActivation;
 use crate::atomic::write_json_atomic;
 use crate::{bail, Error, Result};
 use serde::{Deserialize, Serialize};
@@ -20,13 +22,15 @@ pub const PLACEMENT_FORMAT: &str = "occult.placement.v1";
 
 /// The placement methods `occult place` offers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Method {
-    /// Expert e on device e / (E / D): what frameworks do without profiling.
+    /// Expert e on device e / (E/D), what frameworks do without profiling.
     Contiguous,
     /// The paper's Algorithm 1 on the co-activation matrix.
     Greedy,
-    /// Ours: exact-objective swap search over several starts, greedy's result among them.
+    /// Ours: swap search on the exact E[C_T] from several starts (greedy's among them), never
+    /// worse than greedy on the trace it is given.
     Occult,
 }
 
@@ -37,6 +41,43 @@ impl Method {
             Method::Greedy => "greedy",
             Method::Occult => "occult",
         }
+    }
+
+    /// Progress steps [`Method::place`] reports for one layer: the search's [`progress_steps`]
+    /// for [`Method::Occult`], one for the others.
+    pub fn progress_steps(self, cfg: &SearchConfig) -> usize {
+        match self {
+            Method::Occult => progress_steps(cfg),
+            Method::Contiguous | Method::Greedy => 1,
+        }
+    }
+
+    /// Places one layer's `num_experts` experts on `num_devices` devices from the layer's
+    /// routing `ids` (`[tokens, top_k]`, row-major; the co-activation counts greedy and the
+    /// search start from are taken from it). `cfg` serves [`Method::Occult`]'s search only.
+    /// Calls `on_step` [`Method::progress_steps`] times as the work goes. Returns the map and,
+    /// for [`Method::Occult`], the search's outcome (whose `map` is the same).
+    pub fn place(
+        self,
+        ids: &[u32],
+        top_k: usize,
+        num_experts: usize,
+        num_devices: usize,
+        cfg: &SearchConfig,
+        on_step: &(dyn Fn() + Sync),
+    ) -> Result<(Vec<u32>, Option<SearchOutcome>)> {
+        check_sizes(num_experts, num_devices)?;
+        let co = || CoActivation::from_ids(ids, top_k, num_experts);
+        let map = match self {
+            Method::Contiguous => contiguous(num_experts, num_devices),
+            Method::Greedy => greedy(&co(), num_devices),
+            Method::Occult => {
+                let out = search_with_progress(ids, top_k, &co(), num_devices, cfg, on_step)?;
+                return Ok((out.map.clone(), Some(out)));
+            }
+        };
+        on_step();
+        Ok((map, None))
     }
 }
 

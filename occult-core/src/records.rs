@@ -3,7 +3,7 @@
 //! `data` list); from one file, a folder with a file or shards per split
 //! (`train.jsonl`, `train-00000-of-00002.parquet`, `CONFIG/test-....parquet`, `data/...`), or a
 //! dataset already in the Hugging Face cache (`datasets--org--name`, offline). The evaluation
-//! harness reads its tasks' documents with these, and fine-tuning its instruction data.
+//! harness reads its tasks' documents with these, and fine-tuning its training data.
 
 use crate::{Error, Result};
 use serde_json::Value;
@@ -54,7 +54,7 @@ pub fn parse_docs(text: &str, origin: &str, jsonl: bool) -> Result<Vec<Value>> {
 pub fn read_parquet(path: &Path) -> Result<Vec<Value>> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
     let shown = path.display();
-    let file = occult_core::input::read_bytes(path).map_err(|e| bad(e.to_string()))?;
+    let file = crate::input::read_bytes(path)?;
     let size = file.len() as u64;
     let decode = || -> Result<Vec<Value>> {
         let r = SerializedFileReader::new(EndChecked(bytes::Bytes::from(file)))
@@ -71,7 +71,7 @@ pub fn read_parquet(path: &Path) -> Result<Vec<Value>> {
             .collect()
     };
     // The parquet crate asserts on some malformed pages instead of returning an error.
-    occult_core::input::contain_panics(decode).unwrap_or_else(|msg| {
+    crate::input::contain_panics(decode).unwrap_or_else(|msg| {
         Err(bad(format!(
             "{shown}: malformed Parquet data (the decoder stopped: {msg})"
         )))
@@ -147,7 +147,7 @@ pub fn read_file(path: &Path) -> Result<Vec<Value>> {
     if path.extension().is_some_and(|e| e == "parquet") {
         return read_parquet(path);
     }
-    let text = occult_core::input::read_text(path).map_err(|e| bad(e.to_string()))?;
+    let text = crate::input::read_text(path)?;
     let jsonl = path.extension().is_some_and(|e| e == "jsonl");
     parse_docs(&text, &path.display().to_string(), jsonl)
 }
@@ -247,7 +247,7 @@ pub fn read_split(dir: &Path, split: &str, config: Option<&str>) -> Result<Optio
 /// The snapshot folder of dataset `repo` (`org/name`) in the Hugging Face cache. `hint` ends
 /// the message when it is missing (what else the user can give).
 pub fn hub_dataset_dir(repo: &str, revision: Option<&str>, hint: &str) -> Result<PathBuf> {
-    let cache = occult_core::models::checkpoint::hub_cache_dir().ok_or_else(|| {
+    let cache = crate::models::checkpoint::hub_cache_dir().ok_or_else(|| {
         bad("no Hugging Face cache folder is known (set HF_HUB_CACHE or HF_HOME)".into())
     })?;
     let folder = cache.join(format!("datasets--{}", repo.replace('/', "--")));
