@@ -40,7 +40,16 @@ const CRATE_READMES: &[&str] = &[
 const PATH_SKIPS: &[(&str, &str)] = &[];
 
 /// The folders whose paths, when named in code, must exist.
-const PATH_PREFIXES: &[&str] = &["scripts/", "configs/", "tasks/", "docs/", "tests/fixtures/"];
+const PATH_PREFIXES: &[&str] = &[
+    "scripts/",
+    "configs/",
+    "tasks/",
+    "docs/",
+    "tests/fixtures/",
+    "occult-core/src/",
+    "occult-train/src/",
+    "occult-eval/src/",
+];
 
 /// Words that mark a path as a placeholder rather than a real file.
 const PLACEHOLDERS: &[&str] = &["NAME", "<", "{", "$"];

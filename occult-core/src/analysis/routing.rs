@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 /// How router logits become scores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Scoring {
     /// Softmax over all experts.
@@ -26,6 +27,7 @@ pub enum Scoring {
 
 /// How a group of experts is scored when routing is group-limited.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum GroupScore {
     /// The best expert score in the group (DeepSeek-V2 `group_limited_greedy`).

@@ -12,7 +12,6 @@ use crate::context::Backend;
 use crate::table::Table;
 use anyhow::{bail, Result};
 use candle::{DType, Device, Tensor};
-use occult_core::analysis::collab::CoActivation;
 use occult_core::analysis::links::{swiglu_flops, LinkProfile};
 use occult_core::analysis::placement::{self, Method, SearchConfig};
 use occult_core::analysis::pruning::PruneRule;
@@ -175,21 +174,14 @@ impl LayerBench {
             .flatten_all()?
             .to_vec1::<f32>()?;
         let similarity = SimilarityTable::from_logits(&logits, e)?;
-        let co = CoActivation::from_ids(&routed.ids, self.top_k, e);
-        let map = match self.placement {
-            Method::Contiguous => placement::contiguous(e, self.devices),
-            Method::Greedy => placement::greedy(&co, self.devices),
-            Method::Occult => {
-                placement::search(
-                    &routed.ids,
-                    self.top_k,
-                    &co,
-                    self.devices,
-                    &SearchConfig::default(),
-                )?
-                .map
-            }
-        };
+        let (map, _) = self.placement.place(
+            &routed.ids,
+            self.top_k,
+            e,
+            self.devices,
+            &SearchConfig::default(),
+            &|| {},
+        )?;
         Ok(Setup {
             weights,
             rule,

@@ -7,13 +7,14 @@
 //! time and decode step time of that machine.
 
 use super::modes::{reference, summarise, Exchanges, ModeSummary, RankRun};
-use crate::context::{Backend, ModeArg, ModelSpec};
+use crate::context::{Backend, ModelSpec};
 use anyhow::{bail, Context, Result};
 use candle::{DType, Device, Tensor};
 use occult_core::analysis::links::{swiglu_flops, LinkProfile};
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::ep::StepStats;
 use occult_core::models::loader::Checkpoint;
+use occult_core::models::model::MoeMode;
 use occult_core::models::model::{Logits, Model};
 use serde::Serialize;
 use std::time::Instant;
@@ -136,15 +137,15 @@ fn rank_run(m: &Model, b: &EpModelBench, ck: &Checkpoint) -> Result<RankRun> {
 }
 
 /// The modes to run: (label, mode, pruning to this many devices).
-fn modes(b: &EpModelBench) -> Vec<(String, ModeArg, Option<usize>)> {
+fn modes(b: &EpModelBench) -> Vec<(String, MoeMode, Option<usize>)> {
     let mut out = vec![
-        ("standard".to_string(), ModeArg::Standard, None),
-        ("occult".to_string(), ModeArg::Occult, None),
+        ("standard".to_string(), MoeMode::Standard, None),
+        ("occult".to_string(), MoeMode::Occult, None),
     ];
     if b.max_devices > 0 && b.max_devices < b.devices {
         out.push((
             format!("occult, pruned to {}", b.max_devices),
-            ModeArg::Occult,
+            MoeMode::Occult,
             Some(b.max_devices),
         ));
     }
@@ -200,7 +201,7 @@ pub fn run(
     eprintln!("reference: 1 device, {prompts} prompts in one batch");
     let mut o = opts.clone();
     o.devices = 1;
-    o.mode = Some(ModeArg::Reference);
+    o.mode = Some(MoeMode::Reference);
     o.max_devices = None;
     o.backend = Backend::Local;
     let ids: Vec<u32> = (0..b.devices)
@@ -225,7 +226,7 @@ pub fn run(
 
 /// The options of one mode: its dispatch and pruning (by the router rule when the similarity
 /// rule has no calibration).
-pub(crate) fn mode_opts(opts: &ModelSpec, mode: ModeArg, prune: Option<usize>) -> ModelSpec {
+pub(crate) fn mode_opts(opts: &ModelSpec, mode: MoeMode, prune: Option<usize>) -> ModelSpec {
     let mut o = opts.clone();
     o.mode = Some(mode);
     o.max_devices = prune;

@@ -34,7 +34,7 @@ pub fn run(
     for path in traces {
         let trace = Trace::read(path)?;
         for &d in devices {
-            for m in [Method::Contiguous, Method::Greedy, Method::Occult] {
+            for m in Method::ALL {
                 let start = Instant::now();
                 let (_, infos) = place_trace(&trace, d, m, cfg, &|| {})?;
                 let seconds = start.elapsed().as_secs_f64();

@@ -7,11 +7,12 @@
 
 use super::model_ep::{measure, mode_opts};
 use super::modes::{summarise, Exchanges, ModeSummary, RankRun};
-use crate::context::{ModeArg, ModelSpec};
+use crate::context::ModelSpec;
 use anyhow::{bail, Context, Result};
 use occult_core::analysis::links::{swiglu_flops, LinkProfile};
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::Model;
+use occult_core::models::model::MoeMode;
 use occult_train::examples::Example;
 use occult_train::optim::{AdamW, AdamWConfig};
 use occult_train::step::{train_step, StepSettings};
@@ -110,12 +111,12 @@ pub fn run(
     }
     ck.weights.set_trainable_only(ck.cfg.moe_prefixes());
     let mut modes = vec![
-        ("standard".to_string(), ModeArg::Standard, None),
-        ("occult".to_string(), ModeArg::Occult, None),
+        ("standard".to_string(), MoeMode::Standard, None),
+        ("occult".to_string(), MoeMode::Occult, None),
     ];
     for n in [2, 1] {
         if n < b.devices {
-            modes.push((format!("occult, pruned to {n}"), ModeArg::Occult, Some(n)));
+            modes.push((format!("occult, pruned to {n}"), MoeMode::Occult, Some(n)));
         }
     }
     let work =

@@ -6,7 +6,8 @@ use crate::bench;
 use crate::context::Backend;
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use occult_core::analysis::placement::SearchConfig;
+use occult_core::analysis::placement::{Method, SearchConfig};
+use occult_core::analysis::pruning::PruneRule;
 use std::path::{Path, PathBuf};
 
 #[derive(Subcommand, Debug)]
@@ -202,13 +203,13 @@ pub struct LayerBenchArgs {
     #[arg(long, default_value_t = 8)]
     pub clusters: usize,
     /// How experts are placed (from a calibration batch).
-    #[arg(long, value_enum, default_value_t = super::place::MethodArg::Occult)]
-    pub placement: super::place::MethodArg,
+    #[arg(long, value_enum, default_value_t = Method::Occult)]
+    pub placement: Method,
     /// Devices per token in the pruned run (0 = no pruned run).
     #[arg(long, default_value_t = 2)]
     pub max_devices: usize,
-    #[arg(long, value_enum, default_value_t = super::prune::RuleArg::Similarity)]
-    pub prune_rule: super::prune::RuleArg,
+    #[arg(long, value_enum, default_value_t = PruneRule::Similarity)]
+    pub prune_rule: PruneRule,
     /// local: ranks as threads; mpi: one process per rank under mpirun (feature mpi); nccl:
     /// one process per GPU (feature nccl; more than one under mpirun).
     #[arg(long, value_enum, default_value_t = Backend::Local)]
@@ -323,14 +324,9 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
         warmup: a.warmup,
         seed: a.seed,
         clusters: a.clusters,
-        placement: a.placement.into(),
+        placement: a.placement,
         max_devices: a.max_devices,
-        prune_rule: match a.prune_rule {
-            super::prune::RuleArg::Router => occult_core::analysis::pruning::PruneRule::Router,
-            super::prune::RuleArg::Similarity => {
-                occult_core::analysis::pruning::PruneRule::Similarity
-            }
-        },
+        prune_rule: a.prune_rule,
         device_name: crate::context::device::device_name(&device),
         dtype: a.dtype.clone(),
         device,

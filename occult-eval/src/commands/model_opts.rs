@@ -2,18 +2,12 @@
 //! `--devices`, `--backend`, `--mode`, `--placement`, `--max-devices`, `--prune-rule`), turned
 //! into the library's [`ModelSpec`] (the placement file read and checked once, here).
 
-use crate::context::{Backend, ModeArg, ModelSpec};
+use crate::context::{Backend, ModelSpec};
 use anyhow::Result;
 use occult_core::analysis::placement::Placement;
 use occult_core::analysis::pruning::PruneRule;
+use occult_core::models::model::MoeMode;
 use std::path::PathBuf;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PruneRuleArg {
-    Router,
-    Similarity,
-}
 
 /// Which model to load and how to run it.
 #[derive(clap::Args, Debug, Clone)]
@@ -50,7 +44,7 @@ pub struct ModelOpts {
     pub comm_timeout: f64,
     /// MoE computation; default `reference` on one device, `occult` on more.
     #[arg(long, value_enum)]
-    pub mode: Option<ModeArg>,
+    pub mode: Option<MoeMode>,
     /// Placement file (`occult place`); default: contiguous blocks of experts.
     #[arg(long)]
     pub placement: Option<PathBuf>,
@@ -58,8 +52,8 @@ pub struct ModelOpts {
     #[arg(long)]
     pub max_devices: Option<usize>,
     /// Pruning rule (with --max-devices).
-    #[arg(long, value_enum, default_value_t = PruneRuleArg::Router)]
-    pub prune_rule: PruneRuleArg,
+    #[arg(long, value_enum, default_value_t = PruneRule::Router)]
+    pub prune_rule: PruneRule,
     /// A trace with router logits (`occult profile`) to build the similarity rule's tables.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
@@ -86,10 +80,7 @@ impl ModelOpts {
             placement: self.placement.as_deref().map(Placement::read).transpose()?,
             placement_file: self.placement.clone(),
             max_devices: self.max_devices,
-            prune_rule: match self.prune_rule {
-                PruneRuleArg::Router => PruneRule::Router,
-                PruneRuleArg::Similarity => PruneRule::Similarity,
-            },
+            prune_rule: self.prune_rule,
             calibration: self.calibration.clone(),
             max_memory: self.max_memory,
         })

@@ -10,12 +10,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
-#[command(after_help = "Methods:\n  \
-    contiguous  expert e on device e / (E/D), what frameworks do without profiling\n  \
-    greedy      the paper's Algorithm 1 on the co-activation matrix\n  \
-    occult      ours: swap search on the exact E[C_T] from several starts (greedy's among\n              \
-                them), never worse than greedy on the trace it is given\n\n\
-Examples:\n  \
+#[command(after_help = "Examples:\n  \
     occult place --trace olmoe-like.safetensors --devices 4 --method occult -o placed.json\n  \
     occult place --trace olmoe-like.safetensors --devices 8 --method occult --max-load-factor 1.2 -o placed.json")]
 pub struct PlaceArgs {
@@ -24,8 +19,8 @@ pub struct PlaceArgs {
     pub trace: PathBuf,
     #[arg(long)]
     pub devices: usize,
-    #[arg(long, value_enum, default_value_t = MethodArg::Occult)]
-    pub method: MethodArg,
+    #[arg(long, value_enum, default_value_t = Method::Occult)]
+    pub method: Method,
     /// occult method: keep each device's (token, expert) load within this factor of the mean.
     #[arg(long)]
     pub max_load_factor: Option<f64>,
@@ -39,23 +34,6 @@ pub struct PlaceArgs {
     pub output: PathBuf,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum MethodArg {
-    Contiguous,
-    Greedy,
-    Occult,
-}
-
-impl From<MethodArg> for Method {
-    fn from(m: MethodArg) -> Method {
-        match m {
-            MethodArg::Contiguous => Method::Contiguous,
-            MethodArg::Greedy => Method::Greedy,
-            MethodArg::Occult => Method::Occult,
-        }
-    }
-}
-
 pub fn run(a: PlaceArgs) -> Result<()> {
     super::check_io(&[Some(&a.trace)], &[Some(&a.output)])?;
     let trace = super::load_trace(&a.trace)?;
@@ -64,12 +42,11 @@ pub fn run(a: PlaceArgs) -> Result<()> {
         seed: a.seed,
         max_load_factor: a.max_load_factor,
     };
-    let steps = place_steps_per_layer(a.method.into(), &cfg) * trace.layers.len();
+    let steps = place_steps_per_layer(a.method, &cfg) * trace.layers.len();
     let pb = bar(steps as u64, "search steps");
     let start = Instant::now();
-    let (mut placement, infos) =
-        place_trace(&trace, a.devices, a.method.into(), &cfg, &|| pb.inc(1))
-            .with_context(|| a.trace.display().to_string())?;
+    let (mut placement, infos) = place_trace(&trace, a.devices, a.method, &cfg, &|| pb.inc(1))
+        .with_context(|| a.trace.display().to_string())?;
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
     record_source(&mut placement, &a, seconds);

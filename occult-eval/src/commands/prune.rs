@@ -38,13 +38,13 @@ pub struct PruneArgs {
     #[arg(long)]
     pub max_devices: usize,
     #[arg(long, value_enum)]
-    pub rule: RuleArg,
+    pub rule: PruneRule,
     /// Build similarity tables from this trace's router logits instead of --trace's.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
     /// How router logits become scores.
-    #[arg(long, value_enum, default_value_t = ScoringArg::Softmax)]
-    pub scoring: ScoringArg,
+    #[arg(long, value_enum, default_value_t = Scoring::Softmax)]
+    pub scoring: Scoring,
     /// The model renormalises its top-k weights (Mixtral, Qwen3-MoE).
     #[arg(long)]
     pub renormalize: bool,
@@ -58,8 +58,8 @@ pub struct PruneArgs {
     #[arg(long, requires = "num_groups")]
     pub topk_groups: Option<usize>,
     /// Group-limited routing: how a group is scored.
-    #[arg(long, value_enum, default_value_t = GroupScoreArg::Max)]
-    pub group_score: GroupScoreArg,
+    #[arg(long, value_enum, default_value_t = GroupScore::Max)]
+    pub group_score: GroupScore,
     /// Write the report as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -69,26 +69,6 @@ pub struct PruneArgs {
     /// Accept a trace recorded on another number of source ranks than the placement's devices.
     #[arg(long)]
     pub resplit: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum RuleArg {
-    Router,
-    Similarity,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum GroupScoreArg {
-    /// Best expert score in the group (DeepSeek-V2).
-    Max,
-    /// Sum of the two best (DeepSeek-V3).
-    Top2Sum,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ScoringArg {
-    Softmax,
-    Sigmoid,
 }
 
 pub fn run(a: PruneArgs) -> Result<()> {
@@ -108,27 +88,18 @@ pub fn run(a: PruneArgs) -> Result<()> {
     let calibration = a.calibration.as_deref().map(load_trace).transpose()?;
     let mut router =
         RouterRule::softmax_topk(trace.meta.num_experts, trace.meta.top_k, a.renormalize);
-    router.scoring = match a.scoring {
-        ScoringArg::Softmax => Scoring::Softmax,
-        ScoringArg::Sigmoid => Scoring::Sigmoid,
-    };
+    router.scoring = a.scoring;
     router.scaling_factor = a.scaling_factor;
     if let (Some(num_groups), Some(topk_groups)) = (a.num_groups, a.topk_groups) {
         router.group_limit = Some(GroupLimit {
             num_groups,
             topk_groups,
-            score: match a.group_score {
-                GroupScoreArg::Max => GroupScore::Max,
-                GroupScoreArg::Top2Sum => GroupScore::Top2Sum,
-            },
+            score: a.group_score,
         });
     }
     router.validate()?;
     check_router_matches(&trace, &router).with_context(|| a.trace.display().to_string())?;
-    let rule = match a.rule {
-        RuleArg::Router => PruneRule::Router,
-        RuleArg::Similarity => PruneRule::Similarity,
-    };
+    let rule = a.rule;
     let pb = bar(trace.layers.len() as u64, "layers");
     let (pruned, report) = prune_trace(
         &trace,

@@ -17,4 +17,4 @@ pub mod ranks;
 pub mod spec;
 
 pub use backend::Backend;
-pub use spec::{ModeArg, ModelSpec};
+pub use spec::ModelSpec;

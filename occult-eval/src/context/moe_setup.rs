@@ -2,14 +2,14 @@
 //! pruning (with the similarity rule's tables from a calibration trace), checked against the
 //! model before any weight is placed.
 
-use super::spec::{ModeArg, ModelSpec};
+use super::spec::ModelSpec;
 use anyhow::{bail, Context, Result};
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::analysis::similarity::SimilarityTable;
 use occult_core::analysis::trace::Trace;
-use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::PruneSpec;
 use occult_core::models::loader::Checkpoint;
+use occult_core::models::model::MoeMode;
 use occult_core::models::model::MoeSetup;
 use std::collections::BTreeMap;
 
@@ -29,7 +29,7 @@ impl ModelSpec {
         if self.devices == 0 {
             bail!("--devices must be at least 1");
         }
-        if mode == ModeArg::Reference && self.devices > 1 {
+        if mode == MoeMode::Reference && self.devices > 1 {
             bail!("--mode reference runs on one device; use --mode occult or standard with --devices {}", self.devices);
         }
         let moe_layers: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.moe_layers[l]).collect();
@@ -42,7 +42,7 @@ impl ModelSpec {
                         pl.num_experts
                     );
                 }
-                if mode != ModeArg::Reference && pl.num_devices != self.devices {
+                if mode != MoeMode::Reference && pl.num_devices != self.devices {
                     bail!(
                         "{name}: the placement is for {} devices, the run has --devices {}",
                         pl.num_devices,
@@ -111,11 +111,7 @@ impl ModelSpec {
             }
         }
         Ok(MoeSetup {
-            mode: match mode {
-                ModeArg::Reference => None,
-                ModeArg::Standard => Some(DispatchMode::Standard),
-                ModeArg::Occult => Some(DispatchMode::Occult),
-            },
+            mode: mode.dispatch(),
             maps,
             num_devices,
             prune,

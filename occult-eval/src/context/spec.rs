@@ -9,19 +9,8 @@ use occult_core::analysis::placement::Placement;
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::models::loader::{parse_dtype, Checkpoint};
 use occult_core::models::memory;
+use occult_core::models::model::MoeMode;
 use std::path::PathBuf;
-
-/// How MoE blocks compute.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ModeArg {
-    /// The single-device reference (a plain loop over experts).
-    Reference,
-    /// Expert parallelism, one row per (token, expert).
-    Standard,
-    /// Expert parallelism, one row per (token, device), pre-reduced on the device.
-    Occult,
-}
 
 /// Which model to load and how to run it.
 #[derive(Clone, Debug)]
@@ -40,7 +29,7 @@ pub struct ModelSpec {
     /// Seconds a rank waits in one exchange for its peers.
     pub comm_timeout: f64,
     /// MoE computation; `None`: reference on one device, occult on more.
-    pub mode: Option<ModeArg>,
+    pub mode: Option<MoeMode>,
     /// Where experts live; contiguous blocks when `None`.
     pub placement: Option<Placement>,
     /// The file the placement was read from, for reports and the input check.
@@ -89,11 +78,11 @@ impl ModelSpec {
     }
 
     /// The effective mode.
-    pub fn mode(&self) -> ModeArg {
+    pub fn mode(&self) -> MoeMode {
         self.mode.unwrap_or(if self.devices > 1 {
-            ModeArg::Occult
+            MoeMode::Occult
         } else {
-            ModeArg::Reference
+            MoeMode::Reference
         })
     }
 

@@ -10,7 +10,7 @@ use super::shaped;
 use super::speed::{self, SpeedRow};
 use super::subject::Subject;
 use super::{FinetuneRow, QualityRow, Routing};
-use crate::context::{ModeArg, ModelSpec};
+use crate::context::ModelSpec;
 use crate::jobs::eval::{evaluate, EvalJob};
 use crate::jobs::fine_tune::{fine_tune, FineTune};
 use crate::jobs::profile::{profile, ProfileJob};
@@ -20,6 +20,7 @@ use occult_core::analysis::projection::{ProjectReport, ProjectSettings};
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::analysis::trace::Trace;
 use occult_core::models::config::ModelConfig;
+use occult_core::models::model::MoeMode;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -30,7 +31,7 @@ pub fn ranks_spec(model: &str, r: &Recipe) -> ModelSpec {
     o.devices = r.devices;
     o.backend = r.backend;
     o.comm_timeout = r.comm_timeout;
-    o.mode = Some(ModeArg::Occult);
+    o.mode = Some(MoeMode::Occult);
     o
 }
 

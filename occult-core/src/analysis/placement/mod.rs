@@ -35,6 +35,9 @@ pub enum Method {
 }
 
 impl Method {
+    /// Every method, in the order benchmarks compare them.
+    pub const ALL: [Method; 3] = [Method::Contiguous, Method::Greedy, Method::Occult];
+
     pub fn name(self) -> &'static str {
         match self {
             Method::Contiguous => "contiguous",
