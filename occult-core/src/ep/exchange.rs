@@ -166,7 +166,7 @@ impl CustomOp1 for Exchange {
     ) -> candle::Result<(candle::CudaStorage, Shape)> {
         use candle::backend::{BackendDevice, BackendStorage};
         #[cfg(feature = "nccl")]
-        if let Some(nccl) = self.comm.nccl() {
+        if let Some(nccl) = crate::ep::comm::nccl::nccl_of(self.comm.as_ref()) {
             return self.on_gpus(nccl, storage, layout);
         }
         let (out, shape) = self.cpu_fwd(&storage.to_cpu_storage()?, layout)?;

@@ -25,7 +25,7 @@
 //! stable AMX intrinsics, so the instructions are written as inline assembly.
 
 use super::elem::Elem;
-use super::Shared;
+use super::shared::Shared;
 use half::bf16;
 use rayon::prelude::*;
 
@@ -35,39 +35,6 @@ const KSTEP: usize = 32;
 const T: usize = 16;
 /// u32 per packed activation tile (`[16 pairs][16 rows]` of bf16 pairs, 1 KB).
 const XTILE: usize = T * T;
-
-/// Whether this process can run the AMX kernel: the CPU has AMX-TILE and AMX-BF16, and the
-/// operating system granted the tile state (asked for here, once per process; the grant is
-/// process-wide and lasts).
-pub fn detect() -> bool {
-    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    {
-        #[allow(unused_unsafe)]
-        // SAFETY: CPUID is on every x86-64 CPU; leaf 7 is read only where leaf 0 lists it.
-        let (max_leaf, edx7) = unsafe {
-            use std::arch::x86_64::__cpuid_count;
-            let max = __cpuid_count(0, 0).eax;
-            (max, if max >= 7 { __cpuid_count(7, 0).edx } else { 0 })
-        };
-        let amx_bf16 = edx7 >> 22 & 1 == 1;
-        let amx_tile = edx7 >> 24 & 1 == 1;
-        if max_leaf < 7 || !amx_bf16 || !amx_tile {
-            return false;
-        }
-        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-        const XFEATURE_XTILEDATA: libc::c_long = 18;
-        // SAFETY: a plain system call; on kernels without it, it fails with an error code.
-        unsafe {
-            libc::syscall(
-                libc::SYS_arch_prctl,
-                ARCH_REQ_XCOMP_PERM,
-                XFEATURE_XTILEDATA,
-            ) == 0
-        }
-    }
-    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    false
-}
 
 /// An activation type the AMX path packs: its rows become bf16 pairs.
 pub trait AmxRow: Elem {

@@ -1,7 +1,7 @@
 //! The operand element types the kernels take, f32 and bf16 ([`Elem`]), and bf16 widened to f32
 //! with AVX-512 or AVX2 vectors (a shift into the high half).
 
-use super::Simd;
+use super::isa::Simd;
 use half::bf16;
 
 /// An operand element type with kernels here: f32 or bf16.

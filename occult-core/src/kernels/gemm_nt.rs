@@ -18,7 +18,8 @@
 //! that has the instructions they name.
 
 use super::elem::Elem;
-use super::{Shared, Simd};
+use super::isa::Simd;
+use super::shared::Shared;
 use half::bf16;
 use rayon::prelude::*;
 

@@ -155,7 +155,7 @@ fn detect_now() -> Isa {
         avx512bw: f && has!("avx512bw") && has!("avx512vl"),
         // The AMX path packs activations with AVX-512 BW and BF16 (every CPU with AMX has
         // them).
-        amx: f && has!("avx512bw") && has!("avx512bf16") && super::amx::detect(),
+        amx: f && has!("avx512bw") && has!("avx512bf16") && amx_granted(),
     }
 }
 
@@ -203,6 +203,39 @@ pub fn process_level() -> Level {
 pub fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| Isa::detect().at(process_level()))
+}
+
+/// Whether this process can run the AMX kernel: the CPU has AMX-TILE and AMX-BF16, and the
+/// operating system granted the tile state (asked for here, once per process; the grant is
+/// process-wide and lasts).
+fn amx_granted() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        #[allow(unused_unsafe)]
+        // SAFETY: CPUID is on every x86-64 CPU; leaf 7 is read only where leaf 0 lists it.
+        let (max_leaf, edx7) = unsafe {
+            use std::arch::x86_64::__cpuid_count;
+            let max = __cpuid_count(0, 0).eax;
+            (max, if max >= 7 { __cpuid_count(7, 0).edx } else { 0 })
+        };
+        let amx_bf16 = edx7 >> 22 & 1 == 1;
+        let amx_tile = edx7 >> 24 & 1 == 1;
+        if max_leaf < 7 || !amx_bf16 || !amx_tile {
+            return false;
+        }
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: a plain system call; on kernels without it, it fails with an error code.
+        unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            ) == 0
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    false
 }
 
 #[cfg(test)]

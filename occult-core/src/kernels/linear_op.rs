@@ -1,11 +1,14 @@
-//! `x · wᵀ` as a candle `CustomOp2` over [`super::gemm_nt`], with its backward
-//! (`dx = dy · w`, `dw = dyᵀ · x`), itself computed through [`super::linear`].
+//! `x · wᵀ` on a chosen path ([`linear_on`]): as a candle `CustomOp2` over
+//! [`super::gemm_nt`], with its backward (`dx = dy · w`, `dw = dyᵀ · x`, themselves computed
+//! through [`linear_on`]), or candle's matmul on the portable path.
 
 use super::amx;
 use super::gemm_nt::{check_lengths, gemm_nt, Dot, Kernel};
-use super::{Isa, Path, Simd};
+use super::isa::{Isa, Simd};
+use super::path::Path;
+use crate::Result;
 use candle::backend::BackendStorage;
-use candle::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
+use candle::{CpuStorage, CustomOp2, DType, Device, Layout, Shape, Tensor};
 use half::bf16;
 
 /// The op; [`super::linear`] applies it only to contiguous f32 or bf16 operands of one dtype,
@@ -168,7 +171,7 @@ impl CustomOp2 for LinearNt {
         dy: &Tensor,
     ) -> candle::Result<(Option<Tensor>, Option<Tensor>)> {
         let lin = |a: &Tensor, b: &Tensor| {
-            super::linear_on(a, b, self.path, self.isa)
+            linear_on(a, b, self.path, self.isa)
                 .map_err(|e| candle::Error::Msg(format!("occult linear backward: {e}")))
         };
         // dx [m, k] = dy [m, n] · w [n, k] = dy · (wᵀ)ᵀ
@@ -177,4 +180,76 @@ impl CustomOp2 for LinearNt {
         let dw = lin(&dy.t()?.contiguous()?, &x.t()?.contiguous()?)?.to_dtype(w.dtype())?;
         Ok((Some(dx), Some(dw)))
     }
+}
+
+/// [`super::linear_with`] with the instruction sets `isa` (at most this CPU's): tests run every level
+/// the CPU supports in one process with this.
+pub fn linear_on(x: &Tensor, w: &Tensor, path: Path, isa: Isa) -> Result<Tensor> {
+    let (n, k) = w.dims2()?;
+    let dims = x.dims().to_vec();
+    let Some((&kx, lead)) = dims.split_last() else {
+        return Err(candle::Error::Msg("linear of a scalar".into()).into());
+    };
+    if kx != k {
+        return Err(candle::Error::ShapeMismatchBinaryOp {
+            lhs: x.shape().clone(),
+            rhs: w.shape().clone(),
+            op: "linear",
+        }
+        .into());
+    }
+    let rows: usize = lead.iter().product();
+    let x2 = x.reshape((rows, k))?;
+    let mixed = x.dtype() == DType::F32 && w.dtype() == DType::BF16;
+    if x.dtype() != w.dtype() && !mixed {
+        return Err(candle::Error::DTypeMismatchBinaryOp {
+            lhs: x.dtype(),
+            rhs: w.dtype(),
+            op: "linear",
+        }
+        .into());
+    }
+    let y = if runs_fast(x, w, path, isa) {
+        x2.contiguous()?
+            .apply_op2(&w.contiguous()?, LinearNt { path, isa })?
+    } else {
+        portable(&x2, w)?
+    };
+    let mut out = lead.to_vec();
+    out.push(n);
+    Ok(y.reshape(out)?)
+}
+
+/// Whether `x · wᵀ` runs on our kernels (else on [`portable`]); the dtypes are checked.
+fn runs_fast(x: &Tensor, w: &Tensor, path: Path, isa: Isa) -> bool {
+    let bf16 = |t: &Tensor| match t.dtype() {
+        DType::F32 => Some(false),
+        DType::BF16 => Some(true),
+        _ => None,
+    };
+    let (Some(a), Some(b)) = (bf16(x), bf16(w)) else {
+        return false;
+    };
+    path != Path::Portable && matches!(x.device(), Device::Cpu) && isa.simd_for(a, b).is_some()
+}
+
+/// candle's matmul. On the CPU, bf16 is widened to f32 (and rounded back once for bf16
+/// activations). On a GPU, bf16 operands go to cuBLAS as they are: its bf16 products
+/// accumulate in f32 (candle's default compute type) and round the result once, as the CPU path
+/// does, without a widened copy of the weights in every call.
+fn portable(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if !x.device().is_cpu() && x.dtype() == w.dtype() {
+        // cuBLAS takes the transpose of a row-major weight as it is (a no-op copy for one).
+        return Ok(x.matmul(&w.contiguous()?.t()?)?);
+    }
+    if x.dtype() == DType::F32 && w.dtype() == DType::BF16 {
+        return Ok(x.matmul(&w.to_dtype(DType::F32)?.t()?)?);
+    }
+    if x.dtype() == DType::BF16 && w.dtype() == DType::BF16 {
+        let y = x
+            .to_dtype(DType::F32)?
+            .matmul(&w.to_dtype(DType::F32)?.t()?)?;
+        return Ok(y.to_dtype(DType::BF16)?);
+    }
+    Ok(x.matmul(&w.t()?)?)
 }

@@ -23,7 +23,8 @@
 //! (3-5% over reading them 64 floats apart from the AVX-512 layout, `occult bench kernels`).
 
 use super::elem::Elem;
-use super::{Shared, Simd};
+use super::isa::Simd;
+use super::shared::Shared;
 use rayon::prelude::*;
 
 /// Rows of `A` per tile: four 16-lane vectors (four groups of sixteen rows on AVX2).

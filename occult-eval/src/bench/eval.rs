@@ -97,7 +97,7 @@ pub fn run(spec: &ModelSpec, a: &EvalJob, output: Option<&Path>) -> Result<()> {
     println!("{}", table.render());
     if let Some(out) = output {
         let report = json!({"model": ck.name, "batch_size": a.batch_size, "results": rows});
-        crate::output::write_json(out, &crate::output::with_provenance(report))?;
+        super::report::write(out, "eval", report)?;
     }
     Ok(())
 }

@@ -83,7 +83,7 @@ pub fn nccl_world(
                 c.size()
             );
         }
-        let on = c.nccl().map(|n| n.ordinal());
+        let on = occult_core::ep::comm::nccl::nccl_of(c.as_ref()).map(|n| n.ordinal());
         if on != Some(gpu.cuda_stream().context().ordinal()) {
             bail!("this process's NCCL group runs on CUDA device {on:?}, not the one asked for");
         }

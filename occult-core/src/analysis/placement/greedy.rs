@@ -6,13 +6,13 @@
 //! 3. then, device by device, each device is filled with the unplaced expert whose average
 //!    co-activation with the device's members is largest, until it holds its share.
 //!
-//! Ties go to the lower expert id. Device sizes follow [`super::capacities`].
+//! Ties go to the lower expert id. Device sizes follow [`capacities`].
 
-use super::capacities;
+use super::maps::capacities;
 use crate::analysis::collab::CoActivation;
 
 /// Greedy placement of `co.num_experts` experts on `num_devices` devices
-/// (sizes must have been checked with [`super::check_sizes`]).
+/// (sizes must have been checked with [`super::maps::check_sizes`]).
 pub fn greedy(co: &CoActivation, num_devices: usize) -> Vec<u32> {
     let e = co.num_experts;
     let caps = capacities(e, num_devices);

@@ -25,7 +25,8 @@
 //! each start is first repaired by swaps that cut the excess load, then only swaps that keep
 //! every device within the limit are taken.
 
-use super::{greedy, random_balanced};
+use super::greedy::greedy;
+use super::maps::{check_sizes, contiguous, random_balanced};
 use crate::analysis::collab::CoActivation;
 use crate::{bail, Result};
 use rand::SeedableRng;
@@ -106,7 +107,7 @@ pub fn search_with_progress(
     on_step: &(dyn Fn() + Sync),
 ) -> Result<SearchOutcome> {
     let e = co.num_experts;
-    super::check_sizes(e, num_devices)?;
+    check_sizes(e, num_devices)?;
     if k > u8::MAX as usize {
         bail!("top_k = {k} is above the supported maximum of 255");
     }
@@ -131,7 +132,7 @@ pub fn search_with_progress(
     let greedy_map = greedy(co, num_devices);
     let mut starts: Vec<(String, Vec<u32>)> = vec![
         ("greedy".into(), greedy_map.clone()),
-        ("contiguous".into(), super::contiguous(e, num_devices)),
+        ("contiguous".into(), contiguous(e, num_devices)),
     ];
     let mut rng = ChaCha8Rng::seed_from_u64(salted(cfg.seed, 1));
     for r in 0..cfg.restarts {

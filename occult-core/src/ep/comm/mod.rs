@@ -190,10 +190,10 @@ pub trait Communicator: Send + Sync {
     /// This rank's statistics so far.
     fn stats(&self) -> CommStats;
 
-    /// The NCCL communicator this is, if it is one: rows already on its GPU then move between
-    /// GPUs directly ([`nccl::NcclComm::all_to_all_v_device`]), not through host memory.
-    #[cfg(feature = "nccl")]
-    fn nccl(&self) -> Option<&nccl::NcclComm> {
+    /// This communicator as `Any`, for a backend with more than this trait offers to find
+    /// itself again (the NCCL one, through `nccl::nccl_of`: rows already on its GPU then move
+    /// between GPUs directly, not through host memory); `None` for the others.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
         None
     }
 

@@ -54,6 +54,11 @@ pub struct NcclComm {
     watchdog: Watchdog,
 }
 
+/// The NCCL communicator `comm` is, if it is one.
+pub fn nccl_of(comm: &dyn Communicator) -> Option<&NcclComm> {
+    comm.as_any()?.downcast_ref::<NcclComm>()
+}
+
 fn nccl_error(what: &str, e: nccl::result::NcclError) -> Error {
     Error::Comm(format!("nccl: {what}: {:?}", e.0))
 }
@@ -365,7 +370,7 @@ impl Communicator for NcclComm {
         self.stats.snapshot()
     }
 
-    fn nccl(&self) -> Option<&NcclComm> {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }
 
