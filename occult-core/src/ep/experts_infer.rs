@@ -337,15 +337,15 @@ mod tests {
     }
 
     #[test]
-    fn fast_sums_match_the_tensor_path() {
-        // At the portable level the fast path does not run (it returns None); CI runs this
+    fn inference_sums_match_the_tensor_path() {
+        // At the portable level the inference path does not run (it returns None); CI runs this
         // test at every level (OCCULT_KERNELS), natively and emulated.
         let level = crate::kernels::process_level();
         if level == crate::kernels::Level::Portable {
-            eprintln!("portable level: the fast path does not run here (it returns None)");
+            eprintln!("portable level: the inference path does not run here (it returns None)");
             return;
         }
-        eprintln!("fast path at {level}");
+        eprintln!("inference path at {level}");
         for (wdt, out) in [
             (DType::F32, DType::F32),
             (DType::BF16, DType::BF16),
@@ -363,7 +363,7 @@ mod tests {
                 let w = weighted.then_some(&weights);
                 let fast = grouped_sum(&stack, &xs, w, &groups, out)
                     .unwrap()
-                    .expect("the fast path applies")
+                    .expect("the inference path applies")
                     .to_dtype(DType::F32)
                     .unwrap();
                 let want = tensor_path(&stack, &xs, w, &groups, out);

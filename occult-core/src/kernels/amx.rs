@@ -20,7 +20,7 @@
 //! Activations are packed with AVX-512 (`vcvtne2ps2bf16` rounds f32 to nearest even), every
 //! CPU with AMX has it.
 //!
-//! Linux hands the tile registers to a process only after it asks (`arch_prctl`); [`detect`]
+//! Linux hands the tile registers to a process only after it asks (`arch_prctl`); [`super::isa::Isa::detect`] (which asks for them)
 //! asks, and says no if the CPU lacks the instructions or the kernel refuses. Rust has no
 //! stable AMX intrinsics, so the instructions are written as inline assembly.
 
@@ -120,7 +120,7 @@ fn row_block_tiles(steps: usize) -> usize {
 /// `c[m, n] = a[m, k] · b[n, k]ᵀ` with the products in bf16 and the sums in f32.
 ///
 /// # Safety
-/// [`detect`] returned true in this process; slices of `m * k`, `n * k` and `m * n` elements.
+/// [`super::isa::Isa::detect`] (which asks for them) returned true in this process; slices of `m * k`, `n * k` and `m * n` elements.
 pub unsafe fn gemm<A: AmxRow>(a: &[A], b: &[bf16], c: &mut [f32], m: usize, n: usize, k: usize) {
     if m == 0 || n == 0 {
         return;

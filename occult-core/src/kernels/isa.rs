@@ -1,6 +1,7 @@
 //! Which instructions the kernels may use: what this CPU has ([`Isa::detect`]), the levels from
 //! portable up to AMX ([`Level`]), the vector width a product runs at ([`Simd`]), and
-//! `OCCULT_KERNELS`, which caps the level for a process ([`process_level`]).
+//! `OCCULT_KERNELS`, which caps the level for a process ([`process_level`]). AMX counts only
+//! once Linux has granted this process the tile state, which detection asks for.
 //!
 //! Every kernel and vector-math function has a form that takes an [`Isa`], so that tests run
 //! each level this CPU supports in one process (`Isa::detect().at(level)`), and always the

@@ -11,7 +11,7 @@ use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp2, DType, Device, Layout, Shape, Tensor};
 use half::bf16;
 
-/// The op; [`super::linear`] applies it only to contiguous f32 or bf16 operands of one dtype,
+/// The op; [`linear_on`] applies it only to contiguous f32 or bf16 operands of one dtype,
 /// or f32 activations with bf16 weights, where `isa` has a kernel for the pair. `path` is
 /// [`Path::Kernel`] to force one kernel (tests and benchmarks), else the kernel is picked by
 /// rows; the backward runs on the same path and instruction sets.

@@ -215,14 +215,14 @@ mod tests {
 
     #[test]
     fn core_matches_plain_causal_attention() {
-        // At the portable level the fast path does not run (it returns None); CI runs this
+        // At the portable level the inference path does not run (it returns None); CI runs this
         // test at every level (OCCULT_KERNELS), natively and emulated.
         let level = crate::kernels::process_level();
         if level == crate::kernels::Level::Portable {
-            eprintln!("portable level: the fast path does not run here (it returns None)");
+            eprintln!("portable level: the inference path does not run here (it returns None)");
             return;
         }
-        eprintln!("fast path at {level}");
+        eprintln!("inference path at {level}");
         let dev = Device::Cpu;
         // (batch, kv heads, query heads per kv head, t, offset, hd, window)
         for (b, nkv, g, t, offset, hd, window) in [
@@ -248,7 +248,7 @@ mod tests {
                 let got = values(
                     &core(&q, &k, &v, t, offset, window, scale)
                         .unwrap()
-                        .expect("the fast path applies"),
+                        .expect("the inference path applies"),
                 );
                 let d = Dims {
                     heads: b * nkv,

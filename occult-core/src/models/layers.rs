@@ -3,7 +3,7 @@
 //! and the causal mask.
 //!
 //! Norm, RoPE and softmax come in two forms: differentiable compositions of candle primitives
-//! (DESIGN.md section 6: candle's fused kernels have no backward), used whenever a weight is
+//! (candle 0.11's fused kernels have no backward), used whenever a weight is
 //! trainable, and candle's fused kernels for inference (`fused = true`). Tests hold the two
 //! together.
 

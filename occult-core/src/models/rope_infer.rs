@@ -133,7 +133,7 @@ mod tests {
                 let got = values(
                     &apply(&view, &cos, &sin, norm)
                         .unwrap()
-                        .expect("the fast path applies"),
+                        .expect("the inference path applies"),
                 );
                 let (xs, c, s, wv) = (values(&x), values(&cos), values(&sin), values(&w));
                 let half = d / 2;

@@ -11,12 +11,10 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use std::path::Path;
 
-/// `occult bench eval`: the same tasks scored with and without context reuse in one run, side
-/// by side: forward tokens per item, forward passes, items/s, and the largest difference in a
-/// log-likelihood between the two.
 /// Scores `job`'s tasks on `spec` twice, with and without context reuse, prints the table and
 /// writes it as JSON to `output`.
-pub fn run(spec: &ModelSpec, a: &EvalJob, output: Option<&Path>) -> Result<()> {
+pub fn run(spec: &ModelSpec, job: &EvalJob, output: Option<&Path>) -> Result<()> {
+    let a = job;
     let po = prepare_options(a)?;
     let prepared = a
         .tasks

@@ -311,11 +311,7 @@ pub fn bench(
             placement_file = Some(b.placement(s.devices)?);
         }
     }
-    spec.placement = placement_file
-        .as_deref()
-        .map(occult_core::analysis::placement::Placement::read)
-        .transpose()?;
-    spec.placement_file = placement_file;
+    spec = spec.with_placement_file(placement_file.as_deref())?;
     spec.devices = s.devices;
     spec.backend = backend;
     spec.dtype = s.dtype.clone();

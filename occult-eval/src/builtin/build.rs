@@ -135,10 +135,10 @@ impl Builtin {
             ..ProfileJob::new(&self.file("calibration.jsonl"))
         };
         let spec = ModelSpec::local(&self.model().display().to_string());
-        let t = profile(&spec, &job)?
-            .context("profiling runs in this process")?
-            .trace;
-        t.write(&trace)?;
+        let p = profile(&spec, &job)?.context("profiling runs in this process")?;
+        p.trace.write(&trace)?;
+        eprintln!("{}", p.summary(&trace));
+        let t = p.trace;
         let (placement, _) = occult_core::analysis::place_trace(
             &t,
             devices,

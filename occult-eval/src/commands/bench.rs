@@ -1,5 +1,5 @@
-//! `occult bench`: the benchmarks' flags. Each subcommand checks its files and calls its
-//! benchmark in [`crate::bench`], which runs it, prints its table and writes its JSON.
+//! `occult bench`: the benchmarks' flags. Each subcommand turns its flags into values and calls
+//! its benchmark in [`crate::bench`], which runs it, prints its table and writes its JSON.
 
 use super::model_opts::ModelOpts;
 use crate::bench;
@@ -262,7 +262,7 @@ fn suite(a: SuiteArgs) -> Result<()> {
 
 fn train(a: TrainBenchArgs) -> Result<()> {
     let spec = a.model.spec()?;
-    super::check_model_io(&spec, &[], &[a.json.as_deref()])?;
+    spec.check_io(&[], &[a.json.as_deref()])?;
     let link = a
         .link
         .as_deref()
@@ -296,7 +296,7 @@ fn eval(a: super::eval::EvalArgs) -> Result<()> {
 
 fn model(a: ModelBenchArgs) -> Result<()> {
     let spec = a.model.spec()?;
-    super::check_model_io(&spec, &[], &[a.json.as_deref()])?;
+    spec.check_io(&[], &[a.json.as_deref()])?;
     let b = bench::model::ModelBench {
         prompt_len: a.prompt_len,
         batch: a.batch,

@@ -87,7 +87,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     // Task files and data are inputs too: no output may replace them.
     let inputs = job.inputs()?;
     let more: Vec<Option<&Path>> = inputs.iter().map(|p| Some(p.as_path())).collect();
-    super::check_model_io(&spec, &more, &[a.output.as_deref(), a.trace.as_deref()])?;
+    spec.check_io(&more, &[a.output.as_deref(), a.trace.as_deref()])?;
     let Some(done) = evaluate(&spec, &job)? else {
         return Ok(());
     };
@@ -102,4 +102,25 @@ pub fn run(a: EvalArgs) -> Result<()> {
         done.write(out, a.log_samples)?;
     }
     done.check(a.tasks.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: EvalArgs,
+    }
+
+    /// The flags' defaults are the job's (as `reproduce` fills it from `EvalJob::new`).
+    #[test]
+    fn the_flags_defaults_are_the_jobs() {
+        let cli = Cli::try_parse_from(["occult", "--model", "m", "--tasks", "a,b"]);
+        let job = cli.unwrap().args.job();
+        let new = EvalJob::new(vec!["a".into(), "b".into()]);
+        assert_eq!(format!("{job:?}"), format!("{new:?}"));
+    }
 }

@@ -23,18 +23,6 @@ use std::path::Path;
 
 pub use crate::output::{check_io, with_provenance, write_json};
 
-/// [`check_io`] for a model command: the model's inputs and `more`.
-pub fn check_model_io(
-    model: &crate::context::ModelSpec,
-    more: &[Option<&Path>],
-    outputs: &[Option<&Path>],
-) -> Result<()> {
-    let inputs = model.inputs();
-    let mut all: Vec<Option<&Path>> = inputs.iter().map(|p| Some(p.as_path())).collect();
-    all.extend_from_slice(more);
-    check_io(&all, outputs)
-}
-
 /// Reads and validates a trace.
 pub fn load_trace(path: &Path) -> Result<Trace> {
     Ok(Trace::read(path)?)

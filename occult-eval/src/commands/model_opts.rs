@@ -4,7 +4,6 @@
 
 use crate::context::{Backend, ModelSpec};
 use anyhow::Result;
-use occult_core::analysis::placement::Placement;
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::models::model::MoeMode;
 use std::path::PathBuf;
@@ -68,7 +67,7 @@ pub struct ModelOpts {
 impl ModelOpts {
     /// The library's value of these flags, with the placement file read.
     pub fn spec(&self) -> Result<ModelSpec> {
-        Ok(ModelSpec {
+        ModelSpec {
             model: self.model.clone(),
             revision: self.revision.clone(),
             dtype: self.dtype.clone(),
@@ -77,12 +76,13 @@ impl ModelOpts {
             backend: self.backend,
             comm_timeout: self.comm_timeout,
             mode: self.mode,
-            placement: self.placement.as_deref().map(Placement::read).transpose()?,
-            placement_file: self.placement.clone(),
+            placement: None,
+            placement_file: None,
             max_devices: self.max_devices,
             prune_rule: self.prune_rule,
             calibration: self.calibration.clone(),
             max_memory: self.max_memory,
-        })
+        }
+        .with_placement_file(self.placement.as_deref())
     }
 }

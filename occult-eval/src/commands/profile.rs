@@ -31,26 +31,49 @@ pub struct ProfileArgs {
     pub add_bos: bool,
 }
 
+impl ProfileArgs {
+    /// The library's job of these flags.
+    pub fn job(&self) -> ProfileJob {
+        ProfileJob {
+            data: self.data.clone(),
+            seq_len: self.seq_len,
+            max_tokens: self.max_tokens,
+            logits: !self.no_logits,
+            add_bos: self.add_bos,
+        }
+    }
+}
+
 pub fn run(a: ProfileArgs) -> Result<()> {
     let spec = a.model.spec()?;
-    super::check_model_io(&spec, &[Some(&a.data)], &[Some(&a.output)])?;
-    let job = ProfileJob {
-        data: a.data.clone(),
-        seq_len: a.seq_len,
-        max_tokens: a.max_tokens,
-        logits: !a.no_logits,
-        add_bos: a.add_bos,
-    };
+    spec.check_io(&[Some(&a.data)], &[Some(&a.output)])?;
+    let job = a.job();
     let Some(p) = profile(&spec, &job)? else {
         return Ok(());
     };
     p.trace.write(&a.output)?;
-    eprintln!(
-        "profiled {} tokens in {} windows over {} MoE layers -> {}",
-        p.tokens,
-        p.windows,
-        p.trace.layers.len(),
-        a.output.display()
-    );
+    eprintln!("{}", p.summary(&a.output));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ProfileArgs,
+    }
+
+    /// The flags' defaults are the job's (as `reproduce` and the built-in model fill it from
+    /// `ProfileJob::new`).
+    #[test]
+    fn the_flags_defaults_are_the_jobs() {
+        let cli = Cli::try_parse_from(["occult", "--model", "m", "--data", "d", "-o", "t"]);
+        let job = cli.unwrap().args.job();
+        let new = ProfileJob::new(std::path::Path::new("d"));
+        assert_eq!(format!("{job:?}"), format!("{new:?}"));
+    }
 }

@@ -4,7 +4,8 @@
 //! (`occult_core::analysis::projection`). The work is [`crate::jobs::project`].
 
 use super::{load_trace, with_provenance, write_json};
-use crate::jobs::project::{layer_sizes, load_profiles, model_config, project, render};
+use crate::context::spec::model_config;
+use crate::jobs::project::{layer_sizes, load_profiles, project, render};
 use anyhow::{bail, Result};
 use clap::Args;
 use occult_core::analysis::projection::ProjectSettings;

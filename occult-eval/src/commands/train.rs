@@ -86,30 +86,58 @@ pub struct TrainArgs {
     pub train: TrainWhat,
 }
 
+impl TrainArgs {
+    /// The library's job of these flags.
+    pub fn job(&self) -> FineTune {
+        let a = self;
+        FineTune {
+            data: a.data.clone(),
+            out: a.out.clone(),
+            steps: a.steps,
+            seq_len: a.seq_len,
+            batch_size: a.batch_size,
+            grad_accum: a.grad_accum,
+            lr: a.lr,
+            warmup: a.warmup,
+            min_lr_ratio: a.min_lr_ratio,
+            weight_decay: a.weight_decay,
+            max_grad_norm: a.max_grad_norm,
+            seed: a.seed,
+            save_every: a.save_every,
+            resume: a.resume,
+            overwrite: a.overwrite,
+            stop_at: a.stop_at,
+            add_bos: a.add_bos,
+            aux_loss: a.aux_loss,
+            eval_data: a.eval_data.clone(),
+            eval_every: a.eval_every,
+            train: a.train,
+        }
+    }
+}
+
 pub fn run(a: TrainArgs) -> Result<()> {
-    let spec = a.model.spec()?;
-    let job = FineTune {
-        data: a.data,
-        out: a.out,
-        steps: a.steps,
-        seq_len: a.seq_len,
-        batch_size: a.batch_size,
-        grad_accum: a.grad_accum,
-        lr: a.lr,
-        warmup: a.warmup,
-        min_lr_ratio: a.min_lr_ratio,
-        weight_decay: a.weight_decay,
-        max_grad_norm: a.max_grad_norm,
-        seed: a.seed,
-        save_every: a.save_every,
-        resume: a.resume,
-        overwrite: a.overwrite,
-        stop_at: a.stop_at,
-        add_bos: a.add_bos,
-        aux_loss: a.aux_loss,
-        eval_data: a.eval_data,
-        eval_every: a.eval_every,
-        train: a.train,
-    };
-    fine_tune(&spec, &job)
+    fine_tune(&a.model.spec()?, &a.job())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TrainArgs,
+    }
+
+    /// The flags' defaults are the job's: the pipelines that fill a `FineTune` from `new`
+    /// train as `occult train` does by default.
+    #[test]
+    fn the_flags_defaults_are_the_jobs() {
+        let cli = Cli::try_parse_from(["occult", "--model", "m", "--data", "d", "--out", "o"]);
+        let job = cli.unwrap().args.job();
+        let new = FineTune::new("d", std::path::Path::new("o"));
+        assert_eq!(format!("{job:?}"), format!("{new:?}"));
+    }
 }

@@ -7,10 +7,11 @@ use anyhow::{bail, Context, Result};
 use candle::Device;
 use occult_core::analysis::placement::Placement;
 use occult_core::analysis::pruning::PruneRule;
+use occult_core::models::config::ModelConfig;
 use occult_core::models::loader::{parse_dtype, Checkpoint};
 use occult_core::models::memory;
 use occult_core::models::model::MoeMode;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Which model to load and how to run it.
 #[derive(Clone, Debug)]
@@ -75,6 +76,23 @@ impl ModelSpec {
             .chain(self.placement_file.clone())
             .chain(self.calibration.clone())
             .collect()
+    }
+
+    /// Checks before any work that every output can be written and replaces none of this
+    /// model's inputs nor `more`.
+    pub fn check_io(&self, more: &[Option<&Path>], outputs: &[Option<&Path>]) -> Result<()> {
+        let inputs = self.inputs();
+        let mut all: Vec<Option<&Path>> = inputs.iter().map(|p| Some(p.as_path())).collect();
+        all.extend_from_slice(more);
+        crate::output::check_io(&all, outputs)
+    }
+
+    /// This spec with the placement read from `file` (validated as a placement file; it is
+    /// checked against the model when the model is set up).
+    pub fn with_placement_file(mut self, file: Option<&Path>) -> Result<Self> {
+        self.placement = file.map(Placement::read).transpose()?;
+        self.placement_file = file.map(Path::to_path_buf);
+        Ok(self)
     }
 
     /// The effective mode.
@@ -147,5 +165,15 @@ impl ModelSpec {
             sharing,
             &what,
         )?)
+    }
+}
+
+/// A model's config: a folder's config.json, or the cached checkpoint of a hub id.
+pub fn model_config(model: &str) -> Result<ModelConfig> {
+    let local = Path::new(model).join("config.json");
+    if local.is_file() {
+        Ok(ModelConfig::read(&local)?)
+    } else {
+        Ok(ModelSpec::local(model).open()?.cfg)
     }
 }

@@ -165,9 +165,12 @@ pub fn fine_tune(spec: &ModelSpec, job: &FineTune) -> Result<()> {
             occult_core::models::data_parallel::fingerprint(bytes)
         )
     };
-    let placement = match &spec.placement {
-        Some(p) => Some(print(serde_json::to_vec(p)?)),
-        None => None,
+    // A placement read from a file is the file's bytes (as runs have always recorded it); one
+    // given as a value, its JSON.
+    let placement = match (&spec.placement_file, &spec.placement) {
+        (Some(f), _) => Some(print(occult_core::input::read_bytes(f)?)),
+        (None, Some(p)) => Some(print(serde_json::to_vec(p)?)),
+        (None, None) => None,
     };
     let calibration = match &spec.calibration {
         Some(p) => Some(print(occult_core::input::read_bytes(p)?)),
@@ -246,7 +249,7 @@ pub fn fine_tune(spec: &ModelSpec, job: &FineTune) -> Result<()> {
         TrainWhat::Moe => ck.weights.set_trainable_only(ck.cfg.moe_prefixes()),
         TrainWhat::All => ck.weights.set_trainable(true),
     }
-    let job = Job {
+    let run = Job {
         ck: &ck,
         data: &data,
         data_name: &a.data,
@@ -285,7 +288,7 @@ pub fn fine_tune(spec: &ModelSpec, job: &FineTune) -> Result<()> {
         } else {
             None
         };
-        train(m, &job, start, until, &mut |step, r| {
+        train(m, &run, start, until, &mut |step, r| {
             let seconds = r.seconds;
             let done = step + 1;
             let eval_loss = match &held_out {

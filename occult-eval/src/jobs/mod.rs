@@ -1,5 +1,5 @@
-//! Typed entry points: each takes values (a [`ModelSpec`](crate::context::ModelSpec) and its
-//! job) and returns values, for the commands and the pipelines alike.
+//! Typed entry points: each takes values (a model's [`ModelSpec`](crate::context::ModelSpec)
+//! and a job, or a trace) and returns values, for the commands and the pipelines alike.
 //!
 //! - [`profile`]: calibration text through a model, its routing trace back;
 //! - [`fine_tune`]: fine-tuning on a model's ranks, the model and its log written;

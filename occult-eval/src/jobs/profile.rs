@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 pub struct ProfileJob {
     /// Calibration text: JSONL with a `text` field, or plain text (one document per line).
     pub data: PathBuf,
-    /// Longest window of tokens run at once; 512, or the model's positions if fewer, when
-    /// `None`.
+    /// Longest window of tokens run at once; when `None`, 512 or the model's positions,
+    /// whichever is fewer.
     pub seq_len: Option<usize>,
     /// Stop after this many tokens.
     pub max_tokens: Option<usize>,
@@ -33,7 +33,8 @@ pub struct ProfileJob {
 }
 
 impl ProfileJob {
-    /// `data` at the defaults: windows of 512 tokens, every token, with logits, no BOS.
+    /// `data` at `occult profile`'s defaults: windows of 512 tokens (or the model's positions,
+    /// whichever is fewer), every token, with logits, no BOS.
     pub fn new(data: &Path) -> Self {
         ProfileJob {
             data: data.to_path_buf(),
@@ -51,6 +52,19 @@ pub struct Profiled {
     pub trace: Trace,
     pub tokens: usize,
     pub windows: usize,
+}
+
+impl Profiled {
+    /// What was profiled, in words, with where the trace went.
+    pub fn summary(&self, written_to: &Path) -> String {
+        format!(
+            "profiled {} tokens in {} windows over {} MoE layers -> {}",
+            self.tokens,
+            self.windows,
+            self.trace.layers.len(),
+            written_to.display()
+        )
+    }
 }
 
 /// The documents of a calibration file.

@@ -3,7 +3,6 @@
 //! expert compute (`occult_core::analysis::projection`), with the layer sizes read from a model
 //! and the report as tables.
 
-use crate::context::ModelSpec;
 use crate::progress::bar;
 use crate::table::Table;
 use anyhow::Result;
@@ -11,7 +10,6 @@ use occult_core::analysis::links::LinkProfile;
 use occult_core::analysis::projection::{project_trace, ProjectReport, ProjectSettings};
 use occult_core::analysis::trace::Trace;
 use occult_core::models::config::ModelConfig;
-use std::path::Path;
 
 /// Layer sizes for the projection: (hidden, expert intermediate, shared intermediate).
 pub fn layer_sizes(cfg: &ModelConfig) -> (usize, usize, usize) {
@@ -20,16 +18,6 @@ pub fn layer_sizes(cfg: &ModelConfig) -> (usize, usize, usize) {
         cfg.moe.expert_intermediate,
         cfg.moe.shared.as_ref().map_or(0, |s| s.intermediate),
     )
-}
-
-/// A model's config: a folder's config.json, or the cached checkpoint of a hub id.
-pub fn model_config(model: &str) -> Result<ModelConfig> {
-    let local = Path::new(model).join("config.json");
-    if local.is_file() {
-        Ok(ModelConfig::read(&local)?)
-    } else {
-        Ok(ModelSpec::local(model).open()?.cfg)
-    }
 }
 
 /// Machine profiles by name or file.

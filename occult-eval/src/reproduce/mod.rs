@@ -14,13 +14,14 @@
 //! `eval` and `project`; [`crate::bench`] for the speed), on the recipe's devices: threads of
 //! this process, or (backend `mpi`) the processes mpirun started, where rank 0 alone writes
 //! files and the report and the others join every collective stage (they read the placement
-//! rank 0 wrote after a barrier: a detail of [`Ranks`]).
+//! rank 0 wrote after a barrier: a detail of the stages' `Ranks`).
 
 pub mod ladder;
 pub mod plots;
 mod ranks;
 pub mod recipe;
 pub mod report;
+pub mod results;
 pub mod shaped;
 pub mod speed;
 mod stages;
@@ -29,58 +30,15 @@ mod subject;
 use crate::output::{with_provenance, write_json};
 use anyhow::{Context, Result};
 pub use ladder::Placements;
-use occult_core::analysis::pruning::PruneRule;
 use ranks::{Progress, Ranks};
 use recipe::Recipe;
-use serde::Serialize;
+pub use results::{Findings, FinetuneRow, QualityRow, Routing};
 use stages::{
     collaboration, collaboration_trace, finetune_stage, placement_stage, profile_stage, project,
     quality_stage, routings, speed_stage,
 };
 use std::path::Path;
 use subject::subject;
-
-/// A routing a model is fine-tuned or served under: exact, or pruned to `n` devices by a rule.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Routing {
-    pub prune: Option<(usize, PruneRule)>,
-}
-
-impl Routing {
-    pub fn name(self) -> String {
-        match self.prune {
-            None => "exact".into(),
-            Some((n, r)) => format!("pruned-{n}-{}", r.name()),
-        }
-    }
-}
-
-/// One row of the quality table.
-#[derive(Clone, Debug, Serialize)]
-pub struct QualityRow {
-    /// `base`, or the routing the model was fine-tuned under.
-    pub variant: String,
-    pub fine_tuned: bool,
-    /// The routing it is served under.
-    pub max_devices: Option<usize>,
-    pub rule: Option<String>,
-    pub task: String,
-    pub acc: f64,
-    pub acc_norm: Option<f64>,
-}
-
-/// One fine-tuning run.
-#[derive(Clone, Debug, Serialize)]
-pub struct FinetuneRow {
-    pub variant: String,
-    pub max_devices: Option<usize>,
-    pub rule: Option<String>,
-    pub first_loss: f64,
-    pub last_loss: f64,
-    pub held_out_loss: Option<f64>,
-    pub mean_ect: f64,
-    pub seconds: f64,
-}
 
 /// Runs the recipe into `out`.
 pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
@@ -89,7 +47,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     let mut progress = Progress::new(recipe, ranks.root());
     progress.stage("the model");
     let s = subject(recipe, ranks.mpi())?;
-    let cfg = crate::jobs::project::model_config(&s.model)?;
+    let cfg = crate::context::spec::model_config(&s.model)?;
     progress.stage("routing profile on the calibration text");
     let trace = profile_stage(recipe, &s, &ranks, out)?;
     progress.stage("placements and the E[C_T] table");
@@ -106,6 +64,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     let quality = quality_stage(recipe, &s, &placed, &routings, &finetuned, &ranks, out)?;
     // The collaboration profile runs on every rank; the rest is rank 0's.
     let collab_trace = collaboration_trace(&finetuned, recipe, &s, out, ranks.mpi())?;
+    // Only rank 0 holds the placements; it alone projects and reports.
     let Some(placements) = placements else {
         return Ok(());
     };
@@ -138,20 +97,6 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     };
     let seconds = progress.clock.elapsed().as_secs_f64();
     write_outputs(recipe, origin, &s, &cfg, &trace, &found, seconds, out)
-}
-
-/// What the stages found, as the report and `results.json` give it.
-pub struct Findings {
-    pub steps: Vec<ladder::Step>,
-    pub speed: Vec<speed::SpeedRow>,
-    /// Whether the shaped-link run ran, and why not.
-    pub shaped: serde_json::Value,
-    pub finetunes: Vec<FinetuneRow>,
-    pub quality: Vec<QualityRow>,
-    pub projection: Option<occult_core::analysis::projection::ProjectReport>,
-    /// E[C_T] before and after pruned fine-tuning.
-    pub collaboration: serde_json::Value,
-    pub plots: Vec<std::path::PathBuf>,
 }
 
 /// Writes `report.md` and `results.json` into `out`, and prints the report.

@@ -3,8 +3,8 @@
 //! per mode, and mean task accuracy against the E[C_T] of the routing served.
 
 use super::ladder::Step;
+use super::results::QualityRow;
 use super::speed::SpeedRow;
-use super::QualityRow;
 use anyhow::{anyhow, Result};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};

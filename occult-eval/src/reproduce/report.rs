@@ -4,8 +4,8 @@
 
 use super::ladder::Step;
 use super::recipe::Recipe;
+use super::results::{FinetuneRow, QualityRow};
 use super::speed::SpeedRow;
-use super::{FinetuneRow, QualityRow};
 use crate::table::{count, Table};
 use occult_core::analysis::trace::Trace;
 use occult_core::models::config::ModelConfig;
@@ -347,7 +347,7 @@ pub fn full(
     origin: &str,
     cfg: &ModelConfig,
     trace: &Trace,
-    f: &super::Findings,
+    f: &super::results::Findings,
     seconds: f64,
 ) -> String {
     let mut md = render(

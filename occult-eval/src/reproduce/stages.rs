@@ -6,10 +6,10 @@ use super::ladder::{ect_ladder, LadderSettings, Placements, Step};
 use super::plots;
 use super::ranks::{Progress, Ranks};
 use super::recipe::{self, Recipe};
+use super::results::{FinetuneRow, QualityRow, Routing};
 use super::shaped;
 use super::speed::{self, SpeedRow};
 use super::subject::Subject;
-use super::{FinetuneRow, QualityRow, Routing};
 use crate::context::ModelSpec;
 use crate::jobs::eval::{evaluate, EvalJob};
 use crate::jobs::fine_tune::{fine_tune, FineTune};
@@ -75,11 +75,13 @@ pub fn profile_stage(recipe: &Recipe, s: &Subject, ranks: &Ranks, out: &Path) ->
         ..ProfileJob::new(&s.calibration)
     };
     let file = out.join("trace.safetensors");
-    let trace = profile(&spec, &job)?.map(|p| p.trace);
-    if let Some(t) = &trace {
-        t.write(&file)?;
+    spec.check_io(&[Some(&s.calibration)], &[Some(&file)])?;
+    let profiled = profile(&spec, &job)?;
+    if let Some(p) = &profiled {
+        p.trace.write(&file)?;
+        eprintln!("{}", p.summary(&file));
     }
-    ranks.share(trace, &file, |p| Ok(Trace::read(p)?))
+    ranks.share(profiled.map(|p| p.trace), &file, |p| Ok(Trace::read(p)?))
 }
 
 /// The three placements and the E[C_T] table (rank 0's; the placements are written beside the
@@ -235,6 +237,7 @@ pub fn quality_stage(
         limit: recipe.quality.limit,
         ..EvalJob::new(s.tasks.clone())
     };
+    let task_inputs = job.inputs()?;
     let mut evaluate_one = |variant: &str, model: &str, fine_tuned: bool, routing: Routing| {
         let file = out
             .join("quality")
@@ -244,6 +247,8 @@ pub fn quality_stage(
             eprintln!("  {variant}, served {}", routing.name());
         }
         let spec = routed_spec(model, recipe, placed, routing);
+        let more: Vec<Option<&Path>> = task_inputs.iter().map(|p| Some(p.as_path())).collect();
+        spec.check_io(&more, &[Some(&file)])?;
         let scored = evaluate(&spec, &job)
             .and_then(|done| {
                 let Some(done) = done else { return Ok(()) };
@@ -377,6 +382,7 @@ pub fn collaboration_trace(
     };
     let file = out.join(format!("trace-finetuned-{}.safetensors", f.routing.name()));
     p.trace.write(&file)?;
+    eprintln!("{}", p.summary(&file));
     Ok(Some((f.routing, p.trace)))
 }
 

@@ -4,22 +4,22 @@
 //! ([`crate::ep::EpMoe`]) in either dispatch mode, with optional collaboration pruning.
 //!
 //! Under expert parallelism each rank runs its own sequences through the whole model (data +
-//! expert parallel, DESIGN 3.1): it holds the dense weights and only its own experts, and only
+//! expert parallel): it holds the dense weights and only its own experts, and only
 //! the MoE blocks talk to other ranks. Every path is differentiable. Forwards are collective;
 //! [`super::data_parallel`] keeps ranks with different amounts of work in step and reduces
 //! gradients.
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`decoder`] | [`Model`] and its layers, and the state its forwards keep |
-//! | [`dense`] | [`DenseParts`], what every rank holds in full, read from a checkpoint |
-//! | [`moe`] | [`MoeMode`] and [`MoeSetup`], how MoE blocks compute, and [`MoeExec`], what each runs |
-//! | [`assemble`] | [`Model::assemble`]: one rank's model from its dense parts and experts |
-//! | [`same_layout`] | the check that every rank assembles the same model, and [`fingerprint`] |
-//! | [`params`] | the model's tensors by checkpoint name, tagged as routed experts or not |
-//! | [`forward`] | [`Model::forward`]: ids to [`Logits`] through every layer |
-//! | [`cache`] | [`KvCache`], the key/value caches of all layers |
-//! | [`recorder`] | [`RoutingRecorder`] and [`RouterTap`], routing recorded by forwards |
+//! | `decoder` | [`Model`] and its layers, and the state its forwards keep |
+//! | `dense` | [`DenseParts`], what every rank holds in full, read from a checkpoint |
+//! | `moe` | [`MoeMode`] and [`MoeSetup`], how MoE blocks compute, and [`MoeExec`], what each runs |
+//! | `assemble` | [`Model::assemble`]: one rank's model from its dense parts and experts |
+//! | `same_layout` | the check that every rank assembles the same model, and [`fingerprint`] |
+//! | `params` | the model's tensors by checkpoint name, tagged as routed experts or not |
+//! | `forward` | [`Model::forward`]: ids to [`Logits`] through every layer |
+//! | `cache` | [`KvCache`], the key/value caches of all layers |
+//! | `recorder` | [`RoutingRecorder`] and [`RouterTap`], routing recorded by forwards |
 //!
 //! Lockstep with peers, gradient reduction and gathering results are
 //! [`super::data_parallel`]'s.

@@ -170,10 +170,12 @@ pub fn level_mismatch(
     }
     let why = match (kind, ours, theirs) {
         (PeerKind::LlamaCpp, Level::Amx, Level::Avx512) => {
-            "llama.cpp has no AMX kernel for bf16 weights (its AMX path takes quantised types              only); OCCULT_KERNELS=avx512 compares both at AVX-512"
+            "llama.cpp has no AMX kernel for bf16 weights (its AMX path takes quantised types \
+             only); OCCULT_KERNELS=avx512 compares both at AVX-512"
         }
         (PeerKind::LlamaCpp, _, _) => {
-            "llama.cpp's level is fixed when it is built: build llama-cpp-python for this level              (see scripts/bench_llama_cpp.py) or set OCCULT_KERNELS to llama.cpp's"
+            "llama.cpp's level is fixed when it is built: build llama-cpp-python for this level \
+             (see scripts/bench_llama_cpp.py) or set OCCULT_KERNELS to llama.cpp's"
         }
         (PeerKind::Transformers, _, _) => {
             "torch did not take the cap occult set (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, \
