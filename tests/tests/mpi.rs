@@ -307,13 +307,7 @@ fn a_dead_rank_fails_the_job_instead_of_hanging() {
 
 #[test]
 fn bench_layer_runs_under_mpirun() {
-    let bin = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("occult");
+    let bin = occult_bin();
     let args = [
         "bench",
         "layer",

@@ -6,7 +6,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The `occult` binary built beside this test (cargo builds it for occult-eval's tests).
+/// The `occult` binary built beside this test (cargo builds it for occult-eval's tests),
+/// refused when it is older than a source it is built from: a filtered run such as
+/// `cargo test -p occult-tests --test train_cli` does not rebuild it, and would otherwise test
+/// the binary of an earlier edit.
 pub fn occult_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let dir = exe
@@ -19,7 +22,80 @@ pub fn occult_bin() -> PathBuf {
         "{} is missing: run the tests with `cargo test --workspace` so that it is built",
         bin.display()
     );
+    let built = std::fs::metadata(&bin)
+        .and_then(|m| m.modified())
+        .expect("the binary's time");
+    if let Some((newer, _)) = newest_source().filter(|(_, t)| *t > built) {
+        panic!(
+            "{} is older than {}, which changed after it was built: rebuild it with \
+             `cargo build --release -p occult-eval --features occult-eval/mpi` (the features \
+             the tests use), or run the whole `cargo test --workspace --release --features \
+             occult-tests/mpi`, which builds it",
+            bin.display(),
+            newer.display()
+        );
+    }
     bin
+}
+
+/// The newest file the `occult` binary is built from (what cargo rebuilds it for): the three
+/// crates' Rust sources, manifests and READMEs (their crate docs), the workspace manifest and
+/// lock file, and what the binary compiles in (task files and samples, the default recipe,
+/// link profiles and the Python peers).
+pub fn newest_source() -> Option<(PathBuf, std::time::SystemTime)> {
+    static NEWEST: std::sync::OnceLock<Option<(PathBuf, std::time::SystemTime)>> =
+        std::sync::OnceLock::new();
+    NEWEST
+        .get_or_init(|| {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("the workspace");
+            let mut files = Vec::new();
+            for krate in ["occult-core", "occult-train", "occult-eval"] {
+                walk(&root.join(krate), &mut files, &|p| {
+                    p.extension().is_some_and(|e| e == "rs")
+                        || p.file_name()
+                            .is_some_and(|n| n == "Cargo.toml" || n == "README.md")
+                });
+            }
+            walk(&root.join("tasks"), &mut files, &|p| {
+                p.extension().is_some_and(|e| e == "toml" || e == "jsonl")
+            });
+            walk(&root.join("configs"), &mut files, &|p| {
+                p.extension().is_some_and(|e| e == "toml")
+            });
+            for f in [
+                "Cargo.toml",
+                "Cargo.lock",
+                "scripts/bench_transformers.py",
+                "scripts/bench_llama_cpp.py",
+            ] {
+                files.push(root.join(f));
+            }
+            files
+                .into_iter()
+                .filter_map(|f| Some((std::fs::metadata(&f).ok()?.modified().ok()?, f)))
+                .max()
+                .map(|(t, f)| (f, t))
+        })
+        .clone()
+}
+
+/// Every file under `dir` that `keep` takes (skipping build output).
+fn walk(dir: &Path, out: &mut Vec<PathBuf>, keep: &dyn Fn(&Path) -> bool) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            if p.file_name().is_some_and(|n| n != "target") {
+                walk(&p, out, keep);
+            }
+        } else if keep(&p) {
+            out.push(p);
+        }
+    }
 }
 
 /// Runs `occult` with arguments in `dir`.
