@@ -474,18 +474,74 @@ fn training_killed_at_random_points_resumes_bit_identical() {
     let logged =
         || std::fs::read_to_string(d.join("killed/log.jsonl")).map_or(0, |l| l.lines().count());
 
+    let read = |p: &str| std::fs::read(d.join(p)).unwrap();
+    let losses = |p: &str, kills: &[String]| -> Vec<(u64, String)> {
+        String::from_utf8(read(p))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("{p}: a broken line {l:?} ({e}); kills {kills:?}"));
+                (v["step"].as_u64().unwrap(), v["loss"].to_string())
+            })
+            .collect()
+    };
+    // After every start: the log holds steps 0, 1, 2, ... with none skipped or repeated, and
+    // the saved state is at most one step from it (a kill can land between logging a step
+    // and saving it).
+    let check_saved = |kills: &[String]| {
+        let Ok(log) = std::fs::read_to_string(d.join("killed/log.jsonl")) else {
+            return;
+        };
+        let steps: Vec<u64> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .map(|v| v["step"].as_u64().unwrap())
+            .collect();
+        let expected: Vec<u64> = (0..steps.len() as u64).collect();
+        assert_eq!(
+            steps, expected,
+            "the log skips or repeats steps; kills {kills:?}"
+        );
+        if let Ok(state) = std::fs::read_to_string(d.join("killed/state/state.json")) {
+            let v: serde_json::Value = serde_json::from_str(&state).unwrap();
+            let saved = v["step"].as_u64().unwrap();
+            assert!(
+                saved.abs_diff(steps.len() as u64) <= 1,
+                "state.json is at step {saved}, the log has {} steps; kills {kills:?}",
+                steps.len()
+            );
+        }
+    };
+    // A run that reached the end through resumes must equal the straight run.
+    let compare = |kills: &[String]| {
+        assert_eq!(
+            read("straight/model.safetensors"),
+            read("killed/model.safetensors"),
+            "bit-identical after kills: {kills:?}"
+        );
+        assert_eq!(
+            losses("straight/log.jsonl", kills),
+            losses("killed/log.jsonl", kills),
+            "kills: {kills:?}"
+        );
+    };
+
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(16);
     let mut kills = Vec::new();
-    let (mut resumed, mut finished_first) = (0, 0);
+    // Resumes in the run now in `killed`, and in the runs that reached the end and were
+    // compared: a resume whose run is thrown away proves nothing.
+    let (mut resumes, mut resumes_compared, mut finished_first) = (0, 0, 0);
     while kills.len() < 10 {
         let mut args = flags("killed");
         if d.join("killed/state/state.json").exists() {
             args.push("--resume");
-            resumed += 1;
+            resumes += 1;
         } else if d.join("killed/log.jsonl").exists() || d.join("killed/state").exists() {
             let e = occult_err(d, &args);
             assert!(e.contains("saved no state"), "{e}");
             args.push("--overwrite");
+            resumes = 0;
         }
         let at_step = (logged() + rng.random_range(0..3)).min(STEPS - 1);
         let within = step_time.mul_f64(rng.random_range(0.0..1.0));
@@ -511,10 +567,20 @@ fn training_killed_at_random_points_resumes_bit_identical() {
         } else {
             let _ = child.kill();
         }
-        if child.wait().unwrap().success() {
-            // It finished before the signal: start over so that every kill lands in a live run.
-            finished_first += 1;
-            assert!(finished_first < 20, "runs keep finishing before the kill");
+        let finished = child.wait().unwrap().success();
+        check_saved(&kills);
+        if finished {
+            // It finished before the signal. After resumes, it is a whole run made of killed
+            // parts: it must equal the straight run. Either way, start over so that every kill
+            // lands in a live run.
+            if resumes > 0 {
+                compare(&kills);
+                resumes_compared += resumes;
+            } else {
+                finished_first += 1;
+                assert!(finished_first < 20, "runs keep finishing before the kill");
+            }
+            resumes = 0;
             std::fs::remove_dir_all(d.join("killed")).unwrap();
             continue;
         }
@@ -524,35 +590,21 @@ fn training_killed_at_random_points_resumes_bit_identical() {
             100.0 * within.as_secs_f64() / step_time.as_secs_f64()
         ));
     }
-    assert!(resumed >= 5, "only {resumed} resumed runs: {kills:?}");
     // The last start runs to the end.
     let mut args = flags("killed");
-    args.push(if d.join("killed/state/state.json").exists() {
-        "--resume"
+    if d.join("killed/state/state.json").exists() {
+        args.push("--resume");
+        resumes += 1;
     } else {
-        "--overwrite"
-    });
+        args.push("--overwrite");
+        resumes = 0;
+    }
     occult_ok(d, &args);
-    let read = |p: &str| std::fs::read(d.join(p)).unwrap();
-    assert_eq!(
-        read("straight/model.safetensors"),
-        read("killed/model.safetensors"),
-        "bit-identical after kills: {kills:?}"
-    );
-    let losses = |p: &str| -> Vec<(u64, String)> {
-        String::from_utf8(read(p))
-            .unwrap()
-            .lines()
-            .map(|l| {
-                let v: serde_json::Value = serde_json::from_str(l)
-                    .unwrap_or_else(|e| panic!("{p}: a broken line {l:?} ({e}); kills {kills:?}"));
-                (v["step"].as_u64().unwrap(), v["loss"].to_string())
-            })
-            .collect()
-    };
-    assert_eq!(
-        losses("straight/log.jsonl"),
-        losses("killed/log.jsonl"),
-        "kills: {kills:?}"
+    check_saved(&kills);
+    compare(&kills);
+    resumes_compared += resumes;
+    assert!(
+        resumes_compared >= 5,
+        "only {resumes_compared} resumes in runs that reached the end: {kills:?}"
     );
 }
