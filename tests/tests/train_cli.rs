@@ -608,3 +608,87 @@ fn training_killed_at_random_points_resumes_bit_identical() {
         "only {resumes_compared} resumes in runs that reached the end: {kills:?}"
     );
 }
+
+/// Pruned training in either dispatch on 4 ranks takes the steps of the single-device reference
+/// pruned as the same placement would prune it: the same losses and weights, and the logged
+/// E[C_T] of the pruned routing (exactly 1 when each token keeps one device).
+#[test]
+fn pruned_training_in_either_dispatch_is_the_pruned_reference() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    write_data(d);
+    let m = model();
+    let text: String = (0..40)
+        .map(|i| format!("Add {i} and {}.\n", i + 3))
+        .collect();
+    std::fs::write(d.join("c.txt"), text).unwrap();
+    occult_ok(
+        d,
+        &[
+            "profile",
+            "--model",
+            &m,
+            "--data",
+            "c.txt",
+            "-o",
+            "t.safetensors",
+            "--no-logits",
+        ],
+    );
+    occult_ok(
+        d,
+        &[
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "4",
+            "--method",
+            "greedy",
+            "-o",
+            "p.json",
+        ],
+    );
+    let pruned = ["--placement", "p.json", "--max-devices", "1"];
+    let log = |out: &str| -> Vec<(f64, f64)> {
+        std::fs::read_to_string(d.join(out).join("log.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                (v["loss"].as_f64().unwrap(), v["mean_ect"].as_f64().unwrap())
+            })
+            .collect()
+    };
+    train(d, "reference", &[&["--devices", "1"][..], &pruned].concat());
+    let reference = log("reference");
+    let weights = tensors(&d.join("reference"));
+    for mode in ["standard", "occult"] {
+        train(
+            d,
+            mode,
+            &[&["--devices", "4", "--mode", mode][..], &pruned].concat(),
+        );
+        let run = log(mode);
+        assert_eq!(run.len(), reference.len());
+        for (step, (a, b)) in reference.iter().zip(&run).enumerate() {
+            assert!(
+                (a.0 - b.0).abs() < 1e-5,
+                "{mode} step {step}: loss {} vs {}",
+                a.0,
+                b.0
+            );
+            assert_eq!(b.1, 1.0, "{mode} step {step}: E[C_T] of the pruned routing");
+            assert_eq!(a.1, 1.0, "the reference, step {step}");
+        }
+        for (name, v) in tensors(&d.join(mode)) {
+            let err = v
+                .iter()
+                .zip(&weights[&name])
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            // As the unpruned comparison: Adam turns float noise into updates of up to lr.
+            assert!(err < 1e-4, "{mode} {name}: {err}");
+        }
+    }
+}
