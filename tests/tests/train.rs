@@ -507,19 +507,111 @@ fn training_data_from_files_with_named_faults() {
     assert!(read_records("/no/such/file.jsonl").is_err());
 }
 
+/// How a checkpoint stores its routed experts.
+#[derive(Clone, Copy, Debug)]
+enum ExpertLayout {
+    /// `{p}.experts.{j}.{gate,up,down}.weight`.
+    PerExpert,
+    /// `{p}.experts.gate_up_proj` `[E, 2I, H]` and `{p}.experts.down_proj` `[E, H, I]`.
+    Fused,
+    /// The same, transposed: `[E, H, 2I]` and `[E, I, H]`.
+    Transposed,
+}
+
+/// A copy of fixture `arch` in `dir` with its routed experts stored in `layout` (every other
+/// tensor and file as the fixture has it, in one weight file).
+fn relayout(arch: &str, layout: ExpertLayout, dir: &std::path::Path) {
+    use candle::Tensor;
+    let ck = open(arch, false);
+    let cfg = &ck.cfg;
+    let names = cfg.family.names;
+    let n = names.experts;
+    let mut all = std::collections::HashMap::new();
+    for f in &ck.files.weights {
+        all.extend(candle::safetensors::load(f, &candle::Device::Cpu).unwrap());
+    }
+    let e = cfg.moe.num_experts;
+    for l in (0..cfg.num_layers).filter(|&l| cfg.moe_layers[l]) {
+        let p = format!("model.layers.{l}.{}", names.block);
+        // The stacks [E, I, H], [E, I, H], [E, H, I], from whichever layout the fixture has.
+        let one = |j: usize, w: &str| format!("{p}.experts.{j}.{w}.weight");
+        let (gate, up, down) = if all.contains_key(&one(0, n.gate)) {
+            let mut stack = |w: &str| {
+                let parts: Vec<Tensor> = (0..e).map(|j| all.remove(&one(j, w)).unwrap()).collect();
+                Tensor::stack(&parts, 0).unwrap()
+            };
+            (stack(n.gate), stack(n.up), stack(n.down))
+        } else {
+            let gu = all.remove(&format!("{p}.experts.gate_up_proj")).unwrap();
+            let down = all.remove(&format!("{p}.experts.down_proj")).unwrap();
+            let i = cfg.moe.expert_intermediate;
+            (
+                gu.narrow(1, 0, i).unwrap(),
+                gu.narrow(1, i, i).unwrap(),
+                down,
+            )
+        };
+        let fused = |t: Tensor, transpose: bool| {
+            if transpose {
+                t.transpose(1, 2).unwrap().contiguous().unwrap()
+            } else {
+                t.contiguous().unwrap()
+            }
+        };
+        match layout {
+            ExpertLayout::PerExpert => {
+                for j in 0..e {
+                    all.insert(one(j, n.gate), gate.get(j).unwrap());
+                    all.insert(one(j, n.up), up.get(j).unwrap());
+                    all.insert(one(j, n.down), down.get(j).unwrap());
+                }
+            }
+            ExpertLayout::Fused | ExpertLayout::Transposed => {
+                let t = matches!(layout, ExpertLayout::Transposed);
+                let gu = Tensor::cat(&[&gate, &up], 1).unwrap();
+                all.insert(format!("{p}.experts.gate_up_proj"), fused(gu, t));
+                all.insert(format!("{p}.experts.down_proj"), fused(down, t));
+            }
+        }
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    candle::safetensors::save(&all, dir.join("model.safetensors")).unwrap();
+    std::fs::copy(&ck.files.config, dir.join("config.json")).unwrap();
+    if let Some(t) = &ck.files.tokenizer {
+        std::fs::copy(t, dir.join("tokenizer.json")).unwrap();
+    }
+}
+
+/// Every family in every expert layout the loader reads: fine-tuned on 2 ranks, saved in the
+/// source's own layout (the same tensor names and shapes), reloaded with the same logits.
 #[test]
 fn a_fine_tuned_model_saves_in_its_own_layout_and_reloads_with_the_same_logits() {
+    for arch in occult_tests::data_parallel::ARCHS {
+        for layout in [
+            ExpertLayout::PerExpert,
+            ExpertLayout::Fused,
+            ExpertLayout::Transposed,
+        ] {
+            let t = tempfile::tempdir().unwrap();
+            let src = t.path().join("source");
+            relayout(arch, layout, &src);
+            save_and_reload(&format!("{arch} {layout:?}"), &src, &t.path().join("tuned"));
+        }
+    }
+}
+
+/// Fine-tunes the checkpoint in `src` on 2 ranks, saves it to `out` and checks the reload.
+fn save_and_reload(what: &str, src: &std::path::Path, out: &std::path::Path) {
     use occult_core::models::loader::Checkpoint;
     use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
     use occult_train::examples::Example;
     use occult_train::optim::{AdamW, AdamWConfig};
     use occult_train::save::save_model;
     use occult_train::step::{train_step, StepSettings};
-    // Fused experts (qwen2_moe) and per-expert ones (olmoe), on 2 ranks.
-    for arch in ["qwen2_moe", "olmoe"] {
-        let t = tempfile::tempdir().unwrap();
-        let out = t.path().join("tuned");
-        let mut ck = open(arch, false);
+    let src_open = || Checkpoint::open(src.to_str().unwrap(), None, candle::DType::F32).unwrap();
+    let arch = what;
+    {
+        let mut ck = src_open();
         ck.weights.set_trainable_only(ck.cfg.moe_prefixes());
         let seqs = occult_tests::data_parallel::sequences(&[9; 4], ck.cfg.vocab_size, 21);
         let probe = candle::Tensor::from_slice(&seqs[0], (1, 9), &candle::Device::Cpu).unwrap();
@@ -558,8 +650,7 @@ fn a_fine_tuned_model_saves_in_its_own_layout_and_reloads_with_the_same_logits()
                     )
                     .unwrap();
                 }
-                save_model(&m, &ck, &out)
-                    .map_err(|e| occult_core::Error::invalid(e.to_string()))?;
+                save_model(&m, &ck, out).map_err(|e| occult_core::Error::invalid(e.to_string()))?;
                 let l = m.forward(&probe, None, None, Logits::All)?;
                 m.finish()?;
                 Ok(l)
@@ -584,7 +675,7 @@ fn a_fine_tuned_model_saves_in_its_own_layout_and_reloads_with_the_same_logits()
         assert!(diff.to_scalar::<f32>().unwrap() < 1e-4, "{arch}: {diff}");
         // Untrained tensors are copied bit for bit; trained ones changed; the names are the
         // source's.
-        let source = open(arch, false);
+        let source = src_open();
         let mut names: Vec<&str> = source.weights.names().collect();
         names.sort();
         let saved: Vec<&str> = {
@@ -593,6 +684,9 @@ fn a_fine_tuned_model_saves_in_its_own_layout_and_reloads_with_the_same_logits()
             v
         };
         assert_eq!(names, saved, "{arch}");
+        for n in &names {
+            assert_eq!(source.weights.shape(n), back.weights.shape(n), "{arch} {n}");
+        }
         let same = |n: &str| {
             let a = source
                 .weights
@@ -612,9 +706,16 @@ fn a_fine_tuned_model_saves_in_its_own_layout_and_reloads_with_the_same_logits()
                 .unwrap();
             a == b
         };
-        assert!(same("model.layers.1.self_attn.q_proj.weight"));
+        let l = (0..source.cfg.num_layers)
+            .find(|&l| source.cfg.moe_layers[l])
+            .unwrap();
+        let names = source.cfg.family.names;
+        assert!(same(&format!("model.layers.{l}.self_attn.q_proj.weight")));
         assert!(
-            !same("model.layers.1.mlp.gate.weight"),
+            !same(&format!(
+                "model.layers.{l}.{}.{}.weight",
+                names.block, names.router
+            )),
             "{arch}: the router trained"
         );
     }

@@ -100,7 +100,12 @@ pub fn first_misfit(
         let Some((dtype, shape)) = shape_of(&name) else {
             return Some((name, "is missing".into()));
         };
-        if shape != expected {
+        // Fused experts may also be stored transposed (`[E, H, 2I]` and `[E, I, H]`), as the
+        // loader reads them (`weights::Weights::experts` checks the pair together).
+        let transposed = |s: &[usize]| s.len() == 3 && [s[0], s[2], s[1]] == expected[..];
+        let fused_experts =
+            name.ends_with(".experts.gate_up_proj") || name.ends_with(".experts.down_proj");
+        if shape != expected && !(fused_experts && transposed(&shape)) {
             return Some((name, format!("has shape {shape:?}, expected {expected:?}")));
         }
         use safetensors::Dtype::{BF16, F16, F32, F64};
