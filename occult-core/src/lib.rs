@@ -4,6 +4,7 @@ pub mod analysis;
 pub mod atomic;
 pub mod ep;
 mod error;
+pub mod export;
 pub mod fault;
 pub mod input;
 pub mod kernels;

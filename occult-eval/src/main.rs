@@ -2,8 +2,8 @@
 
 use clap::{Parser, Subcommand};
 use occult_eval::commands::{
-    bench, collab, eval, generate, loglik, loss, model, place, profile, project, prune, reproduce,
-    trace, train,
+    bench, collab, eval, export, generate, loglik, loss, model, place, profile, project, prune,
+    reproduce, trace, train,
 };
 
 /// Runs candle's element-wise ops on the calling thread unless `CANDLE_NUM_THREADS` says
@@ -81,6 +81,9 @@ enum Cmd {
     Profile(profile::ProfileArgs),
     /// Fine-tune the MoE blocks (standard, Occult or pruned routing) and save the model.
     Train(train::TrainArgs),
+    /// Take a placement to other engines: a renumbered checkpoint, SGLang's location file.
+    #[command(subcommand)]
+    Export(export::ExportCmd),
     /// Checkpoints: make a synthetic one, describe one.
     #[command(subcommand)]
     Model(model::ModelCmd),
@@ -105,6 +108,7 @@ fn main() {
         Cmd::Eval(a) => eval::run(a),
         Cmd::Train(a) => train::run(a),
         Cmd::Model(c) => model::run(c),
+        Cmd::Export(c) => export::run(c),
     };
     match result {
         Ok(()) => occult_eval::context::backend::finalize_mpi(),

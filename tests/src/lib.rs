@@ -6,3 +6,4 @@ pub mod grouping;
 pub mod parity;
 pub mod placements;
 pub mod plain_moe;
+pub mod storage;

@@ -5,6 +5,7 @@ use occult_core::ep::comm::local::run_local_with_timeout;
 use occult_core::ep::comm::Communicator;
 use occult_core::ep::dispatch::DispatchMode;
 use occult_tests::data_parallel::{gradient_shares, open, rank_step, reference_step, setup};
+use occult_tests::storage::{relayout, ExpertStorage};
 use occult_train::grad_norm::{clip_global_norm, global_norm};
 use std::sync::Arc;
 use std::time::Duration;
@@ -507,90 +508,15 @@ fn training_data_from_files_with_named_faults() {
     assert!(read_records("/no/such/file.jsonl").is_err());
 }
 
-/// How a checkpoint stores its routed experts.
-#[derive(Clone, Copy, Debug)]
-enum ExpertLayout {
-    /// `{p}.experts.{j}.{gate,up,down}.weight`.
-    PerExpert,
-    /// `{p}.experts.gate_up_proj` `[E, 2I, H]` and `{p}.experts.down_proj` `[E, H, I]`.
-    Fused,
-    /// The same, transposed: `[E, H, 2I]` and `[E, I, H]`.
-    Transposed,
-}
-
-/// A copy of fixture `arch` in `dir` with its routed experts stored in `layout` (every other
-/// tensor and file as the fixture has it, in one weight file).
-fn relayout(arch: &str, layout: ExpertLayout, dir: &std::path::Path) {
-    use candle::Tensor;
-    let ck = open(arch, false);
-    let cfg = &ck.cfg;
-    let names = cfg.family.names;
-    let n = names.experts;
-    let mut all = std::collections::HashMap::new();
-    for f in &ck.files.weights {
-        all.extend(candle::safetensors::load(f, &candle::Device::Cpu).unwrap());
-    }
-    let e = cfg.moe.num_experts;
-    for l in (0..cfg.num_layers).filter(|&l| cfg.moe_layers[l]) {
-        let p = format!("model.layers.{l}.{}", names.block);
-        // The stacks [E, I, H], [E, I, H], [E, H, I], from whichever layout the fixture has.
-        let one = |j: usize, w: &str| format!("{p}.experts.{j}.{w}.weight");
-        let (gate, up, down) = if all.contains_key(&one(0, n.gate)) {
-            let mut stack = |w: &str| {
-                let parts: Vec<Tensor> = (0..e).map(|j| all.remove(&one(j, w)).unwrap()).collect();
-                Tensor::stack(&parts, 0).unwrap()
-            };
-            (stack(n.gate), stack(n.up), stack(n.down))
-        } else {
-            let gu = all.remove(&format!("{p}.experts.gate_up_proj")).unwrap();
-            let down = all.remove(&format!("{p}.experts.down_proj")).unwrap();
-            let i = cfg.moe.expert_intermediate;
-            (
-                gu.narrow(1, 0, i).unwrap(),
-                gu.narrow(1, i, i).unwrap(),
-                down,
-            )
-        };
-        let fused = |t: Tensor, transpose: bool| {
-            if transpose {
-                t.transpose(1, 2).unwrap().contiguous().unwrap()
-            } else {
-                t.contiguous().unwrap()
-            }
-        };
-        match layout {
-            ExpertLayout::PerExpert => {
-                for j in 0..e {
-                    all.insert(one(j, n.gate), gate.get(j).unwrap());
-                    all.insert(one(j, n.up), up.get(j).unwrap());
-                    all.insert(one(j, n.down), down.get(j).unwrap());
-                }
-            }
-            ExpertLayout::Fused | ExpertLayout::Transposed => {
-                let t = matches!(layout, ExpertLayout::Transposed);
-                let gu = Tensor::cat(&[&gate, &up], 1).unwrap();
-                all.insert(format!("{p}.experts.gate_up_proj"), fused(gu, t));
-                all.insert(format!("{p}.experts.down_proj"), fused(down, t));
-            }
-        }
-    }
-    std::fs::create_dir_all(dir).unwrap();
-    candle::safetensors::save(&all, dir.join("model.safetensors")).unwrap();
-    std::fs::copy(&ck.files.config, dir.join("config.json")).unwrap();
-    if let Some(t) = &ck.files.tokenizer {
-        std::fs::copy(t, dir.join("tokenizer.json")).unwrap();
-    }
-}
-
 /// Every family in every expert layout the loader reads: fine-tuned on 2 ranks, saved in the
 /// source's own layout (the same tensor names and shapes), reloaded with the same logits.
 #[test]
 fn a_fine_tuned_model_saves_in_its_own_layout_and_reloads_with_the_same_logits() {
     for arch in occult_tests::data_parallel::ARCHS {
         for layout in [
-            ExpertLayout::PerExpert,
-            ExpertLayout::Fused,
-            ExpertLayout::Transposed,
+            ExpertStorage::PerExpert,
+            ExpertStorage::Fused,
+            ExpertStorage::Transposed,
         ] {
             let t = tempfile::tempdir().unwrap();
             let src = t.path().join("source");

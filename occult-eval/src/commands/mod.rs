@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod collab;
 pub mod eval;
+pub mod export;
 pub mod generate;
 pub mod loglik;
 pub mod loss;

@@ -1,4 +1,5 @@
-//! `occult trace synth` (synthetic routing traces) and `occult trace info` (what a trace holds).
+//! `occult trace synth` (synthetic routing traces), `occult trace info` (what a trace holds) and
+//! `occult trace remap` (between an exported checkpoint's expert ids and the original's).
 
 use crate::progress::bar;
 use crate::table::{count, Table};
@@ -19,6 +20,40 @@ pub enum TraceCmd {
         /// The trace (safetensors, format occult.trace.v1).
         trace: PathBuf,
     },
+    /// Map a trace between an exported (renumbered) checkpoint's expert ids and the original
+    /// model's (`occult export checkpoint` wrote the renumbering).
+    #[command(after_help = "Example:\n  \
+        occult profile --model olmoe-placed --data calib.txt -o placed.safetensors\n  \
+        occult trace remap --trace placed.safetensors --model olmoe-placed -o original-ids.safetensors")]
+    Remap(RemapArgs),
+}
+
+/// Which numbering `occult trace remap` writes.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Numbering {
+    /// The original model's expert ids.
+    Original,
+    /// The exported checkpoint's expert ids.
+    Exported,
+}
+
+#[derive(Args, Debug)]
+pub struct RemapArgs {
+    /// The trace to map.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// The exported checkpoint's folder (its occult.renumbering.json is used).
+    #[arg(long, conflicts_with = "renumbering")]
+    pub model: Option<PathBuf>,
+    /// The renumbering file itself.
+    #[arg(long)]
+    pub renumbering: Option<PathBuf>,
+    /// The numbering to write.
+    #[arg(long, value_enum, default_value_t = Numbering::Original)]
+    pub to: Numbering,
+    /// Output trace.
+    #[arg(short, long)]
+    pub output: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -63,6 +98,7 @@ pub fn run(cmd: TraceCmd) -> Result<()> {
     match cmd {
         TraceCmd::Synth(a) => synth(a),
         TraceCmd::Info { trace } => info(trace),
+        TraceCmd::Remap(a) => remap(a),
     }
 }
 
@@ -98,6 +134,55 @@ fn synth(a: SynthArgs) -> Result<()> {
         cfg.tokens,
         cfg.num_experts,
         cfg.top_k
+    );
+    Ok(())
+}
+
+fn remap(a: RemapArgs) -> Result<()> {
+    use occult_core::export::renumbering::{Renumbering, RENUMBERING_FILE, TRACE_NUMBERING_KEY};
+    let file = match (&a.model, &a.renumbering) {
+        (Some(m), None) => m.join(RENUMBERING_FILE),
+        (None, Some(r)) => r.clone(),
+        _ => anyhow::bail!("give --model EXPORTED_FOLDER or --renumbering FILE"),
+    };
+    super::check_io(&[Some(&a.trace), Some(&file)], &[Some(&a.output)])?;
+    let ren = Renumbering::read(&file)?;
+    let t = super::load_trace(&a.trace)?;
+    let marked = t.meta.extra.contains_key(TRACE_NUMBERING_KEY);
+    let mut out = match (a.to, marked) {
+        (Numbering::Original, true) => ren.to_original(&t)?,
+        (Numbering::Exported, false) => ren.to_exported(&t)?,
+        (Numbering::Original, false) => anyhow::bail!(
+            "{} is already in the original numbering (no {TRACE_NUMBERING_KEY} metadata, which \
+             `occult profile` writes for an exported checkpoint)",
+            a.trace.display()
+        ),
+        (Numbering::Exported, true) => anyhow::bail!(
+            "{} is already in an exported numbering ({TRACE_NUMBERING_KEY} = {})",
+            a.trace.display(),
+            t.meta.extra[TRACE_NUMBERING_KEY]
+        ),
+    };
+    match a.to {
+        Numbering::Original => {
+            out.meta.extra.remove(TRACE_NUMBERING_KEY);
+        }
+        Numbering::Exported => {
+            out.meta.extra.insert(
+                TRACE_NUMBERING_KEY.into(),
+                format!("exported ({})", file.display()),
+            );
+        }
+    }
+    out.write(&a.output)?;
+    eprintln!(
+        "wrote {} ({} layers, {} numbering)",
+        a.output.display(),
+        out.layers.len(),
+        match a.to {
+            Numbering::Original => "original",
+            Numbering::Exported => "exported",
+        }
     );
     Ok(())
 }

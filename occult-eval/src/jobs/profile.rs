@@ -154,7 +154,8 @@ pub fn profile(spec: &ModelSpec, job: &ProfileJob) -> Result<Option<Profiled>> {
     else {
         return Ok(None);
     };
-    let trace = trace_of(rec, &cfg, &ck.name, &a.data.display().to_string(), a.logits);
+    let mut trace = trace_of(rec, &cfg, &ck.name, &a.data.display().to_string(), a.logits);
+    mark_exported(&mut trace, &ck.files.dir);
     // NaN or infinite routing is the model's fault, not the trace file's: say so.
     for l in &trace.layers {
         let values = l.topk_weights.iter().chain(&l.router_logits).flatten();
@@ -172,6 +173,18 @@ pub fn profile(spec: &ModelSpec, job: &ProfileJob) -> Result<Option<Profiled>> {
         tokens: total,
         windows: windows.len(),
     }))
+}
+
+/// Marks a trace recorded on an exported (renumbered) checkpoint: its ids are the checkpoint's,
+/// and `occult trace remap --to original` maps them back to the original model's.
+pub fn mark_exported(trace: &mut Trace, model_dir: &std::path::Path) {
+    use occult_core::export::renumbering::{RENUMBERING_FILE, TRACE_NUMBERING_KEY};
+    if model_dir.join(RENUMBERING_FILE).is_file() {
+        trace.meta.extra.insert(
+            TRACE_NUMBERING_KEY.into(),
+            format!("exported ({})", model_dir.join(RENUMBERING_FILE).display()),
+        );
+    }
 }
 
 /// A routing trace of what a recorder saw.

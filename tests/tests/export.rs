@@ -1,0 +1,385 @@
+//! `occult export checkpoint`: for every family's committed fixture, in every expert layout the
+//! loader reads, and random placements on 2, 4 and 8 devices, the exported checkpoint
+//! - holds what an independent oracle says (per-expert tensors under their new ids, fused
+//!   expert tensors and router rows permuted, everything else unchanged) in the input's shards,
+//!   names, shapes and dtypes;
+//! - gives the original's logits on one device;
+//! - served by the EP engine under *contiguous* placement gives the outputs, per-layer counts
+//!   (rows, pairs, C_T) and per-link rows the original gives under the placement;
+//! - records a trace that, mapped back, is the original's trace.
+//!
+//! And it refuses what it cannot do right, saying why.
+
+use candle::{DType, Device, Tensor};
+use occult_core::analysis::placement::{contiguous, LayerPlacement, Placement, PLACEMENT_FORMAT};
+use occult_core::analysis::trace::{LayerTrace, Trace, TraceMeta};
+use occult_core::ep::comm::local::run_local_with_timeout;
+use occult_core::ep::comm::{Communicator, PeerStats};
+use occult_core::ep::dispatch::DispatchMode;
+use occult_core::ep::StepStats;
+use occult_core::export::checkpoint::shard_tensors;
+use occult_core::export::{export_checkpoint, Renumbering, RENUMBERING_FILE};
+use occult_core::models::loader::Checkpoint;
+use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup, RoutingRecorder};
+use occult_tests::data_parallel::{sequences, ARCHS};
+use occult_tests::placements::random_maps;
+use occult_tests::storage::{relayout, ExpertStorage};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn fixture(arch: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/models")
+        .join(arch)
+}
+
+fn open(dir: &Path) -> Checkpoint {
+    Checkpoint::open(dir.to_str().unwrap(), None, DType::F32).unwrap()
+}
+
+fn placement(maps: &BTreeMap<usize, Vec<u32>>, d: usize) -> Placement {
+    Placement {
+        format: PLACEMENT_FORMAT.into(),
+        num_experts: maps.values().next().unwrap().len(),
+        num_devices: d,
+        method: "random".into(),
+        source: Default::default(),
+        layers: maps
+            .iter()
+            .map(|(&layer, m)| LayerPlacement {
+                layer,
+                device_of_expert: m.clone(),
+                metrics: None,
+            })
+            .collect(),
+    }
+}
+
+fn all_tensors(dir: &Path) -> HashMap<String, Tensor> {
+    let files = occult_core::models::checkpoint::from_folder(dir).unwrap();
+    let mut all = HashMap::new();
+    for f in &files.weights {
+        all.extend(candle::safetensors::load(f, &Device::Cpu).unwrap());
+    }
+    all
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// The oracle: what each exported tensor must hold, read from the source by name, by rules
+/// written here independently of the exporter.
+fn check_tensors(
+    label: &str,
+    src: &Path,
+    out: &Path,
+    ren: &Renumbering,
+    [block, router]: [&str; 2],
+) {
+    let (a, b) = (all_tensors(src), all_tensors(out));
+    let mut names: Vec<&String> = b.keys().collect();
+    names.sort();
+    assert_eq!(
+        a.keys().collect::<std::collections::BTreeSet<_>>(),
+        b.keys().collect(),
+        "{label}: the same tensor names"
+    );
+    let (mut moved, mut rows) = (0, 0);
+    for name in names {
+        let parts: Vec<&str> = name.split('.').collect();
+        let layer = (parts.len() > 3 && parts[1] == "layers")
+            .then(|| parts[2].parse::<usize>().ok())
+            .flatten()
+            .and_then(|l| ren.layer(l));
+        let want = match layer {
+            Some(lr) if parts[3] == block && parts[4] == "experts" => {
+                match parts[5].parse::<usize>() {
+                    Ok(j) => {
+                        let mut p = parts.clone();
+                        let orig = lr.new_to_original[j].to_string();
+                        p[5] = &orig;
+                        moved += 1;
+                        a[&p.join(".")].clone()
+                    }
+                    Err(_) => {
+                        rows += 1;
+                        let idx = Tensor::new(lr.new_to_original.as_slice(), &Device::Cpu).unwrap();
+                        a[name].index_select(&idx, 0).unwrap()
+                    }
+                }
+            }
+            Some(lr) if parts[3] == block && parts[4] == router => {
+                rows += 1;
+                let idx = Tensor::new(lr.new_to_original.as_slice(), &Device::Cpu).unwrap();
+                a[name].index_select(&idx, 0).unwrap()
+            }
+            _ => a[name].clone(),
+        };
+        assert_eq!(b[name].dims(), want.dims(), "{label}: {name}'s shape");
+        assert_eq!(b[name].dtype(), want.dtype(), "{label}: {name}'s dtype");
+        assert!(
+            values(&b[name]) == values(&want),
+            "{label}: {name}'s values"
+        );
+    }
+    assert!(moved + rows > 0, "{label}: the oracle saw the experts");
+}
+
+/// One forward per rank (rank r runs sequence r) under EP with `maps`: each rank's logits,
+/// per-layer counts and per-peer traffic.
+type RankRun = (Vec<f32>, BTreeMap<usize, StepStats>, Vec<PeerStats>);
+
+fn ep_run(ck: &Checkpoint, maps: BTreeMap<usize, Vec<u32>>, d: usize) -> Vec<RankRun> {
+    let seqs = sequences(&vec![6; d], ck.cfg.vocab_size, 5);
+    let out = run_local_with_timeout(d, TIMEOUT, |comm: &Arc<dyn Communicator>| {
+        let dense = DenseParts::load(&ck.weights, &ck.cfg)?;
+        let setup = MoeSetup {
+            mode: Some(DispatchMode::Occult),
+            maps: maps.clone(),
+            num_devices: d,
+            prune: BTreeMap::new(),
+        };
+        let m = Model::assemble(dense, &ck.weights, &setup, Some(comm.clone()))?;
+        let s = &seqs[comm.rank()];
+        let ids = Tensor::from_slice(s, (1, s.len()), &Device::Cpu)?;
+        let logits = m.forward(&ids, None, None, Logits::All)?;
+        let stats = m.take_ep_stats_by_layer();
+        m.finish()?;
+        Ok((values(&logits), stats, comm.stats().peers))
+    });
+    out.into_iter().map(|r| r.unwrap()).collect()
+}
+
+fn counts(s: &StepStats) -> [usize; 6] {
+    [
+        s.tokens,
+        s.rows_sent,
+        s.remote_rows_sent,
+        s.rows_received,
+        s.pairs,
+        s.devices_touched,
+    ]
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).fold(0.0, |m, (x, y)| m.max((x - y).abs()))
+}
+
+/// The routing of one sequence on one device, as a trace.
+fn trace_of(ck: &Checkpoint) -> Trace {
+    let m = Model::load_reference(&ck.weights, &ck.cfg).unwrap();
+    let s = &sequences(&[12], ck.cfg.vocab_size, 9)[0];
+    let ids = Tensor::from_slice(s, (1, s.len()), &Device::Cpu).unwrap();
+    let mut rec = RoutingRecorder::default();
+    m.forward(&ids, None, Some(&mut rec), Logits::Last).unwrap();
+    Trace {
+        meta: TraceMeta {
+            num_experts: ck.cfg.moe.num_experts,
+            top_k: ck.cfg.moe.top_k,
+            ..Default::default()
+        },
+        layers: rec
+            .layers
+            .into_iter()
+            .map(|(layer, r)| LayerTrace {
+                layer,
+                tokens: r.tokens,
+                topk_ids: r.ids,
+                topk_weights: Some(r.weights),
+                router_logits: Some(r.logits),
+            })
+            .collect(),
+    }
+}
+
+fn one_device_logits(ck: &Checkpoint) -> Vec<f32> {
+    let m = Model::load_reference(&ck.weights, &ck.cfg).unwrap();
+    let s = &sequences(&[10], ck.cfg.vocab_size, 3)[0];
+    let ids = Tensor::from_slice(s, (1, s.len()), &Device::Cpu).unwrap();
+    values(&m.forward(&ids, None, None, Logits::All).unwrap())
+}
+
+fn export_and_check(arch: &str, storage: Option<ExpertStorage>, d: usize, seed: u64) {
+    let label = format!("{arch} {storage:?} D={d}");
+    let t = tempfile::tempdir().unwrap();
+    let src = match storage {
+        None => fixture(arch),
+        Some(s) => {
+            let p = t.path().join("source");
+            relayout(arch, s, &p);
+            p
+        }
+    };
+    let ck = open(&src);
+    let maps = random_maps(&ck.cfg, d, seed);
+    let p = placement(&maps, d);
+    let ren = Renumbering::from_placement(&p, None).unwrap();
+    let out = t.path().join("exported");
+    let summary = export_checkpoint(&src, &out, &ren, false, &|_, _| {}).unwrap();
+    assert!(summary.renamed + summary.permuted > 0, "{label}");
+
+    // The same shards, names and shapes; the index file unchanged; the renumbering beside.
+    assert_eq!(
+        shard_tensors(&src).unwrap(),
+        shard_tensors(&out).unwrap(),
+        "{label}"
+    );
+    let index = "model.safetensors.index.json";
+    if src.join(index).exists() {
+        assert_eq!(
+            std::fs::read(src.join(index)).unwrap(),
+            std::fs::read(out.join(index)).unwrap()
+        );
+    }
+    let written = Renumbering::read(&out.join(RENUMBERING_FILE)).unwrap();
+    assert_eq!(written.layers, ren.layers, "{label}");
+    let names = ck.cfg.family.names;
+    check_tensors(&label, &src, &out, &ren, [names.block, names.router]);
+
+    let exported = open(&out);
+    let (a, b) = (one_device_logits(&ck), one_device_logits(&exported));
+    let scale = a.iter().fold(1f32, |m, x| m.max(x.abs()));
+    assert!(
+        max_diff(&a, &b) <= 1e-5 * scale,
+        "{label}: one-device logits"
+    );
+
+    // The engine: the original under the placement, the export under contiguous placement.
+    let flat: BTreeMap<usize, Vec<u32>> = maps
+        .keys()
+        .map(|&l| (l, contiguous(ck.cfg.moe.num_experts, d)))
+        .collect();
+    let (placed, plain) = (ep_run(&ck, maps.clone(), d), ep_run(&exported, flat, d));
+    for (r, (x, y)) in placed.iter().zip(&plain).enumerate() {
+        let scale = x.0.iter().fold(1f32, |m, v| m.max(v.abs()));
+        assert!(
+            max_diff(&x.0, &y.0) <= 1e-5 * scale,
+            "{label} rank {r}: logits"
+        );
+        let (cx, cy): (Vec<_>, Vec<_>) = (
+            x.1.iter().map(|(l, s)| (*l, counts(s))).collect(),
+            y.1.iter().map(|(l, s)| (*l, counts(s))).collect(),
+        );
+        assert_eq!(cx, cy, "{label} rank {r}: rows, pairs and C_T per layer");
+        assert_eq!(x.2, y.2, "{label} rank {r}: rows and bytes per link");
+    }
+
+    // A trace recorded on the export maps back to the original's.
+    let (want, got) = (trace_of(&ck), trace_of(&exported));
+    let back = ren.to_original(&got).unwrap();
+    for (w, g) in want.layers.iter().zip(&back.layers) {
+        assert_eq!(w.topk_ids, g.topk_ids, "{label} layer {}: ids", w.layer);
+        let (wl, gl) = (
+            w.router_logits.as_ref().unwrap(),
+            g.router_logits.as_ref().unwrap(),
+        );
+        assert!(
+            max_diff(wl, gl) <= 1e-5,
+            "{label} layer {}: router logits",
+            w.layer
+        );
+    }
+    assert_eq!(
+        ren.to_exported(&want).unwrap().layers[0].topk_ids,
+        got.layers[0].topk_ids
+    );
+}
+
+#[test]
+fn every_family_in_every_layout_exports_exactly() {
+    for (a, arch) in ARCHS.iter().enumerate() {
+        for (s, storage) in [
+            None,
+            Some(ExpertStorage::PerExpert),
+            Some(ExpertStorage::Fused),
+            Some(ExpertStorage::Transposed),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for d in [2, 4, 8] {
+                export_and_check(arch, storage, d, (100 * a + 10 * s + d) as u64);
+            }
+        }
+    }
+}
+
+#[test]
+fn an_export_of_an_export_composes_and_exports_refuse_what_they_cannot_do() {
+    let t = tempfile::tempdir().unwrap();
+    let src = fixture("olmoe");
+    let ck = open(&src);
+    let p = |seed| placement(&random_maps(&ck.cfg, 4, seed), 4);
+    let (p1, p2) = (p(1), p(2));
+    let r1 = Renumbering::from_placement(&p1, None).unwrap();
+    let r2 = Renumbering::from_placement(&p2, None).unwrap();
+    let (o1, o2) = (t.path().join("one"), t.path().join("two"));
+    export_checkpoint(&src, &o1, &r1, false, &|_, _| {}).unwrap();
+    export_checkpoint(&o1, &o2, &r2, false, &|_, _| {}).unwrap();
+    // o2's new id j holds o1's expert r2[j], which is the original r1[r2[j]].
+    let composed = Renumbering::read(&o2.join(RENUMBERING_FILE)).unwrap();
+    for (c, (a, b)) in composed.layers.iter().zip(r1.layers.iter().zip(&r2.layers)) {
+        let want: Vec<u32> = b
+            .new_to_original
+            .iter()
+            .map(|&x| a.new_to_original[x as usize])
+            .collect();
+        assert_eq!(c.new_to_original, want);
+    }
+    let direct = Renumbering {
+        layers: composed.layers.clone(),
+        ..r1.clone()
+    };
+    check_tensors("composed", &src, &o2, &direct, ["mlp", "gate"]);
+
+    let fail = |src: &Path, out: &Path, ren: &Renumbering, overwrite: bool| {
+        export_checkpoint(src, out, ren, overwrite, &|_, _| {})
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(fail(&src, &src, &r1, true).contains("overlaps the input"));
+    assert!(fail(&src, &src.join("x"), &r1, false).contains("overlaps the input"));
+    assert!(fail(&src, &o1, &r1, false).contains("--overwrite"));
+    export_checkpoint(&src, &o1, &r2, true, &|_, _| {}).unwrap();
+    let plain = t.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    assert!(fail(&src, &plain, &r1, true).contains("not an earlier export"));
+    let mut missing = p1.clone();
+    missing.layers.pop();
+    let e = fail(
+        &src,
+        &t.path().join("m"),
+        &Renumbering::from_placement(&missing, None).unwrap(),
+        false,
+    );
+    assert!(e.contains("no entry for MoE layer"), "{e}");
+    let mut extra = r1.clone();
+    let mut seven = extra.layers[0].clone();
+    seven.layer = 7;
+    extra.layers.push(seven);
+    assert!(fail(&src, &t.path().join("x"), &extra, false).contains("not an MoE layer"));
+    let wrong_e = Renumbering::from_placement(
+        &placement(&BTreeMap::from([(0, contiguous(4, 2))]), 2),
+        None,
+    )
+    .unwrap();
+    assert!(fail(&src, &t.path().join("y"), &wrong_e, false).contains("4 experts"));
+    // Nothing half-written is left beside the outputs.
+    let leftovers: Vec<_> = std::fs::read_dir(t.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".occult"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
