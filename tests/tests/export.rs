@@ -383,3 +383,130 @@ fn an_export_of_an_export_composes_and_exports_refuse_what_they_cannot_do() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// SHA-256 over a checkpoint's tensors, each its name, a NUL and its bytes, in name order (as
+/// scripts/make_export_fixtures.py computes it).
+fn digest(dir: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    let files = occult_core::models::checkpoint::from_folder(dir).unwrap();
+    let maps: Vec<Vec<u8>> = files
+        .weights
+        .iter()
+        .map(|f| std::fs::read(f).unwrap())
+        .collect();
+    let mut all: BTreeMap<String, &[u8]> = BTreeMap::new();
+    for m in &maps {
+        let st = safetensors::SafeTensors::deserialize(m).unwrap();
+        for (name, view) in st.tensors() {
+            all.insert(name, view.data());
+        }
+    }
+    let mut h = Sha256::new();
+    for (name, bytes) in all {
+        h.update(name.as_bytes());
+        h.update([0u8]);
+        h.update(bytes);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A copy of a per-expert checkpoint (of any model type) with each MoE layer's experts fused
+/// as `gate_up_proj` `[E, 2I, H]` and `down_proj` `[E, H, I]`.
+fn fuse_any(src: &Path, dst: &Path) {
+    let layout = occult_core::export::ExpertLayout::read(src).unwrap();
+    let mut all = all_tensors(src);
+    for &l in &layout.moe_layers {
+        let p = format!("model.layers.{l}.{}.experts", layout.block);
+        let take = |all: &mut HashMap<String, Tensor>, j: usize, w: &str| {
+            all.remove(&format!("{p}.{j}.{w}.weight")).unwrap()
+        };
+        let (mut gu, mut down) = (Vec::new(), Vec::new());
+        for j in 0..layout.num_experts {
+            let (g, u) = (take(&mut all, j, "gate_proj"), take(&mut all, j, "up_proj"));
+            gu.push(Tensor::cat(&[g, u], 0).unwrap());
+            down.push(take(&mut all, j, "down_proj"));
+        }
+        all.insert(format!("{p}.gate_up_proj"), Tensor::stack(&gu, 0).unwrap());
+        all.insert(format!("{p}.down_proj"), Tensor::stack(&down, 0).unwrap());
+    }
+    std::fs::create_dir_all(dst).unwrap();
+    candle::safetensors::save(&all, dst.join("model.safetensors")).unwrap();
+    std::fs::copy(src.join("config.json"), dst.join("config.json")).unwrap();
+}
+
+/// The exports of the placements in tests/fixtures/export/cases.json are, byte for byte, the
+/// checkpoints scripts/make_export_fixtures.py renumbered with its own code and ran under
+/// transformers with the original's logits (every family, and a DeepSeek-V3 with a sigmoid
+/// router, a selection bias and expert groups; per-expert and fused; 2, 4 and 8 devices).
+#[test]
+fn exports_are_the_checkpoints_transformers_ran_with_the_original_logits() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/export/cases.json");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let cases = v["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 36, "6 models x 2 layouts x 3 device counts");
+    for c in cases {
+        let (arch, layout, d) = (
+            c["model"].as_str().unwrap(),
+            c["layout"].as_str().unwrap(),
+            c["devices"].as_u64().unwrap() as usize,
+        );
+        let label = format!("{arch} {layout} D={d}");
+        assert!(c["max_logit_gap"].as_f64().unwrap() < 1e-5, "{label}");
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("source");
+        match (arch, layout) {
+            ("deepseek_v3", "per_expert") => {
+                std::fs::create_dir(&src).unwrap();
+                for f in ["config.json", "model.safetensors"] {
+                    std::fs::copy(fixture(arch).join(f), src.join(f)).unwrap();
+                }
+            }
+            ("deepseek_v3", "fused") => fuse_any(&fixture(arch), &src),
+            (_, "per_expert") => relayout(arch, ExpertStorage::PerExpert, &src),
+            (_, "fused") => relayout(arch, ExpertStorage::Fused, &src),
+            _ => panic!("{label}: unknown layout"),
+        }
+        let maps: BTreeMap<usize, Vec<u32>> = c["placement"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(l, m)| {
+                (
+                    l.parse().unwrap(),
+                    serde_json::from_value(m.clone()).unwrap(),
+                )
+            })
+            .collect();
+        let layout_of = occult_core::export::ExpertLayout::read(&src).unwrap();
+        let ren = Renumbering::from_placement(&placement(&maps, d), layout_of.groups).unwrap();
+        let out = t.path().join("exported");
+        export_checkpoint(&src, &out, &ren, false, &|_, _| {}).unwrap();
+        assert_eq!(digest(&out), c["sha256"].as_str().unwrap(), "{label}");
+    }
+}
+
+/// DeepSeek-V3's group-limited routing: a placement that would mix two groups' experts in one
+/// run of new ids is refused, naming the layer and the groups.
+#[test]
+fn a_placement_that_breaks_deepseek_v3s_expert_groups_is_refused() {
+    let src = fixture("deepseek_v3");
+    let layout = occult_core::export::ExpertLayout::read(&src).unwrap();
+    assert_eq!(layout.moe_layers, vec![1, 2]);
+    let groups = layout.groups.expect("n_group 4");
+    assert_eq!((groups.n_group, groups.topk_group), (4, 2));
+    // Groups {0,1} {2,3} {4,5} {6,7}; device 0 takes 0, 2, 4, 6: every group is split.
+    let split = vec![0, 1, 0, 1, 0, 1, 0, 1];
+    let maps = BTreeMap::from([(1, split.clone()), (2, contiguous(8, 2))]);
+    let e = Renumbering::from_placement(&placement(&maps, 2), layout.groups)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("layer 1") && e.contains("n_group = 4"), "{e}");
+    // Built without the groups, the exporter itself still refuses it.
+    let ren = Renumbering::from_placement(&placement(&maps, 2), None).unwrap();
+    let t = tempfile::tempdir().unwrap();
+    let e = export_checkpoint(&src, &t.path().join("o"), &ren, false, &|_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("several groups"), "{e}");
+}

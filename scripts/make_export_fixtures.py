@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Regenerate tests/fixtures/export/: references for `occult export checkpoint`, made by transformers.
+
+    /work/venv/bin/python scripts/make_export_fixtures.py      (from the repository root)
+
+Needs torch, transformers (v5), safetensors; reuses scripts/make_model_fixtures.py. Float32 on the
+CPU, seeded: a rerun rewrites the same files.
+
+1. `tests/fixtures/models/deepseek_v3/`: a tiny DeepSeek-V3 checkpoint (transformers'
+   `DeepseekV3ForCausalLM`: MLA attention, sigmoid router with `e_score_correction_bias`, 4 expert
+   groups of which each token keeps 2, a shared expert, layer 0 dense), per expert in the hub's
+   names. Occult does not run V3's attention; it renumbers V3's experts.
+2. `tests/fixtures/export/cases.json`: for every family fixture (and V3), in the per-expert and the
+   fused layout, and seeded random balanced placements on 2, 4 and 8 devices (whole expert groups
+   for V3), this script renumbers the checkpoint with its own code (device 0's experts first, each
+   device's in ascending id: per-expert tensors renamed; fused expert tensors, router rows and
+   selection biases permuted), loads the result with transformers (`from_pretrained`; DeepSeek-MoE
+   v1 with the fixture script's own model) and asserts its logits equal the original's (1e-5). It
+   records the placement and a SHA-256 over the renumbered tensors (each name, a NUL, its bytes, in
+   name order). The Rust test exports the same placement and checks the same digest: so Occult's
+   export is, byte for byte, a checkpoint transformers was seen to run with the original's logits.
+"""
+import hashlib
+import json
+import random
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_model_fixtures as mm  # noqa: E402
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "tests" / "fixtures" / "models"
+OUT = ROOT / "tests" / "fixtures" / "export"
+DEVICES = (2, 4, 8)
+V3 = "deepseek_v3"
+
+
+# ---------------------------------------------------------------- the DeepSeek-V3 fixture
+def v3_config(vocab, eot):
+    return DeepseekV3Config(
+        vocab_size=vocab, hidden_size=32, intermediate_size=48, moe_intermediate_size=8,
+        num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, n_shared_experts=1,
+        n_routed_experts=8, routed_scaling_factor=2.5, kv_lora_rank=8, q_lora_rank=None,
+        qk_rope_head_dim=8, v_head_dim=8, qk_nope_head_dim=8, n_group=4, topk_group=2,
+        num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=True,
+        max_position_embeddings=128, tie_word_embeddings=False, rope_theta=10000.0,
+        bos_token_id=eot, eos_token_id=eot, pad_token_id=None)
+
+
+def make_v3(tok_vocab, eot):
+    config = v3_config(tok_vocab, eot)
+    model = mm.build(V3, DeepseekV3ForCausalLM, config, seed=2000)
+    with torch.no_grad():  # the selection bias is a buffer, not a parameter: give it values too
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn_like(b))
+    folder = MODELS / V3
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    d = config.to_dict()
+    d["architectures"] = ["DeepseekV3ForCausalLM"]
+    d["torch_dtype"] = d["dtype"] = "float32"
+    (folder / "config.json").write_text(json.dumps(dict(sorted(d.items())), indent=2) + "\n")
+    save_file(mm.to_hub(V3, model.state_dict()), folder / "model.safetensors", metadata={"format": "pt"})
+    shutil.copy(MODELS / "tokenizer.json", folder / "tokenizer.json")
+    ids = mm.encode(mm.Tokenizer.from_file(str(MODELS / "tokenizer.json")), mm.PROMPT)
+    loaded = DeepseekV3ForCausalLM.from_pretrained(folder, attn_implementation="eager",
+                                                   experts_implementation="eager").eval()
+    assert (mm.logits_of(loaded, ids) - mm.logits_of(model, ids)).abs().max() < 1e-5, "v3: reload differs"
+
+
+# ---------------------------------------------------------------- loading a fixture
+def family(arch, folder):
+    config = json.loads((folder / "config.json").read_text())
+    if arch == "deepseek":
+        return mm.DeepseekForCausalLM, config
+    if arch == V3:
+        return DeepseekV3ForCausalLM, DeepseekV3Config.from_dict(config)
+    cls, _ = mm.hf_configs(config["vocab_size"], config["bos_token_id"])[arch]
+    return cls, cls.config_class.from_dict(config)
+
+
+def block_of(arch):
+    return "block_sparse_moe" if arch == "mixtral" else "mlp"
+
+
+def moe_layers(hub, arch):
+    pat = re.compile(rf"model\.layers\.(\d+)\.{block_of(arch)}\.gate\.weight")
+    return sorted(int(m[1]) for m in map(pat.fullmatch, hub) if m)
+
+
+# ---------------------------------------------------------------- layouts
+GATE_UP_DOWN = {"mixtral": ("w1", "w3", "w2")}
+
+
+def names(arch):
+    return GATE_UP_DOWN.get(arch, ("gate_proj", "up_proj", "down_proj"))
+
+
+def fused(hub, arch, layers):
+    """Per-expert tensors -> `{p}.experts.gate_up_proj` [E, 2I, H] (gate rows first) and
+    `{p}.experts.down_proj` [E, H, I]; as Occult's test helper writes them."""
+    if not any(".experts.0." in k for k in hub):
+        return dict(hub)
+    out = dict(hub)
+    g, u, d = names(arch)
+    for l in layers:
+        p = f"model.layers.{l}.{block_of(arch)}.experts"
+        e = sum(1 for k in hub if k.startswith(p + ".") and k.endswith(f".{g}.weight"))
+        out[p + ".gate_up_proj"] = torch.stack([torch.cat([out.pop(f"{p}.{j}.{g}.weight"),
+                                                           out.pop(f"{p}.{j}.{u}.weight")]) for j in range(e)])
+        out[p + ".down_proj"] = torch.stack([out.pop(f"{p}.{j}.{d}.weight") for j in range(e)])
+    return out
+
+
+def per_expert(hub, arch, layers):
+    """The inverse of `fused`."""
+    out = dict(hub)
+    g, u, d = names(arch)
+    for l in layers:
+        p = f"model.layers.{l}.{block_of(arch)}.experts"
+        if p + ".gate_up_proj" not in out:
+            continue
+        gu, down = out.pop(p + ".gate_up_proj"), out.pop(p + ".down_proj")
+        i = gu.shape[1] // 2
+        for j in range(gu.shape[0]):
+            out[f"{p}.{j}.{g}.weight"] = gu[j, :i].contiguous()
+            out[f"{p}.{j}.{u}.weight"] = gu[j, i:].contiguous()
+            out[f"{p}.{j}.{d}.weight"] = down[j].contiguous()
+    return out
+
+
+# ---------------------------------------------------------------- the renumbering, written here
+def renumber(hub, arch, placement):
+    """placement: {layer: [device of expert]} -> the renumbered checkpoint."""
+    out = {}
+    for name, t in hub.items():
+        m = re.fullmatch(rf"model\.layers\.(\d+)\.{block_of(arch)}\.(experts|gate)\.(.*)", name)
+        if not m or int(m[1]) not in placement:
+            out[name] = t
+            continue
+        dev = placement[int(m[1])]
+        order = sorted(range(len(dev)), key=lambda x: (dev[x], x))  # new id -> original id
+        j = re.fullmatch(r"(\d+)\.(.*)", m[3])
+        if m[2] == "experts" and j:
+            new = int(j[1])
+            out[name] = hub[f"model.layers.{m[1]}.{block_of(arch)}.experts.{order[new]}.{j[2]}"]
+        else:  # fused expert tensors, router rows, selection bias
+            assert t.shape[0] == len(dev), name
+            out[name] = t[order].contiguous()
+    return out
+
+
+def digest(hub):
+    h = hashlib.sha256()
+    for name in sorted(hub):
+        h.update(name.encode() + b"\0")
+        h.update(hub[name].contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def random_placement(rng, e, d, groups):
+    """A balanced random map; with `groups` expert groups, one that keeps every group whole."""
+    if not groups:
+        devs = [x // (e // d) for x in range(e)]
+        rng.shuffle(devs)
+        return devs
+    size, per = e // groups, e // d
+    order = list(range(groups))
+    rng.shuffle(order)
+    experts = [x for g in order for x in rng.sample(range(g * size, (g + 1) * size), size)]
+    devs = [0] * e
+    for slot, x in enumerate(experts):  # whole groups fill devices in turn
+        devs[x] = slot // per
+    return devs
+
+
+def load_model(arch, cls, config, hub, layers):
+    model = mm.build(arch, cls, config, seed=12345)
+    model.load_state_dict(mm.from_hub(arch, per_expert(hub, arch, layers)), strict=True)
+    return model.eval()
+
+
+def run_with_transformers(arch, cls, config, hub, folder):
+    """Logits of `hub` through transformers' own loader (or, for DeepSeek-MoE v1, the fixture
+    script's model)."""
+    ids = mm.encode(mm.Tokenizer.from_file(str(MODELS / "tokenizer.json")), mm.PROMPT)
+    if arch == "deepseek":
+        return mm.logits_of(load_model(arch, cls, config, hub, moe_layers(hub, arch)), ids)
+    with tempfile.TemporaryDirectory() as t:
+        t = Path(t)
+        shutil.copy(folder / "config.json", t / "config.json")
+        layers = moe_layers(hub, arch)
+        # As the fixtures store them: qwen2_moe fused (transformers' own layout), the rest per expert.
+        as_stored = fused(hub, arch, layers) if arch == "qwen2_moe" else per_expert(hub, arch, layers)
+        save_file(as_stored, t / "model.safetensors", metadata={"format": "pt"})
+        model, info = cls.from_pretrained(t, output_loading_info=True, attn_implementation="eager",
+                                          experts_implementation="eager")
+        assert not any(info.values()), f"{arch}: loading info {info}"
+        return mm.logits_of(model.eval(), ids)
+
+
+def main():
+    torch.set_num_threads(1)
+    tok = mm.Tokenizer.from_file(str(MODELS / "tokenizer.json"))
+    vocab = -(-tok.get_vocab_size() // 8) * 8
+    make_v3(vocab, tok.token_to_id(mm.EOT))
+    OUT.mkdir(parents=True, exist_ok=True)
+    cases = []
+    for a, arch in enumerate(mm.ARCHS + (V3,)):
+        folder = MODELS / arch
+        cls, config = family(arch, folder)
+        hub = mm.load_checkpoint(folder)
+        layers = moe_layers(hub, arch)
+        e = hub[f"model.layers.{layers[0]}.{block_of(arch)}.gate.weight"].shape[0]
+        groups = getattr(config, "n_group", None) if arch == V3 else None
+        want = run_with_transformers(arch, cls, config, hub, folder)
+        for d in DEVICES:
+            rng = random.Random(1000 * a + d)
+            placement = {l: random_placement(rng, e, d, groups) for l in layers}
+            base = per_expert(hub, arch, layers)
+            got = run_with_transformers(arch, cls, config, renumber(base, arch, placement), folder)
+            gap = (got - want).abs().max().item()
+            assert gap < 1e-5, f"{arch} D={d}: the renumbered checkpoint's logits differ by {gap}"
+            for layout, src in (("per_expert", base), ("fused", fused(base, arch, layers))):
+                cases.append({"model": arch, "layout": layout, "devices": d,
+                              "placement": {str(l): m for l, m in placement.items()},
+                              "sha256": digest(renumber(src, arch, placement)),
+                              "max_logit_gap": gap})
+            print(f"{arch} D={d}: renumbered logits within {gap:.1e} of the original's under transformers")
+    text = json.dumps({"cases": cases}, indent=1)
+    text = re.sub(r"\[[0-9,\s]*\]", lambda m: json.dumps(json.loads(m.group(0)), separators=(",", ":")), text)
+    (OUT / "cases.json").write_text(text + "\n")
+    print(f"wrote {OUT / 'cases.json'}: {len(cases)} cases; transformers {mm.transformers.__version__}")
+
+
+if __name__ == "__main__":
+    main()
