@@ -25,7 +25,7 @@ GROUPS_TABLE=$(
     cat <<'EOF'
 dispatch|occult-core/src/ep/dispatch.rs|occult-core,occult-tests|--lib --test=ep_layer --test=models --test=data_parallel
 pre_reduce|occult-core/src/ep/pre_reduce.rs|occult-core,occult-tests|--lib --test=ep_layer --test=models
-links|occult-core/src/analysis/links.rs|occult-core|--lib
+links|occult-core/src/analysis/links.rs|occult-core,occult-tests|--lib
 search|occult-core/src/analysis/placement/search.rs|occult-core,occult-tests|--lib --test=properties
 optim|occult-train/src/optim.rs|occult-train,occult-tests,occult-eval|--lib --test=train --test=train_cli --test=help
 run|occult-train/src/run.rs|occult-train,occult-tests,occult-eval|--lib --test=train --test=train_cli --test=help
