@@ -74,17 +74,9 @@ pub fn pre_reduce(
     }
     let dev = y.device();
     let by_row = RowPairs::new(pair_row, num_rows)?;
-    #[cfg(feature = "cuda")]
-    let on_gpu = match dev.is_cpu() {
-        true => None,
-        false => Some((
-            Tensor::from_slice(&by_row.row_start, num_rows + 1, dev)?,
-            Tensor::from_slice(&by_row.row_pairs, pairs, dev)?,
-        )),
-    };
     let op = PreReduce {
         #[cfg(feature = "cuda")]
-        on_gpu,
+        on_gpu: cuda_row_index(&by_row, dev)?,
         pair_row: Tensor::from_slice(pair_row, pairs, dev)?,
         weight_at: None,
         by_row,
@@ -119,6 +111,18 @@ pub fn pre_reduce(
             Ok(y.apply_op2(&weights.contiguous()?, op)?)
         }
     }
+}
+
+/// The row index the CUDA kernel reads (`row_start`, `row_pairs`) on the GPU; `None` on the CPU.
+#[cfg(feature = "cuda")]
+fn cuda_row_index(by_row: &RowPairs, dev: &candle::Device) -> Result<Option<(Tensor, Tensor)>> {
+    if dev.is_cpu() {
+        return Ok(None);
+    }
+    Ok(Some((
+        Tensor::from_slice(&by_row.row_start, by_row.row_start.len(), dev)?,
+        Tensor::from_slice(&by_row.row_pairs, by_row.row_pairs.len(), dev)?,
+    )))
 }
 
 /// The same sums in candle ops: a gather of the weights, a broadcast multiply and a
@@ -354,5 +358,42 @@ impl CustomOp2 for PreReduce {
         let grad_w_pairs = (y * &g)?.sum(1)?;
         let grad_w = weights.zeros_like()?.index_add(at, &grad_w_pairs, 0)?;
         Ok((Some(grad_y), Some(grad_w)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle::Device;
+
+    /// Every input check names what was wrong (the sums themselves are checked against
+    /// [`reference`] in tests/src/grouping.rs).
+    #[test]
+    fn bad_inputs_are_refused_with_reasons() {
+        let dev = Device::Cpu;
+        let y = Tensor::ones((3, 4), DType::F32, &dev).unwrap();
+        let w = Tensor::ones(3, DType::F32, &dev).unwrap();
+        let err = |r: Result<Tensor>| r.unwrap_err().to_string();
+        let e = err(pre_reduce(
+            &y.to_dtype(DType::F16).unwrap(),
+            None,
+            &[0, 1, 1],
+            2,
+        ));
+        assert!(e.contains("sums f32 rows"), "{e}");
+        assert!(err(pre_reduce(&y, None, &[0, 1], 2)).contains("2 pair rows for 3 outputs"));
+        assert!(err(pre_reduce(&y, None, &[0, 1, 2], 2)).contains("row"));
+        let f16 = w.to_dtype(DType::F16).unwrap();
+        let e = err(pre_reduce(&y, Some((&f16, &[0, 1, 2])), &[0, 1, 1], 2));
+        assert!(e.contains("flat f32 gate weights"), "{e}");
+        let flat_2d = w.reshape((3, 1)).unwrap();
+        let e = err(pre_reduce(&y, Some((&flat_2d, &[0, 1, 2])), &[0, 1, 1], 2));
+        assert!(e.contains("flat f32 gate weights"), "{e}");
+        let e = err(pre_reduce(&y, Some((&w, &[0, 1])), &[0, 1, 1], 2));
+        assert!(e.contains("2 weight indices for 3 outputs"), "{e}");
+        let e = err(pre_reduce(&y, Some((&w, &[0, 1, 3])), &[0, 1, 1], 2));
+        assert!(e.contains("gate weight 3 of 3"), "{e}");
+        let ok = pre_reduce(&y, Some((&w, &[0, 1, 2])), &[0, 1, 1], 2).unwrap();
+        assert_eq!(ok.to_vec2::<f32>().unwrap()[1], vec![2.0; 4]);
     }
 }
