@@ -270,9 +270,9 @@ pub(crate) mod tests {
         let recv0 = 4000.0 / 1e8 + 1e-5;
         assert!((p.exchange_seconds(0, &all, 1.0) - send0.max(recv0)).abs() < 1e-12);
         // A step of two such exchanges (the second scaled to bf16), rank 3 computing most.
-        let ex = [e0.clone(), e0];
-        let ex3 = [e3.clone(), e3];
-        let nx = [none.clone(), none];
+        let ex = [e0.clone(), e0.clone()];
+        let ex3 = [e3.clone(), e3.clone()];
+        let nx = [none.clone(), none.clone()];
         let ranks = [
             RankStep {
                 flops: 1e9,
@@ -297,5 +297,61 @@ pub(crate) mod tests {
         // Second, at half the bytes: rank 0 receives 2000 B (2e-5 + 1e-5) = 3e-5, and sends
         // 500 B intra (5e-7 + 1e-6) plus 500 B inter (5e-6 + 1e-5) = 1.65e-5: 3e-5.
         assert!((pr.comm_s - (5e-5 + 3e-5)).abs() < 1e-12, "{pr:?}");
+        assert!((pr.total_s - (2e-3 + 8e-5)).abs() < 1e-12, "{pr:?}");
+        // Rank 3 only sends: 4000 B over IB.
+        assert!((p.exchange_seconds(3, &all, 1.0) - (4000.0 / 1e8 + 1e-5)).abs() < 1e-12);
+        // Bytes that left each rank, its own share excluded, over both exchanges.
+        assert_eq!(Exchange::remote_bytes(&ex, 0), 4000);
+        assert_eq!(Exchange::remote_bytes(&ex3, 3), 8000);
+        assert_eq!(Exchange::remote_bytes(&ex3, 0), 0);
+    }
+
+    /// Which link two ranks share: nodes of `ranks_per_node` consecutive ranks.
+    #[test]
+    fn ranks_share_the_intra_link_only_inside_a_node() {
+        let p = test_profile();
+        for (a, b, inside) in [
+            (0, 1, true),
+            (1, 2, false),
+            (2, 3, true),
+            (0, 3, false),
+            (5, 4, true),
+        ] {
+            let want = if inside { &p.intra } else { &p.inter };
+            assert_eq!(p.link(a, b), want, "ranks {a} and {b}");
+        }
+    }
+
+    /// Each bound of a profile is checked on its own; activation_bytes defaults to 2 (bf16).
+    #[test]
+    fn every_field_of_a_profile_is_checked() {
+        let good = "name = 'x'\ndescription = ''\ndevice_flops = 1e12\nranks_per_node = 2\n\
+                    intra = { bandwidth = 1e9, latency = 1e-6 }\n\
+                    inter = { bandwidth = 1e8, latency = 0.0 }\n";
+        let p = LinkProfile::parse(good, "x.toml").unwrap();
+        assert_eq!(p.activation_bytes, 2.0);
+        for (from, to) in [
+            ("device_flops = 1e12", "device_flops = 0.0"),
+            ("bandwidth = 1e9", "bandwidth = 0.0"),
+            ("bandwidth = 1e8", "bandwidth = -1.0"),
+            ("latency = 1e-6", "latency = -1e-6"),
+            ("latency = 0.0", "latency = nan"),
+            ("ranks_per_node = 2", "ranks_per_node = 0"),
+            (
+                "ranks_per_node = 2",
+                "ranks_per_node = 2\nactivation_bytes = 0.0",
+            ),
+        ] {
+            let bad = good.replace(from, to);
+            assert_ne!(bad, good);
+            let e = LinkProfile::parse(&bad, "x.toml").unwrap_err().to_string();
+            assert!(e.contains("must be positive"), "{to}: {e}");
+        }
+    }
+
+    #[test]
+    fn swiglu_flops_are_three_matmuls() {
+        // Three [rows, 4] x [4, 5]-sized products, 2 FLOPs per multiply-add.
+        assert_eq!(swiglu_flops(3, 4, 5), 3.0 * 2.0 * 3.0 * 4.0 * 5.0);
     }
 }

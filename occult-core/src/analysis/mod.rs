@@ -29,6 +29,7 @@ pub mod routing;
 pub mod similarity;
 pub mod synth;
 pub mod trace;
+pub mod trace_import;
 pub mod whole_trace;
 
 pub use placement::{Method, Placement};

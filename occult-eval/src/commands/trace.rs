@@ -1,5 +1,6 @@
 //! `occult trace synth` (synthetic routing traces), `occult trace info` (what a trace holds) and
-//! `occult trace remap` (between an exported checkpoint's expert ids and the original's).
+//! `occult trace remap` (between an exported checkpoint's expert ids and the original's) and
+//! `occult trace import` (routing arrays from other frameworks).
 
 use crate::progress::bar;
 use crate::table::{count, Table};
@@ -26,6 +27,36 @@ pub enum TraceCmd {
         occult profile --model olmoe-placed --data calib.txt -o placed.safetensors\n  \
         occult trace remap --trace placed.safetensors --model olmoe-placed -o original-ids.safetensors")]
     Remap(RemapArgs),
+    /// Read routing recorded by another framework (.npz, .npy or safetensors arrays of top-k
+    /// ids per layer; see docs/formats.md) into an occult trace.
+    #[command(after_help = "Examples:\n  \
+        occult trace import routing.npz --experts 64 -o t.safetensors\n  \
+        occult trace import routing.safetensors --model allenai/OLMoE-1B-7B-0924 -o t.safetensors\n\n\
+        In Python: np.savez('routing.npz', **{f'layers.{l}.topk_ids': ids[l] for l in layers}), \
+        or one stacked array np.savez('routing.npz', topk_ids=ids, layer_ids=layers). \
+        scripts/record_routing.py records a transformers model's routing straight into a trace.")]
+    Import(ImportArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ImportArgs {
+    /// The routing file (.npz, .npy or .safetensors).
+    pub file: PathBuf,
+    /// Experts per layer.
+    #[arg(long, required_unless_present = "model")]
+    pub experts: Option<usize>,
+    /// A model whose config.json gives the experts per layer (a folder or a cached hub id).
+    #[arg(long, conflicts_with = "experts")]
+    pub model: Option<String>,
+    /// The model layer of a single [tokens, k] array.
+    #[arg(long)]
+    pub layer: Option<usize>,
+    /// What text was routed (recorded in the trace).
+    #[arg(long)]
+    pub data: Option<String>,
+    /// Output trace.
+    #[arg(short, long)]
+    pub output: PathBuf,
 }
 
 /// Which numbering `occult trace remap` writes.
@@ -99,6 +130,7 @@ pub fn run(cmd: TraceCmd) -> Result<()> {
         TraceCmd::Synth(a) => synth(a),
         TraceCmd::Info { trace } => info(trace),
         TraceCmd::Remap(a) => remap(a),
+        TraceCmd::Import(a) => import(a),
     }
 }
 
@@ -134,6 +166,37 @@ fn synth(a: SynthArgs) -> Result<()> {
         cfg.tokens,
         cfg.num_experts,
         cfg.top_k
+    );
+    Ok(())
+}
+
+fn import(a: ImportArgs) -> Result<()> {
+    use occult_core::analysis::trace_import::{import, ImportOptions};
+    super::check_io(&[Some(&a.file)], &[Some(&a.output)])?;
+    let num_experts = match (a.experts, &a.model) {
+        (Some(e), _) => e,
+        (None, Some(m)) => {
+            let dir = occult_core::models::checkpoint::resolve(m, None)?.dir;
+            occult_core::export::ExpertLayout::read(&dir)?.num_experts
+        }
+        (None, None) => anyhow::bail!("give --experts E or --model M"),
+    };
+    occult_core::analysis::placement::check_sizes(num_experts, 1)?;
+    let opts = ImportOptions {
+        num_experts,
+        layer: a.layer,
+        model: a.model.clone(),
+        data: a.data.clone(),
+    };
+    let t = import(&a.file, &opts)?;
+    t.write(&a.output)?;
+    eprintln!(
+        "wrote {} ({} layers, {} tokens in the first, {} experts, top-{})",
+        a.output.display(),
+        t.layers.len(),
+        t.layers[0].tokens,
+        t.meta.num_experts,
+        t.meta.top_k
     );
     Ok(())
 }

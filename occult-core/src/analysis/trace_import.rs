@@ -1,0 +1,574 @@
+//! Routing recorded by other frameworks, read into an [`occult.trace.v1`](super::trace) trace:
+//! plain arrays that any framework writes in a few lines (`.npz`, `.npy`, safetensors).
+//!
+//! Array names (in a `.npz` or safetensors file), either
+//! - per layer: `layers.{L}.topk_ids` (integers `[tokens, k]`, best first), optionally
+//!   `layers.{L}.topk_weights` (`[tokens, k]`) and `layers.{L}.router_logits` (`[tokens, E]`),
+//!   as a trace itself names them; or
+//! - stacked: `topk_ids` (`[layers, tokens, k]`), optionally `layer_ids` (`[layers]`, the
+//!   model's layer index of each; else 0, 1, ...), `topk_weights` and `router_logits` stacked
+//!   alike.
+//!
+//! A `.npy` file holds one `topk_ids` array, `[layers, tokens, k]` or `[tokens, k]` (one layer).
+//!
+//! `-1` marks padding, as SGLang's recorder writes it: a row of `-1` (a padded token) is dropped,
+//! and so is a column of `-1` in every row of every layer (a top-k narrower than the buffer); a
+//! `-1` anywhere else is an error naming the layer and the row. Integers may be any width;
+//! floats f16, bf16 (safetensors), f32 or f64. Sizes are checked against the file before
+//! anything is allocated.
+
+use super::trace::{LayerTrace, Trace, TraceMeta};
+use crate::{Error, Result};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// One array: its shape and its values, as integers or as floats.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Array {
+    pub shape: Vec<usize>,
+    pub values: Values,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Values {
+    Ints(Vec<i64>),
+    Floats(Vec<f32>),
+}
+
+/// What the file does not say.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ImportOptions {
+    /// Experts per layer (the model's; ids must lie below it).
+    pub num_experts: usize,
+    /// The model's layer index of a single `[tokens, k]` array (default 0).
+    pub layer: Option<usize>,
+    /// Recorded in the trace's metadata.
+    pub model: Option<String>,
+    pub data: Option<String>,
+}
+
+/// Reads a routing file by its extension (`.npz`, `.npy`, `.safetensors`) into a trace.
+pub fn import(path: &Path, opts: &ImportOptions) -> Result<Trace> {
+    let bytes = crate::input::read_bytes(path)?;
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    let bad = |msg: String| Error::bad_file(path, msg);
+    let arrays = match ext.as_str() {
+        "npz" => read_npz(&bytes).map_err(bad)?,
+        "npy" => {
+            let a = parse_npy(&bytes).map_err(bad)?;
+            BTreeMap::from([("topk_ids".to_string(), a)])
+        }
+        "safetensors" => read_safetensors(&bytes).map_err(bad)?,
+        other => {
+            return Err(bad(format!(
+                "extension {other:?}: routing is read from .npz, .npy or .safetensors"
+            )))
+        }
+    };
+    let trace = from_arrays(arrays, opts).map_err(bad)?;
+    trace.validate(&path.display().to_string())?;
+    Ok(trace)
+}
+
+/// The arrays of a `.npz` file (a zip of `.npy` files, stored or deflated).
+pub fn read_npz(bytes: &[u8]) -> std::result::Result<BTreeMap<String, Array>, String> {
+    use std::io::Read;
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes))
+        .map_err(|e| format!("not a readable .npz (zip) file: {e}"))?;
+    let mut out = BTreeMap::new();
+    for i in 0..zip.len() {
+        let entry = zip.by_index(i).map_err(|e| format!("zip entry {i}: {e}"))?;
+        let name = entry
+            .name()
+            .map_err(|e| format!("zip entry {i}'s name: {e}"))?
+            .into_owned();
+        // Deflate expands at most about 1032x: a declared size past that is a lie.
+        let limit = (entry.compressed_size().saturating_mul(1032)).max(1 << 16);
+        if entry.size() > limit {
+            return Err(format!(
+                "{name}: declares {} bytes from {} compressed",
+                entry.size(),
+                entry.compressed_size()
+            ));
+        }
+        let mut data = Vec::with_capacity(entry.size() as usize);
+        entry
+            .take(limit)
+            .read_to_end(&mut data)
+            .map_err(|e| format!("{name}: {e}"))?;
+        let array = parse_npy(&data).map_err(|e| format!("{name}: {e}"))?;
+        out.insert(
+            name.strip_suffix(".npy").unwrap_or(&name).to_string(),
+            array,
+        );
+    }
+    Ok(out)
+}
+
+/// One `.npy` array from its bytes (format versions 1 to 3, C order, little-endian).
+pub fn parse_npy(bytes: &[u8]) -> std::result::Result<Array, String> {
+    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
+        return Err("not a .npy array (no \\x93NUMPY magic)".into());
+    }
+    let (len, start): (usize, usize) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        2 | 3 if bytes.len() >= 12 => (
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+            12,
+        ),
+        v => return Err(format!(".npy format version {v} is not read")),
+    };
+    let header = bytes
+        .get(start..start.saturating_add(len))
+        .ok_or("the .npy header runs past the end")?;
+    let header = std::str::from_utf8(header).map_err(|_| "the .npy header is not text")?;
+    let field = |key: &str| -> std::result::Result<&str, String> {
+        let at = header
+            .find(&format!("'{key}'"))
+            .ok_or(format!("the .npy header has no '{key}'"))?;
+        let rest = header[at + key.len() + 2..].trim_start();
+        Ok(rest.strip_prefix(':').unwrap_or(rest).trim_start())
+    };
+    if field("fortran_order")?.starts_with("True") {
+        return Err("Fortran-ordered arrays are not read (save with C order)".into());
+    }
+    let descr = field("descr")?;
+    let descr = descr
+        .strip_prefix('\'')
+        .and_then(|d| d.split('\'').next())
+        .ok_or("the .npy descr is not a quoted string")?;
+    let shape_text = field("shape")?;
+    let shape_text = shape_text
+        .strip_prefix('(')
+        .and_then(|s| s.split(')').next())
+        .ok_or("the .npy shape is not a tuple")?;
+    let shape = shape_text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<usize>().map_err(|_| format!("shape entry {s:?}")))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let data = &bytes[start + len..];
+    decode(descr, shape, data)
+}
+
+/// Little-endian values of numpy type `descr` (`<i8`, `|u1`, `<f4`, ...).
+fn decode(descr: &str, shape: Vec<usize>, data: &[u8]) -> std::result::Result<Array, String> {
+    let (order, kind) = descr.split_at(1.min(descr.len()));
+    if order == ">" {
+        return Err(format!("big-endian {descr} is not read"));
+    }
+    let size: usize = kind
+        .get(1..)
+        .and_then(|s| s.parse().ok())
+        .ok_or(format!("dtype {descr:?} is not read"))?;
+    let n = shape
+        .iter()
+        .try_fold(1usize, |a, &b| a.checked_mul(b))
+        .filter(|n| n.checked_mul(size) == Some(data.len()))
+        .ok_or(format!(
+            "shape {shape:?} of {descr} needs other than the {} data bytes present",
+            data.len()
+        ))?;
+    let chunks = data.chunks_exact(size);
+    let values = match (kind.as_bytes()[0], size) {
+        (b'i', 1 | 2 | 4 | 8) => Values::Ints(chunks.map(sign_extend).collect()),
+        (b'u', 1 | 2 | 4 | 8) => Values::Ints(
+            chunks
+                .map(|c| {
+                    let mut b = [0u8; 8];
+                    b[..c.len()].copy_from_slice(c);
+                    i64::try_from(u64::from_le_bytes(b)).unwrap_or(i64::MAX)
+                })
+                .collect(),
+        ),
+        (b'f', 2) => Values::Floats(
+            chunks
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+        ),
+        (b'f', 4) => Values::Floats(
+            chunks
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect(),
+        ),
+        (b'f', 8) => Values::Floats(
+            chunks
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
+                .collect(),
+        ),
+        _ => return Err(format!("dtype {descr:?} is not read (integers or floats)")),
+    };
+    debug_assert_eq!(n, shape.iter().product::<usize>());
+    Ok(Array { shape, values })
+}
+
+fn sign_extend(c: &[u8]) -> i64 {
+    let mut b = if c[c.len() - 1] & 0x80 != 0 {
+        [0xffu8; 8]
+    } else {
+        [0u8; 8]
+    };
+    b[..c.len()].copy_from_slice(c);
+    i64::from_le_bytes(b)
+}
+
+/// The arrays of a safetensors file.
+pub fn read_safetensors(bytes: &[u8]) -> std::result::Result<BTreeMap<String, Array>, String> {
+    use safetensors::Dtype;
+    if let Some(name) = crate::input::duplicate_header_name(bytes) {
+        return Err(format!("the header names tensor {name:?} twice"));
+    }
+    let st = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| format!("not a readable safetensors file ({e})"))?;
+    let mut out = BTreeMap::new();
+    for (name, v) in st.tensors() {
+        let descr = match v.dtype() {
+            Dtype::I8 => "<i1",
+            Dtype::I16 => "<i2",
+            Dtype::I32 => "<i4",
+            Dtype::I64 => "<i8",
+            Dtype::U8 => "<u1",
+            Dtype::U16 => "<u2",
+            Dtype::U32 => "<u4",
+            Dtype::U64 => "<u8",
+            Dtype::F16 => "<f2",
+            Dtype::F32 => "<f4",
+            Dtype::F64 => "<f8",
+            Dtype::BF16 => {
+                let vals = v
+                    .data()
+                    .chunks_exact(2)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect();
+                out.insert(
+                    name,
+                    Array {
+                        shape: v.shape().to_vec(),
+                        values: Values::Floats(vals),
+                    },
+                );
+                continue;
+            }
+            other => return Err(format!("{name}: dtype {other:?} is not read")),
+        };
+        out.insert(
+            name.clone(),
+            decode(descr, v.shape().to_vec(), v.data()).map_err(|e| format!("{name}: {e}"))?,
+        );
+    }
+    Ok(out)
+}
+
+/// One layer's arrays before padding is removed.
+struct RawLayer {
+    layer: usize,
+    ids: Array,
+    weights: Option<Array>,
+    logits: Option<Array>,
+}
+
+/// The trace the arrays describe (see the module's documentation for the names).
+pub fn from_arrays(
+    mut arrays: BTreeMap<String, Array>,
+    opts: &ImportOptions,
+) -> std::result::Result<Trace, String> {
+    let e = opts.num_experts;
+    let mut raw = Vec::new();
+    if let Some(ids) = arrays.remove("topk_ids") {
+        let stacked = match ids.shape.len() {
+            3 => ids,
+            2 => Array {
+                shape: [&[1], &ids.shape[..]].concat(),
+                values: ids.values,
+            },
+            _ => {
+                return Err(format!(
+                    "topk_ids has shape {:?}, expected [layers, tokens, k] or [tokens, k]",
+                    ids.shape
+                ))
+            }
+        };
+        let nl = stacked.shape[0];
+        let layer_ids: Vec<usize> = match arrays.remove("layer_ids") {
+            Some(a) => ints(&a, "layer_ids")?
+                .iter()
+                .map(|&x| usize::try_from(x).map_err(|_| format!("layer_ids holds {x}")))
+                .collect::<std::result::Result<_, _>>()?,
+            None if nl == 1 => vec![opts.layer.unwrap_or(0)],
+            None => (0..nl).collect(),
+        };
+        if layer_ids.len() != nl {
+            return Err(format!(
+                "layer_ids has {} entries for {nl} layers",
+                layer_ids.len()
+            ));
+        }
+        let weights = arrays.remove("topk_weights");
+        let logits = arrays.remove("router_logits");
+        for (i, &layer) in layer_ids.iter().enumerate() {
+            raw.push(RawLayer {
+                layer,
+                ids: slice(&stacked, i, "topk_ids")?,
+                weights: weights
+                    .as_ref()
+                    .map(|w| slice(w, i, "topk_weights"))
+                    .transpose()?,
+                logits: logits
+                    .as_ref()
+                    .map(|w| slice(w, i, "router_logits"))
+                    .transpose()?,
+            });
+        }
+    } else {
+        let mut layers: Vec<usize> = arrays
+            .keys()
+            .filter_map(|k| {
+                k.strip_prefix("layers.")?
+                    .strip_suffix(".topk_ids")?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        layers.sort_unstable();
+        if layers.is_empty() {
+            return Err(format!(
+                "no routing arrays: expected `topk_ids` or `layers.L.topk_ids`, found {:?}",
+                arrays.keys().collect::<Vec<_>>()
+            ));
+        }
+        for l in layers {
+            let ids = arrays
+                .remove(&format!("layers.{l}.topk_ids"))
+                .expect("listed");
+            raw.push(RawLayer {
+                layer: l,
+                ids,
+                weights: arrays.remove(&format!("layers.{l}.topk_weights")),
+                logits: arrays.remove(&format!("layers.{l}.router_logits")),
+            });
+        }
+    }
+    // The top-k: the columns that are not padding in every row of every layer.
+    let width = raw[0].ids.shape.get(1).copied().unwrap_or(0);
+    let mut used = vec![false; width];
+    for r in &raw {
+        if r.ids.shape.len() != 2 || r.ids.shape[1] != width {
+            return Err(format!(
+                "layer {}: topk_ids has shape {:?}, expected [tokens, {width}]",
+                r.layer, r.ids.shape
+            ));
+        }
+        for row in ints(&r.ids, "topk_ids")?.chunks_exact(width.max(1)) {
+            for (c, &x) in row.iter().enumerate() {
+                used[c] |= x != -1;
+            }
+        }
+    }
+    let k = used.iter().take_while(|&&u| u).count();
+    if k == 0 || used[k..].iter().any(|&u| u) {
+        return Err(format!(
+            "the ids' columns in use are {used:?}: the top-k must come first, padding (-1) after"
+        ));
+    }
+    let mut layers = Vec::with_capacity(raw.len());
+    for r in raw {
+        layers.push(unpad(r, width, k, e)?);
+    }
+    Ok(Trace {
+        meta: TraceMeta {
+            num_experts: e,
+            top_k: k,
+            model: opts.model.clone(),
+            data: opts.data.clone(),
+            num_ranks: None,
+            extra: Default::default(),
+        },
+        layers,
+    })
+}
+
+fn ints<'a>(a: &'a Array, what: &str) -> std::result::Result<&'a [i64], String> {
+    match &a.values {
+        Values::Ints(v) => Ok(v),
+        Values::Floats(_) => Err(format!("{what} holds floats; expert ids are integers")),
+    }
+}
+
+/// Entry `i` of the first dimension.
+fn slice(a: &Array, i: usize, what: &str) -> std::result::Result<Array, String> {
+    if a.shape.len() != 3 || i >= a.shape[0] {
+        return Err(format!(
+            "{what} has shape {:?}, expected [layers, tokens, n]",
+            a.shape
+        ));
+    }
+    let per = a.shape[1] * a.shape[2];
+    let values = match &a.values {
+        Values::Ints(v) => Values::Ints(v[i * per..(i + 1) * per].to_vec()),
+        Values::Floats(v) => Values::Floats(v[i * per..(i + 1) * per].to_vec()),
+    };
+    Ok(Array {
+        shape: a.shape[1..].to_vec(),
+        values,
+    })
+}
+
+fn floats(a: &Array, what: &str, layer: usize) -> std::result::Result<Vec<f32>, String> {
+    match &a.values {
+        Values::Floats(v) => Ok(v.clone()),
+        Values::Ints(_) => Err(format!("layer {layer}: {what} holds integers, not floats")),
+    }
+}
+
+/// A layer without its padded rows and columns.
+fn unpad(r: RawLayer, width: usize, k: usize, e: usize) -> std::result::Result<LayerTrace, String> {
+    let ids = ints(&r.ids, "topk_ids")?;
+    let tokens = r.ids.shape[0];
+    let check = |a: &Option<Array>,
+                 what: &str,
+                 w: usize|
+     -> std::result::Result<Option<Vec<f32>>, String> {
+        a.as_ref()
+            .map(|a| {
+                if a.shape != [tokens, w] {
+                    return Err(format!(
+                        "layer {}: {what} has shape {:?}, expected [{tokens}, {w}]",
+                        r.layer, a.shape
+                    ));
+                }
+                floats(a, what, r.layer)
+            })
+            .transpose()
+    };
+    let weights = check(&r.weights, "topk_weights", width)?;
+    let logits = check(&r.logits, "router_logits", e)?;
+    let (mut out_ids, mut out_w, mut out_l) = (Vec::new(), Vec::new(), Vec::new());
+    let mut kept = 0;
+    for t in 0..tokens {
+        let row = &ids[t * width..(t + 1) * width];
+        if row.iter().all(|&x| x == -1) {
+            continue;
+        }
+        for (c, &x) in row[..k].iter().enumerate() {
+            if x < 0 || x as u64 >= e as u64 {
+                return Err(format!(
+                    "layer {} row {t} column {c}: id {x} is not an expert in 0..{e}",
+                    r.layer
+                ));
+            }
+            out_ids.push(x as u32);
+        }
+        if let Some(w) = &weights {
+            out_w.extend_from_slice(&w[t * width..t * width + k]);
+        }
+        if let Some(l) = &logits {
+            out_l.extend_from_slice(&l[t * e..(t + 1) * e]);
+        }
+        kept += 1;
+    }
+    Ok(LayerTrace {
+        layer: r.layer,
+        tokens: kept,
+        topk_ids: out_ids,
+        topk_weights: weights.map(|_| out_w),
+        router_logits: logits.map(|_| out_l),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A version-1 `.npy` file of `descr` values.
+    pub(crate) fn npy(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
+        let dims: Vec<String> = shape.iter().map(|s| s.to_string()).collect();
+        let tuple = if dims.len() == 1 {
+            format!("({},)", dims[0])
+        } else {
+            format!("({})", dims.join(", "))
+        };
+        let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {tuple}, }}");
+        while (10 + h.len() + 1) % 64 != 0 {
+            h.push(' ');
+        }
+        h.push('\n');
+        let mut out = b"\x93NUMPY\x01\x00".to_vec();
+        out.extend((h.len() as u16).to_le_bytes());
+        out.extend(h.as_bytes());
+        out.extend(data);
+        out
+    }
+
+    fn i64s(v: &[i64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn opts() -> ImportOptions {
+        ImportOptions {
+            num_experts: 8,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn stacked_arrays_with_sglang_padding_become_a_trace() {
+        // 2 layers x 3 tokens x 4 columns; top-2 then two padding columns; token 1 of layer 0
+        // is a padded row.
+        let ids: Vec<i64> = vec![
+            1, 2, -1, -1, /**/ -1, -1, -1, -1, /**/ 7, 0, -1, -1, //
+            3, 4, -1, -1, /**/ 5, 6, -1, -1, /**/ 0, 1, -1, -1,
+        ];
+        let a = parse_npy(&npy("<i8", &[2, 3, 4], &i64s(&ids))).unwrap();
+        let t = from_arrays(BTreeMap::from([("topk_ids".into(), a)]), &opts()).unwrap();
+        assert_eq!(t.meta.top_k, 2);
+        assert_eq!((t.layers[0].tokens, t.layers[1].tokens), (2, 3));
+        assert_eq!(t.layers[0].topk_ids, vec![1, 2, 7, 0]);
+        assert_eq!(t.layers[1].topk_ids, vec![3, 4, 5, 6, 0, 1]);
+        t.validate("test").unwrap();
+    }
+
+    #[test]
+    fn every_integer_width_and_float_reads() {
+        let a = parse_npy(&npy("|u1", &[1, 2], &[3, 5])).unwrap();
+        assert_eq!(a.values, Values::Ints(vec![3, 5]));
+        let a = parse_npy(&npy("<i4", &[2], &[255, 255, 255, 255, 2, 0, 0, 0])).unwrap();
+        assert_eq!(a.values, Values::Ints(vec![-1, 2]));
+        let f: Vec<u8> = [0.5f32, -2.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let a = parse_npy(&npy("<f4", &[2], &f)).unwrap();
+        assert_eq!(a.values, Values::Floats(vec![0.5, -2.0]));
+    }
+
+    #[test]
+    fn bad_arrays_are_refused_with_reasons() {
+        let err = |b: &[u8]| parse_npy(b).unwrap_err();
+        assert!(err(b"not numpy").contains("magic"));
+        assert!(err(&npy("<i8", &[1000000, 1000000], &[0; 8])).contains("data bytes"));
+        assert!(err(&npy(">i8", &[1], &[0; 8])).contains("big-endian"));
+        assert!(err(&npy("<c8", &[1], &[0; 8])).contains("not read"));
+        let mut h = npy("<i8", &[1], &[0; 8]);
+        h[8] = 255; // a header length past the end
+        assert!(err(&h).contains("past the end"));
+        let ids = |v: &[i64], shape: &[usize]| {
+            let a = parse_npy(&npy("<i8", shape, &i64s(v))).unwrap();
+            from_arrays(BTreeMap::from([("topk_ids".into(), a)]), &opts())
+        };
+        assert!(ids(&[1, 8], &[1, 2])
+            .unwrap_err()
+            .contains("id 8 is not an expert"));
+        assert!(ids(&[-1, 1, -1, 2], &[2, 2])
+            .unwrap_err()
+            .contains("top-k must come first"));
+        assert!(ids(&[1, -1, 2, 3], &[2, 2])
+            .unwrap_err()
+            .contains("row 0 column 1: id -1"));
+        let e = from_arrays(BTreeMap::new(), &opts()).unwrap_err();
+        assert!(e.contains("no routing arrays"), "{e}");
+    }
+}

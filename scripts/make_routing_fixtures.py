@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Regenerate tests/fixtures/routing/: routing recorded outside Occult, for `occult trace import`.
+
+    /work/venv/bin/python scripts/make_routing_fixtures.py      (from the repository root)
+
+Needs torch, transformers, safetensors and numpy. Writes:
+- calib.txt: a few lines of text;
+- olmoe_hook.safetensors: scripts/record_routing.py on the OLMoE fixture over calib.txt
+  (--seq-len 32 --max-tokens 96 --logits): tests/tests/routing_import.rs checks it equals
+  `occult profile`'s trace of the same text;
+- the same routing as plain arrays, written by numpy and safetensors as a user would:
+  per_layer.npz (np.savez, int64 `layers.L.topk_ids` and float32 `layers.L.topk_weights`),
+  stacked_padded.npz (np.savez_compressed, int32 `topk_ids` [layers, tokens + 1, 8] padded with -1
+  as SGLang's per_token recorder pads: a padded token row and columns past the top-k, with
+  `layer_ids`), stacked.npy (int64 [layers, tokens, k]) and stacked.safetensors (int32 `topk_ids`,
+  `layer_ids`, float16 `router_logits`).
+"""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.numpy import save_file as save_np
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "tests" / "fixtures" / "routing"
+TEXT = """Light from the sun takes about eight minutes to reach the earth.
+Bread needs flour, water, salt and yeast, and the dough must rest before it is baked.
+The weather in the mountains can change quickly, so hikers carry warm clothes and a map.
+Hello world is the first program that many people write when they learn to code.
+"""
+
+
+def main():
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "calib.txt").write_text(TEXT)
+    hook = OUT / "olmoe_hook.safetensors"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "record_routing.py"), "--model",
+                    str(ROOT / "tests" / "fixtures" / "models" / "olmoe"), "--data", str(OUT / "calib.txt"),
+                    "-o", str(hook), "--seq-len", "32", "--max-tokens", "96", "--logits"], check=True)
+    t = load_file(hook)
+    layers = sorted(int(k.split(".")[1]) for k in t if k.endswith("topk_ids"))
+    ids = np.stack([t[f"layers.{l}.topk_ids"].numpy() for l in layers])          # [L, T, k]
+    weights = np.stack([t[f"layers.{l}.topk_weights"].numpy() for l in layers])
+    logits = np.stack([t[f"layers.{l}.router_logits"].numpy() for l in layers])
+    np.savez(OUT / "per_layer.npz", **{f"layers.{l}.topk_ids": ids[i].astype(np.int64) for i, l in enumerate(layers)},
+             **{f"layers.{l}.topk_weights": weights[i] for i, l in enumerate(layers)})
+    n_l, n_t, k = ids.shape
+    padded = np.full((n_l, n_t + 1, 8), -1, dtype=np.int32)
+    padded[:, :5, :k] = ids[:, :5]          # tokens 0-4, then a padded row, then the rest
+    padded[:, 6:, :k] = ids[:, 5:]
+    np.savez_compressed(OUT / "stacked_padded.npz", topk_ids=padded, layer_ids=np.array(layers))
+    np.save(OUT / "stacked.npy", ids.astype(np.int64))
+    save_np({"topk_ids": ids.astype(np.int32), "layer_ids": np.array(layers, dtype=np.int64),
+             "router_logits": logits.astype(np.float16)}, str(OUT / "stacked.safetensors"))
+    print(f"wrote {OUT}: {n_l} layers x {n_t} tokens, top-{k}")
+
+
+if __name__ == "__main__":
+    main()
