@@ -13,7 +13,12 @@ Needs torch, transformers, safetensors and numpy. Writes:
   stacked_padded.npz (np.savez_compressed, int32 `topk_ids` [layers, tokens + 1, 8] padded with -1
   as SGLang's per_token recorder pads: a padded token row and columns past the top-k, with
   `layer_ids`), stacked.npy (int64 [layers, tokens, k]) and stacked.safetensors (int32 `topk_ids`,
-  `layer_ids`, float16 `router_logits`).
+  `layer_ids`, float16 `router_logits`);
+- sglang_per_token.pt: the same routing as SGLang's per_token expert-distribution dump holds it
+  (sglang 0.5.23, `_DetailAccumulator.dump`: a torch.save of {"records": [...],
+  "last_physical_to_logical_map": [layers, physical]}, each record's `topk_ids_of_layer` int32
+  [layers, tokens, 8] of *physical* ids, -1 padded), in two forward passes, with a fourth layer
+  that recorded nothing (as a dense layer) and a permuted physical-to-logical map.
 """
 import subprocess
 import sys
@@ -55,6 +60,23 @@ def main():
     np.save(OUT / "stacked.npy", ids.astype(np.int64))
     save_np({"topk_ids": ids.astype(np.int32), "layer_ids": np.array(layers, dtype=np.int64),
              "router_logits": logits.astype(np.float16)}, str(OUT / "stacked.safetensors"))
+    # SGLang: physical slot p of layer l holds logical expert phys_to_log[l][p].
+    e = 8
+    gen = torch.Generator().manual_seed(0)
+    phys_to_log = torch.stack([torch.randperm(e, generator=gen) for _ in range(n_l + 1)])
+    log_to_phys = phys_to_log.argsort(dim=1)
+    physical = np.full((n_l + 1, n_t, 8), -1, dtype=np.int32)
+    for l in range(n_l):
+        physical[l, :, :k] = log_to_phys[l][torch.from_numpy(ids[l].astype(np.int64))].numpy()
+    def record(i, part):
+        return {"forward_pass_id": i, "rank": 0, "gatherer_key": "primary", "input_ids": [0] * part.shape[1],
+                "positions": list(range(part.shape[1])), "extend_seq_lens": [part.shape[1]], "forward_mode": 1,
+                "topk_ids_of_layer": torch.from_numpy(part.copy()), "misc_objects": [],
+                "global_physical_count": torch.zeros(n_l + 1, e, dtype=torch.int32)}
+    pad = np.full((n_l + 1, 1, 8), -1, dtype=np.int32)  # a padded token row in the second pass
+    second = np.concatenate([physical[:, 40:41], pad, physical[:, 41:]], axis=1)
+    torch.save({"records": [record(0, physical[:, :40]), record(1, second)],
+                "last_physical_to_logical_map": phys_to_log}, OUT / "sglang_per_token.pt")
     print(f"wrote {OUT}: {n_l} layers x {n_t} tokens, top-{k}")
 
 

@@ -68,6 +68,7 @@ fn plain_arrays_from_numpy_and_safetensors_import_to_the_same_trace() {
         "stacked_padded.npz",
         "stacked.npy",
         "stacked.safetensors",
+        "sglang_per_token.pt",
     ] {
         let t = import(&fixture(file), &opts()).unwrap();
         assert_eq!(t.meta.top_k, 2, "{file}");
@@ -171,7 +172,7 @@ fn occult_trace_import_writes_a_trace_and_refuses_bad_files() {
             "-o",
             t.path().join("z.safetensors").to_str().unwrap(),
         ],
-        ".npz, .npy or .safetensors",
+        ".npz, .npy, .safetensors or SGLang",
     );
     assert!(!t.path().join("y.safetensors").exists());
 }

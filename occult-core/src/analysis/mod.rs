@@ -26,6 +26,7 @@ pub mod projection;
 pub mod pruning;
 pub mod ranks;
 pub mod routing;
+pub mod sglang_dump;
 pub mod similarity;
 pub mod synth;
 pub mod trace;

@@ -10,6 +10,7 @@
 //!   alike.
 //!
 //! A `.npy` file holds one `topk_ids` array, `[layers, tokens, k]` or `[tokens, k]` (one layer).
+//! A `.pt` file is SGLang's per_token expert-distribution dump ([`super::sglang_dump`]).
 //!
 //! `-1` marks padding, as SGLang's recorder writes it: a row of `-1` (a padded token) is dropped,
 //! and so is a column of `-1` in every row of every layer (a top-k narrower than the buffer); a
@@ -62,9 +63,11 @@ pub fn import(path: &Path, opts: &ImportOptions) -> Result<Trace> {
             BTreeMap::from([("topk_ids".to_string(), a)])
         }
         "safetensors" => read_safetensors(&bytes).map_err(bad)?,
+        "pt" => super::sglang_dump::read_per_token_dump(&bytes).map_err(bad)?,
         other => {
             return Err(bad(format!(
-                "extension {other:?}: routing is read from .npz, .npy or .safetensors"
+                "extension {other:?}: routing is read from .npz, .npy, .safetensors or SGLang's \
+                 per_token dump (.pt)"
             )))
         }
     };
@@ -156,7 +159,11 @@ pub fn parse_npy(bytes: &[u8]) -> std::result::Result<Array, String> {
 }
 
 /// Little-endian values of numpy type `descr` (`<i8`, `|u1`, `<f4`, ...).
-fn decode(descr: &str, shape: Vec<usize>, data: &[u8]) -> std::result::Result<Array, String> {
+pub(crate) fn decode(
+    descr: &str,
+    shape: Vec<usize>,
+    data: &[u8],
+) -> std::result::Result<Array, String> {
     let (order, kind) = descr.split_at(1.min(descr.len()));
     if order == ">" {
         return Err(format!("big-endian {descr} is not read"));
@@ -164,7 +171,12 @@ fn decode(descr: &str, shape: Vec<usize>, data: &[u8]) -> std::result::Result<Ar
     let size: usize = kind
         .get(1..)
         .and_then(|s| s.parse().ok())
-        .ok_or(format!("dtype {descr:?} is not read"))?;
+        .filter(|&s| match kind.as_bytes()[0] {
+            b'i' | b'u' => matches!(s, 1 | 2 | 4 | 8),
+            b'f' => matches!(s, 2 | 4 | 8),
+            _ => false,
+        })
+        .ok_or(format!("dtype {descr:?} is not read (integers or floats)"))?;
     let n = shape
         .iter()
         .try_fold(1usize, |a, &b| a.checked_mul(b))
@@ -552,6 +564,8 @@ mod tests {
         assert!(err(&npy("<i8", &[1000000, 1000000], &[0; 8])).contains("data bytes"));
         assert!(err(&npy(">i8", &[1], &[0; 8])).contains("big-endian"));
         assert!(err(&npy("<c8", &[1], &[0; 8])).contains("not read"));
+        // Found by fuzzing: a zero-byte dtype.
+        assert!(err(&npy("<i0", &[3], &[])).contains("not read"));
         let mut h = npy("<i8", &[1], &[0; 8]);
         h[8] = 255; // a header length past the end
         assert!(err(&h).contains("past the end"));
