@@ -175,4 +175,35 @@ fn occult_trace_import_writes_a_trace_and_refuses_bad_files() {
         ".npz, .npy, .safetensors or SGLang",
     );
     assert!(!t.path().join("y.safetensors").exists());
+    // Several files (one per rank): their tokens in order.
+    let two = t.path().join("two.safetensors");
+    let ok = run(&[
+        fixture("stacked.npy").to_str().unwrap(),
+        fixture("sglang_per_token.pt").to_str().unwrap(),
+        "--experts",
+        "8",
+        "-o",
+        two.to_str().unwrap(),
+    ]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let two = Trace::read(&two).unwrap();
+    let ids = &hook.layers[1].topk_ids;
+    assert_eq!(two.layers[1].topk_ids, [&ids[..], &ids[..]].concat());
+    // An occult trace is itself such a file (per-layer names), so it imports too.
+    let ok = run(&[
+        t.path().join("m.safetensors").to_str().unwrap(),
+        "--experts",
+        "8",
+        "-o",
+        t.path().join("w.safetensors").to_str().unwrap(),
+    ]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
 }

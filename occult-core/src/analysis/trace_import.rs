@@ -76,6 +76,49 @@ pub fn import(path: &Path, opts: &ImportOptions) -> Result<Trace> {
     Ok(trace)
 }
 
+/// Reads several routing files (for example one per rank, as SGLang dumps them) into one
+/// trace: each layer's tokens in file order. Every file must hold the same layers and top-k.
+pub fn import_all(paths: &[std::path::PathBuf], opts: &ImportOptions) -> Result<Trace> {
+    let Some((first, rest)) = paths.split_first() else {
+        return Err(Error::invalid("no routing files to import"));
+    };
+    let mut trace = import(first, opts)?;
+    for p in rest {
+        let t = import(p, opts)?;
+        if t.meta.top_k != trace.meta.top_k || t.layer_ids() != trace.layer_ids() {
+            return Err(Error::bad_file(
+                p,
+                format!(
+                    "holds layers {:?} with top-{}, {} holds layers {:?} with top-{}",
+                    t.layer_ids(),
+                    t.meta.top_k,
+                    first.display(),
+                    trace.layer_ids(),
+                    trace.meta.top_k
+                ),
+            ));
+        }
+        for (into, from) in trace.layers.iter_mut().zip(t.layers) {
+            into.tokens += from.tokens;
+            into.topk_ids.extend(from.topk_ids);
+            for (a, b) in [
+                (&mut into.topk_weights, from.topk_weights),
+                (&mut into.router_logits, from.router_logits),
+            ] {
+                *a = match (a.take(), b) {
+                    (Some(mut x), Some(y)) => {
+                        x.extend(y);
+                        Some(x)
+                    }
+                    _ => None,
+                };
+            }
+        }
+    }
+    trace.validate("the imported routing")?;
+    Ok(trace)
+}
+
 /// The arrays of a `.npz` file (a zip of `.npy` files, stored or deflated).
 pub fn read_npz(bytes: &[u8]) -> std::result::Result<BTreeMap<String, Array>, String> {
     use std::io::Read;
@@ -555,6 +598,19 @@ mod tests {
             .collect();
         let a = parse_npy(&npy("<f4", &[2], &f)).unwrap();
         assert_eq!(a.values, Values::Floats(vec![0.5, -2.0]));
+    }
+
+    #[test]
+    fn files_of_different_routing_do_not_merge() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b) = (t.path().join("a.npy"), t.path().join("b.npy"));
+        std::fs::write(&a, npy("<i8", &[2, 2], &i64s(&[0, 1, 2, 3]))).unwrap();
+        std::fs::write(&b, npy("<i8", &[1, 3], &i64s(&[0, 1, 2]))).unwrap();
+        let both = import_all(&[a.clone(), a.clone()], &opts()).unwrap();
+        assert_eq!(both.layers[0].topk_ids, vec![0, 1, 2, 3, 0, 1, 2, 3]);
+        let e = import_all(&[a, b], &opts()).unwrap_err().to_string();
+        assert!(e.contains("top-3") && e.contains("top-2"), "{e}");
+        assert!(import_all(&[], &opts()).is_err());
     }
 
     #[test]

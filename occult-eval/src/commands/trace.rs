@@ -28,10 +28,12 @@ pub enum TraceCmd {
         occult trace remap --trace placed.safetensors --model olmoe-placed -o original-ids.safetensors")]
     Remap(RemapArgs),
     /// Read routing recorded by another framework (.npz, .npy or safetensors arrays of top-k
-    /// ids per layer; see docs/formats.md) into an occult trace.
+    /// ids per layer, or SGLang's per_token expert-distribution dumps; see docs/formats.md)
+    /// into an occult trace.
     #[command(after_help = "Examples:\n  \
         occult trace import routing.npz --experts 64 -o t.safetensors\n  \
-        occult trace import routing.safetensors --model allenai/OLMoE-1B-7B-0924 -o t.safetensors\n\n\
+        occult trace import routing.safetensors --model allenai/OLMoE-1B-7B-0924 -o t.safetensors\n  \
+        occult trace import /tmp/expert_distribution_recorder_*.pt --model Qwen/Qwen3-30B-A3B -o t.safetensors\n\n\
         In Python: np.savez('routing.npz', **{f'layers.{l}.topk_ids': ids[l] for l in layers}), \
         or one stacked array np.savez('routing.npz', topk_ids=ids, layer_ids=layers). \
         scripts/record_routing.py records a transformers model's routing straight into a trace.")]
@@ -40,8 +42,10 @@ pub enum TraceCmd {
 
 #[derive(Args, Debug)]
 pub struct ImportArgs {
-    /// The routing file (.npz, .npy or .safetensors).
-    pub file: PathBuf,
+    /// The routing files (.npz, .npy, .safetensors, or SGLang's per_token .pt dumps, one per
+    /// rank): their tokens are concatenated in order.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
     /// Experts per layer.
     #[arg(long, required_unless_present = "model")]
     pub experts: Option<usize>,
@@ -171,8 +175,9 @@ fn synth(a: SynthArgs) -> Result<()> {
 }
 
 fn import(a: ImportArgs) -> Result<()> {
-    use occult_core::analysis::trace_import::{import, ImportOptions};
-    super::check_io(&[Some(&a.file)], &[Some(&a.output)])?;
+    use occult_core::analysis::trace_import::{import_all, ImportOptions};
+    let inputs: Vec<Option<&std::path::Path>> = a.files.iter().map(|f| Some(f.as_path())).collect();
+    super::check_io(&inputs, &[Some(&a.output)])?;
     let num_experts = match (a.experts, &a.model) {
         (Some(e), _) => e,
         (None, Some(m)) => {
@@ -188,7 +193,7 @@ fn import(a: ImportArgs) -> Result<()> {
         model: a.model.clone(),
         data: a.data.clone(),
     };
-    let t = import(&a.file, &opts)?;
+    let t = import_all(&a.files, &opts)?;
     t.write(&a.output)?;
     eprintln!(
         "wrote {} ({} layers, {} tokens in the first, {} experts, top-{})",

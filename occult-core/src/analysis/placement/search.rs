@@ -762,6 +762,83 @@ mod tests {
         }
     }
 
+    /// The limit is `factor x mean` load, exactly: a placement at 1.5 x mean is allowed under
+    /// 1.5 (and found, being the best for C_T), and refused under 1.4.
+    #[test]
+    fn the_load_limit_is_the_factor_times_the_mean() {
+        // Experts 0 and 1 always together (60 tokens), 2 and 3 together (20): {0,1} {2,3} has
+        // every token on one device, with loads 120 and 40 (mean 80, 1.5 x).
+        let mut ids = Vec::new();
+        for t in 0..80u32 {
+            ids.extend_from_slice(if t < 60 { &[0, 1] } else { &[2, 3] });
+        }
+        let co = CoActivation::from_ids(&ids, 2, 4);
+        let at = |f: f64| {
+            search(
+                &ids,
+                2,
+                &co,
+                2,
+                &SearchConfig {
+                    max_load_factor: Some(f),
+                    ..Default::default()
+                },
+            )
+        };
+        let out = at(1.5).unwrap();
+        assert_eq!(out.map[0], out.map[1], "{:?}", out.map);
+        assert_eq!(out.total_devices, 80);
+        let tighter = at(1.4).unwrap();
+        assert_ne!(tighter.map[0], tighter.map[1], "{:?}", tighter.map);
+        for bad in [0.5, f64::INFINITY, f64::NAN] {
+            let e = at(bad).unwrap_err().to_string();
+            assert!(e.contains("factor >= 1"), "{bad}: {e}");
+        }
+    }
+
+    /// The bounds on top-k and restarts are where they say (the largest allowed runs).
+    #[test]
+    fn the_largest_top_k_and_restarts_are_allowed_and_no_more() {
+        let ids: Vec<u32> = (0..255).collect();
+        let co = CoActivation::from_ids(&ids, 255, 256);
+        assert!(search(&ids, 255, &co, 2, &SearchConfig::default()).is_ok());
+        let ids: Vec<u32> = (0..256).collect();
+        let co = CoActivation::from_ids(&ids, 256, 256);
+        let e = search(&ids, 256, &co, 2, &SearchConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("top_k = 256"), "{e}");
+        let ids = random_ids(50, 2, 8, 3);
+        let co = CoActivation::from_ids(&ids, 2, 8);
+        let with = |restarts| {
+            search(
+                &ids,
+                2,
+                &co,
+                2,
+                &SearchConfig {
+                    restarts,
+                    ..Default::default()
+                },
+            )
+        };
+        assert!(with(MAX_RESTARTS).is_ok());
+        let e = with(MAX_RESTARTS + 1).unwrap_err().to_string();
+        assert!(e.contains("--restarts 1025"), "{e}");
+    }
+
+    /// The random starts' seeds: distinct for distinct seeds and streams, and never the seed
+    /// itself (which the synthetic trace generator uses).
+    #[test]
+    fn salted_seeds_are_distinct() {
+        let mut seen = std::collections::HashSet::new();
+        for seed in 0..256u64 {
+            for stream in 0..4 {
+                let s = salted(seed, stream);
+                assert_ne!(s, seed);
+                assert!(seen.insert(s), "seed {seed} stream {stream} repeats");
+            }
+        }
+    }
+
     #[test]
     fn load_limit_is_met_or_reported() {
         let (e, k, d) = (16, 2, 4);
