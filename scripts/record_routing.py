@@ -13,7 +13,8 @@ non-empty line (or the `text` field of each JSON line of a .jsonl file), each to
 --seq-len tokens, until --max-tokens.
 
 It hooks every MoE router, `model.layers.L.{mlp,block_sparse_moe}.gate`, and keeps the experts
-the router chose for each token, best first (by their gate weight), with their gate weights and,
+the router chose for each token, best first (by gate weight; by sigmoid score plus
+`e_score_correction_bias` where the router has one), with their gate weights and,
 under --logits, the router's logits. transformers v5 routers return (logits, weights, ids);
 DeepSeek-MoE v1's remote code returns (ids, weights, aux_loss): both are read. Needs torch,
 transformers and safetensors.
@@ -109,9 +110,18 @@ def main():
     def hook(layer):
         def record(module, inputs, output):
             ids, weights, logits = routing_of(output, num_experts)
-            if weights is not None:  # best first, as Occult's traces keep them
-                weights, order = weights.float().sort(dim=-1, descending=True, stable=True)
+            # Best first, as Occult's traces keep them: by the selection score, which is the gate
+            # weight except where a bias steers selection only (DeepSeek-V3's
+            # e_score_correction_bias on sigmoid scores).
+            bias = getattr(module, "e_score_correction_bias", None)
+            if logits is not None and torch.is_tensor(bias):
+                score = (logits.float().sigmoid() + bias.float()).gather(-1, ids.long())
+            else:
+                score = weights.float() if weights is not None else None
+            if score is not None:
+                order = score.argsort(dim=-1, descending=True, stable=True)
                 ids = ids.gather(-1, order)
+                weights = weights.float().gather(-1, order) if weights is not None else None
             r = seen.setdefault(layer, {"ids": [], "weights": [], "logits": []})
             r["ids"].append(ids.to("cpu", torch.int32))
             if weights is not None:

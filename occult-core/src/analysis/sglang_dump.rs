@@ -32,11 +32,14 @@ pub fn read_per_token_dump(bytes: &[u8]) -> Result<BTreeMap<String, Array>, Stri
         .ok_or("no data.pkl: not a torch.save file")?;
     let dir = std::path::PathBuf::from(pkl.strip_suffix(".pkl").expect("ends with .pkl"));
     let pickle = entry(&mut zip, &pkl, bytes.len() as u64 * 1032)?;
-    let mut stack = Stack::empty();
-    stack
-        .read_loop(&mut std::io::BufReader::new(&pickle[..]))
-        .map_err(|e| format!("data.pkl: {e}"))?;
-    let obj = stack.finalize().map_err(|e| format!("data.pkl: {e}"))?;
+    // candle's pickle reader can panic on hostile input (an overlong LONG1): contained here.
+    let obj = crate::input::contain_panics(|| {
+        let mut stack = Stack::empty();
+        stack.read_loop(&mut std::io::BufReader::new(&pickle[..]))?;
+        stack.finalize()
+    })
+    .map_err(|e| format!("data.pkl: {e}"))?
+    .map_err(|e| format!("data.pkl: {e}"))?;
     let Object::Dict(top) = obj else {
         return Err("the dump is not a dict: not SGLang's per_token expert distribution".into());
     };
@@ -56,12 +59,14 @@ pub fn read_per_token_dump(bytes: &[u8]) -> Result<BTreeMap<String, Array>, Stri
                 .into(),
         );
     };
+    // Every tensor's bytes together stay within what the file can expand to.
+    let mut budget = bytes.len().saturating_mul(1032);
     let map = tensor(
         &mut zip,
         &dir,
         map,
         "last_physical_to_logical_map",
-        bytes.len(),
+        &mut budget,
     )?;
     if map.shape.len() != 2 {
         return Err(format!(
@@ -84,7 +89,7 @@ pub fn read_per_token_dump(bytes: &[u8]) -> Result<BTreeMap<String, Array>, Stri
             .find(|(k, _)| matches!(k, Object::Unicode(k) if k == "topk_ids_of_layer"))
             .map(|(_, v)| v)
             .ok_or(format!("record {i} has no topk_ids_of_layer"))?;
-        let a = tensor(&mut zip, &dir, ids, "topk_ids_of_layer", bytes.len())?;
+        let a = tensor(&mut zip, &dir, ids, "topk_ids_of_layer", &mut budget)?;
         let Values::Ints(v) = a.values else {
             return Err(format!("record {i}: topk_ids_of_layer holds floats"));
         };
@@ -187,7 +192,7 @@ fn tensor(
     dir: &std::path::Path,
     obj: Object,
     what: &str,
-    file_len: usize,
+    budget: &mut usize,
 ) -> Result<Array, String> {
     let not = || format!("{what} is not a tensor this reader knows");
     let Object::Reduce { callable, args } = obj else {
@@ -227,6 +232,9 @@ fn tensor(
         "ByteStorage" => ("|u1", 1),
         other => return Err(format!("{what} is a {other}, not integers")),
     };
+    if stride.len() != shape.len() {
+        return Err(not());
+    }
     let mut expect = 1usize;
     for (i, &d) in shape.iter().enumerate().rev() {
         if d > 1 && stride[i] != expect {
@@ -242,10 +250,11 @@ fn tensor(
     let need = start
         .checked_add(n)
         .and_then(|x| x.checked_mul(size))
-        .filter(|&x| x <= file_len.saturating_mul(1032))
+        .filter(|&x| x <= *budget)
         .ok_or(format!(
             "{what}: shape {shape:?} is larger than the file can hold"
         ))?;
+    *budget -= need;
     let path = format!("{}/{key}", dir.display());
     let data = entry(zip, &path, need as u64)?;
     if data.len() < need {

@@ -132,7 +132,12 @@ pub fn read_npz(bytes: &[u8]) -> std::result::Result<BTreeMap<String, Array>, St
             .map_err(|e| format!("zip entry {i}'s name: {e}"))?
             .into_owned();
         // Deflate expands at most about 1032x: a declared size past that is a lie.
-        let limit = (entry.compressed_size().saturating_mul(1032)).max(1 << 16);
+        // (The directory's sizes are not checked against the file by the zip reader.)
+        let limit = entry
+            .compressed_size()
+            .min(bytes.len() as u64)
+            .saturating_mul(1032)
+            .max(1 << 16);
         if entry.size() > limit {
             return Err(format!(
                 "{name}: declares {} bytes from {} compressed",
@@ -140,7 +145,7 @@ pub fn read_npz(bytes: &[u8]) -> std::result::Result<BTreeMap<String, Array>, St
                 entry.compressed_size()
             ));
         }
-        let mut data = Vec::with_capacity(entry.size() as usize);
+        let mut data = Vec::with_capacity(entry.size().min(limit) as usize);
         entry
             .take(limit)
             .read_to_end(&mut data)
@@ -207,7 +212,9 @@ pub(crate) fn decode(
     shape: Vec<usize>,
     data: &[u8],
 ) -> std::result::Result<Array, String> {
-    let (order, kind) = descr.split_at(1.min(descr.len()));
+    let Some((order, kind)) = descr.get(..1).zip(descr.get(1..)) else {
+        return Err(format!("dtype {descr:?} is not read"));
+    };
     if order == ">" {
         return Err(format!("big-endian {descr} is not read"));
     }
@@ -379,13 +386,12 @@ pub fn from_arrays(
             });
         }
     } else {
+        // Layer numbers written in plain decimal only (`layers.01.` would name layer 1 twice).
         let mut layers: Vec<usize> = arrays
             .keys()
             .filter_map(|k| {
-                k.strip_prefix("layers.")?
-                    .strip_suffix(".topk_ids")?
-                    .parse()
-                    .ok()
+                let l = k.strip_prefix("layers.")?.strip_suffix(".topk_ids")?;
+                l.parse::<usize>().ok().filter(|n| n.to_string() == l)
             })
             .collect();
         layers.sort_unstable();
@@ -398,7 +404,7 @@ pub fn from_arrays(
         for l in layers {
             let ids = arrays
                 .remove(&format!("layers.{l}.topk_ids"))
-                .expect("listed");
+                .ok_or(format!("layers.{l}.topk_ids is missing"))?;
             raw.push(RawLayer {
                 layer: l,
                 ids,
@@ -406,6 +412,13 @@ pub fn from_arrays(
                 logits: arrays.remove(&format!("layers.{l}.router_logits")),
             });
         }
+    }
+    if raw.is_empty() {
+        return Err("topk_ids holds no layers".into());
+    }
+    raw.sort_by_key(|r| r.layer);
+    if let Some(w) = raw.windows(2).find(|w| w[0].layer == w[1].layer) {
+        return Err(format!("layer {} is given twice", w[0].layer));
     }
     // The top-k: the columns that are not padding in every row of every layer.
     let width = raw[0].ids.shape.get(1).copied().unwrap_or(0);
@@ -620,8 +633,10 @@ mod tests {
         assert!(err(&npy("<i8", &[1000000, 1000000], &[0; 8])).contains("data bytes"));
         assert!(err(&npy(">i8", &[1], &[0; 8])).contains("big-endian"));
         assert!(err(&npy("<c8", &[1], &[0; 8])).contains("not read"));
-        // Found by fuzzing: a zero-byte dtype.
+        // Found by fuzzing: a zero-byte dtype. Found by review: a dtype that starts with a
+        // multi-byte character.
         assert!(err(&npy("<i0", &[3], &[])).contains("not read"));
+        assert!(err(&npy("\u{e9}i8", &[1], &[0; 8])).contains("not read"));
         let mut h = npy("<i8", &[1], &[0; 8]);
         h[8] = 255; // a header length past the end
         assert!(err(&h).contains("past the end"));
@@ -640,5 +655,16 @@ mod tests {
             .contains("row 0 column 1: id -1"));
         let e = from_arrays(BTreeMap::new(), &opts()).unwrap_err();
         assert!(e.contains("no routing arrays"), "{e}");
+        // Found by review: a layer spelled twice, and a stack of no layers.
+        let a = parse_npy(&npy("<i8", &[1, 2], &i64s(&[0, 1]))).unwrap();
+        let twice = BTreeMap::from([
+            ("layers.1.topk_ids".to_string(), a.clone()),
+            ("layers.01.topk_ids".to_string(), a.clone()),
+        ]);
+        let t = from_arrays(twice, &opts()).unwrap();
+        assert_eq!(t.layer_ids(), vec![1], "`layers.01.` is not a layer name");
+        let none = parse_npy(&npy("<i8", &[0, 3, 2], &[])).unwrap();
+        let e = from_arrays(BTreeMap::from([("topk_ids".into(), none)]), &opts()).unwrap_err();
+        assert!(e.contains("no layers"), "{e}");
     }
 }

@@ -83,6 +83,12 @@ impl ExpertLayout {
             model_type,
         };
         let num_layers = f.usize("num_hidden_layers")?;
+        if num_layers > crate::models::config::MAX_LAYERS {
+            return Err(f.bad(
+                "num_hidden_layers",
+                &format!("at most {}", crate::models::config::MAX_LAYERS),
+            ));
+        }
         let num_experts = f.usize("n_routed_experts")?;
         if num_experts == 0 {
             return Err(f.bad("n_routed_experts", "at least 1"));
@@ -185,7 +191,7 @@ fn open_shard(path: &Path) -> Result<Shard> {
         .into_iter()
         .map(|(n, i)| (n, i.clone()))
         .collect();
-    tensors.sort_by_key(|(_, i)| i.data_offsets.0);
+    tensors.sort_by_key(|(_, i)| i.data_offsets);
     let mut end = 0;
     for (name, info) in &tensors {
         if info.data_offsets.0 != end {
@@ -417,6 +423,14 @@ pub fn export_checkpoint(
                     }
                     Source::Rows(l) => {
                         let bytes = s.bytes(info);
+                        if bytes.len() % layout.num_experts != 0 {
+                            return Err(std::io::Error::other(format!(
+                                "{n}: {} bytes do not split into {} whole expert rows \
+                                 (a sub-byte dtype?)",
+                                bytes.len(),
+                                layout.num_experts
+                            )));
+                        }
                         let row = bytes.len() / layout.num_experts;
                         let lr = ren.layer(*l).expect("checked");
                         for &orig in &lr.new_to_original {
@@ -459,6 +473,13 @@ fn copy_beside(
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         if weights.iter().any(|w| w.file_name() == p.file_name()) {
+            continue;
+        }
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            summary.skipped.push((
+                name,
+                "safetensors weights the index does not list: not renumbered".into(),
+            ));
             continue;
         }
         if name == RENUMBERING_FILE {
@@ -560,20 +581,30 @@ fn check_output(dir: &Path, out: &Path, overwrite: bool) -> Result<()> {
     Ok(())
 }
 
-/// Renames the finished temporary folder to `out` (an earlier export there is replaced).
+/// Renames the finished temporary folder to `out`. An earlier export there is moved aside
+/// first and put back if the rename fails; failing to delete it afterwards only leaves it aside.
 fn put_in_place(tmp: tempfile::TempDir, out: &Path, overwrite: bool) -> Result<()> {
     let tmp = tmp.keep();
-    let fail = |e: std::io::Error| {
-        let _ = std::fs::remove_dir_all(&tmp);
-        Error::io(out, e)
-    };
     if overwrite && out.exists() {
         let old = tmp.with_extension("old");
-        std::fs::rename(out, &old).map_err(fail)?;
-        std::fs::rename(&tmp, out).map_err(fail)?;
-        std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
-    } else {
-        std::fs::rename(&tmp, out).map_err(fail)?;
+        if let Err(e) = std::fs::rename(out, &old) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(Error::io(out, e));
+        }
+        if let Err(e) = std::fs::rename(&tmp, out) {
+            let _ = std::fs::rename(&old, out);
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(Error::io(out, e));
+        }
+        if let Err(e) = std::fs::remove_dir_all(&old) {
+            eprintln!(
+                "warning: the earlier export, moved to {}, could not be deleted: {e}",
+                old.display()
+            );
+        }
+    } else if let Err(e) = std::fs::rename(&tmp, out) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(Error::io(out, e));
     }
     Ok(())
 }

@@ -40,8 +40,14 @@ pub fn location_file(layout: &ExpertLayout, placement: &Placement) -> Result<Val
             layout.model_type
         );
     }
-    let ren = super::Renumbering::from_placement(placement, layout.groups)?;
-    super::checkpoint::check_fits(layout, &ren)?;
+    // SGLang picks experts (groups included) on logical ids and only then maps them to physical
+    // slots, so a placement need not keep DeepSeek's expert groups whole here.
+    let ren = super::Renumbering::from_placement(placement, None)?;
+    let ungrouped = ExpertLayout {
+        groups: None,
+        ..layout.clone()
+    };
+    super::checkpoint::check_fits(&ungrouped, &ren)?;
     let e = layout.num_experts as u32;
     let rows: Vec<Vec<u32>> = (0..layout.num_layers)
         .map(|l| match ren.layer(l) {
@@ -135,7 +141,7 @@ pub fn check_location_file(
 pub fn placement_of(layout: &ExpertLayout, v: &Value, ep_size: usize) -> Result<Placement> {
     let rows = check_location_file(v, layout.num_layers, layout.num_experts, ep_size)?;
     let e = layout.num_experts;
-    if rows[0].len() != e {
+    if rows.first().is_some_and(|r| r.len() != e) {
         bail!(
             "{} physical slots for {e} experts: the file has replicas, which a placement of \
              one device per expert cannot hold",

@@ -193,7 +193,12 @@ fn import(a: ImportArgs) -> Result<()> {
         model: a.model.clone(),
         data: a.data.clone(),
     };
-    let t = import_all(&a.files, &opts)?;
+    let mut t = import_all(&a.files, &opts)?;
+    if let Some(m) = &a.model {
+        // Routing recorded on an exported checkpoint is in its numbering: say so, as profile does.
+        let dir = occult_core::models::checkpoint::resolve(m, None)?.dir;
+        crate::jobs::profile::mark_exported(&mut t, &dir);
+    }
     t.write(&a.output)?;
     eprintln!(
         "wrote {} ({} layers, {} tokens in the first, {} experts, top-{})",
