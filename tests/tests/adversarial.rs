@@ -818,6 +818,16 @@ fn placement_commands() -> Vec<Vec<&'static str>> {
             "--placement",
             "P",
         ],
+        vec![
+            "export",
+            "checkpoint",
+            "--model",
+            "../base/model",
+            "--placement",
+            "P",
+            "-o",
+            "exported",
+        ],
     ]
 }
 

@@ -385,6 +385,15 @@ pub fn export_checkpoint(
         .iter()
         .map(|(n, (_, i))| (n.clone(), i.clone()))
         .collect();
+    if family(&layout.model_type).is_some() {
+        // A model Occult runs: its tensors must be the ones its config explains, as every
+        // command that loads it requires.
+        let cfg = ModelConfig::read(&files.config)?;
+        let shape_of = |n: &str| infos.get(n).map(|i| (i.dtype, i.shape.clone()));
+        if let Some((name, what)) = crate::models::layout::first_misfit(&cfg, &shape_of) {
+            return Err(Error::bad_file(&files.dir, format!("tensor {name} {what}")));
+        }
+    }
     let sources = plan(&layout, ren, &infos)?;
     for &l in &layout.moe_layers {
         let router = format!("model.layers.{l}.{}.{}.weight", layout.block, layout.router);

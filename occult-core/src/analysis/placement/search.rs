@@ -657,7 +657,15 @@ mod tests {
             swapped.swap(a, b);
             let expect = total_devices(&ids, k, &swapped, d) as i64 - s.total;
             assert_eq!(s.delta(a, b), expect);
+            // The two devices' loads after the swap, against a recount.
+            let mut load = vec![0u64; d];
+            for (x, &p) in swapped.iter().enumerate() {
+                load[p as usize] += co.loads[x];
+            }
+            let (p, q) = (s.dev[a] as usize, s.dev[b] as usize);
+            assert_eq!(s.loads_after(a, b), (load[p], load[q]));
             s.swap(a, b);
+            assert_eq!(s.dev_load, load);
             assert_eq!(s.total, total_devices(&ids, k, &s.dev, d) as i64);
             // Tables equal a fresh build.
             let fresh = State::new(&ctx, s.dev.clone());
