@@ -8,6 +8,8 @@
 #   scripts/mutants.sh                 every group (about an hour on 2 cores)
 #   scripts/mutants.sh search optim    only these groups
 #   scripts/mutants.sh --list          the groups, their files, their tests and mutant counts
+#   scripts/mutants.sh --iterate ...   test again only what the last run did not catch (and any
+#                                      mutant it did not reach), after adding tests
 #
 # Needs `cargo install --locked cargo-mutants` (27.x) and OpenMPI (the tests' `mpi` feature, as in
 # .ci/run). Results: mutants.out/<group>/ (outcomes.json, missed.txt, caught.txt, log/), and a
@@ -41,10 +43,12 @@ command -v cargo-mutants >/dev/null || {
 }
 
 list=0
+iterate=()
 wanted=()
 for a in "$@"; do
     case "$a" in
     --list) list=1 ;;
+    --iterate) iterate=(--iterate) ;;
     -h | --help)
         sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
@@ -96,7 +100,7 @@ mkdir -p mutants.out
 while IFS='|' read -r group file packages targets timeout; do
     selected "$group" || continue
     out="mutants.out/$group"
-    rm -rf "$out"
+    [ ${#iterate[@]} -eq 0 ] && rm -rf "$out"
     mkdir -p "$out"
     cargo_args=()
     package_args=()
@@ -114,7 +118,7 @@ while IFS='|' read -r group file packages targets timeout; do
     rc=0
     cargo mutants --in-place --baseline skip --timeout "$timeout" --build-timeout 900 \
         --profile release --features "$FEATURES" --test-package "$packages" \
-        "${cargo_args[@]}" -f "$file" -o "$out" || rc=$?
+        "${iterate[@]+"${iterate[@]}"}" "${cargo_args[@]}" -f "$file" -o "$out" || rc=$?
     # cargo-mutants exits 2 when mutants are missed, 3 on timeouts (a mutant that makes the tests
     # hang is caught: they do not pass); anything else is a failure.
     case $rc in

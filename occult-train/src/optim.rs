@@ -296,9 +296,20 @@ mod tests {
         c.step(&grads(&resumed, 2), 0.01).unwrap();
         assert_eq!(c.steps(), 3);
         assert_eq!(values(&straight), values(&resumed));
-        // A state for other tensors is refused.
+        // A state for other tensors is refused, and so is one whose values or moments alone
+        // miss a tensor.
         let other = AdamW::new(&params(3)[..1], cfg).unwrap().state().unwrap();
         assert!(c.load_state(other).is_err());
+        for drop_values in [true, false] {
+            let mut short = c.state().unwrap();
+            if drop_values {
+                short.values.pop();
+            } else {
+                short.moments.pop();
+            }
+            let e = c.load_state(short).unwrap_err().to_string();
+            assert!(e.contains("the model trains 2"), "{e}");
+        }
     }
 
     #[test]

@@ -318,3 +318,80 @@ pub fn train(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> TrainConfig {
+        TrainConfig {
+            steps: 10,
+            batch_size: 4,
+            grad_accum: 1,
+            lr: 1e-4,
+            warmup: 2,
+            min_lr_ratio: 0.1,
+            weight_decay: 0.0,
+            max_grad_norm: Some(1.0),
+            seed: 0,
+            aux_loss: false,
+            save_every: None,
+        }
+    }
+
+    /// Each setting's bound on its own, at its edge.
+    #[test]
+    fn every_setting_is_checked_at_its_edge() {
+        assert!(good().validate().is_ok());
+        let norm = |n: f64| {
+            TrainConfig {
+                max_grad_norm: Some(n),
+                ..good()
+            }
+            .validate()
+        };
+        for bad in [0.0, -1.0, f64::INFINITY, f64::NAN] {
+            let e = norm(bad).unwrap_err().to_string();
+            assert!(e.contains("--max-grad-norm"), "{bad}: {e}");
+        }
+        assert!(norm(1e-9).is_ok());
+        let decay = |w: f64| {
+            TrainConfig {
+                weight_decay: w,
+                ..good()
+            }
+            .validate()
+        };
+        for bad in [-0.1, f64::INFINITY, f64::NAN] {
+            let e = decay(bad).unwrap_err().to_string();
+            assert!(e.contains("--weight-decay"), "{bad}: {e}");
+        }
+        assert!(decay(0.0).is_ok() && decay(0.1).is_ok());
+        for (cfg, flag) in [
+            (
+                TrainConfig {
+                    batch_size: 0,
+                    ..good()
+                },
+                "--batch-size",
+            ),
+            (
+                TrainConfig {
+                    grad_accum: 0,
+                    ..good()
+                },
+                "--grad-accum",
+            ),
+            (
+                TrainConfig {
+                    save_every: Some(0),
+                    ..good()
+                },
+                "--save-every",
+            ),
+        ] {
+            let e = cfg.validate().unwrap_err().to_string();
+            assert!(e.contains(flag), "{e}");
+        }
+    }
+}
