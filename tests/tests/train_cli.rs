@@ -692,3 +692,30 @@ fn pruned_training_in_either_dispatch_is_the_pruned_reference() {
         }
     }
 }
+
+/// On one rank, rank 0 alone saves and puts the save in force: `state.json` names the last
+/// step and its folder holds rank 0's part (a mutation that let only the other ranks write
+/// `state.json` passed every multi-rank test).
+#[test]
+fn a_one_rank_run_saves_a_state_to_resume_from() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    write_data(d);
+    let m = model();
+    occult_ok(
+        d,
+        &with(
+            base(&m, "one"),
+            &["--devices", "1", "--steps", "2", "--save-every", "1"],
+        ),
+    );
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("one/state/state.json")).unwrap()).unwrap();
+    assert_eq!(state["step"], 2);
+    let folder = state["folder"].as_str().unwrap();
+    assert!(d
+        .join("one/state")
+        .join(folder)
+        .join("rank0.safetensors")
+        .is_file());
+}
