@@ -12,7 +12,7 @@
 
 use candle::{DType, Device, Tensor};
 use occult_core::analysis::placement::{contiguous, LayerPlacement, Placement, PLACEMENT_FORMAT};
-use occult_core::analysis::trace::{LayerTrace, Trace, TraceMeta};
+use occult_core::analysis::trace::Trace;
 use occult_core::ep::comm::local::run_local_with_timeout;
 use occult_core::ep::comm::{Communicator, PeerStats};
 use occult_core::ep::dispatch::DispatchMode;
@@ -183,24 +183,7 @@ fn trace_of(ck: &Checkpoint) -> Trace {
     let ids = Tensor::from_slice(s, (1, s.len()), &Device::Cpu).unwrap();
     let mut rec = RoutingRecorder::default();
     m.forward(&ids, None, Some(&mut rec), Logits::Last).unwrap();
-    Trace {
-        meta: TraceMeta {
-            num_experts: ck.cfg.moe.num_experts,
-            top_k: ck.cfg.moe.top_k,
-            ..Default::default()
-        },
-        layers: rec
-            .layers
-            .into_iter()
-            .map(|(layer, r)| LayerTrace {
-                layer,
-                tokens: r.tokens,
-                topk_ids: r.ids,
-                topk_weights: Some(r.weights),
-                router_logits: Some(r.logits),
-            })
-            .collect(),
-    }
+    occult_eval::jobs::profile::trace_of(rec, &ck.cfg, "model", "random", true)
 }
 
 fn one_device_logits(ck: &Checkpoint) -> Vec<f32> {
