@@ -332,18 +332,15 @@ pub fn check_fits(layout: &ExpertLayout, ren: &Renumbering) -> Result<()> {
         }
         if let Some(g) = layout.groups {
             let size = layout.num_experts / g.n_group;
-            for (b, block) in lr.new_to_original.chunks(size).enumerate() {
-                let group = block[0] as usize / size;
-                if block.iter().any(|&x| x as usize / size != group) {
-                    bail!(
-                        "layer {}: new ids {}..{} mix experts of several groups; the model routes \
+            if let Some((b, _, _)) = g.first_mixed_run(&lr.new_to_original) {
+                bail!(
+                    "layer {}: new ids {}..{} mix experts of several groups; the model routes \
                          by groups of {size} (n_group = {}), which must stay whole",
-                        lr.layer,
-                        b * size,
-                        (b + 1) * size,
-                        g.n_group
-                    );
-                }
+                    lr.layer,
+                    b * size,
+                    (b + 1) * size,
+                    g.n_group
+                );
             }
         }
     }

@@ -67,6 +67,23 @@ pub struct ExpertGroups {
     pub topk_group: usize,
 }
 
+impl ExpertGroups {
+    /// The first run of `E / n_group` new ids (by `new_to_original`) that mixes experts of two
+    /// original groups: `(run, its first expert, the expert of another group)`.
+    pub fn first_mixed_run(&self, new_to_original: &[u32]) -> Option<(usize, u32, u32)> {
+        let size = (new_to_original.len() / self.n_group.max(1)).max(1);
+        new_to_original
+            .chunks(size)
+            .enumerate()
+            .find_map(|(b, run)| {
+                let group = run[0] as usize / size;
+                run.iter()
+                    .find(|&&x| x as usize / size != group)
+                    .map(|&other| (b, run[0], other))
+            })
+    }
+}
+
 impl Renumbering {
     /// The renumbering that realises `placement` under contiguous sharding over its devices.
     ///
@@ -248,18 +265,16 @@ fn check_groups(
         );
     }
     let size = e / g.n_group;
-    for (b, block) in order.chunks(size).enumerate() {
-        let group = block[0] as usize / size;
-        if let Some(&other) = block.iter().find(|&&x| x as usize / size != group) {
-            let devices: std::collections::BTreeSet<u32> =
-                block.iter().map(|&x| device_of[x as usize]).collect();
-            bail!(
-                "layer {layer}: the renumbering would put experts {} (group {group}) and {other} \
+    if let Some((b, first, other)) = g.first_mixed_run(order) {
+        let (block, group) = (&order[b * size..(b + 1) * size], first as usize / size);
+        let devices: std::collections::BTreeSet<u32> =
+            block.iter().map(|&x| device_of[x as usize]).collect();
+        bail!(
+                "layer {layer}: the renumbering would put experts {first} (group {group}) and {other} \
                  (group {}) into one group of new ids ({}..{}, on devices {devices:?}); the model's \
                  group-limited routing (n_group = {}, topk_group = {}) needs every group of {size} \
                  experts kept whole: each device must hold whole groups ({} experts per device \
                  here) or each group fill whole devices",
-                block[0],
                 other as usize / size,
                 b * size,
                 (b + 1) * size,
@@ -267,7 +282,6 @@ fn check_groups(
                 g.topk_group,
                 e / d
             );
-        }
     }
     Ok(())
 }
