@@ -17,6 +17,20 @@ pub enum ExpertStorage {
 /// A copy of fixture `arch` in `dir` with its routed experts stored in `layout` (every other
 /// tensor and file as the fixture has it, in one weight file).
 pub fn relayout(arch: &str, layout: ExpertStorage, dir: &std::path::Path) {
+    relayout_sized(arch, layout, None, dir)
+}
+
+/// As [`relayout`], with the experts' intermediate size made `intermediate` (a multiple of the
+/// fixture's, which the config then names): each expert's gate and up rows are repeated and its
+/// down columns repeated and scaled to match. With `intermediate` = H / 2 the fused stacks
+/// `[E, 2I, H]` and `[E, H, 2I]` have the same shape, and only the down projection tells the
+/// layouts apart; with `intermediate` = H only the gate-up stack does.
+pub fn relayout_sized(
+    arch: &str,
+    layout: ExpertStorage,
+    intermediate: Option<usize>,
+    dir: &std::path::Path,
+) {
     use candle::Tensor;
     let ck = open(arch, false);
     let cfg = &ck.cfg;
@@ -47,6 +61,17 @@ pub fn relayout(arch: &str, layout: ExpertStorage, dir: &std::path::Path) {
                 down,
             )
         };
+        let (gate, up, down) = match intermediate {
+            Some(to) => {
+                let i = cfg.moe.expert_intermediate;
+                assert_eq!(to % i, 0, "{to} is not a multiple of the fixture's {i}");
+                let r = to / i;
+                let rows = |t: &Tensor| Tensor::cat(&vec![t; r], 1).unwrap();
+                let cols = (Tensor::cat(&vec![&down; r], 2).unwrap() / r as f64).unwrap();
+                (rows(&gate), rows(&up), cols)
+            }
+            None => (gate, up, down),
+        };
         let fused = |t: Tensor, transpose: bool| {
             if transpose {
                 t.transpose(1, 2).unwrap().contiguous().unwrap()
@@ -72,7 +97,21 @@ pub fn relayout(arch: &str, layout: ExpertStorage, dir: &std::path::Path) {
     }
     std::fs::create_dir_all(dir).unwrap();
     candle::safetensors::save(&all, dir.join("model.safetensors")).unwrap();
-    std::fs::copy(&ck.files.config, dir.join("config.json")).unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&ck.files.config).unwrap()).unwrap();
+    if let Some(to) = intermediate {
+        let key = if config.get("moe_intermediate_size").is_some() {
+            "moe_intermediate_size"
+        } else {
+            "intermediate_size"
+        };
+        config[key] = to.into();
+    }
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_vec_pretty(&config).unwrap(),
+    )
+    .unwrap();
     if let Some(t) = &ck.files.tokenizer {
         std::fs::copy(t, dir.join("tokenizer.json")).unwrap();
     }

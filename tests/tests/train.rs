@@ -5,7 +5,7 @@ use occult_core::ep::comm::local::run_local_with_timeout;
 use occult_core::ep::comm::Communicator;
 use occult_core::ep::dispatch::DispatchMode;
 use occult_tests::data_parallel::{gradient_shares, open, rank_step, reference_step, setup};
-use occult_tests::storage::{relayout, ExpertStorage};
+use occult_tests::storage::{relayout, relayout_sized, ExpertStorage};
 use occult_train::grad_norm::{clip_global_norm, global_norm};
 use std::sync::Arc;
 use std::time::Duration;
@@ -522,6 +522,29 @@ fn a_fine_tuned_model_saves_in_its_own_layout_and_reloads_with_the_same_logits()
             let src = t.path().join("source");
             relayout(arch, layout, &src);
             save_and_reload(&format!("{arch} {layout:?}"), &src, &t.path().join("tuned"));
+        }
+    }
+}
+
+/// The fused layouts where one stack's shape alone cannot tell them apart: H = 2I (the gate-up
+/// stacks `[E, 2I, H]` and `[E, H, 2I]` agree) and H = I (the down stacks agree). Saved as the
+/// source stores them, reloaded with the same logits.
+#[test]
+fn fused_layouts_whose_shapes_coincide_save_in_their_own_layout() {
+    let arch = "olmoe";
+    let h = occult_tests::data_parallel::open(arch, false)
+        .cfg
+        .hidden_size;
+    for layout in [ExpertStorage::Fused, ExpertStorage::Transposed] {
+        for i in [h / 2, h] {
+            let t = tempfile::tempdir().unwrap();
+            let src = t.path().join("source");
+            relayout_sized(arch, layout, Some(i), &src);
+            save_and_reload(
+                &format!("{arch} {layout:?} I {i}"),
+                &src,
+                &t.path().join("tuned"),
+            );
         }
     }
 }

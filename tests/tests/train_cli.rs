@@ -719,3 +719,46 @@ fn a_one_rank_run_saves_a_state_to_resume_from() {
         .join("rank0.safetensors")
         .is_file());
 }
+
+/// `--weight-decay w` reaches the optimiser as AdamW's decoupled decay: after one step from the
+/// same start, each trained weight differs from the run without decay by `-lr * w * theta`
+/// (the logged learning rate, the source's weight), and untrained ones not at all.
+#[test]
+fn weight_decay_shrinks_each_trained_weight_by_lr_times_decay() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    write_data(d);
+    let w = 0.5f32;
+    train(d, "plain", &["--steps", "1", "--weight-decay", "0"]);
+    train(d, "decayed", &["--steps", "1", "--weight-decay", "0.5"]);
+    let log = std::fs::read_to_string(d.join("decayed/log.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+    let lr = first["lr"].as_f64().unwrap() as f32;
+    assert!(lr > 0.0, "{first}");
+    let (source, plain, decayed) = (
+        tensors(Path::new(&model())),
+        tensors(&d.join("plain")),
+        tensors(&d.join("decayed")),
+    );
+    let mut trained = 0;
+    for (name, theta) in &source {
+        let (p, q) = (&plain[name], &decayed[name]);
+        if p == theta {
+            assert_eq!(q, theta, "{name}: untrained, yet decayed");
+            continue;
+        }
+        trained += 1;
+        for ((&th, &a), &b) in theta.iter().zip(p).zip(q) {
+            let want = a - lr * w * th;
+            let tol = 4.0 * f32::EPSILON * (th.abs() + a.abs()) + 1e-12;
+            assert!((b - want).abs() <= tol, "{name}: {b} against {want}");
+        }
+        let moved = theta
+            .iter()
+            .zip(q)
+            .zip(p)
+            .any(|((&th, &b), &a)| (b - a).abs() > 1e3 * f32::EPSILON * th.abs() && th != 0.0);
+        assert!(moved, "{name}: the decay is too small to see");
+    }
+    assert!(trained > 0, "no tensor trained");
+}

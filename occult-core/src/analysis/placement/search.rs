@@ -752,7 +752,10 @@ mod tests {
             l
         };
         let excess = |dev: &[u32], cap: f64| -> f64 {
-            load_of(dev).iter().map(|&l| (l as f64 - cap).max(0.0)).sum()
+            load_of(dev)
+                .iter()
+                .map(|&l| (l as f64 - cap).max(0.0))
+                .sum()
         };
         let cost = |dev: &[u32]| total_devices(ids, k, dev, d) as i64;
         let swapped = |dev: &[u32], a: usize, b: usize| {
