@@ -416,8 +416,13 @@ fn project_sizes_a_cluster_from_a_trace() {
     );
     let v = read_json(&d.join("p.json"));
     let rows = v["rows"].as_array().unwrap();
-    // D = 4 and 16, two token counts, 4 modes each; D = 128 is more devices than experts.
-    assert_eq!(rows.len(), 2 * 2 * 4);
+    // D = 4 and 16, two token counts, 4 modes each, and at D = 16 (two nodes of 8) the
+    // node-aware placement; D = 128 is more devices than experts.
+    assert_eq!(rows.len(), 2 * 2 * 4 + 2);
+    for r in rows.iter().filter(|r| r["mode"] == "occult, node-aware") {
+        assert_eq!(r["devices"], 16);
+        assert!(r["ecn"].as_f64().unwrap() >= 1.0 && r["ecn"].as_f64().unwrap() <= 2.0);
+    }
     assert!(v["projection"].as_bool().unwrap() && v.get("provenance").is_some());
     let at = |dv: u64, t: u64, mode: &str| {
         rows.iter()
@@ -562,4 +567,120 @@ fn bench_layer_reports_the_contract_and_the_ratio() {
         .find(|r| r["mode"].as_str().unwrap().starts_with("occult+prune2"))
         .unwrap();
     assert!(p["ect"].as_f64().unwrap() <= 2.0);
+}
+
+/// Placing for nodes end to end: `place --link` (node size and row weight from the profile)
+/// records the level, reports E[C_N] and lowers it against the flat search; `collab
+/// --devices-per-node` counts both levels, in agreement with `place`; bad levels are named.
+#[test]
+fn placing_for_nodes_lowers_nodes_per_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    occult_ok(
+        d,
+        &[
+            "trace",
+            "synth",
+            "--tokens",
+            "1500",
+            "--layers",
+            "2",
+            "-o",
+            "t.safetensors",
+        ],
+    );
+    let place = |extra: &[&str], out: &str| {
+        let mut a = vec![
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "16",
+            "-o",
+            out,
+        ];
+        a.extend_from_slice(extra);
+        occult_ok(d, &a)
+    };
+    place(&[], "flat.json");
+    let printed = place(&["--link", "ib-ndr"], "nodes.json");
+    assert!(
+        printed.contains("E[C_N]") && printed.contains("over nodes of 8"),
+        "{printed}"
+    );
+    let p = read_json(&d.join("nodes.json"));
+    assert_eq!(p["source"]["nodes"]["devices_per_node"], 8);
+    assert_eq!(p["source"]["nodes"]["inter_weight"], 3.75);
+    let collab = |placement: &str, json: &str| {
+        let out = occult_ok(
+            d,
+            &[
+                "collab",
+                "--trace",
+                "t.safetensors",
+                "--placement",
+                placement,
+                "--devices-per-node",
+                "8",
+                "--resplit",
+                "--json",
+                json,
+            ],
+        );
+        assert!(out.contains("mean E[C_N]"), "{out}");
+        read_json(&d.join(json))["nodes"].clone()
+    };
+    let (flat, nodes) = (
+        collab("flat.json", "f.json"),
+        collab("nodes.json", "n.json"),
+    );
+    let ecn = |v: &Value| v["mean_ecn"].as_f64().unwrap();
+    assert!(
+        ecn(&nodes) < ecn(&flat),
+        "{} vs {}",
+        ecn(&nodes),
+        ecn(&flat)
+    );
+    for l in nodes["layers"].as_array().unwrap() {
+        let hist: u64 = l["ecn_histogram"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .sum();
+        assert_eq!(hist, l["tokens"].as_u64().unwrap());
+        assert!(l["two_level"]["inter"].as_u64() <= l["dedup"]["inter"].as_u64());
+    }
+    // The node size from a profile, in collab too; a size that does not divide D is refused.
+    let out = occult_ok(
+        d,
+        &[
+            "collab",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "16",
+            "--link",
+            "ib-ndr",
+            "--resplit",
+        ],
+    );
+    assert!(out.contains("over 2 nodes of 8 devices"), "{out}");
+    let refused = |extra: &[&str]| {
+        let mut a = vec!["place", "--trace", "t.safetensors", "--devices", "16"];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["-o", "x.json"]);
+        let err = occult_err(d, &a);
+        assert!(!d.join("x.json").exists());
+        err
+    };
+    let err = refused(&["--devices-per-node", "3"]);
+    assert!(
+        err.contains("--devices-per-node 3 must divide the 16 devices"),
+        "{err}"
+    );
+    let err = refused(&["--inter-weight", "2"]);
+    assert!(err.contains("needs a node size"), "{err}");
+    let err = refused(&["--method", "greedy", "--devices-per-node", "4"]);
+    assert!(err.contains("occult method only"), "{err}");
 }

@@ -100,7 +100,7 @@ proptest! {
         validate_map(&contiguous(c.e, c.d), c.e, c.d).unwrap();
         let g = greedy(&co, c.d);
         validate_map(&g, c.e, c.d).unwrap();
-        let cfg = SearchConfig { restarts, seed: 1, max_load_factor: None };
+        let cfg = SearchConfig { restarts, seed: 1, ..Default::default() };
         let ours = search(&c.ids, c.k, &co, c.d, &cfg).unwrap();
         validate_map(&ours.map, c.e, c.d).unwrap();
         let greedy_total = total_devices(&c.ids, c.k, &g, c.d);

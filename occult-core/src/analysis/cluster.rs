@@ -77,6 +77,8 @@ pub struct LevelTraffic {
     pub tokens: u64,
     /// Sum over tokens of the distinct devices their experts are on (E[C_T] = this / tokens).
     pub devices_touched: u64,
+    /// Sum over tokens of the distinct nodes their experts are on (E[C_N] = this / tokens).
+    pub nodes_touched: u64,
 }
 
 impl LevelTraffic {
@@ -89,6 +91,7 @@ impl LevelTraffic {
             pairs: vec![0; d],
             tokens: 0,
             devices_touched: 0,
+            nodes_touched: 0,
         }
     }
 
@@ -122,7 +125,6 @@ impl LevelTraffic {
                     let node = c.node(p);
                     let q = c.proxy(source, node);
                     if !remote_nodes.contains(&node) {
-                        remote_nodes.push(node);
                         self.inter[source * d_n + q] += 1;
                     }
                     if p != q {
@@ -130,7 +132,15 @@ impl LevelTraffic {
                     }
                 }
             }
+            if c.node(p) != here && !remote_nodes.contains(&c.node(p)) {
+                remote_nodes.push(c.node(p));
+            }
         }
+        let own = counter
+            .devices()
+            .iter()
+            .any(|&p| c.node(p as usize) == here);
+        self.nodes_touched += remote_nodes.len() as u64 + u64::from(own);
     }
 
     /// Rows per token over each level: (intra, inter).
@@ -144,6 +154,11 @@ impl LevelTraffic {
 
     pub fn ect(&self) -> f64 {
         self.devices_touched as f64 / self.tokens.max(1) as f64
+    }
+
+    /// E[C_N]: distinct nodes per token.
+    pub fn ecn(&self) -> f64 {
+        self.nodes_touched as f64 / self.tokens.max(1) as f64
     }
 
     /// Projected seconds of this exchange, rows of `row_bytes` bytes, on `profile`.
@@ -165,6 +180,96 @@ impl LevelTraffic {
     /// The slowest device's expert pairs.
     pub fn max_pairs(&self) -> u64 {
         self.pairs.iter().copied().max().unwrap_or(0)
+    }
+}
+
+/// Rows of one dispatch at each level, over a layer's tokens (each direction).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LevelRows {
+    pub intra: u64,
+    pub inter: u64,
+}
+
+impl LevelRows {
+    fn of(t: &LevelTraffic) -> Self {
+        LevelRows {
+            intra: t.intra.iter().sum(),
+            inter: t.inter.iter().sum(),
+        }
+    }
+}
+
+/// One layer's traffic at two levels: nodes touched per token and the rows each dispatch sends
+/// within and across nodes.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NodeStats {
+    pub layer: usize,
+    pub tokens: usize,
+    pub devices_per_node: usize,
+    pub nodes: usize,
+    /// E[C_N]: distinct nodes of a token's experts.
+    pub ecn: f64,
+    /// `ecn_histogram[c]` = tokens with C_N = c, for c in 0..=min(k, nodes).
+    pub ecn_histogram: Vec<u64>,
+    /// One row per (token, expert), straight to the expert's device.
+    pub standard: LevelRows,
+    /// One row per (token, device), straight to the device (the flat exchange).
+    pub dedup: LevelRows,
+    /// One row per (token, remote node) across, to the proxy, forwarded inside the node (the
+    /// two-level exchange).
+    pub two_level: LevelRows,
+    /// Rows each node receives across nodes under the two-level exchange.
+    pub node_inter_rows: Vec<u64>,
+    /// max / mean of `node_inter_rows` (1 when none).
+    pub max_node_inter_ratio: f64,
+}
+
+/// Computes [`NodeStats`] for one layer: `ids` `[tokens, k]` under `device_of_expert` on
+/// `num_devices` devices in nodes of `devices_per_node`, token t starting on `source(t)`.
+pub fn node_stats(
+    layer: usize,
+    ids: &[u32],
+    k: usize,
+    device_of_expert: &[u32],
+    num_devices: usize,
+    devices_per_node: usize,
+    source: impl Fn(usize) -> usize,
+) -> NodeStats {
+    let cluster = |forward| Cluster {
+        devices: num_devices,
+        per_node: devices_per_node,
+        forward,
+    };
+    let mut standard = LevelTraffic::new(cluster(true));
+    let mut dedup = LevelTraffic::new(cluster(false));
+    let mut two_level = LevelTraffic::new(cluster(true));
+    let nodes = num_devices.div_ceil(devices_per_node);
+    let mut hist = vec![0u64; k.min(nodes) + 1];
+    let mut counter = DeviceCounter::new(num_devices);
+    for (t, row) in ids.chunks_exact(k).enumerate() {
+        let src = source(t);
+        standard.add_token(src, row, device_of_expert, Dispatch::Copies, &mut counter);
+        dedup.add_token(src, row, device_of_expert, Dispatch::Dedup, &mut counter);
+        let before = two_level.nodes_touched;
+        two_level.add_token(src, row, device_of_expert, Dispatch::Dedup, &mut counter);
+        hist[(two_level.nodes_touched - before) as usize] += 1;
+    }
+    let mut node_inter_rows = vec![0u64; nodes];
+    for (i, &n) in two_level.inter.iter().enumerate() {
+        node_inter_rows[(i % num_devices) / devices_per_node] += n;
+    }
+    NodeStats {
+        layer,
+        tokens: ids.len() / k.max(1),
+        devices_per_node,
+        nodes,
+        ecn: two_level.ecn(),
+        ecn_histogram: hist,
+        standard: LevelRows::of(&standard),
+        dedup: LevelRows::of(&dedup),
+        two_level: LevelRows::of(&two_level),
+        max_node_inter_ratio: crate::analysis::collab::max_over_mean(&node_inter_rows),
+        node_inter_rows,
     }
 }
 
@@ -226,6 +331,56 @@ mod tests {
         direct.add_token(0, &ids, &map, Dispatch::Dedup, &mut counter);
         assert_eq!((direct.inter[2], direct.inter[3]), (1, 1));
         assert_eq!(direct.rows_per_token(), (1.0, 2.0));
+    }
+
+    /// Two tokens on 4 devices in 2 nodes (one expert per device), counted by hand.
+    #[test]
+    fn node_stats_by_hand() {
+        let map = [0u32, 1, 2, 3];
+        // Token 0 from device 0: experts on 0, 2, 3 (nodes 0 and 1). Token 1 from device 3:
+        // experts 1, 1 (node 0 only).
+        let ids = [0u32, 2, 3, 1, 1, 1];
+        let s = node_stats(5, &ids, 3, &map, 4, 2, |t| [0, 3][t]);
+        assert_eq!((s.nodes, s.tokens, s.layer), (2, 2, 5));
+        assert_eq!(s.ecn, 1.5);
+        assert_eq!(s.ecn_histogram, vec![0, 1, 1]);
+        // Standard: token 0 sends 2 across; token 1 sends 3 copies across (to device 1).
+        assert_eq!(s.standard, LevelRows { intra: 0, inter: 5 });
+        // Flat dedup: token 0 one row to each of devices 2 and 3; token 1 one row to device 1.
+        assert_eq!(s.dedup, LevelRows { intra: 0, inter: 3 });
+        // Two-level: token 0 one row to node 1's proxy (device 2), forwarded to 3; token 1 one
+        // row to node 0's proxy (device 1, local index 1), which needs it.
+        assert_eq!(s.two_level, LevelRows { intra: 1, inter: 2 });
+        assert_eq!(s.node_inter_rows, vec![1, 1]);
+        assert_eq!(s.max_node_inter_ratio, 1.0);
+    }
+
+    /// On random routing: the histogram covers every token, and two-level inter rows are
+    /// exactly the remote nodes each token touches.
+    #[test]
+    fn two_level_rows_are_remote_nodes_per_token() {
+        use crate::analysis::synth::{synth_trace, SynthConfig};
+        use std::collections::HashSet;
+        let mut c = SynthConfig::olmoe_like(500, 8);
+        c.layers = 1;
+        let l = &synth_trace(&c, &|| ()).unwrap().layers[0];
+        let map: Vec<u32> = (0..64).map(|x| (x * 11 % 64 / 4) as u32).collect();
+        for g in [1, 2, 4, 8, 16] {
+            let src = |t: usize| t * 7 % 16;
+            let s = node_stats(0, &l.topk_ids, 8, &map, 16, g, src);
+            assert_eq!(s.ecn_histogram.iter().sum::<u64>(), 500);
+            let mut remote = 0;
+            let mut nodes_total = 0;
+            for (t, row) in l.topk_ids.chunks_exact(8).enumerate() {
+                let nodes: HashSet<u32> = row.iter().map(|&x| map[x as usize] / g as u32).collect();
+                nodes_total += nodes.len();
+                remote += nodes.iter().filter(|&&n| n as usize != src(t) / g).count() as u64;
+            }
+            assert_eq!(s.two_level.inter, remote, "g {g}");
+            assert_eq!(s.node_inter_rows.iter().sum::<u64>(), remote);
+            assert!((s.ecn - nodes_total as f64 / 500.0).abs() < 1e-12);
+            assert!(s.two_level.inter <= s.dedup.inter && s.dedup.inter <= s.standard.inter);
+        }
     }
 
     /// Inside one node the counts are `collab`'s link-row matrices (k copies and one row per

@@ -39,6 +39,6 @@ pub use routing::RouterRule;
 pub use trace::Trace;
 pub use whole_trace::{
     check_placement_fits, check_router_matches, layer_similarity, place_steps_per_layer,
-    place_trace, prune_trace, source_split, trace_stats, PlaceInfo, PruneLayer, PruneReport,
-    TraceStats,
+    place_trace, prune_trace, source_split, trace_node_stats, trace_stats, PlaceInfo, PruneLayer,
+    PruneReport, TraceNodeStats, TraceStats,
 };

@@ -20,7 +20,7 @@
 use crate::analysis::cluster::{Cluster, Dispatch, LevelTraffic};
 use crate::analysis::collab::DeviceCounter;
 use crate::analysis::links::{swiglu_flops, LinkProfile};
-use crate::analysis::placement::{Method, Placement, SearchConfig};
+use crate::analysis::placement::{Method, NodeLevel, Placement, SearchConfig};
 use crate::analysis::pruning::PruneRule;
 use crate::analysis::routing::RouterRule;
 use crate::analysis::trace::Trace;
@@ -65,6 +65,8 @@ pub struct ModeProjection {
     pub load_cap: Option<f64>,
     pub dispatch: Dispatch,
     pub ect: f64,
+    /// E[C_N]: distinct nodes per token.
+    pub ecn: f64,
     /// Rows per token and MoE layer, each direction, within nodes and across them.
     pub intra_rows_per_token: f64,
     pub inter_rows_per_token: f64,
@@ -180,7 +182,7 @@ pub fn project_trace(
     let cfg = SearchConfig {
         restarts: s.restarts,
         seed: s.seed,
-        max_load_factor: None,
+        ..Default::default()
     };
     let router = RouterRule::softmax_topk(e, k, false);
     let mut rows = Vec::new();
@@ -249,6 +251,35 @@ pub fn project_trace(
                 pruned,
             });
         }
+        // Node-aware placements, per node size and row weight of the profiles that forward
+        // across nodes, under each load cap.
+        let mut node_aware: Vec<(NodeLevel, Vec<Candidate>)> = Vec::new();
+        for p in profiles {
+            let Some(level) = node_level(d, p) else {
+                continue;
+            };
+            if node_aware.iter().any(|(l, _)| *l == level) {
+                continue;
+            }
+            let mut found = Vec::new();
+            for cap in std::iter::once(None).chain(s.load_caps.iter().map(|&c| Some(c))) {
+                let cfg = SearchConfig {
+                    max_load_factor: cap,
+                    nodes: Some(level),
+                    ..cfg.clone()
+                };
+                match place_trace(trace, d, Method::Occult, &cfg, &|| ()) {
+                    Ok((placement, _)) => found.push(Candidate {
+                        cap,
+                        placement,
+                        pruned: Vec::new(),
+                    }),
+                    Err(_) if cap.is_some() => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            node_aware.push((level, found));
+        }
         for &t in &s.tokens_per_device {
             for p in profiles {
                 let cluster = Cluster::on(d, p);
@@ -292,6 +323,37 @@ pub fn project_trace(
                         rows.push(project_variant(&v, cluster, t, &order, p, s)?);
                     }
                 }
+                // On several nodes: the placement for the cluster that projects fastest here,
+                // among the node-aware ones under each load cap, Occult's flat ones and the
+                // contiguous one (so it is never slower than either); `placement` says which.
+                let level = node_level(d, p);
+                if let Some((_, found)) = node_aware.iter().find(|(l, _)| Some(*l) == level) {
+                    let pool = found
+                        .iter()
+                        .map(|c| ("node-aware", c))
+                        .chain(candidates.iter().map(|c| ("flat", c)));
+                    let contiguous = Candidate {
+                        cap: None,
+                        placement: contiguous.clone(),
+                        pruned: Vec::new(),
+                    };
+                    let mut best: Option<ModeProjection> = None;
+                    for (kind, c) in pool.chain(std::iter::once(("contiguous", &contiguous))) {
+                        let v = Variant {
+                            mode: "occult, node-aware".into(),
+                            placement: &c.placement,
+                            dispatch: Dispatch::Dedup,
+                            trace,
+                            cap: c.cap,
+                        };
+                        let mut m = project_variant(&v, cluster, t, &order, p, s)?;
+                        m.placement = kind.into();
+                        if best.as_ref().is_none_or(|b| m.layer_s < b.layer_s) {
+                            best = Some(m);
+                        }
+                    }
+                    rows.extend(best);
+                }
                 let (base_layer, base_train) = (rows[first].layer_s, rows[first].train_s);
                 for r in &mut rows[first..] {
                     r.layer_speedup = base_layer / r.layer_s.max(1e-30);
@@ -307,6 +369,18 @@ pub fn project_trace(
         layers: trace.layers.len(),
         rows,
         skipped,
+    })
+}
+
+/// The node level a node-aware placement is searched for on `p` with D devices: its node size
+/// and the intra- over inter-node bandwidth as the row weight; `None` on one node, when the
+/// node size does not divide D, or when the profile does not forward across nodes.
+fn node_level(d: usize, p: &LinkProfile) -> Option<NodeLevel> {
+    let g = p.ranks_per_node;
+    let forwards = p.inter.bandwidth < p.intra.bandwidth;
+    (forwards && g >= 1 && d > g && d.is_multiple_of(g)).then(|| NodeLevel {
+        devices_per_node: g,
+        inter_weight: p.intra.bandwidth / p.inter.bandwidth,
     })
 }
 
@@ -339,6 +413,7 @@ fn project_variant(
         load_cap: v.cap,
         dispatch: v.dispatch,
         ect: mean(&|l| l.ect()),
+        ecn: mean(&|l| l.ecn()),
         intra_rows_per_token: intra,
         inter_rows_per_token: inter,
         exchange_s,
@@ -383,11 +458,23 @@ mod tests {
         // machines each.
         assert_eq!(r.skipped.len(), 1);
         assert!(r.skipped[0].reason.contains("64 experts"));
-        assert_eq!(r.rows.len(), 2 * 2 * 4);
-        for chunk in r.rows.chunks(4) {
-            let [std, dedup, occ, pruned] = chunk else {
-                unreachable!()
-            };
+        // ib-ndr forwards across its nodes of 8: at 16 devices a fifth row, node-aware.
+        assert_eq!(r.rows.len(), 2 * 2 * 4 + 1);
+        let mut groups: Vec<Vec<&ModeProjection>> = Vec::new();
+        for row in &r.rows {
+            match groups.last_mut() {
+                Some(g) if row.mode != "standard" => g.push(row),
+                _ => groups.push(vec![row]),
+            }
+        }
+        for chunk in groups {
+            let (std, dedup, occ, pruned) = (chunk[0], chunk[1], chunk[2], chunk[3]);
+            if let Some(nodes) = chunk.get(4) {
+                assert_eq!((nodes.profile.as_str(), nodes.devices), ("ib-ndr", 16));
+                assert_eq!(nodes.mode, "occult, node-aware");
+                assert!(nodes.layer_s <= occ.layer_s && nodes.layer_s <= dedup.layer_s);
+                assert!(nodes.ecn <= dedup.ecn, "{} > {}", nodes.ecn, dedup.ecn);
+            }
             assert_eq!(std.mode, "standard");
             // Same placement: dedup sends fewer rows at the same E[C_T] and compute.
             assert!((std.ect - dedup.ect).abs() < 1e-12);

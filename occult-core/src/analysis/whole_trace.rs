@@ -2,6 +2,7 @@
 //! per-layer functions of [`super::collab`], [`super::placement`] and [`super::pruning`] to
 //! every layer of a trace (layers in parallel) and gather the results.
 
+use crate::analysis::cluster::{node_stats, NodeStats};
 use crate::analysis::collab::{layer_stats, token_weighted_mean, total_devices, LayerStats};
 use crate::analysis::placement::{
     self, LayerPlacement, Method, Placement, PlacementMetrics, SearchConfig,
@@ -47,6 +48,26 @@ pub fn check_placement_fits(trace: &Trace, p: &Placement) -> Result<()> {
     Ok(())
 }
 
+/// `f(layer, its map, its source split)` for every layer of a trace that `placement` fits, in
+/// parallel.
+fn per_layer<T: Send>(
+    trace: &Trace,
+    placement: &Placement,
+    resplit: bool,
+    f: impl Fn(&LayerTrace, &[u32], RankSplit) -> T + Sync,
+) -> Result<Vec<T>> {
+    check_placement_fits(trace, placement)?;
+    let d = placement.num_devices;
+    trace
+        .layers
+        .par_iter()
+        .map(|l| {
+            let split = source_split(trace, l.tokens, d, resplit)?;
+            Ok(f(l, placement.layer(l.layer)?, split))
+        })
+        .collect()
+}
+
 /// Statistics of every layer of a trace under a placement.
 #[derive(Clone, Debug, Serialize)]
 pub struct TraceStats {
@@ -68,25 +89,11 @@ pub fn trace_stats(
     row_bytes: u64,
     resplit: bool,
 ) -> Result<TraceStats> {
-    check_placement_fits(trace, placement)?;
     let d = placement.num_devices;
     let k = trace.meta.top_k;
-    let layers = trace
-        .layers
-        .par_iter()
-        .map(|l| {
-            let split = source_split(trace, l.tokens, d, resplit)?;
-            Ok(layer_stats(
-                l.layer,
-                &l.topk_ids,
-                k,
-                placement.layer(l.layer)?,
-                d,
-                split,
-                row_bytes,
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let layers = per_layer(trace, placement, resplit, |l, map, split| {
+        layer_stats(l.layer, &l.topk_ids, k, map, d, split, row_bytes)
+    })?;
     Ok(TraceStats {
         num_experts: trace.meta.num_experts,
         top_k: k,
@@ -94,6 +101,42 @@ pub fn trace_stats(
         row_bytes,
         mean_ect: token_weighted_mean(layers.iter().map(|s| (s.ect, s.tokens))),
         uniform_ect: crate::analysis::collab::uniform_ect(trace.meta.num_experts, k, d),
+        layers,
+    })
+}
+
+/// Two-level statistics of every layer of a trace under a placement.
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceNodeStats {
+    pub devices_per_node: usize,
+    pub nodes: usize,
+    /// E[C_N] over all (layer, token) pairs.
+    pub mean_ecn: f64,
+    pub layers: Vec<NodeStats>,
+}
+
+/// Computes [`TraceNodeStats`] for nodes of `devices_per_node` (device d in node d / G); the
+/// tokens' sources are split as [`trace_stats`] splits them.
+pub fn trace_node_stats(
+    trace: &Trace,
+    placement: &Placement,
+    devices_per_node: usize,
+    resplit: bool,
+) -> Result<TraceNodeStats> {
+    let d = placement.num_devices;
+    if devices_per_node == 0 {
+        bail!("a node holds at least one device");
+    }
+    let k = trace.meta.top_k;
+    let layers = per_layer(trace, placement, resplit, |l, map, split| {
+        node_stats(l.layer, &l.topk_ids, k, map, d, devices_per_node, |t| {
+            split.rank_of(t)
+        })
+    })?;
+    Ok(TraceNodeStats {
+        devices_per_node,
+        nodes: d.div_ceil(devices_per_node),
+        mean_ecn: token_weighted_mean(layers.iter().map(|s| (s.ecn, s.tokens))),
         layers,
     })
 }
@@ -109,6 +152,8 @@ pub struct PlaceInfo {
     /// Which start won (occult method only).
     pub start: Option<String>,
     pub swaps: Option<usize>,
+    /// E[C_N], distinct nodes per token, when placed for nodes ([`SearchConfig::nodes`]).
+    pub ecn: Option<f64>,
 }
 
 /// Progress steps [`place_trace`] reports for each layer ([`Method::progress_steps`]).
@@ -132,6 +177,15 @@ pub fn place_trace(
             "--max-load-factor is honoured by the occult method only, not {}",
             method.name()
         );
+    }
+    if let Some(level) = &cfg.nodes {
+        if method != Method::Occult {
+            bail!(
+                "placing for nodes (--devices-per-node) is done by the occult method only, not {}",
+                method.name()
+            );
+        }
+        level.check(num_devices)?;
     }
     let placed = trace
         .layers
@@ -180,6 +234,9 @@ fn place_layer(
     let greedy_ect = search.as_ref().map(|s| per_token(s.greedy_total_devices));
     let (start, swaps) = search.map(|s| (s.start, s.swaps)).unzip();
     let ect = per_token(total_devices(&l.topk_ids, k, &map, d));
+    let ecn = cfg.nodes.map(|n| {
+        per_token(placement::devices_and_nodes(&l.topk_ids, k, &map, d, n.devices_per_node).1)
+    });
     Ok((
         LayerPlacement {
             layer: l.layer,
@@ -193,6 +250,7 @@ fn place_layer(
             greedy_ect,
             start,
             swaps,
+            ecn,
         },
     ))
 }

@@ -286,6 +286,7 @@ fn place(a: PlaceBenchArgs) -> Result<()> {
         restarts: a.restarts,
         seed: a.seed,
         max_load_factor: None,
+        nodes: None,
     };
     bench::place::run(&a.trace, &a.devices, &cfg, a.json.as_deref())
 }

@@ -5,13 +5,15 @@ use crate::rows::RowDtype;
 use crate::table::{count, fmt_opt, Table};
 use anyhow::{Context, Result};
 use clap::Args;
-use occult_core::analysis::{trace_stats, TraceStats};
+use occult_core::analysis::links::LinkProfile;
+use occult_core::analysis::{trace_node_stats, trace_stats, TraceNodeStats, TraceStats};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
     occult collab --trace olmoe-like.safetensors --devices 4\n  \
-    occult collab --trace olmoe-like.safetensors --placement placed.json --json collab.json\n\n\
+    occult collab --trace olmoe-like.safetensors --placement placed.json --json collab.json\n  \
+    occult collab --trace olmoe-like.safetensors --placement nodes.json --devices-per-node 8\n\n\
 Tokens start on source ranks split evenly and in order over the devices (the first T % D\n\
 ranks hold one token more). A trace that records num_ranks must match the device count\n\
 unless --resplit is given.")]
@@ -31,6 +33,14 @@ pub struct CollabArgs {
     /// Element type of a row, for byte counts.
     #[arg(long, value_enum, default_value_t = RowDtype::Bf16)]
     pub dtype: RowDtype,
+    /// Also count at two levels, for nodes of this many devices (device d in node d / G):
+    /// E[C_N] and rows within and across nodes for standard, flat and two-level dispatch.
+    #[arg(long)]
+    pub devices_per_node: Option<usize>,
+    /// The node size from this machine profile's ranks_per_node (pcie4, nvlink-h100, ib-ndr
+    /// or a TOML file), unless --devices-per-node is given.
+    #[arg(long)]
+    pub link: Option<String>,
     /// Split tokens evenly over the devices even if the trace records another rank count.
     #[arg(long)]
     pub resplit: bool,
@@ -57,8 +67,23 @@ pub fn run(a: CollabArgs) -> Result<()> {
     )
     .with_context(|| a.trace.display().to_string())?;
     print!("{}", render(&stats));
+    let per_node = match (a.devices_per_node, &a.link) {
+        (Some(g), _) => Some(g),
+        (None, Some(l)) => Some(LinkProfile::load(l)?.ranks_per_node),
+        (None, None) => None,
+    };
+    let nodes = per_node
+        .map(|g| trace_node_stats(&trace, &placement, g, a.resplit))
+        .transpose()
+        .with_context(|| a.trace.display().to_string())?;
+    if let Some(n) = &nodes {
+        print!("\n{}", render_nodes(n));
+    }
     if let Some(out) = &a.json {
         let mut v = serde_json::to_value(&stats)?;
+        if let Some(n) = &nodes {
+            v["nodes"] = serde_json::to_value(n)?;
+        }
         v["trace"] = a.trace.display().to_string().into();
         v["placement"] = match &a.placement {
             Some(p) => p.display().to_string().into(),
@@ -113,5 +138,49 @@ pub fn render(s: &TraceStats) -> String {
         remote_occ as f64 / remote_std.max(1) as f64,
         count(remote_std * s.row_bytes),
         count(remote_occ * s.row_bytes),
+    )
+}
+
+/// The two-level table: nodes per token and rows within / across nodes per dispatch.
+pub fn render_nodes(s: &TraceNodeStats) -> String {
+    let mut t = Table::new(&[
+        "layer",
+        "E[C_N]",
+        "C_N histogram",
+        "standard intra/inter",
+        "flat intra/inter",
+        "two-level intra/inter",
+        "max/mean node rows in",
+    ]);
+    let pair = |r: &occult_core::analysis::cluster::LevelRows| {
+        format!("{} / {}", count(r.intra), count(r.inter))
+    };
+    for l in &s.layers {
+        let hist: Vec<String> = l.ecn_histogram.iter().map(|c| c.to_string()).collect();
+        t.row(vec![
+            l.layer.to_string(),
+            format!("{:.3}", l.ecn),
+            hist.join(" "),
+            pair(&l.standard),
+            pair(&l.dedup),
+            pair(&l.two_level),
+            format!("{:.3}", l.max_node_inter_ratio),
+        ]);
+    }
+    let sum = |f: &dyn Fn(&occult_core::analysis::cluster::NodeStats) -> u64| -> u64 {
+        s.layers.iter().map(f).sum()
+    };
+    let (flat, two) = (sum(&|l| l.dedup.inter), sum(&|l| l.two_level.inter));
+    format!(
+        "{}\nmean E[C_N] {:.3} over {} nodes of {} devices; rows across nodes: standard {}, \
+         flat {}, two-level {} ({:.3}x flat)\n",
+        t.render(),
+        s.mean_ecn,
+        s.nodes,
+        s.devices_per_node,
+        count(sum(&|l| l.standard.inter)),
+        count(flat),
+        count(two),
+        two as f64 / flat.max(1) as f64,
     )
 }

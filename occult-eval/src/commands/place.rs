@@ -4,7 +4,10 @@ use crate::progress::bar;
 use crate::table::{fmt_opt, Table};
 use anyhow::{Context, Result};
 use clap::Args;
-use occult_core::analysis::placement::{Method, Placement, SearchConfig};
+use occult_core::analysis::links::LinkProfile;
+use occult_core::analysis::placement::{
+    Method, NodeLevel, Placement, SearchConfig, DEFAULT_INTER_WEIGHT,
+};
 use occult_core::analysis::{place_steps_per_layer, place_trace, PlaceInfo};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -12,7 +15,13 @@ use std::time::Instant;
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
     occult place --trace olmoe-like.safetensors --devices 4 --method occult -o placed.json\n  \
-    occult place --trace olmoe-like.safetensors --devices 8 --method occult --max-load-factor 1.2 -o placed.json")]
+    occult place --trace olmoe-like.safetensors --devices 8 --method occult --max-load-factor 1.2 -o placed.json\n  \
+    occult place --trace olmoe-like.safetensors --devices 32 --link ib-ndr -o nodes.json\n\n\
+With a node size (--devices-per-node G, or --link PROFILE's ranks_per_node), the occult method\n\
+places for a cluster of nodes: fewest nodes per token first (a row across nodes costs W rows\n\
+inside one: --inter-weight, or the profile's intra- over inter-node bandwidth, else 4), then\n\
+fewest devices within them; device d is in node d / G. The result is never costlier on the\n\
+trace, by W * E[C_N] + E[C_T], than the flat search's or the contiguous map.")]
 pub struct PlaceArgs {
     /// Routing trace (safetensors, format occult.trace.v1).
     #[arg(long)]
@@ -29,6 +38,17 @@ pub struct PlaceArgs {
     pub restarts: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// occult method: place for nodes of this many devices (fewest nodes per token first).
+    #[arg(long)]
+    pub devices_per_node: Option<usize>,
+    /// occult method: the machine to place for (pcie4, nvlink-h100, ib-ndr or a TOML file):
+    /// its ranks_per_node is the node size unless --devices-per-node says otherwise, and its
+    /// bandwidths give the inter-node row weight.
+    #[arg(long)]
+    pub link: Option<String>,
+    /// occult method with nodes: what a row across nodes costs in rows inside one.
+    #[arg(long)]
+    pub inter_weight: Option<f64>,
     /// Output placement (JSON, format occult.placement.v1).
     #[arg(short, long)]
     pub output: PathBuf,
@@ -41,6 +61,7 @@ pub fn run(a: PlaceArgs) -> Result<()> {
         restarts: a.restarts,
         seed: a.seed,
         max_load_factor: a.max_load_factor,
+        nodes: node_level(&a)?,
     };
     let steps = place_steps_per_layer(a.method, &cfg) * trace.layers.len();
     let pb = bar(steps as u64, "search steps");
@@ -56,6 +77,30 @@ pub fn run(a: PlaceArgs) -> Result<()> {
     Ok(())
 }
 
+/// The node level the flags ask for, if any.
+fn node_level(a: &PlaceArgs) -> Result<Option<NodeLevel>> {
+    let profile = a.link.as_deref().map(LinkProfile::load).transpose()?;
+    let Some(g) = a
+        .devices_per_node
+        .or(profile.as_ref().map(|p| p.ranks_per_node))
+    else {
+        if a.inter_weight.is_some() {
+            anyhow::bail!("--inter-weight needs a node size: --devices-per-node or --link");
+        }
+        return Ok(None);
+    };
+    let w = a.inter_weight.unwrap_or_else(|| match &profile {
+        Some(p) => (p.intra.bandwidth / p.inter.bandwidth).max(1.0),
+        None => DEFAULT_INTER_WEIGHT,
+    });
+    let level = NodeLevel {
+        devices_per_node: g,
+        inter_weight: w,
+    };
+    level.check(a.devices)?;
+    Ok((g < a.devices).then_some(level))
+}
+
 fn record_source(p: &mut Placement, a: &PlaceArgs, seconds: f64) {
     let s = &mut p.source;
     s.insert("trace".into(), a.trace.display().to_string().into());
@@ -63,6 +108,15 @@ fn record_source(p: &mut Placement, a: &PlaceArgs, seconds: f64) {
     s.insert("restarts".into(), a.restarts.into());
     if let Some(f) = a.max_load_factor {
         s.insert("max_load_factor".into(), f.into());
+    }
+    if let Ok(Some(level)) = node_level(a) {
+        s.insert(
+            "nodes".into(),
+            serde_json::json!({
+                "devices_per_node": level.devices_per_node,
+                "inter_weight": level.inter_weight,
+            }),
+        );
     }
     s.insert("seconds".into(), seconds.into());
     s.insert(
@@ -72,30 +126,42 @@ fn record_source(p: &mut Placement, a: &PlaceArgs, seconds: f64) {
 }
 
 fn render(infos: &[PlaceInfo], p: &Placement) -> String {
-    let mut t = Table::new(&[
-        "layer",
-        "E[C_T]",
-        "greedy E[C_T]",
-        "max/mean load",
-        "start",
-        "swaps",
-    ]);
+    let nodes = infos.iter().any(|i| i.ecn.is_some());
+    let mut head = vec!["layer", "E[C_T]"];
+    if nodes {
+        head.push("E[C_N]");
+    }
+    head.extend(["greedy E[C_T]", "max/mean load", "start", "swaps"]);
+    let mut t = Table::new(&head);
     for (i, l) in infos.iter().zip(&p.layers) {
-        t.row(vec![
-            i.layer.to_string(),
-            format!("{:.3}", i.ect),
+        let mut row = vec![i.layer.to_string(), format!("{:.3}", i.ect)];
+        if nodes {
+            row.push(fmt_opt(i.ecn, 3));
+        }
+        row.extend([
             fmt_opt(i.greedy_ect, 3),
             fmt_opt(l.metrics.as_ref().map(|m| m.max_load_ratio), 3),
             i.start.clone().unwrap_or_else(|| "-".into()),
             i.swaps.map_or("-".into(), |s| s.to_string()),
         ]);
+        t.row(row);
     }
-    let mean =
-        occult_core::analysis::collab::token_weighted_mean(infos.iter().map(|i| (i.ect, i.tokens)));
+    let mean = |f: &dyn Fn(&PlaceInfo) -> f64| {
+        occult_core::analysis::collab::token_weighted_mean(infos.iter().map(|i| (f(i), i.tokens)))
+    };
+    let ecn = match p.source.get("nodes") {
+        Some(n) if nodes => format!(
+            ", mean E[C_N] {:.3} over nodes of {}",
+            mean(&|i| i.ecn.unwrap_or(0.0)),
+            n["devices_per_node"]
+        ),
+        _ => String::new(),
+    };
     format!(
-        "{}\nmethod {}: mean E[C_T] {mean:.3} on {} devices\n",
+        "{}\nmethod {}: mean E[C_T] {:.3} on {} devices{ecn}\n",
         t.render(),
         p.method,
+        mean(&|i| i.ect),
         p.num_devices
     )
 }

@@ -15,8 +15,9 @@ use std::path::PathBuf;
 #[command(
     after_help = "Modes: standard = one row per (token, expert), contiguous placement; \
 dedup = one row per (token, device), contiguous placement (DeepEP's dispatch); occult = dedup \
-under Occult's placement; pruned = occult with each token limited to N devices (router rule). \
-Deduplicated rows cross a node boundary once per remote node and are forwarded inside it when \
+under Occult's placement; pruned = occult with each token limited to N devices (router rule); \
+node-aware (on machines of several nodes that forward) = dedup under the placement for the \
+cluster: fewest nodes per token first. Deduplicated rows cross a node boundary once per remote node and are forwarded inside it when \
 the profile's inter-node link is slower than its intra-node link.\n\n\
 These are projections from a cost model (bytes over bandwidth plus latency per message, FLOPs \
 over throughput), not measurements: check them with `occult bench` over MPI, or measured over \

@@ -75,6 +75,7 @@ pub fn render(r: &ProjectReport) -> String {
             "mode",
             "load cap",
             "E[C_T]",
+            "E[C_N]",
             "intra rows/tok",
             "inter rows/tok",
             "exchange ms",
@@ -92,9 +93,14 @@ pub fn render(r: &ProjectReport) -> String {
             t.row(vec![
                 m.devices.to_string(),
                 m.nodes.to_string(),
-                m.mode.clone(),
+                if m.mode.ends_with("node-aware") && m.placement != "node-aware" {
+                    format!("{} ({})", m.mode, m.placement)
+                } else {
+                    m.mode.clone()
+                },
                 m.load_cap.map_or("-".into(), |c| format!("{c:.2}")),
                 format!("{:.3}", m.ect),
+                format!("{:.3}", m.ecn),
                 format!("{:.3}", m.intra_rows_per_token),
                 format!("{:.3}", m.inter_rows_per_token),
                 ms(m.exchange_s),
@@ -115,6 +121,14 @@ pub fn render(r: &ProjectReport) -> String {
     }
     if !r.skipped.is_empty() {
         out.push('\n');
+    }
+    if r.rows.iter().any(|m| m.mode.ends_with("node-aware")) {
+        out.push_str(
+            "\nnode-aware: the placement for the cluster (fewest nodes per token first, then \
+             devices; `occult place --link PROFILE`) that projects fastest, among the node-aware \
+             ones under each load cap, Occult's flat ones and contiguous (named when one of \
+             those won). E[C_N]: distinct nodes per token.\n",
+        );
     }
     out
 }

@@ -70,6 +70,7 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
         restarts: s.restarts,
         seed: s.seed,
         max_load_factor: None,
+        nodes: None,
     };
     let mut search_secs = Vec::new();
     let mut place = |m: Method| -> Result<Placement> {

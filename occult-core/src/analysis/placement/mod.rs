@@ -7,13 +7,21 @@
 
 mod greedy;
 mod maps;
+mod nodes;
 mod search;
 
 pub use greedy::greedy;
 pub use maps::{
     capacities, check_sizes, contiguous, experts_by_device, random_balanced, validate_map,
 };
-pub use search::{progress_steps, search, search_with_progress, SearchConfig, SearchOutcome};
+pub use nodes::{
+    devices_and_nodes, node_progress_steps, node_search, two_level_cost, NodeLevel, NodeOutcome,
+    DEFAULT_INTER_WEIGHT,
+};
+pub use search::{
+    progress_steps, random_balanced_within, search, search_with_progress, search_within_groups,
+    SearchConfig, SearchOutcome,
+};
 
 use crate::analysis::collab::CoActivation;
 use crate::atomic::write_json_atomic;
@@ -34,7 +42,8 @@ pub enum Method {
     /// The paper's Algorithm 1 on the co-activation matrix.
     Greedy,
     /// Ours: swap search on the exact E[C_T] from several starts (greedy's among them), never
-    /// worse than greedy on the trace it is given.
+    /// worse than greedy on the trace it is given. Given a node size
+    /// ([`SearchConfig::nodes`]), it places for fewest nodes per token first ([`node_search`]).
     Occult,
 }
 
@@ -54,6 +63,7 @@ impl Method {
     /// for [`Method::Occult`], one for the others.
     pub fn progress_steps(self, cfg: &SearchConfig) -> usize {
         match self {
+            Method::Occult if cfg.nodes.is_some() => node_progress_steps(cfg),
             Method::Occult => progress_steps(cfg),
             Method::Contiguous | Method::Greedy => 1,
         }
@@ -79,7 +89,12 @@ impl Method {
             Method::Contiguous => contiguous(num_experts, num_devices),
             Method::Greedy => greedy(&co(), num_devices),
             Method::Occult => {
-                let out = search_with_progress(ids, top_k, &co(), num_devices, cfg, on_step)?;
+                let out = match cfg.nodes {
+                    Some(level) => {
+                        node_search(ids, top_k, &co(), num_devices, level, cfg, on_step)?.search
+                    }
+                    None => search_with_progress(ids, top_k, &co(), num_devices, cfg, on_step)?,
+                };
                 return Ok((out.map.clone(), Some(out)));
             }
         };

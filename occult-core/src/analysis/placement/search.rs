@@ -27,6 +27,7 @@
 
 use super::greedy::greedy;
 use super::maps::{check_sizes, contiguous, random_balanced};
+use super::nodes::NodeLevel;
 use crate::analysis::collab::CoActivation;
 use crate::{bail, Result};
 use rand::SeedableRng;
@@ -52,6 +53,8 @@ pub struct SearchConfig {
     pub seed: u64,
     /// Keep every device's (token, expert) load within this factor of the mean.
     pub max_load_factor: Option<f64>,
+    /// Place for a cluster of nodes ([`super::nodes`]): fewest nodes per token first.
+    pub nodes: Option<NodeLevel>,
 }
 
 impl Default for SearchConfig {
@@ -60,6 +63,7 @@ impl Default for SearchConfig {
             restarts: 2,
             seed: 0,
             max_load_factor: None,
+            nodes: None,
         }
     }
 }
@@ -108,6 +112,98 @@ pub fn search_with_progress(
 ) -> Result<SearchOutcome> {
     let e = co.num_experts;
     check_sizes(e, num_devices)?;
+    check_settings(k, cfg)?;
+    let greedy_map = greedy(co, num_devices);
+    let mut starts: Vec<(String, Vec<u32>)> = vec![
+        ("greedy".into(), greedy_map.clone()),
+        ("contiguous".into(), contiguous(e, num_devices)),
+    ];
+    let mut rng = ChaCha8Rng::seed_from_u64(salted(cfg.seed, 1));
+    for r in 0..cfg.restarts {
+        starts.push((
+            format!("random {}", r + 1),
+            random_balanced(e, num_devices, &mut rng),
+        ));
+    }
+    run_starts(ids, k, co, num_devices, None, starts, cfg, on_step)
+}
+
+/// The search with experts kept in their device's group (`group_of_device[p]`, such as p's
+/// node): only swaps between devices of one group are taken. It starts from `first` (a
+/// balanced map whose groups hold the experts they should keep) and `cfg.restarts + 1` deals
+/// of the same experts at random within each group ([`random_balanced_within`]).
+/// `greedy_total_devices` is still greedy's flat map's, for comparison. Calls `on_step`
+/// [`progress_steps`] times.
+#[allow(clippy::too_many_arguments)]
+pub fn search_within_groups(
+    ids: &[u32],
+    k: usize,
+    co: &CoActivation,
+    num_devices: usize,
+    group_of_device: &[u32],
+    first: (String, Vec<u32>),
+    cfg: &SearchConfig,
+    on_step: &(dyn Fn() + Sync),
+) -> Result<SearchOutcome> {
+    let e = co.num_experts;
+    check_sizes(e, num_devices)?;
+    check_settings(k, cfg)?;
+    if group_of_device.len() != num_devices {
+        bail!(
+            "{} device groups given for {num_devices} devices",
+            group_of_device.len()
+        );
+    }
+    let mut starts = vec![first];
+    let mut rng = ChaCha8Rng::seed_from_u64(salted(cfg.seed, 2));
+    for r in 0..cfg.restarts + 1 {
+        let map = random_balanced_within(&starts[0].1, num_devices, group_of_device, &mut rng);
+        starts.push((format!("random {}", r + 1), map));
+    }
+    run_starts(
+        ids,
+        k,
+        co,
+        num_devices,
+        Some(group_of_device),
+        starts,
+        cfg,
+        on_step,
+    )
+}
+
+/// `map` with each group's experts dealt at random over that group's devices, as many to each
+/// device as `map` gives it.
+pub fn random_balanced_within(
+    map: &[u32],
+    num_devices: usize,
+    group_of_device: &[u32],
+    rng: &mut impl rand::Rng,
+) -> Vec<u32> {
+    use rand::seq::SliceRandom;
+    let groups = group_of_device
+        .iter()
+        .map(|&g| g as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut out = map.to_vec();
+    for g in 0..groups {
+        let mut experts: Vec<usize> = (0..map.len())
+            .filter(|&x| group_of_device[map[x] as usize] as usize == g)
+            .collect();
+        let mut slots: Vec<u32> = experts.iter().map(|&x| map[x]).collect();
+        debug_assert!(slots.iter().all(|&p| (p as usize) < num_devices));
+        slots.shuffle(rng);
+        experts.sort_unstable();
+        for (x, p) in experts.into_iter().zip(slots) {
+            out[x] = p;
+        }
+    }
+    out
+}
+
+/// The bounds on top-k, restarts and the load factor.
+fn check_settings(k: usize, cfg: &SearchConfig) -> Result<()> {
     if k > u8::MAX as usize {
         bail!("top_k = {k} is above the supported maximum of 255");
     }
@@ -122,6 +218,23 @@ pub fn search_with_progress(
             bail!("the load limit must be a factor >= 1 of the mean load, got {f}");
         }
     }
+    Ok(())
+}
+
+/// Descent and Kernighan-Lin passes from every start (in parallel); the best end wins, ties to
+/// the earlier start.
+#[allow(clippy::too_many_arguments)]
+fn run_starts(
+    ids: &[u32],
+    k: usize,
+    co: &CoActivation,
+    num_devices: usize,
+    group: Option<&[u32]>,
+    starts: Vec<(String, Vec<u32>)>,
+    cfg: &SearchConfig,
+    on_step: &(dyn Fn() + Sync),
+) -> Result<SearchOutcome> {
+    let e = co.num_experts;
     let tokens = ids.len() / k;
     let mut tok_of: Vec<Vec<u32>> = vec![Vec::new(); e];
     for (t, row) in ids.chunks_exact(k).enumerate() {
@@ -130,17 +243,6 @@ pub fn search_with_progress(
         }
     }
     let greedy_map = greedy(co, num_devices);
-    let mut starts: Vec<(String, Vec<u32>)> = vec![
-        ("greedy".into(), greedy_map.clone()),
-        ("contiguous".into(), contiguous(e, num_devices)),
-    ];
-    let mut rng = ChaCha8Rng::seed_from_u64(salted(cfg.seed, 1));
-    for r in 0..cfg.restarts {
-        starts.push((
-            format!("random {}", r + 1),
-            random_balanced(e, num_devices, &mut rng),
-        ));
-    }
     let ctx = Ctx {
         ids,
         k,
@@ -153,9 +255,10 @@ pub fn search_with_progress(
             let total: u64 = co.loads.iter().sum();
             f * total as f64 / num_devices as f64
         }),
+        group,
     };
     let greedy_total_devices = State::new(&ctx, greedy_map.clone()).total as u64;
-    if e == num_devices && ctx.cap.is_none() {
+    if e == num_devices && ctx.cap.is_none() && group.is_none() {
         // One expert per device: every map touches the same devices for every token, and
         // every swap changes nothing. Greedy's map is as good as any.
         (0..progress_steps(cfg)).for_each(|_| on_step());
@@ -216,6 +319,15 @@ struct Ctx<'a> {
     loads: &'a [u64],
     /// Maximum device load allowed, if any.
     cap: Option<f64>,
+    /// `group[p]`: device p's group (its node); when set, experts only swap within a group.
+    group: Option<&'a [u32]>,
+}
+
+impl Ctx<'_> {
+    /// Whether experts on devices p and q may swap.
+    fn movable(&self, p: usize, q: usize) -> bool {
+        self.group.is_none_or(|g| g[p] == g[q])
+    }
 }
 
 /// A placement under search and its gain tables.
@@ -411,10 +523,10 @@ fn descend(s: &mut State) -> Option<usize> {
             let mut best: Option<(f64, i64, usize, usize)> = None;
             for a in 0..e {
                 for b in a + 1..e {
-                    if s.dev[a] == s.dev[b] {
+                    let (p, q) = (s.dev[a] as usize, s.dev[b] as usize);
+                    if p == q || !ctx.movable(p, q) {
                         continue;
                     }
-                    let (p, q) = (s.dev[a] as usize, s.dev[b] as usize);
                     let (lp, lq) = s.loads_after(a, b);
                     let before = (s.dev_load[p] as f64 - cap).max(0.0)
                         + (s.dev_load[q] as f64 - cap).max(0.0);
@@ -473,7 +585,7 @@ fn best_swap(s: &State, locked: &[bool]) -> Option<(i64, usize, usize)> {
     for a in (0..e).filter(|&a| free(a)) {
         let p = s.dev[a] as usize;
         for (q, group) in members.iter().enumerate() {
-            if q == p || group.last().is_none_or(|&b| b <= a) {
+            if q == p || !s.ctx.movable(p, q) || group.last().is_none_or(|&b| b <= a) {
                 continue;
             }
             // Nothing in the group can win: its bound is above the best, or equal to it while
@@ -516,7 +628,8 @@ fn best_swap_scan(s: &State, locked: &[bool]) -> Option<(i64, usize, usize)> {
     let mut best: Option<(i64, usize, usize)> = None;
     for a in (0..e).filter(|&a| free(a)) {
         for b in (a + 1..e).filter(|&b| free(b)) {
-            if s.dev[a] == s.dev[b] {
+            let (p, q) = (s.dev[a] as usize, s.dev[b] as usize);
+            if p == q || !s.ctx.movable(p, q) {
                 continue;
             }
             let delta = s.delta(a, b);
@@ -645,6 +758,7 @@ mod tests {
             tok_of: &tok_of,
             loads: &co.loads,
             cap: None,
+            group: None,
         };
         let mut s = State::new(&ctx, super::super::contiguous(e, d));
         let mut rng = ChaCha8Rng::seed_from_u64(9);
@@ -706,6 +820,7 @@ mod tests {
                     tok_of: &tok_of,
                     loads: &co.loads,
                     cap,
+                    group: None,
                 };
                 let mut s = State::new(&ctx, super::super::random_balanced(e, d, &mut rng));
                 let mut locked = vec![false; e];
@@ -842,6 +957,7 @@ mod tests {
                         tok_of: &tok_of,
                         loads: &co.loads,
                         cap,
+                        group: None,
                     };
                     let mut s = State::new(&ctx, start.clone());
                     if cap.is_some_and(|c| s.excess(c) > 0.0) {
