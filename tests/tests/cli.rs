@@ -277,6 +277,17 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
     assert!(f(1, "rows_per_token") <= f(0, "rows_per_token"));
     assert!(f(3, "ect") <= f(2, "ect") + 1e-12);
     assert_eq!(f(7, "ect"), 1.0);
+    // Two nodes of 2: each token spans 1 or 2 nodes; standard's rows across them are copies,
+    // at least the two-level one row per remote node; pruned to one device, one node (so at
+    // most one row across, when that device is in the other node).
+    for i in 0..steps.len() {
+        assert!((1.0..=2.0).contains(&f(i, "ecn_two_nodes")), "{i}");
+        assert!(f(i, "inter_rows_per_token_two_nodes") <= f(0, "inter_rows_per_token_two_nodes"));
+    }
+    let across = |i| f(i, "inter_rows_per_token_two_nodes");
+    assert!(across(1) < across(0) && across(1) > 0.0);
+    assert_eq!(f(7, "ecn_two_nodes"), 1.0);
+    assert!(across(7) > 0.0 && across(7) < 1.0);
     // Five fine-tunings (exact, two rules x two device counts), each with a held-out loss.
     let ft = r["finetune"].as_array().unwrap();
     assert_eq!(ft.len(), 5);

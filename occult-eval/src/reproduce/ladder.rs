@@ -3,11 +3,12 @@
 //! devices with each rule; exact rows, remote rows and bytes per step.
 
 use anyhow::Result;
+use occult_core::analysis::cluster::NodeStats;
 use occult_core::analysis::placement::{Method, Placement, SearchConfig};
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::analysis::routing::RouterRule;
 use occult_core::analysis::trace::Trace;
-use occult_core::analysis::{place_trace, prune_trace, trace_stats, TraceStats};
+use occult_core::analysis::{place_trace, prune_trace, trace_node_stats, trace_stats, TraceStats};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -28,6 +29,10 @@ pub struct Step {
     /// Share of (token, expert) choices changed (pruning steps only).
     pub changed_fraction: Option<f64>,
     pub seconds: f64,
+    /// With the devices split into two nodes (D even): E[C_N], and rows per token across the
+    /// nodes (k copies for standard dispatch, one per remote node under two-level dispatch).
+    pub ecn_two_nodes: Option<f64>,
+    pub inter_rows_per_token_two_nodes: Option<f64>,
 }
 
 /// What the table is computed with.
@@ -91,9 +96,23 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
     };
     let contiguous = trace_stats(trace, &placements.contiguous, s.row_bytes, true)?;
     let base_bytes = sum(&contiguous, |l| l.remote_rows_standard) * s.row_bytes;
+    // Two nodes of D / 2: E[C_N] and the rows across them (standard's and two-level's).
+    let two_nodes = |t: &Trace, p: &Placement| -> Result<Option<(f64, u64, u64)>> {
+        if s.devices < 2 || s.devices % 2 != 0 {
+            return Ok(None);
+        }
+        let st = trace_node_stats(t, p, s.devices / 2, true)?;
+        let inter = |f: fn(&NodeStats) -> u64| st.layers.iter().map(f).sum::<u64>();
+        Ok(Some((
+            st.mean_ecn,
+            inter(|l| l.standard.inter),
+            inter(|l| l.two_level.inter),
+        )))
+    };
     let step = |name: &str,
                 placement: &str,
                 st: &TraceStats,
+                nodes: Option<(f64, u64, u64)>,
                 prune: Option<(usize, PruneRule, f64)>,
                 seconds| {
         let remote = sum(st, |l| l.remote_rows_occult);
@@ -109,8 +128,11 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
             remote_bytes_ratio: (remote * s.row_bytes) as f64 / base_bytes.max(1) as f64,
             changed_fraction: prune.map(|p| p.2),
             seconds,
+            ecn_two_nodes: nodes.map(|n| n.0),
+            inter_rows_per_token_two_nodes: nodes.map(|n| per_tok(n.2)),
         }
     };
+    let contiguous_nodes = two_nodes(trace, &placements.contiguous)?;
     let mut steps = vec![Step {
         step: "standard dispatch (k copies)".into(),
         placement: "contiguous".into(),
@@ -123,6 +145,8 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
         remote_bytes_ratio: 1.0,
         changed_fraction: None,
         seconds: 0.0,
+        ecn_two_nodes: contiguous_nodes.map(|n| n.0),
+        inter_rows_per_token_two_nodes: contiguous_nodes.map(|n| per_tok(n.1)),
     }];
     for ((m, p), secs) in placements.iter().zip(&search_secs) {
         let st = trace_stats(trace, p, s.row_bytes, true)?;
@@ -131,7 +155,7 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
             Method::Greedy => "+ paper-greedy placement",
             Method::Occult => "+ our placement",
         };
-        steps.push(step(name, m.name(), &st, None, *secs));
+        steps.push(step(name, m.name(), &st, two_nodes(trace, p)?, None, *secs));
     }
     let best = &placements.ours;
     for &n in s.prune_devices {
@@ -145,6 +169,7 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
                 &name,
                 "occult",
                 &st,
+                two_nodes(&pruned, best)?,
                 Some((n, rule, report.changed_fraction)),
                 secs,
             ));

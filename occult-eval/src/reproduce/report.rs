@@ -6,7 +6,7 @@ use super::ladder::Step;
 use super::recipe::Recipe;
 use super::results::{FinetuneRow, QualityRow};
 use super::speed::SpeedRow;
-use crate::table::{count, Table};
+use crate::table::{count, fmt_opt, Table};
 use occult_core::analysis::trace::Trace;
 use occult_core::models::config::ModelConfig;
 use std::collections::BTreeMap;
@@ -79,6 +79,8 @@ pub fn render(
         "remote bytes",
         "vs standard",
         "changed",
+        "E[C_N], 2 nodes",
+        "rows/token across 2 nodes",
     ]);
     for s in steps {
         t.row(vec![
@@ -91,9 +93,19 @@ pub fn render(
             format!("{:.3}", s.remote_bytes_ratio),
             s.changed_fraction
                 .map_or("-".into(), |c| format!("{:.1}%", 100.0 * c)),
+            fmt_opt(s.ecn_two_nodes, 3),
+            fmt_opt(s.inter_rows_per_token_two_nodes, 3),
         ]);
     }
     md += &t.render();
+    if steps.iter().any(|s| s.ecn_two_nodes.is_some()) {
+        md += &format!(
+            "\nThe last two columns split the {} devices into two nodes: distinct nodes per token, \
+             and rows per token that cross between them (k copies under standard dispatch; one \
+             per remote node under two-level dispatch, forwarded inside it).\n",
+            recipe.devices
+        );
+    }
     if steps.len() >= 4 {
         let (std, dedup, greedy, ours) = (&steps[0], &steps[1], &steps[2], &steps[3]);
         md += &format!(
