@@ -98,7 +98,7 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
     let base_bytes = sum(&contiguous, |l| l.remote_rows_standard) * s.row_bytes;
     // Two nodes of D / 2: E[C_N] and the rows across them (standard's and two-level's).
     let two_nodes = |t: &Trace, p: &Placement| -> Result<Option<(f64, u64, u64)>> {
-        if s.devices < 2 || s.devices % 2 != 0 {
+        if s.devices < 2 || !s.devices.is_multiple_of(2) {
             return Ok(None);
         }
         let st = trace_node_stats(t, p, s.devices / 2, true)?;
