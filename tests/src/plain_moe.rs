@@ -5,7 +5,7 @@
 //! of occult-core's router, pruner or expert math, and is the oracle that the candle reference
 //! (and through it every EP mode, backend and placement) is held to.
 
-use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 
 /// One MoE layer's weights, row-major, as plain slices.
 pub struct PlainMoe<'a> {
@@ -38,7 +38,7 @@ pub struct PlainShared<'a> {
 
 pub struct PlainPrune<'a> {
     pub rule: PruneRule,
-    pub max_devices: usize,
+    pub limit: PruneLimit,
     pub device_of_expert: &'a [u32],
     pub similarity: &'a [f32],
 }
@@ -100,16 +100,21 @@ impl PlainMoe<'_> {
             let ranked = best(&logits, k, |_| true);
             let chosen = match &self.prune {
                 None => ranked.clone(),
-                Some(p) => self.pruned(p, &ranked, &logits),
+                Some(p) => self.pruned(p, &ranked, &logits, &probs),
             };
             // Unpruned, only the k-th against the (k+1)-th logit decides; pruned, the order
             // of all of them may.
             let mut sorted = logits.clone();
             sorted.sort_by(|a, b| b.total_cmp(a));
             let close = |i: usize| i + 1 < e && sorted[i] - sorted[i + 1] < TIE;
+            // Under a node limit, the sums that rank nodes and devices may tie as closely.
+            let groups_close = match &self.prune {
+                Some(p) => group_scores_close(p, &probs),
+                None => false,
+            };
             ambiguous.push(match self.prune {
                 None => close(k - 1),
-                Some(_) => (0..e).any(close),
+                Some(_) => (0..e).any(close) || groups_close,
             });
 
             let mut weights: Vec<f64> = chosen.iter().map(|&j| probs[j]).collect();
@@ -142,12 +147,21 @@ impl PlainMoe<'_> {
     }
 
     /// Collaboration pruning of one token's top-k (`ranked`, best first), from the rules'
-    /// definitions: the allowed devices are the first `max_devices` distinct devices met
-    /// walking the top-k best first; a token on no more devices keeps its choice. The router
-    /// rule re-picks the top-k among experts on allowed devices; the similarity rule keeps
-    /// the allowed choices and replaces each other one, best first, by the most similar
-    /// (ties: lower id) allowed expert not yet chosen.
-    fn pruned(&self, p: &PlainPrune, ranked: &[usize], logits: &[f64]) -> Vec<usize> {
+    /// definitions. Under a device limit N the allowed devices are the first N distinct devices
+    /// met walking the top-k best first; a token on no more devices keeps its choice. Under a
+    /// node limit M (nodes of G), a token on at most M nodes (and at most N devices in each,
+    /// when N is given) keeps its choice; otherwise the allowed nodes are the M whose two best
+    /// experts' probabilities sum highest (ties: lower node), and in each the N devices whose
+    /// two best do (ties: lower device). The router rule re-picks the top-k among experts on
+    /// allowed devices; the similarity rule keeps the allowed choices and replaces each other
+    /// one, best first, by the most similar (ties: lower id) allowed expert not yet chosen.
+    fn pruned(
+        &self,
+        p: &PlainPrune,
+        ranked: &[usize],
+        logits: &[f64],
+        probs: &[f64],
+    ) -> Vec<usize> {
         let dev = |j: usize| p.device_of_expert[j];
         let mut devices: Vec<u32> = Vec::new();
         for &j in ranked {
@@ -155,11 +169,47 @@ impl PlainMoe<'_> {
                 devices.push(dev(j));
             }
         }
-        if devices.len() <= p.max_devices {
-            return ranked.to_vec();
-        }
-        devices.truncate(p.max_devices);
-        let ok = |j: usize| devices.contains(&dev(j));
+        let allowed: Vec<u32> = match p.limit {
+            PruneLimit::Devices(n) => {
+                if devices.len() <= n {
+                    return ranked.to_vec();
+                }
+                devices.truncate(n);
+                devices
+            }
+            PruneLimit::Nodes {
+                devices_per_node: g,
+                max_nodes,
+                devices_in_node,
+            } => {
+                let node = |d: u32| d as usize / g;
+                let mut nodes: Vec<usize> = devices.iter().map(|&d| node(d)).collect();
+                nodes.sort_unstable();
+                nodes.dedup();
+                let crowded = nodes.iter().any(|&n| {
+                    let here = devices.iter().filter(|&&d| node(d) == n).count();
+                    devices_in_node.is_some_and(|cap| here > cap)
+                });
+                if nodes.len() <= max_nodes && !crowded {
+                    return ranked.to_vec();
+                }
+                let (node_score, device_score) = group_scores(p, probs);
+                let mut by_node: Vec<usize> = (0..node_score.len()).collect();
+                by_node.sort_by(|&a, &b| node_score[b].total_cmp(&node_score[a]).then(a.cmp(&b)));
+                let mut allowed = Vec::new();
+                for &n in by_node.iter().take(max_nodes) {
+                    let mut in_node: Vec<u32> = ((n * g) as u32..((n + 1) * g) as u32).collect();
+                    in_node.sort_by(|&a, &b| {
+                        device_score[b as usize]
+                            .total_cmp(&device_score[a as usize])
+                            .then(a.cmp(&b))
+                    });
+                    allowed.extend(in_node.into_iter().take(devices_in_node.unwrap_or(g)));
+                }
+                allowed
+            }
+        };
+        let ok = |j: usize| allowed.contains(&dev(j));
         match p.rule {
             PruneRule::Router => best(logits, self.top_k, ok),
             PruneRule::Similarity => {
@@ -206,4 +256,51 @@ pub fn plain_similarity(x: &[f32], router: &[f32], hidden: usize, experts: usize
         }
     }
     s
+}
+
+/// The sum of the two best probabilities of each node's and each device's experts (a node
+/// limit's ranking); empty under a device limit.
+fn group_scores(p: &PlainPrune, probs: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let PruneLimit::Nodes {
+        devices_per_node: g,
+        ..
+    } = p.limit
+    else {
+        return (Vec::new(), Vec::new());
+    };
+    let devices = p
+        .device_of_expert
+        .iter()
+        .map(|&d| d as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let top2 = |members: Vec<f64>| {
+        let mut m = members;
+        m.sort_by(|a, b| b.total_cmp(a));
+        m.iter().take(2).sum::<f64>()
+    };
+    let of = |keep: &dyn Fn(usize) -> bool| {
+        top2(
+            (0..probs.len())
+                .filter(|&j| keep(p.device_of_expert[j] as usize))
+                .map(|j| probs[j])
+                .collect(),
+        )
+    };
+    let device_score = (0..devices).map(|d| of(&|x| x == d)).collect();
+    let node_score = (0..devices.div_ceil(g))
+        .map(|n| of(&|x| x / g == n))
+        .collect();
+    (node_score, device_score)
+}
+
+/// Whether two node (or device) scores lie closer than float rounding can separate.
+fn group_scores_close(p: &PlainPrune, probs: &[f64]) -> bool {
+    let (nodes, devices) = group_scores(p, probs);
+    let close = |v: &[f64]| {
+        let mut s = v.to_vec();
+        s.sort_by(|a, b| b.total_cmp(a));
+        s.windows(2).any(|w| w[0] - w[1] < TIE)
+    };
+    close(&nodes) || close(&devices)
 }

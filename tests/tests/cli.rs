@@ -646,6 +646,24 @@ fn placing_for_nodes_lowers_nodes_per_token() {
         collab("nodes.json", "n.json"),
     );
     let ecn = |v: &Value| v["mean_ecn"].as_f64().unwrap();
+    let collab_of = |d: &Path, trace: &str, placement: &str| {
+        occult_ok(
+            d,
+            &[
+                "collab",
+                "--trace",
+                trace,
+                "--placement",
+                placement,
+                "--devices-per-node",
+                "8",
+                "--resplit",
+                "--json",
+                "c.json",
+            ],
+        );
+        read_json(&d.join("c.json"))["nodes"].clone()
+    };
     assert!(
         ecn(&nodes) < ecn(&flat),
         "{} vs {}",
@@ -677,6 +695,37 @@ fn placing_for_nodes_lowers_nodes_per_token() {
         ],
     );
     assert!(out.contains("over 2 nodes of 8 devices"), "{out}");
+    // Node-limited pruning: every token on one node of 8 (E[C_N] 1), or on two nodes with
+    // one device in each.
+    for (nodes, extra, ect) in [
+        ("1", vec![], 8.0),
+        ("2", vec!["--max-devices-per-node", "1"], 2.0),
+    ] {
+        let mut a = vec![
+            "prune",
+            "--trace",
+            "t.safetensors",
+            "--placement",
+            "nodes.json",
+            "--rule",
+            "router",
+            "--devices-per-node",
+            "8",
+            "--json",
+            "pr.json",
+            "-o",
+            "pruned.safetensors",
+            "--max-nodes",
+            nodes,
+        ];
+        a.extend(extra);
+        let out = occult_ok(d, &a);
+        assert!(out.contains(&format!("at most {nodes} node")), "{out}");
+        let r = read_json(&d.join("pr.json"));
+        assert!(r["ect_after"].as_f64().unwrap() <= ect, "{r}");
+        let pruned = collab_of(d, "pruned.safetensors", "nodes.json");
+        assert!(ecn(&pruned) <= nodes.parse::<f64>().unwrap(), "{pruned}");
+    }
     let refused = |extra: &[&str]| {
         let mut a = vec!["place", "--trace", "t.safetensors", "--devices", "16"];
         a.extend_from_slice(extra);

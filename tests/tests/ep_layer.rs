@@ -6,7 +6,7 @@
 use candle::{Device, Tensor};
 use occult_core::analysis::collab::{layer_stats, total_devices};
 use occult_core::analysis::placement::{contiguous, random_balanced};
-use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use occult_core::analysis::ranks::RankSplit;
 use occult_core::analysis::routing::RouterRule;
 use occult_core::ep::comm::local::run_local;
@@ -109,7 +109,7 @@ fn edge_cases() {
         k: 2,
         renormalize: true,
         tokens: vec![11, 7, 0, 2],
-        prune: Some((PruneRule::Similarity, 1)),
+        prune: Some((PruneRule::Similarity, PruneLimit::Devices(1))),
         seed: 2,
         ..base.clone()
     });
@@ -121,7 +121,7 @@ fn edge_cases() {
             e: 64,
             k: 2,
             tokens: vec![11, 7, 0, 2],
-            prune: Some((PruneRule::Similarity, 1)),
+            prune: Some((PruneRule::Similarity, PruneLimit::Devices(1))),
             seed: 2,
             frozen_input: true,
             mode,
@@ -130,13 +130,28 @@ fn edge_cases() {
     }
     // Pruning to one device with each rule.
     check(&Case {
-        prune: Some((PruneRule::Router, 1)),
+        prune: Some((PruneRule::Router, PruneLimit::Devices(1))),
         ..base.clone()
     });
     check(&Case {
-        prune: Some((PruneRule::Similarity, 1)),
+        prune: Some((PruneRule::Similarity, PruneLimit::Devices(1))),
         ..base.clone()
     });
+    // Node-limited, two nodes of 2: to one node, and to one device in it, with each rule.
+    for rule in [PruneRule::Router, PruneRule::Similarity] {
+        for devices_in_node in [None, Some(1)] {
+            let limit = PruneLimit::Nodes {
+                devices_per_node: 2,
+                max_nodes: 1,
+                devices_in_node,
+            };
+            check(&Case {
+                tokens: vec![6, 3, 0, 9],
+                prune: Some((rule, limit)),
+                ..base.clone()
+            });
+        }
+    }
 }
 
 #[test]

@@ -216,7 +216,7 @@ fn pruned_expert_parallel_runs_match_the_pruned_reference() {
                     l,
                     PruneSpec {
                         rule,
-                        max_devices: 2,
+                        limit: occult_core::analysis::PruneLimit::Devices(2),
                         similarity,
                     },
                 )

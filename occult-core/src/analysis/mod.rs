@@ -34,11 +34,11 @@ pub mod trace_import;
 pub mod whole_trace;
 
 pub use placement::{Method, Placement};
-pub use pruning::{PruneRule, Pruner};
+pub use pruning::{PruneLimit, PruneRule, Pruner};
 pub use routing::RouterRule;
 pub use trace::Trace;
 pub use whole_trace::{
     check_placement_fits, check_router_matches, layer_similarity, place_steps_per_layer,
-    place_trace, prune_trace, source_split, trace_node_stats, trace_stats, PlaceInfo, PruneLayer,
-    PruneReport, TraceNodeStats, TraceStats,
+    place_trace, prune_trace, prune_trace_to, source_split, trace_node_stats, trace_stats,
+    PlaceInfo, PruneLayer, PruneReport, TraceNodeStats, TraceStats,
 };

@@ -1,7 +1,16 @@
-//! Collaboration pruning: limit each token to at most N devices.
+//! Collaboration pruning: limit each token to at most N devices, or to at most M nodes (and N
+//! devices in each), as DeepSeek-V3 limits its tokens to 4 nodes.
 //!
-//! Both rules first fix the allowed devices: walk the token's experts best first and collect
-//! their devices until N are seen. A token already on at most N devices is left unchanged.
+//! Both rules first fix the allowed devices. A token already within the limit is left
+//! unchanged.
+//! - **Device limit N**: walk the token's experts best first and collect their devices until N
+//!   are seen.
+//! - **Node limit M** (nodes of G devices, device d in node d / G): score each node by the sum
+//!   of its best two experts' selection scores, as DeepSeek-V3 scores its expert groups, and
+//!   keep the best M (ties: lower node); with a limit of N devices per node, score each device
+//!   of a kept node the same way and keep its best N.
+//!
+//! Then:
 //! - **Router-score rule**: re-pick the top-k among all experts on the allowed devices, by the
 //!   full router (selection) scores.
 //! - **Similarity rule**: keep the chosen experts on allowed devices; replace each other one,
@@ -40,13 +49,52 @@ impl PruneRule {
     }
 }
 
+/// How far a token's experts may spread once pruned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PruneLimit {
+    /// At most this many devices.
+    Devices(usize),
+    /// At most `max_nodes` nodes of `devices_per_node` devices, and at most `devices_in_node`
+    /// devices in each when given.
+    Nodes {
+        devices_per_node: usize,
+        max_nodes: usize,
+        devices_in_node: Option<usize>,
+    },
+}
+
+impl PruneLimit {
+    /// How the limit reads in tables and messages: `2 devices`, `1 node`, `2 nodes x 1 device`.
+    pub fn label(&self) -> String {
+        let n = |x: usize, what: &str| format!("{x} {what}{}", if x == 1 { "" } else { "s" });
+        match *self {
+            PruneLimit::Devices(d) => n(d, "device"),
+            PruneLimit::Nodes {
+                max_nodes,
+                devices_in_node: None,
+                ..
+            } => n(max_nodes, "node"),
+            PruneLimit::Nodes {
+                max_nodes,
+                devices_in_node: Some(d),
+                ..
+            } => format!("{} x {}", n(max_nodes, "node"), n(d, "device")),
+        }
+    }
+}
+
+/// Experts whose scores a node or device is ranked by (the sum of its best this many).
+const GROUP_SCORE_TOP: usize = 2;
+
 /// A configured pruner for one layer.
 #[derive(Clone, Debug)]
 pub struct Pruner<'a> {
     rule: PruneRule,
     router: &'a RouterRule,
     device_of_expert: &'a [u32],
-    max_devices: usize,
+    num_devices: usize,
+    limit: PruneLimit,
     similarity: Option<&'a SimilarityTable>,
 }
 
@@ -60,20 +108,83 @@ impl<'a> Pruner<'a> {
         max_devices: usize,
         similarity: Option<&'a SimilarityTable>,
     ) -> Result<Self> {
+        let limit = PruneLimit::Devices(max_devices);
+        Self::with_limit(
+            rule,
+            router,
+            device_of_expert,
+            num_devices,
+            limit,
+            similarity,
+        )
+    }
+
+    /// Checks that pruning to `limit` can always leave k experts.
+    pub fn with_limit(
+        rule: PruneRule,
+        router: &'a RouterRule,
+        device_of_expert: &'a [u32],
+        num_devices: usize,
+        limit: PruneLimit,
+        similarity: Option<&'a SimilarityTable>,
+    ) -> Result<Self> {
         router.validate()?;
         validate_map(device_of_expert, router.num_experts, num_devices)?;
-        if max_devices == 0 {
-            bail!("--max-devices must be at least 1");
-        }
-        // More devices than exist allow everything; clamp so that no size depends on it.
-        let max_devices = max_devices.min(num_devices);
-        let mut caps = capacities(router.num_experts, num_devices);
-        caps.sort_unstable();
-        let room: usize = caps.iter().take(max_devices).sum();
+        let caps = capacities(router.num_experts, num_devices);
+        // Sums of the smallest `n` of `v`.
+        let smallest = |mut v: Vec<usize>, n: usize| -> usize {
+            v.sort_unstable();
+            v.iter().take(n).sum()
+        };
+        // Limits above what exists allow everything; clamp so that no size depends on them.
+        let (limit, room) = match limit {
+            PruneLimit::Devices(0) => bail!("--max-devices must be at least 1"),
+            PruneLimit::Devices(n) => {
+                let n = n.min(num_devices);
+                (PruneLimit::Devices(n), smallest(caps, n))
+            }
+            PruneLimit::Nodes {
+                devices_per_node: g,
+                max_nodes,
+                devices_in_node,
+            } => {
+                if g == 0 || !num_devices.is_multiple_of(g) {
+                    bail!("--devices-per-node {g} must divide the {num_devices} devices");
+                }
+                if max_nodes == 0 || devices_in_node == Some(0) {
+                    bail!("--max-nodes and --max-devices-per-node must be at least 1");
+                }
+                let m = max_nodes.min(num_devices / g);
+                let n = devices_in_node.map(|n| n.min(g));
+                let rooms: Vec<usize> = caps
+                    .chunks(g)
+                    .map(|node| smallest(node.to_vec(), n.unwrap_or(g)))
+                    .collect();
+                let limit = PruneLimit::Nodes {
+                    devices_per_node: g,
+                    max_nodes: m,
+                    devices_in_node: n,
+                };
+                (limit, smallest(rooms, m))
+            }
+        };
         if room < router.top_k {
+            let smallest = match limit {
+                PruneLimit::Devices(n) => format!("the smallest {n} device(s) hold"),
+                PruneLimit::Nodes {
+                    max_nodes,
+                    devices_in_node: None,
+                    ..
+                } => format!("the smallest {max_nodes} node(s) hold"),
+                PruneLimit::Nodes {
+                    max_nodes,
+                    devices_in_node: Some(n),
+                    ..
+                } => format!("the smallest {n} device(s) of the smallest {max_nodes} node(s) hold"),
+            };
             bail!(
-                "pruning to {max_devices} device(s) cannot keep top_k = {} experts: the smallest \
-                 {max_devices} device(s) hold only {room}",
+                "pruning to {} cannot keep top_k = {} experts: {smallest} only {room}",
+                limit.label(),
                 router.top_k
             );
         }
@@ -92,7 +203,8 @@ impl<'a> Pruner<'a> {
             rule,
             router,
             device_of_expert,
-            max_devices,
+            num_devices,
+            limit,
             similarity,
         })
     }
@@ -106,26 +218,9 @@ impl<'a> Pruner<'a> {
 
     /// Prunes one token given its gate scores, its selection scores and its selection.
     pub fn prune_scores(&self, scores: &[f32], choice: &[f32], ranked: &[u32]) -> Selection {
-        let mut allowed_dev: Vec<u32> = Vec::with_capacity(ranked.len());
-        let mut spans = 0;
-        for &x in ranked {
-            let d = self.device_of_expert[x as usize];
-            if !allowed_dev.contains(&d) {
-                spans += 1;
-                if allowed_dev.len() < self.max_devices {
-                    allowed_dev.push(d);
-                }
-            }
-        }
-        let ids = if spans <= self.max_devices {
-            ranked.to_vec()
-        } else {
-            let ok: Vec<bool> = self
-                .device_of_expert
-                .iter()
-                .map(|d| allowed_dev.contains(d))
-                .collect();
-            match self.rule {
+        let ids = match self.allowed(choice, ranked) {
+            None => ranked.to_vec(),
+            Some(ok) => match self.rule {
                 PruneRule::Router => top_k_ids(choice, ranked.len(), Some(&ok)),
                 PruneRule::Similarity => {
                     let sim = self.similarity.expect("checked in new");
@@ -145,10 +240,84 @@ impl<'a> Pruner<'a> {
                     sort_by_score(&mut chosen, choice);
                     chosen
                 }
-            }
+            },
         };
         let weights = self.router.gate_weights(scores, &ids);
         Selection { ids, weights }
+    }
+
+    /// The experts a token over the limit may keep (`None`: it is within the limit).
+    fn allowed(&self, choice: &[f32], ranked: &[u32]) -> Option<Vec<bool>> {
+        let dev = |x: u32| self.device_of_expert[x as usize] as usize;
+        let mut devices: Vec<usize> = Vec::with_capacity(ranked.len());
+        for &x in ranked {
+            if !devices.contains(&dev(x)) {
+                devices.push(dev(x));
+            }
+        }
+        let keep: Vec<bool> = match self.limit {
+            PruneLimit::Devices(n) => {
+                if devices.len() <= n {
+                    return None;
+                }
+                let mut keep = vec![false; self.num_devices];
+                devices.iter().take(n).for_each(|&d| keep[d] = true);
+                keep
+            }
+            PruneLimit::Nodes {
+                devices_per_node: g,
+                max_nodes,
+                devices_in_node,
+            } => {
+                let nodes = self.num_devices / g;
+                let mut per_node = vec![0usize; nodes];
+                devices.iter().for_each(|&d| per_node[d / g] += 1);
+                let spanned = per_node.iter().filter(|&&c| c > 0).count();
+                let crowded = devices_in_node.is_some_and(|n| per_node.iter().any(|&c| c > n));
+                if spanned <= max_nodes && !crowded {
+                    return None;
+                }
+                // Each device's best two selection scores, summed per device and per node.
+                let mut best = vec![[f32::NEG_INFINITY; GROUP_SCORE_TOP]; self.num_devices];
+                for (x, &c) in choice.iter().enumerate() {
+                    let b = &mut best[dev(x as u32)];
+                    if c > b[GROUP_SCORE_TOP - 1] {
+                        b[GROUP_SCORE_TOP - 1] = c;
+                        b.sort_unstable_by(|p, q| q.total_cmp(p));
+                    }
+                }
+                let top = |v: &mut Vec<f32>| -> f32 {
+                    v.sort_unstable_by(|p, q| q.total_cmp(p));
+                    v.iter()
+                        .take(GROUP_SCORE_TOP)
+                        .filter(|c| c.is_finite())
+                        .sum()
+                };
+                let device_score: Vec<f32> = best.iter().map(|b| top(&mut b.to_vec())).collect();
+                let node_score: Vec<f32> = (0..nodes)
+                    .map(|n| top(&mut best[n * g..(n + 1) * g].concat()))
+                    .collect();
+                let ranked_by = |score: &[f32], ids: std::ops::Range<usize>| -> Vec<usize> {
+                    let mut v: Vec<usize> = ids.collect();
+                    v.sort_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+                    v
+                };
+                let mut keep = vec![false; self.num_devices];
+                for n in ranked_by(&node_score, 0..nodes).into_iter().take(max_nodes) {
+                    let in_node = ranked_by(&device_score, n * g..(n + 1) * g);
+                    for d in in_node.into_iter().take(devices_in_node.unwrap_or(g)) {
+                        keep[d] = true;
+                    }
+                }
+                keep
+            }
+        };
+        Some(
+            self.device_of_expert
+                .iter()
+                .map(|&d| keep[d as usize])
+                .collect(),
+        )
     }
 }
 
@@ -217,6 +386,63 @@ mod tests {
         // 0 is replaced by 5; order by score: 2, 4, 5. Renormalised over the new set.
         assert_eq!(out.ids, vec![2, 4, 5]);
         assert!((out.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+
+    /// 8 experts on 4 devices in 2 nodes of 2: node 0 = devices 0, 1 (experts 0..4), node 1 =
+    /// devices 2, 3 (experts 4..8).
+    #[test]
+    fn node_limit_keeps_the_best_scoring_nodes() {
+        let rule = RouterRule::softmax_topk(8, 3, false);
+        let nodes = |m, n| PruneLimit::Nodes {
+            devices_per_node: 2,
+            max_nodes: m,
+            devices_in_node: n,
+        };
+        // Ranking 2, 4, 0, 3, 6, 1, 5, 7: the top-3 {2, 4, 0} spans both nodes. Node scores
+        // (two best probabilities): node 0 p2 + p0 (logits 6, 3), node 1 p4 + p6 (5, 1.5).
+        let p =
+            Pruner::with_limit(PruneRule::Router, &rule, &MAP, 4, nodes(1, None), None).unwrap();
+        let out = p.prune_logits(&logits(), &[2, 4, 0]);
+        assert_eq!(out.ids, vec![2, 0, 3]);
+        // Node 1 wins when its experts score higher.
+        let mut l = logits();
+        l[6] = 5.9;
+        let out = p.prune_logits(&l, &[2, 6, 4]);
+        assert_eq!(out.ids, vec![6, 4, 5]);
+        // One device per node: node 0's best device is device 1 (experts 2, 3: logits 6, 2.5).
+        let p = Pruner::with_limit(PruneRule::Router, &rule, &MAP, 4, nodes(1, Some(1)), None);
+        let err = p.unwrap_err().to_string();
+        assert!(
+            err.contains("cannot keep top_k = 3") && err.contains("1 node x 1 device"),
+            "{err}"
+        );
+        let rule2 = RouterRule::softmax_topk(8, 2, false);
+        let p = Pruner::with_limit(PruneRule::Router, &rule2, &MAP, 4, nodes(1, Some(1)), None)
+            .unwrap();
+        assert_eq!(p.prune_logits(&logits(), &[2, 4]).ids, vec![2, 3]);
+        // Within the limit: unchanged (two nodes allowed; one node holding the whole top-k).
+        let p =
+            Pruner::with_limit(PruneRule::Router, &rule, &MAP, 4, nodes(2, None), None).unwrap();
+        assert_eq!(p.prune_logits(&logits(), &[2, 4, 0]).ids, vec![2, 4, 0]);
+        let p =
+            Pruner::with_limit(PruneRule::Router, &rule, &MAP, 4, nodes(1, None), None).unwrap();
+        assert_eq!(p.prune_logits(&logits(), &[2, 0, 3]).ids, vec![2, 0, 3]);
+        // Bad levels are named.
+        for (bad, what) in [
+            (nodes(0, None), "at least 1"),
+            (nodes(1, Some(0)), "at least 1"),
+        ] {
+            let e = Pruner::with_limit(PruneRule::Router, &rule, &MAP, 4, bad, None).unwrap_err();
+            assert!(e.to_string().contains(what), "{e}");
+        }
+        let three = PruneLimit::Nodes {
+            devices_per_node: 3,
+            max_nodes: 1,
+            devices_in_node: None,
+        };
+        let e = Pruner::with_limit(PruneRule::Router, &rule, &MAP, 4, three, None).unwrap_err();
+        assert!(e.to_string().contains("must divide"), "{e}");
+        assert_eq!(nodes(2, Some(1)).label(), "2 nodes x 1 device");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use crate::analysis::collab::{layer_stats, token_weighted_mean, total_devices, L
 use crate::analysis::placement::{
     self, LayerPlacement, Method, Placement, PlacementMetrics, SearchConfig,
 };
-use crate::analysis::pruning::{changed_choices, PruneRule, Pruner};
+use crate::analysis::pruning::{changed_choices, PruneLimit, PruneRule, Pruner};
 use crate::analysis::ranks::RankSplit;
 use crate::analysis::routing::RouterRule;
 use crate::analysis::similarity::{SimilarityAccumulator, SimilarityTable};
@@ -269,6 +269,9 @@ pub struct PruneLayer {
 #[derive(Clone, Debug, Serialize)]
 pub struct PruneReport {
     pub rule: PruneRule,
+    /// The limit: devices, or nodes (and devices in each).
+    pub limit: PruneLimit,
+    /// The most devices a pruned token spans under it.
     pub max_devices: usize,
     pub num_devices: usize,
     pub ect_before: f64,
@@ -369,14 +372,29 @@ fn check_traced_choice(
     Ok(())
 }
 
-/// Prunes every layer of a trace; returns the rewritten trace and the report. The similarity
-/// rule takes its tables from `calibration` (or from the trace itself).
+/// Prunes every layer of a trace to at most `max_devices` devices per token; returns the
+/// rewritten trace and the report. The similarity rule takes its tables from `calibration` (or
+/// from the trace itself).
 pub fn prune_trace(
     trace: &Trace,
     placement: &Placement,
     router: &RouterRule,
     rule: PruneRule,
     max_devices: usize,
+    calibration: Option<&Trace>,
+    on_layer: &(dyn Fn() + Sync),
+) -> Result<(Trace, PruneReport)> {
+    let limit = PruneLimit::Devices(max_devices);
+    prune_trace_to(trace, placement, router, rule, limit, calibration, on_layer)
+}
+
+/// [`prune_trace`] under any [`PruneLimit`] (such as a node limit).
+pub fn prune_trace_to(
+    trace: &Trace,
+    placement: &Placement,
+    router: &RouterRule,
+    rule: PruneRule,
+    limit: PruneLimit,
     calibration: Option<&Trace>,
     on_layer: &(dyn Fn() + Sync),
 ) -> Result<(Trace, PruneReport)> {
@@ -414,7 +432,7 @@ pub fn prune_trace(
                 PruneRule::Similarity => Some(layer_similarity(calibration, l.layer)?),
                 PruneRule::Router => None,
             };
-            let pruner = Pruner::new(rule, router, map, d, max_devices, sim.as_ref())?;
+            let pruner = Pruner::with_limit(rule, router, map, d, limit, sim.as_ref())?;
             let mut ids = Vec::with_capacity(l.topk_ids.len());
             let mut weights = Vec::with_capacity(l.topk_ids.len());
             let mut changed = 0usize;
@@ -461,8 +479,17 @@ pub fn prune_trace(
     let weighted = |f: fn(&PruneLayer) -> f64| {
         token_weighted_mean(layers.iter().map(f).zip(tokens.iter().copied()))
     };
+    let max_devices = match limit {
+        PruneLimit::Devices(n) => n.min(d),
+        PruneLimit::Nodes {
+            devices_per_node: g,
+            max_nodes,
+            devices_in_node,
+        } => (max_nodes * devices_in_node.unwrap_or(g)).min(d),
+    };
     let report = PruneReport {
         rule,
+        limit,
         max_devices,
         num_devices: d,
         ect_before: weighted(|l| l.ect_before),
@@ -473,7 +500,7 @@ pub fn prune_trace(
     let mut meta = trace.meta.clone();
     meta.extra.insert(
         "pruned".into(),
-        format!("rule={} max_devices={max_devices}", rule.name()),
+        format!("rule={} limit={}", rule.name(), limit.label()),
     );
     let pruned = Trace {
         meta,

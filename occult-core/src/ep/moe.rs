@@ -27,6 +27,7 @@ use super::experts::MoeWeights;
 use super::router::{route, PruneSpec, Routed};
 use crate::analysis::collab::total_devices;
 use crate::analysis::placement::validate_map;
+use crate::analysis::pruning::PruneLimit;
 use crate::analysis::routing::RouterRule;
 use crate::{bail, Result};
 use candle::{DType, Device, Tensor};
@@ -119,7 +120,19 @@ impl EpSettings {
         self.device_of_expert.iter().for_each(|&d| eat(d as u64));
         if let Some(p) = &self.prune {
             eat(p.rule as u64 + 1);
-            eat(p.max_devices as u64);
+            match p.limit {
+                PruneLimit::Devices(n) => eat(n as u64),
+                PruneLimit::Nodes {
+                    devices_per_node,
+                    max_nodes,
+                    devices_in_node,
+                } => {
+                    eat(u64::MAX);
+                    eat(devices_per_node as u64);
+                    eat(max_nodes as u64);
+                    eat(devices_in_node.map_or(0, |n| n as u64 + 1));
+                }
+            }
         }
         hash
     }

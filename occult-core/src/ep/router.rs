@@ -3,7 +3,7 @@
 //! gathered back from the scores on the graph so that the router gets gradients.
 
 use super::swiglu::sigmoid;
-use crate::analysis::pruning::{PruneRule, Pruner};
+use crate::analysis::pruning::{PruneLimit, PruneRule, Pruner};
 use crate::analysis::routing::{RouterRule, Scoring};
 use crate::analysis::similarity::SimilarityTable;
 use crate::Result;
@@ -13,7 +13,8 @@ use candle::{DType, Tensor, D};
 #[derive(Clone, Debug)]
 pub struct PruneSpec {
     pub rule: PruneRule,
-    pub max_devices: usize,
+    /// How far a token may spread: devices, or nodes (and devices in each).
+    pub limit: PruneLimit,
     /// Needed by the similarity rule.
     pub similarity: Option<SimilarityTable>,
 }
@@ -26,12 +27,12 @@ impl PruneSpec {
         device_of_expert: &'a [u32],
         num_devices: usize,
     ) -> Result<Pruner<'a>> {
-        Pruner::new(
+        Pruner::with_limit(
             self.rule,
             rule,
             device_of_expert,
             num_devices,
-            self.max_devices,
+            self.limit,
             self.similarity.as_ref(),
         )
     }

@@ -14,7 +14,7 @@ use anyhow::{bail, Result};
 use candle::{DType, Device, Tensor};
 use occult_core::analysis::links::{swiglu_flops, LinkProfile};
 use occult_core::analysis::placement::{self, Method, SearchConfig};
-use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use occult_core::analysis::routing::RouterRule;
 use occult_core::analysis::similarity::SimilarityTable;
 use occult_core::ep::comm::Communicator;
@@ -207,7 +207,7 @@ impl LayerBench {
                 DispatchMode::Occult,
                 Some(PruneSpec {
                     rule: self.prune_rule,
-                    max_devices: self.max_devices,
+                    limit: PruneLimit::Devices(self.max_devices),
                     similarity: Some(setup.similarity.clone()),
                 }),
             ));

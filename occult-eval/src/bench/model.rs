@@ -188,7 +188,7 @@ fn run_parallel(
         prompt_len: a.prompt_len,
         decode_tokens: a.decode_tokens,
         repeats: a.repeats,
-        max_devices: spec.max_devices.unwrap_or(2),
+        max_devices: spec.max_devices().unwrap_or(2),
         seed: a.seed,
     };
     let Some(results) = run(spec, ck, &bench, link.as_ref())? else {

@@ -11,7 +11,7 @@ use crate::context::{Backend, ModelSpec};
 use anyhow::{bail, Context, Result};
 use candle::{DType, Device, Tensor};
 use occult_core::analysis::links::{swiglu_flops, LinkProfile};
-use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use occult_core::ep::StepStats;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::MoeMode;
@@ -202,7 +202,7 @@ pub fn run(
     let mut o = opts.clone();
     o.devices = 1;
     o.mode = Some(MoeMode::Reference);
-    o.max_devices = None;
+    o.prune = None;
     o.backend = Backend::Local;
     let ids: Vec<u32> = (0..b.devices)
         .flat_map(|r| prompt(b, ck.cfg.vocab_size, r))
@@ -229,7 +229,7 @@ pub fn run(
 pub(crate) fn mode_opts(opts: &ModelSpec, mode: MoeMode, prune: Option<usize>) -> ModelSpec {
     let mut o = opts.clone();
     o.mode = Some(mode);
-    o.max_devices = prune;
+    o.prune = prune.map(PruneLimit::Devices);
     if prune.is_some() && o.prune_rule == PruneRule::Similarity && o.calibration.is_none() {
         o.prune_rule = PruneRule::Router;
     }

@@ -56,7 +56,8 @@ pub fn run(a: LossArgs) -> Result<()> {
             "mean_ect": h.ect,
             "mode": spec.mode(),
             "devices": a.model.devices,
-            "max_devices": a.model.max_devices,
+            "max_devices": a.model.limit.max_devices,
+            "prune_limit": a.model.limit.limit().map(|l| l.label()),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     }

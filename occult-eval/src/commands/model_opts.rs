@@ -4,7 +4,7 @@
 
 use crate::context::{Backend, ModelSpec};
 use anyhow::Result;
-use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use occult_core::models::model::MoeMode;
 use std::path::PathBuf;
 
@@ -47,10 +47,9 @@ pub struct ModelOpts {
     /// Placement file (`occult place`); default: contiguous blocks of experts.
     #[arg(long)]
     pub placement: Option<PathBuf>,
-    /// Collaboration pruning: each token's experts span at most this many devices.
-    #[arg(long)]
-    pub max_devices: Option<usize>,
-    /// Pruning rule (with --max-devices).
+    #[command(flatten)]
+    pub limit: PruneLimitOpts,
+    /// Pruning rule (with --max-devices or --max-nodes).
     #[arg(long, value_enum, default_value_t = PruneRule::Router)]
     pub prune_rule: PruneRule,
     /// A trace with router logits (`occult profile`) to build the similarity rule's tables.
@@ -62,6 +61,39 @@ pub struct ModelOpts {
     /// limit), shared by the ranks of a node.
     #[arg(long, value_parser = occult_core::models::memory::parse_size)]
     pub max_memory: Option<u64>,
+}
+
+/// The flags of collaboration pruning's limit (shared by the model commands and `prune`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PruneLimitOpts {
+    /// Collaboration pruning: each token's experts span at most this many devices.
+    #[arg(long, conflicts_with = "max_nodes")]
+    pub max_devices: Option<usize>,
+    /// Node-limited pruning, as DeepSeek-V3 routes: each token's experts span at most this many
+    /// nodes (the nodes whose best two experts score highest), nodes of --devices-per-node.
+    #[arg(long, requires = "devices_per_node")]
+    pub max_nodes: Option<usize>,
+    /// Devices per node for --max-nodes (device d in node d / G).
+    #[arg(long, requires = "max_nodes")]
+    pub devices_per_node: Option<usize>,
+    /// With --max-nodes: at most this many devices in each kept node too.
+    #[arg(long, requires = "max_nodes")]
+    pub max_devices_per_node: Option<usize>,
+}
+
+impl PruneLimitOpts {
+    /// The limit the flags ask for (`None`: no pruning).
+    pub fn limit(&self) -> Option<PruneLimit> {
+        match (self.max_devices, self.max_nodes, self.devices_per_node) {
+            (Some(n), _, _) => Some(PruneLimit::Devices(n)),
+            (None, Some(m), Some(g)) => Some(PruneLimit::Nodes {
+                devices_per_node: g,
+                max_nodes: m,
+                devices_in_node: self.max_devices_per_node,
+            }),
+            _ => None,
+        }
+    }
 }
 
 impl ModelOpts {
@@ -78,7 +110,7 @@ impl ModelOpts {
             mode: self.mode,
             placement: None,
             placement_file: None,
-            max_devices: self.max_devices,
+            prune: self.limit.limit(),
             prune_rule: self.prune_rule,
             calibration: self.calibration.clone(),
             max_memory: self.max_memory,

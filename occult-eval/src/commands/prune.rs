@@ -1,6 +1,7 @@
 //! `occult prune`: apply a collaboration-pruning rule to a trace and report E[C_T] before and
 //! after and the share of (token, expert) choices that changed.
 
+use super::model_opts::PruneLimitOpts;
 use super::{load_trace, resolve_placement, with_provenance, write_json};
 use crate::progress::bar;
 use crate::table::Table;
@@ -8,7 +9,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::analysis::routing::{GroupLimit, GroupScore, RouterRule, Scoring};
-use occult_core::analysis::{check_router_matches, prune_trace, PruneReport};
+use occult_core::analysis::{check_router_matches, prune_trace_to, PruneReport};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -34,9 +35,8 @@ pub struct PruneArgs {
     /// Use the contiguous placement on D devices instead of a placement file.
     #[arg(long)]
     pub devices: Option<usize>,
-    /// At most this many devices per token (N).
-    #[arg(long)]
-    pub max_devices: usize,
+    #[command(flatten)]
+    pub limit: PruneLimitOpts,
     #[arg(long, value_enum)]
     pub rule: PruneRule,
     /// Build similarity tables from this trace's router logits instead of --trace's.
@@ -101,12 +101,15 @@ pub fn run(a: PruneArgs) -> Result<()> {
     check_router_matches(&trace, &router).with_context(|| a.trace.display().to_string())?;
     let rule = a.rule;
     let pb = bar(trace.layers.len() as u64, "layers");
-    let (pruned, report) = prune_trace(
+    let Some(limit) = a.limit.limit() else {
+        anyhow::bail!("give --max-devices N, or --max-nodes M with --devices-per-node G");
+    };
+    let (pruned, report) = prune_trace_to(
         &trace,
         &placement,
         &router,
         rule,
-        a.max_devices,
+        limit,
         calibration.as_ref(),
         &|| pb.inc(1),
     )
@@ -138,10 +141,10 @@ pub fn render(r: &PruneReport) -> String {
         ]);
     }
     format!(
-        "{}\n{} rule, at most {} of {} devices: E[C_T] {:.3} -> {:.3}, {:.1}% of choices changed\n",
+        "{}\n{} rule, at most {} ({} devices): E[C_T] {:.3} -> {:.3}, {:.1}% of choices changed\n",
         t.render(),
         r.rule.name(),
-        r.max_devices,
+        r.limit.label(),
         r.num_devices,
         r.ect_before,
         r.ect_after,

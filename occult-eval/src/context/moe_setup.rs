@@ -61,17 +61,17 @@ impl ModelSpec {
                 (BTreeMap::new(), self.devices)
             }
         };
-        if self.max_devices.is_some() && num_devices == 1 {
+        if self.prune.is_some() && num_devices == 1 {
             bail!(
-                "--max-devices prunes across devices: give --devices D > 1, or a --placement \
-                 to prune the one-device reference as that placement would"
+                "--max-devices and --max-nodes prune across devices: give --devices D > 1, or a \
+                 --placement to prune the one-device reference as that placement would"
             );
         }
         if self.calibration.is_some() && self.prune_rule != PruneRule::Similarity {
             eprintln!("note: --calibration is only used by --prune-rule similarity");
         }
         let mut prune = BTreeMap::new();
-        if let Some(n) = self.max_devices {
+        if let Some(limit) = self.prune {
             let rule = self.prune_rule;
             let calib = match (&self.calibration, rule) {
                 (Some(p), _) => Some((p, Trace::read(p)?)),
@@ -104,7 +104,7 @@ impl ModelSpec {
                     l,
                     PruneSpec {
                         rule,
-                        max_devices: n,
+                        limit,
                         similarity,
                     },
                 );

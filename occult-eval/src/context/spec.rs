@@ -6,7 +6,7 @@ use super::device::pick_device;
 use anyhow::{bail, Context, Result};
 use candle::Device;
 use occult_core::analysis::placement::Placement;
-use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use occult_core::models::config::ModelConfig;
 use occult_core::models::loader::{parse_dtype, Checkpoint};
 use occult_core::models::memory;
@@ -35,8 +35,8 @@ pub struct ModelSpec {
     pub placement: Option<Placement>,
     /// The file the placement was read from, for reports and the input check.
     pub placement_file: Option<PathBuf>,
-    /// Collaboration pruning: each token's experts span at most this many devices.
-    pub max_devices: Option<usize>,
+    /// Collaboration pruning: how far each token's experts may spread.
+    pub prune: Option<PruneLimit>,
     pub prune_rule: PruneRule,
     /// A trace with router logits to build the similarity rule's tables.
     pub calibration: Option<PathBuf>,
@@ -45,6 +45,14 @@ pub struct ModelSpec {
 }
 
 impl ModelSpec {
+    /// The device limit of device-limited pruning (`None` without, or when limited by nodes).
+    pub fn max_devices(&self) -> Option<usize> {
+        match self.prune {
+            Some(PruneLimit::Devices(n)) => Some(n),
+            _ => None,
+        }
+    }
+
     /// `model` on one device in the reference mode, every other option at its default.
     pub fn local(model: &str) -> Self {
         ModelSpec {
@@ -58,7 +66,7 @@ impl ModelSpec {
             mode: None,
             placement: None,
             placement_file: None,
-            max_devices: None,
+            prune: None,
             prune_rule: PruneRule::Router,
             calibration: None,
             max_memory: None,

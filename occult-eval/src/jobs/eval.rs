@@ -251,8 +251,9 @@ pub fn evaluate(spec: &ModelSpec, job: &EvalJob) -> Result<Option<Evaluated>> {
             "devices": spec.devices,
             "mode": spec.mode(),
             "placement": spec.placement_file,
-            "max_devices": spec.max_devices,
-            "prune_rule": spec.max_devices.map(|_| spec.prune_rule),
+            "max_devices": spec.max_devices(),
+            "prune_limit": spec.prune.map(|l| l.label()),
+            "prune_rule": spec.prune.map(|_| spec.prune_rule),
             "dtype": spec.dtype,
         },
     });

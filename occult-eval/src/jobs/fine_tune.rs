@@ -179,8 +179,9 @@ pub fn fine_tune(spec: &ModelSpec, job: &FineTune) -> Result<()> {
     let settings = serde_json::json!({
         "placement": placement,
         "mode": spec.mode(),
-        "max_devices": spec.max_devices,
-        "prune_rule": spec.max_devices.map(|_| spec.prune_rule),
+        "max_devices": spec.max_devices(),
+        "prune_limit": spec.prune.map(|l| l.label()),
+        "prune_rule": spec.prune.map(|_| spec.prune_rule),
         "calibration": calibration,
         "seq_len": seq_len(&ck, a.seq_len),
         "add_bos": a.add_bos,

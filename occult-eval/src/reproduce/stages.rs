@@ -17,7 +17,7 @@ use crate::jobs::profile::{profile, ProfileJob};
 use anyhow::{Context, Result};
 use occult_core::analysis::placement::Placement;
 use occult_core::analysis::projection::{ProjectReport, ProjectSettings};
-use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use occult_core::analysis::trace::Trace;
 use occult_core::models::config::ModelConfig;
 use occult_core::models::model::MoeMode;
@@ -42,7 +42,7 @@ pub fn routed_spec(model: &str, r: &Recipe, placement: &Placed, routing: Routing
     o.placement = Some(placement.placement.clone());
     o.placement_file = Some(placement.file.clone());
     if let Some((n, rule)) = routing.prune {
-        o.max_devices = Some(n);
+        o.prune = Some(PruneLimit::Devices(n));
         o.prune_rule = rule;
         if rule == PruneRule::Similarity {
             o.calibration = Some(placement.trace_file.clone());

@@ -43,8 +43,9 @@ fn layout(dense: &DenseParts, setup: &MoeSetup) -> Result<Vec<(String, String)>>
                 .as_ref()
                 .map(|t| fingerprint(t.cos.iter().flat_map(|x| x.to_le_bytes())));
             format!(
-                "layer {l}: {:?} to {} devices, table {table:x?}",
-                p.rule, p.max_devices
+                "layer {l}: {:?} to {}, table {table:x?}",
+                p.rule,
+                p.limit.label()
             )
         })
         .collect();
