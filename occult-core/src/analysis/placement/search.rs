@@ -977,6 +977,67 @@ mod tests {
         assert!(repaired >= 4, "only {repaired} starts needed a repair");
     }
 
+    /// From random starts on random routing: the Kernighan-Lin passes find what descent alone
+    /// misses (strictly lower sum C_T on some starts, never higher), the end is a fixed point
+    /// (one more pass keeps nothing, one more descent takes nothing), and the swaps counted
+    /// are at least the moves the map shows (each swap moves two experts) and within the bound
+    /// of the passes.
+    #[test]
+    fn kernighan_lin_passes_improve_on_descent_and_end_at_a_fixed_point() {
+        let mut rng = ChaCha8Rng::seed_from_u64(17);
+        let mut better = 0;
+        for seed in 0..12 {
+            let (e, k, d) = (16, 3, 4);
+            let ids = random_ids(300, k, e, seed);
+            let co = CoActivation::from_ids(&ids, k, e);
+            let mut tok_of = vec![Vec::new(); e];
+            for (t, row) in ids.chunks_exact(k).enumerate() {
+                for &x in row {
+                    tok_of[x as usize].push(t as u32);
+                }
+            }
+            let ctx = Ctx {
+                ids: &ids,
+                k,
+                e,
+                d,
+                tokens: 300,
+                tok_of: &tok_of,
+                loads: &co.loads,
+                cap: None,
+                group: None,
+            };
+            let start = random_balanced(e, d, &mut rng);
+            let mut alone = State::new(&ctx, start.clone());
+            descend(&mut alone).unwrap();
+            let mut s = State::new(&ctx, start.clone());
+            let swaps = optimize(&mut s, &|| ()).unwrap();
+            assert!(s.total <= alone.total, "seed {seed}");
+            better += usize::from(s.total < alone.total);
+            assert_eq!(s.total as u64, total_devices(&ids, k, &s.dev, d));
+            let mut again = s.clone();
+            assert_eq!(
+                kl_pass(&mut again),
+                0,
+                "seed {seed}: another pass still gains"
+            );
+            assert_eq!(descend(&mut again), Some(0), "seed {seed}");
+            let moved = (0..e).filter(|&x| s.dev[x] != start[x]).count();
+            assert!(
+                2 * swaps >= moved,
+                "seed {seed}: {swaps} swaps, {moved} experts moved"
+            );
+            assert!(
+                swaps <= (MAX_KL_PASSES + 1) * e * e,
+                "seed {seed}: {swaps} swaps"
+            );
+        }
+        assert!(
+            better >= 1,
+            "the passes improved on descent from none of 12 starts"
+        );
+    }
+
     #[test]
     fn progress_steps_are_exact_and_one_expert_per_device_is_settled_at_once() {
         use std::sync::atomic::{AtomicUsize, Ordering};
