@@ -5,7 +5,7 @@
 # rebuilds, and runs the tests that guard that file; a mutant the tests do not catch is a bug
 # they would not catch either.
 #
-#   scripts/mutants.sh                 every group (about an hour on 2 cores)
+#   scripts/mutants.sh                 every group (about 2 h 20 min on 2 cores; search alone 1 h 30)
 #   scripts/mutants.sh search optim    only these groups
 #   scripts/mutants.sh --list          the groups, their files, their tests and mutant counts
 #   scripts/mutants.sh --iterate ...   test again only what the last run did not catch (and any
