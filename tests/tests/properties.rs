@@ -5,7 +5,7 @@ use occult_core::analysis::collab::{layer_stats, token_devices, total_devices, C
 use occult_core::analysis::placement::{
     capacities, contiguous, greedy, random_balanced, search, validate_map, Placement, SearchConfig,
 };
-use occult_core::analysis::pruning::{devices_of, PruneRule, Pruner};
+use occult_core::analysis::pruning::{devices_of, PruneLimit, PruneRule, Pruner};
 use occult_core::analysis::ranks::RankSplit;
 use occult_core::analysis::routing::RouterRule;
 use occult_core::analysis::similarity::SimilarityTable;
@@ -107,6 +107,62 @@ proptest! {
         prop_assert_eq!(ours.greedy_total_devices, greedy_total);
         prop_assert_eq!(ours.total_devices, total_devices(&c.ids, c.k, &ours.map, c.d));
         prop_assert!(ours.total_devices <= greedy_total);
+    }
+
+    /// Node-limited pruning: k distinct experts on at most M nodes (and N devices in each),
+    /// the choice kept when within the limit, and refused only when the smallest M nodes
+    /// (their smallest N devices) cannot hold k.
+    #[test]
+    fn node_limited_pruning_keeps_k_experts_on_at_most_m_nodes(
+        c in arb_case(), g in 1usize..5, m in 1usize..4, n in proptest::option::of(1usize..3),
+        similarity in any::<bool>()
+    ) {
+        prop_assume!(c.d % g == 0);
+        let rule = RouterRule::softmax_topk(c.e, c.k, false);
+        let sim = SimilarityTable::from_logits(&c.logits, c.e).unwrap();
+        let which = if similarity { PruneRule::Similarity } else { PruneRule::Router };
+        let limit = PruneLimit::Nodes { devices_per_node: g, max_nodes: m, devices_in_node: n };
+        let caps = capacities(c.e, c.d);
+        let mut rooms: Vec<usize> = caps
+            .chunks(g)
+            .map(|node| {
+                let mut v = node.to_vec();
+                v.sort_unstable();
+                v.iter().take(n.unwrap_or(g)).sum()
+            })
+            .collect();
+        rooms.sort_unstable();
+        let room: usize = rooms.iter().take(m).sum();
+        let pruner = Pruner::with_limit(which, &rule, &c.map, c.d, limit, Some(&sim));
+        if room < c.k {
+            prop_assert!(pruner.is_err());
+            return Ok(());
+        }
+        let pruner = pruner.unwrap();
+        let spread = |ids: &[u32]| {
+            let mut per_node = vec![0usize; c.d / g];
+            let mut devs: Vec<u32> = ids.iter().map(|&x| c.map[x as usize]).collect();
+            devs.sort_unstable();
+            devs.dedup();
+            devs.iter().for_each(|&d| per_node[d as usize / g] += 1);
+            let nodes = per_node.iter().filter(|&&x| x > 0).count();
+            (nodes, per_node.into_iter().max().unwrap_or(0))
+        };
+        for (t, before) in c.ids.chunks_exact(c.k).enumerate() {
+            let logits = &c.logits[t * c.e..(t + 1) * c.e];
+            let s = pruner.prune_logits(logits, before);
+            let mut sorted = s.ids.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            prop_assert_eq!(sorted.len(), c.k, "not k distinct experts: {:?}", s.ids);
+            let (nodes, most) = spread(&s.ids);
+            prop_assert!(nodes <= m, "{} nodes", nodes);
+            prop_assert!(n.is_none_or(|n| most <= n), "{} devices in a node", most);
+            let (nodes0, most0) = spread(before);
+            if nodes0 <= m && n.is_none_or(|n| most0 <= n) {
+                prop_assert_eq!(&s.ids, &before.to_vec());
+            }
+        }
     }
 
     #[test]
