@@ -4,9 +4,14 @@
 # (the rank's send side and its receive side). Latency is not added (netem is not available on
 # these machines): the generated link profile models the veth's own ~0.1 ms.
 #
-#   sudo scripts/shaped_links.sh [-n RANKS] [-r RATE] [-f FLOPS] [-o DIR] -- OCCULT_ARGS...
+# With -g G the ranks form nodes of G (rank r in node r / G, as mpirun numbers them): traffic
+# between two ranks of one node is shaped to INTRA (-i, default 10gbit) instead, by a second HTB
+# class that a u32 filter on the peer's address picks, so each rank has a fast link inside its
+# node and a slow one (RATE) to other nodes, as a GPU has NVLink and its own NIC.
 #
-# Example (the issue's benchmark): a synthetic OLMoE-shaped model, 4 ranks at 80 Mbit/s:
+#   sudo scripts/shaped_links.sh [-n RANKS] [-g G] [-r RATE] [-i INTRA] [-f FLOPS] [-o DIR] -- OCCULT_ARGS...
+#
+# Example: a synthetic OLMoE-shaped model, 4 ranks at 80 Mbit/s (add -g 2 for 2 nodes of 2):
 #   target/release/occult model synth --family olmoe --hidden 256 --layers 4 --experts 64 \
 #       --top-k 8 --intermediate 128 -o /tmp/olmoe-256
 #   sudo scripts/shaped_links.sh -n 4 -r 80mbit -- bench model --model /tmp/olmoe-256 \
@@ -28,11 +33,15 @@ RANKS=4
 RATE=80mbit
 FLOPS=2e10
 OUT=.
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
-while getopts "n:r:f:o:h" opt; do
+PER_NODE=1
+INTRA=10gbit
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+while getopts "n:g:r:i:f:o:h" opt; do
   case $opt in
     n) RANKS=$OPTARG ;;
+    g) PER_NODE=$OPTARG ;;
     r) RATE=$OPTARG ;;
+    i) INTRA=$OPTARG ;;
     f) FLOPS=$OPTARG ;;
     o) OUT=$OPTARG ;;
     h) usage 0 ;;
@@ -48,6 +57,8 @@ for tool in ip tc mpirun; do
 done
 [[ $RANKS =~ ^[0-9]+$ ]] && [ "$RANKS" -ge 2 ] && [ "$RANKS" -le 200 ] ||
   { echo "error: -n takes 2 to 200 ranks" >&2; exit 1; }
+[[ $PER_NODE =~ ^[0-9]+$ ]] && [ "$PER_NODE" -ge 1 ] && [ $((RANKS % PER_NODE)) -eq 0 ] ||
+  { echo "error: -g $PER_NODE must divide the $RANKS ranks" >&2; exit 1; }
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${OCCULT_BIN:-$ROOT/target/release/occult}
@@ -68,6 +79,8 @@ rate_bytes() {
   esac
 }
 BANDWIDTH=$(rate_bytes "$RATE")
+INTRA_BANDWIDTH=$BANDWIDTH
+[ "$PER_NODE" -gt 1 ] && INTRA_BANDWIDTH=$(rate_bytes "$INTRA")
 
 PREFIX=occ$$
 TMP=$(mktemp -d)
@@ -87,25 +100,34 @@ HUB=${PREFIX}_hub
 ip netns add "$HUB"
 ip -n "$HUB" link set lo up
 ip -n "$HUB" link add br0 type bridge
-ip -n "$HUB" addr add 10.77.1.254/24 dev br0
+ip -n "$HUB" addr add 10.77.255.254/16 dev br0
 ip -n "$HUB" link set br0 up
+# Rank i (1-based) of node n (0-based) is 10.77.(n+1).i; shape NS DEV DIR NODE: RATE by
+# default, INTRA for packets whose peer (DIR = dst or src) is in NODE.
 shape() {
   ip netns exec "$1" tc qdisc add dev "$2" root handle 1: htb default 10
   ip netns exec "$1" tc class add dev "$2" parent 1: classid 1:10 htb rate "$RATE" ceil "$RATE" quantum 60000
+  if [ "$PER_NODE" -gt 1 ]; then
+    ip netns exec "$1" tc class add dev "$2" parent 1: classid 1:20 htb rate "$INTRA" ceil "$INTRA" quantum 60000
+    ip netns exec "$1" tc filter add dev "$2" parent 1: protocol ip prio 1 u32 \
+      match ip "$3" "10.77.$(($4 + 1)).0/24" flowid 1:20
+  fi
 }
 : >"$TMP/hostfile"
 for i in $(seq 1 "$RANKS"); do
   ns=${PREFIX}_r$i
+  node=$(((i - 1) / PER_NODE))
+  ip=10.77.$((node + 1)).$i
   ip netns add "$ns"
   ip -n "$ns" link set lo up
   ip link add "${PREFIX}h$i" netns "$HUB" type veth peer name eth0 netns "$ns"
   ip -n "$HUB" link set "${PREFIX}h$i" master br0
   ip -n "$HUB" link set "${PREFIX}h$i" up
-  ip -n "$ns" addr add "10.77.1.$i/24" dev eth0
+  ip -n "$ns" addr add "$ip/16" dev eth0
   ip -n "$ns" link set eth0 up
-  shape "$ns" eth0               # what the rank sends
-  shape "$HUB" "${PREFIX}h$i"    # what the rank receives
-  echo "10.77.1.$i slots=1" >>"$TMP/hostfile"
+  shape "$ns" eth0 dst "$node"               # what the rank sends
+  shape "$HUB" "${PREFIX}h$i" src "$node"    # what the rank receives
+  echo "$ip slots=1" >>"$TMP/hostfile"
 done
 # mpirun reaches each "host" by entering its namespace (in place of ssh).
 cat >"$TMP/netns-rsh" <<EOF
@@ -115,15 +137,16 @@ exec ip netns exec ${PREFIX}_r\$n unshare --uts /bin/sh -c "hostname rank\$n; \$
 EOF
 chmod +x "$TMP/netns-rsh"
 
-# This emulated machine as a link profile: f32 rows, RATE per link, veth latency.
+# This emulated machine as a link profile: f32 rows, RATE per link (INTRA inside a node of -g),
+# veth latency.
 cat >"$TMP/shaped.toml" <<EOF
 name = "shaped-$RATE"
-description = "$RANKS MPI ranks in network namespaces, veth links shaped with tc HTB to $RATE"
+description = "$RANKS MPI ranks in network namespaces (nodes of $PER_NODE), veth links shaped with tc HTB to $RATE between nodes"
 device_flops = $FLOPS
 activation_bytes = 4
-ranks_per_node = 1
+ranks_per_node = $PER_NODE
 [intra]
-bandwidth = $BANDWIDTH
+bandwidth = $INTRA_BANDWIDTH
 latency = 1.0e-4
 [inter]
 bandwidth = $BANDWIDTH
@@ -136,11 +159,15 @@ if [ "${1:-}" = bench ] && [ "${2:-}" = model ]; then
 elif [ "${1:-}" = bench ] && [ "${2:-}" = train ]; then
   ARGS+=(--link "$TMP/shaped.toml" --json "$OUT/shaped-train.json")
 fi
-echo "$RANKS ranks over $RATE links (HTB, both directions); occult ${ARGS[*]}" >&2
+if [ "$PER_NODE" -gt 1 ]; then
+  echo "$RANKS ranks in nodes of $PER_NODE: $INTRA inside a node, $RATE between nodes (HTB, both directions); occult ${ARGS[*]}" >&2
+else
+  echo "$RANKS ranks over $RATE links (HTB, both directions); occult ${ARGS[*]}" >&2
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ip netns exec "$HUB" mpirun --hostfile "$TMP/hostfile" -np "$RANKS" \
   --mca plm_rsh_agent "$TMP/netns-rsh" \
-  --mca oob_tcp_if_include 10.77.1.0/24 --mca btl self,tcp --mca btl_tcp_if_include 10.77.1.0/24 \
+  --mca oob_tcp_if_include 10.77.0.0/16 --mca btl self,tcp --mca btl_tcp_if_include 10.77.0.0/16 \
   --mca btl_tcp_links 2 --mca mpi_yield_when_idle 1 \
   -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
   "$BIN" "${ARGS[@]}"
