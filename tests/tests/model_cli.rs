@@ -647,6 +647,39 @@ fn bench_model_compares_the_expert_parallel_modes_on_the_same_prompts() {
     assert!(get(2, "bytes_sent") < get(1, "bytes_sent"));
     assert!(get(3, "ect") <= 2.0 && get(3, "rows_sent") <= get(2, "rows_sent"));
     assert!(r[1]["projected_seconds"].as_f64().unwrap() > 0.0);
+    // A node limit runs as one more mode: on 2 nodes of 2, one node per token (olmoe has 8
+    // experts, 2 a device), so at most 2 devices and nothing crosses to the other node.
+    occult_ok(
+        t.path(),
+        &[
+            "bench",
+            "model",
+            "--model",
+            &m,
+            "--devices",
+            "4",
+            "--prompt-len",
+            "12",
+            "--decode-tokens",
+            "0",
+            "--repeats",
+            "1",
+            "--link",
+            "pcie4",
+            "--max-nodes",
+            "1",
+            "--devices-per-node",
+            "2",
+            "--json",
+            "n.json",
+        ],
+    );
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(t.path().join("n.json")).unwrap()).unwrap();
+    let r = v["results"].as_array().unwrap();
+    let node = r.last().unwrap();
+    assert_eq!(node["mode"], "occult, pruned to 1 node");
+    assert!(node["ect"].as_f64().unwrap() <= 2.0, "{node}");
 }
 
 #[test]

@@ -189,6 +189,9 @@ fn run_parallel(
         decode_tokens: a.decode_tokens,
         repeats: a.repeats,
         max_devices: spec.max_devices().unwrap_or(2),
+        node_limit: spec
+            .prune
+            .filter(|l| matches!(l, occult_core::analysis::PruneLimit::Nodes { .. })),
         seed: a.seed,
     };
     let Some(results) = run(spec, ck, &bench, link.as_ref())? else {

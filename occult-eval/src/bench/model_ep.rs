@@ -30,6 +30,8 @@ pub struct EpModelBench {
     pub repeats: usize,
     /// Devices per token in the pruned run (0: no pruned run).
     pub max_devices: usize,
+    /// A node limit to run as one more pruned mode (`--max-nodes`).
+    pub node_limit: Option<PruneLimit>,
     pub seed: u64,
 }
 
@@ -136,8 +138,8 @@ fn rank_run(m: &Model, b: &EpModelBench, ck: &Checkpoint) -> Result<RankRun> {
     Ok(best)
 }
 
-/// The modes to run: (label, mode, pruning to this many devices).
-fn modes(b: &EpModelBench) -> Vec<(String, MoeMode, Option<usize>)> {
+/// The modes to run: (label, mode, pruning limit).
+fn modes(b: &EpModelBench) -> Vec<(String, MoeMode, Option<PruneLimit>)> {
     let mut out = vec![
         ("standard".to_string(), MoeMode::Standard, None),
         ("occult".to_string(), MoeMode::Occult, None),
@@ -146,7 +148,14 @@ fn modes(b: &EpModelBench) -> Vec<(String, MoeMode, Option<usize>)> {
         out.push((
             format!("occult, pruned to {}", b.max_devices),
             MoeMode::Occult,
-            Some(b.max_devices),
+            Some(PruneLimit::Devices(b.max_devices)),
+        ));
+    }
+    if let Some(limit) = b.node_limit {
+        out.push((
+            format!("occult, pruned to {}", limit.label()),
+            MoeMode::Occult,
+            Some(limit),
         ));
     }
     out
@@ -226,10 +235,10 @@ pub fn run(
 
 /// The options of one mode: its dispatch and pruning (by the router rule when the similarity
 /// rule has no calibration).
-pub(crate) fn mode_opts(opts: &ModelSpec, mode: MoeMode, prune: Option<usize>) -> ModelSpec {
+pub(crate) fn mode_opts(opts: &ModelSpec, mode: MoeMode, prune: Option<PruneLimit>) -> ModelSpec {
     let mut o = opts.clone();
     o.mode = Some(mode);
-    o.prune = prune.map(PruneLimit::Devices);
+    o.prune = prune;
     if prune.is_some() && o.prune_rule == PruneRule::Similarity && o.calibration.is_none() {
         o.prune_rule = PruneRule::Router;
     }

@@ -198,6 +198,7 @@ pub fn run(s: &Suite, opts: &ModelSpec) -> Result<Vec<Point>> {
                     },
                     repeats: s.repeats,
                     max_devices: s.max_devices,
+                    node_limit: None,
                     seed: 0,
                 };
                 model_ep::run(opts, &ck, &b, Some(&link))?

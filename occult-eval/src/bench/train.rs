@@ -10,6 +10,7 @@ use super::modes::{summarise, Exchanges, ModeSummary, RankRun};
 use crate::context::ModelSpec;
 use anyhow::{bail, Context, Result};
 use occult_core::analysis::links::{swiglu_flops, LinkProfile};
+use occult_core::analysis::PruneLimit;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::Model;
 use occult_core::models::model::MoeMode;
@@ -116,8 +117,18 @@ pub fn run(
     ];
     for n in [2, 1] {
         if n < b.devices {
-            modes.push((format!("occult, pruned to {n}"), MoeMode::Occult, Some(n)));
+            let limit = PruneLimit::Devices(n);
+            modes.push((
+                format!("occult, pruned to {n}"),
+                MoeMode::Occult,
+                Some(limit),
+            ));
         }
+    }
+    // A node limit asked for (`--max-nodes`) runs as one more mode.
+    if let Some(limit @ PruneLimit::Nodes { .. }) = opts.prune {
+        let label = format!("occult, pruned to {}", limit.label());
+        modes.push((label, MoeMode::Occult, Some(limit)));
     }
     let work =
         occult_core::models::data_parallel::fingerprint(serde_json::to_vec(b).unwrap_or_default());

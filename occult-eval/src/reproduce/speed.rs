@@ -97,6 +97,7 @@ pub fn speed(opts: &ModelSpec, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
         decode_tokens,
         repeats: s.repeats,
         max_devices: 2.min(opts.devices - 1),
+        node_limit: None,
         seed: 0,
     };
     for &tokens in &s.prefill_tokens {
