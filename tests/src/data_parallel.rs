@@ -50,6 +50,7 @@ pub fn setup(ck: &Checkpoint, d: usize, mode: DispatchMode, seed: u64) -> MoeSet
         maps: random_maps(&ck.cfg, d, seed),
         num_devices: d,
         prune: BTreeMap::new(),
+        devices_per_node: None,
     }
 }
 

@@ -36,6 +36,9 @@ pub struct Case {
     pub seed: u64,
     /// The input is not trained (only router and experts get gradients).
     pub frozen_input: bool,
+    /// Devices per node (two-level mode needs it; in any mode rows are then counted within and
+    /// across nodes).
+    pub devices_per_node: Option<usize>,
 }
 
 impl Case {
@@ -53,11 +56,15 @@ impl Case {
         if d > 1 && rng.random_bool(0.3) {
             tokens[rng.random_range(0..d)] = 0;
         }
-        let mode = if rng.random_bool(0.5) {
-            DispatchMode::Occult
-        } else {
-            DispatchMode::Standard
+        let mode = match rng.random_range(0..3) {
+            0 => DispatchMode::Occult,
+            1 => DispatchMode::Standard,
+            _ => DispatchMode::TwoLevel,
         };
+        // Nodes of any size up to d (a short last node when it does not divide d); two-level
+        // mode needs one, the others count rows by level with one half the time.
+        let devices_per_node = (mode == DispatchMode::TwoLevel || rng.random_bool(0.5))
+            .then(|| rng.random_range(1..=d));
         let min_cap = e / d;
         let prune = (d > 1 && rng.random_bool(0.3)).then(|| {
             let n = (1..=d).find(|n| n * min_cap >= k).unwrap_or(d);
@@ -94,6 +101,7 @@ impl Case {
             prune,
             seed,
             frozen_input: rng.random_bool(0.2),
+            devices_per_node,
         }
     }
 
@@ -332,6 +340,7 @@ impl Fixture {
             device_of_expert: self.map.clone(),
             mode: c.mode,
             prune: self.prune.clone(),
+            devices_per_node: c.devices_per_node,
         };
         let layer = EpMoe::from_full(&self.w, settings, comm.clone())?;
         // Count only the step's exchanges (a communicator may serve several cases).
@@ -416,20 +425,31 @@ impl Fixture {
             }
             _ => {}
         }
-        // Exchanges: slot metadata, payload, combine, then the backward ones.
-        // Occult rows carry the token's k gate weights; standard rows only the hidden state.
+        if c.prune.is_none() {
+            self.check_levels(rank, got)?;
+        }
+        // Exchanges: slot metadata, payload, combine, then the backward ones (two-level: the
+        // ids and payload across nodes, then the forwarded metadata and payload). Occult rows
+        // carry the token's k gate weights; standard rows only the hidden state.
         let row_bytes = match c.mode {
             DispatchMode::Standard => (H * 4) as u64,
-            DispatchMode::Occult => ((H + c.k) * 4) as u64,
+            DispatchMode::Occult | DispatchMode::TwoLevel => ((H + c.k) * 4) as u64,
         };
-        let payload = &got.comm.exchanges[1].bytes_to;
-        let sent: u64 = payload.iter().sum();
-        let remote: u64 = payload
-            .iter()
-            .enumerate()
-            .filter(|(p, _)| *p != rank)
-            .map(|(_, b)| b)
-            .sum();
+        let payloads: &[usize] = match c.mode {
+            DispatchMode::TwoLevel => &[1, 3],
+            _ => &[1],
+        };
+        let (mut sent, mut remote) = (0u64, 0u64);
+        for &j in payloads {
+            let payload = &got.comm.exchanges[j].bytes_to;
+            sent += payload.iter().sum::<u64>();
+            remote += payload
+                .iter()
+                .enumerate()
+                .filter(|(p, _)| *p != rank)
+                .map(|(_, b)| b)
+                .sum::<u64>();
+        }
         if sent != st.rows_sent as u64 * row_bytes
             || remote != st.remote_rows_sent as u64 * row_bytes
         {
@@ -442,28 +462,148 @@ impl Fixture {
         Ok(())
     }
 
-    /// Distinct devices each of tokens `at..at + n` routes to, unpruned: the top-k of its
-    /// router logits, computed in plain loops, mapped through the placement.
-    fn devices_per_token(&self, at: usize, n: usize) -> Vec<usize> {
+    /// Unpruned cases with a node size: the rows this rank sent to each peer (per exchange, as
+    /// the communicator counted them) and within and across nodes (as the layer reports them),
+    /// against a count from every rank's plain top-k and the placement. Two-level: one row per
+    /// (token, node) to the node's proxy (the device with the source's local index there), and
+    /// from each proxy one row per device of its node that needs it.
+    fn check_levels(&self, rank: usize, got: &Outcome) -> Result<(), String> {
+        let c = &self.case;
+        let Some(g) = c.devices_per_node else {
+            return Ok(());
+        };
+        let node = |d: usize| d / g;
+        // The proxy of `source` in `n`: the same local index, folded into a short last node.
+        let proxy = |source: usize, n: usize| {
+            let first = n * g;
+            first + (source % g) % g.min(c.d - first)
+        };
+        let starts = c.starts();
+        let source_of = |t: usize| (0..c.d).rev().find(|&r| starts[r] <= t).unwrap_or(0);
+        let hidden_rows = |j: usize| -> Vec<u64> {
+            let width = match c.mode {
+                DispatchMode::Standard => H,
+                _ => H + c.k,
+            };
+            got.comm.exchanges[j]
+                .bytes_to
+                .iter()
+                .map(|b| b / (width * 4) as u64)
+                .collect()
+        };
+        // Rows to each peer: the first (or only) payload, and the forwarded one.
+        let mut first = vec![0u64; c.d];
+        let mut forwarded = vec![0u64; c.d];
+        let (mut nodes_touched, mut intra, mut inter) = (0usize, 0usize, 0usize);
+        for t in 0..c.total() {
+            let devices = self.token_devices(t);
+            let mut nodes: Vec<usize> = devices.iter().map(|&d| node(d)).collect();
+            nodes.dedup();
+            let s = source_of(t);
+            if s == rank {
+                nodes_touched += nodes.len();
+            }
+            match c.mode {
+                DispatchMode::TwoLevel => {
+                    for &n in &nodes {
+                        let q = proxy(s, n);
+                        if s == rank {
+                            first[q] += 1;
+                            inter += usize::from(q != rank);
+                        }
+                        if q == rank {
+                            for &d in devices.iter().filter(|&&d| node(d) == n) {
+                                forwarded[d] += 1;
+                                intra += usize::from(d != rank);
+                            }
+                        }
+                    }
+                }
+                mode if s == rank => {
+                    for &d in &devices {
+                        let rows = if mode == DispatchMode::Standard {
+                            self.experts_on(t, d)
+                        } else {
+                            1
+                        };
+                        first[d] += rows as u64;
+                        if d != rank && node(d) == node(rank) {
+                            intra += rows;
+                        } else if d != rank {
+                            inter += rows;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let st = &got.stats;
+        let counted = (
+            st.nodes_touched,
+            st.intra_node_rows_sent,
+            st.inter_node_rows_sent,
+        );
+        if counted != (nodes_touched, intra, inter) {
+            return Err(format!(
+                "rank {rank}: (nodes touched, rows within, rows across nodes) {counted:?}, \
+                 counted from the inputs {:?}",
+                (nodes_touched, intra, inter)
+            ));
+        }
+        if hidden_rows(1) != first {
+            return Err(format!(
+                "rank {rank}: rows to each peer {:?}, counted from the inputs {first:?}",
+                hidden_rows(1)
+            ));
+        }
+        if c.mode == DispatchMode::TwoLevel && hidden_rows(3) != forwarded {
+            return Err(format!(
+                "rank {rank}: forwarded rows to each peer {:?}, counted from the inputs \
+                 {forwarded:?}",
+                hidden_rows(3)
+            ));
+        }
+        Ok(())
+    }
+
+    /// Token `t`'s experts, unpruned: the top-k of its router logits in plain loops.
+    fn token_experts(&self, t: usize) -> Vec<usize> {
         let c = &self.case;
         let router = flat(&self.w.router);
-        (at..at + n)
-            .map(|t| {
-                let x = &self.x[t * H..(t + 1) * H];
-                let mut logits: Vec<(f32, usize)> = (0..c.e)
-                    .map(|e| {
-                        let w = &router[e * H..(e + 1) * H];
-                        (x.iter().zip(w).map(|(a, b)| a * b).sum(), e)
-                    })
-                    .collect();
-                logits.sort_by(|a, b| b.0.total_cmp(&a.0));
-                let mut devices: Vec<u32> =
-                    logits[..c.k].iter().map(|&(_, e)| self.map[e]).collect();
-                devices.sort_unstable();
-                devices.dedup();
-                devices.len()
+        let x = &self.x[t * H..(t + 1) * H];
+        let mut logits: Vec<(f32, usize)> = (0..c.e)
+            .map(|e| {
+                let w = &router[e * H..(e + 1) * H];
+                (x.iter().zip(w).map(|(a, b)| a * b).sum(), e)
             })
-            .collect()
+            .collect();
+        logits.sort_by(|a, b| b.0.total_cmp(&a.0));
+        logits[..c.k].iter().map(|&(_, e)| e).collect()
+    }
+
+    /// The distinct devices of token `t`'s experts, ascending.
+    fn token_devices(&self, t: usize) -> Vec<usize> {
+        let mut devices: Vec<usize> = self
+            .token_experts(t)
+            .into_iter()
+            .map(|e| self.map[e] as usize)
+            .collect();
+        devices.sort_unstable();
+        devices.dedup();
+        devices
+    }
+
+    /// How many of token `t`'s experts are on device `d`.
+    fn experts_on(&self, t: usize, d: usize) -> usize {
+        self.token_experts(t)
+            .into_iter()
+            .filter(|&e| self.map[e] as usize == d)
+            .count()
+    }
+
+    /// Distinct devices each of tokens `at..at + n` routes to, unpruned.
+    fn devices_per_token(&self, at: usize, n: usize) -> Vec<usize> {
+        (at..at + n).map(|t| self.token_devices(t).len()).collect()
     }
 
     /// Checks parameter gradients summed over ranks against the reference. A gradient that
@@ -567,6 +707,7 @@ pub fn device_cases() -> Vec<Case> {
             prune: None,
             seed,
             frozen_input: false,
+            devices_per_node: None,
         })
         .collect()
 }
@@ -637,6 +778,7 @@ impl Fixture {
             device_of_expert: self.map.clone(),
             mode: c.mode,
             prune: self.prune.clone(),
+            devices_per_node: c.devices_per_node,
         };
         let layer = EpMoe::from_full(&w, settings, comm)?;
         let n = c.total();

@@ -69,6 +69,7 @@ fn edge_cases() {
         prune: None,
         seed: 1,
         frozen_input: false,
+        devices_per_node: None,
     };
     // A rank with no tokens, in both modes.
     check(&base);
@@ -154,6 +155,91 @@ fn edge_cases() {
     }
 }
 
+/// The two-level exchange on its edge cases: nodes of 2 with ranks without tokens (every rank
+/// too), a short last node, one device per node (every row crosses), one node (no row
+/// crosses), a frozen input, and node-limited pruning with a rank that receives nothing.
+#[test]
+fn two_level_edge_cases() {
+    let base = Case {
+        d: 4,
+        e: 16,
+        k: 4,
+        random_placement: true,
+        shared: true,
+        renormalize: false,
+        tokens: vec![5, 0, 7, 3],
+        mode: DispatchMode::TwoLevel,
+        prune: None,
+        seed: 3,
+        frozen_input: false,
+        devices_per_node: Some(2),
+    };
+    check(&base);
+    check(&Case {
+        tokens: vec![0; 4],
+        ..base.clone()
+    });
+    for (d, g) in [(3, 2), (5, 2), (4, 1), (4, 4)] {
+        check(&Case {
+            d,
+            tokens: (0..d).map(|r| 3 + r % 4).collect(),
+            devices_per_node: Some(g),
+            ..base.clone()
+        });
+    }
+    check(&Case {
+        frozen_input: true,
+        ..base.clone()
+    });
+    for rule in [PruneRule::Router, PruneRule::Similarity] {
+        check(&Case {
+            e: 64,
+            k: 2,
+            tokens: vec![11, 7, 0, 2],
+            prune: Some((
+                rule,
+                PruneLimit::Nodes {
+                    devices_per_node: 2,
+                    max_nodes: 1,
+                    devices_in_node: Some(1),
+                },
+            )),
+            frozen_input: true,
+            ..base.clone()
+        });
+    }
+    // The flat modes with a node size count their rows by level (checked against the inputs).
+    for mode in [DispatchMode::Standard, DispatchMode::Occult] {
+        check(&Case {
+            mode,
+            ..base.clone()
+        });
+    }
+}
+
+/// Two-level mode without a node size is refused with the reason, on every rank.
+#[test]
+fn two_level_without_a_node_size_is_refused() {
+    let f = Fixture::new(&Case {
+        d: 2,
+        e: 8,
+        k: 2,
+        random_placement: false,
+        shared: false,
+        renormalize: false,
+        tokens: vec![2, 2],
+        mode: DispatchMode::TwoLevel,
+        prune: None,
+        seed: 1,
+        frozen_input: false,
+        devices_per_node: None,
+    });
+    for r in run_local(2, |comm| f.run_rank(comm).map(|_| ())) {
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("needs the node size"), "{e}");
+    }
+}
+
 #[test]
 fn all_tokens_on_one_expert() {
     // Router row 0 dominates for positive inputs: every token picks expert 0 (k = 1).
@@ -184,6 +270,7 @@ fn all_tokens_on_one_expert() {
         prune: None,
         seed: 5,
         frozen_input: false,
+        devices_per_node: None,
     });
     let w = MoeWeights {
         router,
@@ -202,6 +289,7 @@ fn all_tokens_on_one_expert() {
             device_of_expert: map.clone(),
             mode: DispatchMode::Occult,
             prune: None,
+            devices_per_node: None,
         };
         let layer = EpMoe::from_full(&w, settings, comm.clone())?;
         let mine = if comm.rank() == 2 {
@@ -265,6 +353,7 @@ fn stacked_case() -> Case {
         prune: None,
         seed: 3,
         frozen_input: false,
+        devices_per_node: None,
     }
 }
 
@@ -301,6 +390,7 @@ fn run_stacked(safe_add: bool, timeout: std::time::Duration) -> Vec<occult_core:
             device_of_expert: p.map.clone(),
             mode: case.mode,
             prune: None,
+            devices_per_node: None,
         };
         let l1 = EpMoe::from_full(&a.w, settings(&a), comm.clone())?;
         let l2 = EpMoe::from_full(&b.w, settings(&b), comm.clone())?;

@@ -148,6 +148,7 @@ fn ep_run(ck: &Checkpoint, maps: BTreeMap<usize, Vec<u32>>, d: usize) -> Vec<Ran
             maps: maps.clone(),
             num_devices: d,
             prune: BTreeMap::new(),
+            devices_per_node: None,
         };
         let m = Model::assemble(dense, &ck.weights, &setup, Some(comm.clone()))?;
         let s = &seqs[comm.rank()];

@@ -176,6 +176,7 @@ fn expert_parallel_logits_match_transformers_under_random_placements() {
                 maps: random_maps(&cfg, d, d as u64),
                 num_devices: d,
                 prune: BTreeMap::new(),
+                devices_per_node: None,
             };
             let out = run_local(d, |comm: &Arc<dyn Communicator>| {
                 let m = Model::assemble(dense.clone(), &ck.weights, &setup, Some(comm.clone()))?;

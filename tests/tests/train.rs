@@ -214,6 +214,7 @@ fn train_with(
                 maps: occult_tests::placements::random_maps(&ck.cfg, d, 9),
                 num_devices: d,
                 prune: Default::default(),
+                devices_per_node: None,
             };
             let out = run_local_with_timeout(
                 d,
@@ -569,6 +570,7 @@ fn save_and_reload(what: &str, src: &std::path::Path, out: &std::path::Path) {
             maps: occult_tests::placements::random_maps(&ck.cfg, 2, 4),
             num_devices: 2,
             prune: Default::default(),
+            devices_per_node: None,
         };
         let logits = run_local_with_timeout(
             2,

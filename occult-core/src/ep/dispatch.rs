@@ -8,11 +8,17 @@
 //!   that device (up to `slots_per_row`) and the token's k gate weights, and the device sums the
 //!   gate-weighted expert outputs before sending one row back (the pre-reduction).
 //!
+//! - **two-level** mode: the first leg ([`NodePlan`]) sends one row per (token, node) to the
+//!   node's proxy ([`crate::analysis::cluster::Cluster::proxy`]), carrying the token's expert
+//!   ids there; the proxy forwards each row inside its node ([`SendPlan::forwarded`]) as an
+//!   occult-mode row, one per device that needs it.
+//!
 //! Rows are grouped by destination rank (ascending) and, inside a group, in token order, so
 //! a send buffer is one `index_select` of the token rows and one contiguous block per peer.
 //! The row counts are those of [`crate::analysis::collab`] (the plan is built with its
 //! [`DeviceCounter`]), which tests hold together.
 
+use crate::analysis::cluster::Cluster;
 use crate::analysis::collab::DeviceCounter;
 use crate::analysis::placement::experts_by_device;
 use crate::{bail, Result};
@@ -29,6 +35,10 @@ pub enum DispatchMode {
     Standard,
     /// One row per (token, device), pre-reduced on the device.
     Occult,
+    /// One row per (token, node) across nodes, to the node's proxy, which forwards it to each
+    /// device of its node that needs it; pre-reduced on the device, then at the proxy.
+    #[serde(rename = "two-level")]
+    TwoLevel,
 }
 
 impl DispatchMode {
@@ -36,6 +46,23 @@ impl DispatchMode {
         match self {
             DispatchMode::Standard => "standard",
             DispatchMode::Occult => "occult",
+            DispatchMode::TwoLevel => "two-level",
+        }
+    }
+
+    /// Rows carry the token's gate weights and come back pre-reduced.
+    pub fn pre_reduces(self) -> bool {
+        self != DispatchMode::Standard
+    }
+
+    /// The exchanges of one forward of the layer, in order: `true` for those that carry
+    /// hidden-state rows, `false` for index metadata.
+    pub fn forward_exchanges(self) -> &'static [bool] {
+        match self {
+            // Metadata, rows out, rows back.
+            DispatchMode::Standard | DispatchMode::Occult => &[false, true, true],
+            // Across: ids, rows; inside: metadata, rows; back inside, back across.
+            DispatchMode::TwoLevel => &[false, true, false, true, true, true],
         }
     }
 }
@@ -100,64 +127,109 @@ pub struct SendPlan {
 }
 
 impl SendPlan {
-    /// Plans the dispatch of `tokens = ids.len() / k` tokens.
+    /// Plans the dispatch of `tokens = ids.len() / k` tokens (standard or occult mode; a
+    /// two-level dispatch starts with a [`NodePlan`]).
     pub fn new(ids: &[u32], k: usize, loc: &ExpertLocations, mode: DispatchMode) -> Result<Self> {
-        if k == 0 || !ids.len().is_multiple_of(k) {
-            bail!(
-                "routing of {} ids is not a whole number of top-{k} rows",
-                ids.len()
-            );
-        }
-        let num_experts = loc.rank_of.len();
-        if num_experts == 0 {
-            bail!("no experts to dispatch to");
-        }
+        check_routing(ids, k, loc.rank_of.len())?;
         let slots_per_row = match mode {
             DispatchMode::Standard => 1,
             DispatchMode::Occult => k.min(loc.max_local()),
+            DispatchMode::TwoLevel => bail!("a two-level dispatch starts with a NodePlan"),
         };
-        // The last token that chose each expert, to catch an expert chosen twice.
-        let mut last_token = vec![u32::MAX; num_experts];
         // Rows gathered per destination rank, then concatenated.
         let mut per_rank: Vec<Vec<PlannedRow>> = vec![Vec::new(); loc.num_ranks];
         let mut counter = DeviceCounter::new(loc.num_ranks);
         for (token, chosen) in ids.chunks_exact(k).enumerate() {
             let token = token as u32;
-            for &expert in chosen {
-                if expert as usize >= num_experts {
-                    bail!(
-                        "token {token}: expert id {expert} is out of range for {num_experts} \
-                         experts"
-                    );
-                }
-                if last_token[expert as usize] == token {
-                    bail!("token {token}: expert {expert} is chosen twice");
-                }
-                last_token[expert as usize] = token;
-            }
             // (slot on the destination, kpos) of each expert of the token.
             let carried = |kpos: usize, expert: u32| (loc.slot_of[expert as usize], kpos as u32);
-            match mode {
-                DispatchMode::Standard => {
-                    for (kpos, &expert) in chosen.iter().enumerate() {
-                        let rank = loc.rank_of[expert as usize] as usize;
-                        per_rank[rank].push((token, vec![carried(kpos, expert)]));
-                    }
+            if mode == DispatchMode::Standard {
+                for (kpos, &expert) in chosen.iter().enumerate() {
+                    let rank = loc.rank_of[expert as usize] as usize;
+                    per_rank[rank].push((token, vec![carried(kpos, expert)]));
                 }
-                DispatchMode::Occult => {
-                    counter.load(chosen, &loc.rank_of);
-                    for &rank in counter.devices() {
-                        let on_rank: Vec<(u32, u32)> = chosen
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, &expert)| loc.rank_of[expert as usize] == rank)
-                            .map(|(kpos, &expert)| carried(kpos, expert))
-                            .collect();
-                        per_rank[rank as usize].push((token, on_rank));
-                    }
-                }
+                continue;
+            }
+            counter.load(chosen, &loc.rank_of);
+            for &rank in counter.devices() {
+                let on_rank: Vec<(u32, u32)> = chosen
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &expert)| loc.rank_of[expert as usize] == rank)
+                    .map(|(kpos, &expert)| carried(kpos, expert))
+                    .collect();
+                per_rank[rank as usize].push((token, on_rank));
             }
         }
+        Ok(Self::lay_out(mode, k, slots_per_row, per_rank))
+    }
+
+    /// The proxy's leg of a two-level dispatch: each row received across nodes (`row_ids`,
+    /// `[rows, k]`: the token's experts in this node at their k positions, [`NO_SLOT`]
+    /// elsewhere, as [`NodePlan`] sent them) forwarded as an occult-mode row to each device of
+    /// `node` that holds some of them. `row_token` then names the received row.
+    pub fn forwarded(
+        row_ids: &[u32],
+        k: usize,
+        loc: &ExpertLocations,
+        cluster: &Cluster,
+        node: usize,
+    ) -> Result<Self> {
+        if k == 0 || !row_ids.len().is_multiple_of(k) {
+            bail!(
+                "{} received expert ids are not whole rows of top-{k} routing",
+                row_ids.len()
+            );
+        }
+        let num_experts = loc.rank_of.len();
+        let slots_per_row = k.min(loc.max_local());
+        let mut per_rank: Vec<Vec<PlannedRow>> = vec![Vec::new(); loc.num_ranks];
+        for (row, ids) in row_ids.chunks_exact(k).enumerate() {
+            let mut here: Vec<(u32, u32, u32)> = Vec::with_capacity(k);
+            for (kpos, &expert) in ids.iter().enumerate() {
+                if expert == NO_SLOT {
+                    continue;
+                }
+                if expert as usize >= num_experts {
+                    bail!("received row {row}: expert id {expert} is out of range for {num_experts} experts");
+                }
+                let rank = loc.rank_of[expert as usize];
+                if cluster.node(rank as usize) != node {
+                    bail!("received row {row}: expert {expert} is on device {rank}, not in node {node}");
+                }
+                if here.iter().any(|&(_, e, _)| e == expert) {
+                    bail!("received row {row}: expert {expert} is carried twice");
+                }
+                here.push((rank, expert, kpos as u32));
+            }
+            if here.is_empty() {
+                bail!("received row {row} carries no expert of node {node}");
+            }
+            // Devices ascending; experts in k order within each.
+            here.sort_by_key(|&(rank, _, kpos)| (rank, kpos));
+            for group in here.chunk_by(|a, b| a.0 == b.0) {
+                let carried = group
+                    .iter()
+                    .map(|&(_, e, kpos)| (loc.slot_of[e as usize], kpos))
+                    .collect();
+                per_rank[group[0].0 as usize].push((row as u32, carried));
+            }
+        }
+        Ok(Self::lay_out(
+            DispatchMode::Occult,
+            k,
+            slots_per_row,
+            per_rank,
+        ))
+    }
+
+    /// The plan of rows gathered per destination rank, concatenated in rank order.
+    fn lay_out(
+        mode: DispatchMode,
+        k: usize,
+        slots_per_row: usize,
+        per_rank: Vec<Vec<PlannedRow>>,
+    ) -> Self {
         let rows: usize = per_rank.iter().map(Vec::len).sum();
         let mut plan = SendPlan {
             mode,
@@ -175,7 +247,7 @@ impl SendPlan {
                 plan.row_kpos[row * slots_per_row + j] = kpos;
             }
         }
-        Ok(plan)
+        plan
     }
 
     pub fn rows(&self) -> usize {
@@ -193,7 +265,7 @@ impl SendPlan {
         let width = self.slots_per_row;
         match self.mode {
             DispatchMode::Standard => (self.row_slots.clone(), width),
-            DispatchMode::Occult => {
+            DispatchMode::Occult | DispatchMode::TwoLevel => {
                 let mut meta = Vec::with_capacity(self.rows() * 2 * width);
                 for (slots, kpos) in self
                     .row_slots
@@ -220,6 +292,114 @@ impl SendPlan {
                     .map(move |&p| (p != NO_SLOT).then(|| token * k + p))
             })
             .collect()
+    }
+}
+
+/// Checks one rank's routing: whole rows of k ids, each in range, none twice in a row.
+fn check_routing(ids: &[u32], k: usize, num_experts: usize) -> Result<()> {
+    if k == 0 || !ids.len().is_multiple_of(k) {
+        bail!(
+            "routing of {} ids is not a whole number of top-{k} rows",
+            ids.len()
+        );
+    }
+    if num_experts == 0 {
+        bail!("no experts to dispatch to");
+    }
+    // The last token that chose each expert, to catch an expert chosen twice.
+    let mut last_token = vec![u32::MAX; num_experts];
+    for (token, chosen) in ids.chunks_exact(k).enumerate() {
+        let token = token as u32;
+        for &expert in chosen {
+            if expert as usize >= num_experts {
+                bail!(
+                    "token {token}: expert id {expert} is out of range for {num_experts} experts"
+                );
+            }
+            if last_token[expert as usize] == token {
+                bail!("token {token}: expert {expert} is chosen twice");
+            }
+            last_token[expert as usize] = token;
+        }
+    }
+    Ok(())
+}
+
+/// The first leg of a two-level dispatch from rank `me`: one row per (token, node its experts
+/// are in), nodes ascending, to the node's proxy (the device with `me`'s local index there; the
+/// row to `me`'s own node goes to `me` itself and crosses no link). Each row carries the
+/// token's expert ids in that node at their k positions ([`NO_SLOT`] elsewhere); its hidden
+/// state and k gate weights travel as the tensor row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePlan {
+    pub top_k: usize,
+    /// Local token index of each row, in send order (grouped by destination rank).
+    pub row_token: Vec<u32>,
+    /// Rows for each destination rank.
+    pub send_counts: Vec<usize>,
+    /// `[rows, top_k]`: the expert ids each row carries.
+    pub row_ids: Vec<u32>,
+}
+
+impl NodePlan {
+    pub fn new(
+        ids: &[u32],
+        k: usize,
+        loc: &ExpertLocations,
+        cluster: &Cluster,
+        me: usize,
+    ) -> Result<Self> {
+        check_routing(ids, k, loc.rank_of.len())?;
+        if cluster.devices != loc.num_ranks || me >= loc.num_ranks {
+            bail!(
+                "a cluster of {} devices for {} ranks (this is rank {me})",
+                cluster.devices,
+                loc.num_ranks
+            );
+        }
+        let mut per_rank: Vec<Vec<(u32, Vec<u32>)>> = vec![Vec::new(); loc.num_ranks];
+        let mut nodes: Vec<usize> = Vec::with_capacity(k);
+        for (token, chosen) in ids.chunks_exact(k).enumerate() {
+            nodes.clear();
+            nodes.extend(
+                chosen
+                    .iter()
+                    .map(|&e| cluster.node(loc.rank_of[e as usize] as usize)),
+            );
+            nodes.sort_unstable();
+            nodes.dedup();
+            for &node in &nodes {
+                let carried = chosen
+                    .iter()
+                    .map(|&e| {
+                        let here = cluster.node(loc.rank_of[e as usize] as usize) == node;
+                        if here {
+                            e
+                        } else {
+                            NO_SLOT
+                        }
+                    })
+                    .collect();
+                per_rank[cluster.proxy(me, node)].push((token as u32, carried));
+            }
+        }
+        let send_counts = per_rank.iter().map(Vec::len).collect();
+        let mut row_token = Vec::new();
+        let mut row_ids = Vec::new();
+        for (token, carried) in per_rank.into_iter().flatten() {
+            row_token.push(token);
+            row_ids.extend(carried);
+        }
+        Ok(NodePlan {
+            top_k: k,
+            row_token,
+            send_counts,
+            row_ids,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.row_token.len()
     }
 }
 

@@ -16,15 +16,21 @@
 //!           (+ gate weights in standard mode, + shared experts)
 //! ```
 //!
+//! In two-level mode ([`DispatchMode::TwoLevel`]) dispatch sends one row per (token, node) to
+//! the node's proxy, which forwards it inside its node, and combine runs in reverse: each
+//! device pre-reduces its experts' outputs, the proxy sums its node's rows of a token, and
+//! one row per (token, node) crosses back ([`EpMoe::cross_nodes`] and combine).
+//!
 //! A new stage is one private method here, one line in [`EpMoe::forward_routed`] and, if it is
 //! timed apart, a field of [`StepStats`]. The single-device oracle is [`super::reference`]; it
 //! shares the router and the expert weights with this layer, not the exchange or grouping.
 
 use super::comm::{all_to_all_v, Communicator};
-use super::dispatch::{ComputePlan, DispatchMode, ExpertLocations, SendPlan};
+use super::dispatch::{ComputePlan, DispatchMode, ExpertLocations, NodePlan, SendPlan};
 use super::exchange::exchange_rows;
 use super::experts::MoeWeights;
 use super::router::{route, PruneSpec, Routed};
+use crate::analysis::cluster::Cluster;
 use crate::analysis::collab::total_devices;
 use crate::analysis::placement::validate_map;
 use crate::analysis::pruning::PruneLimit;
@@ -69,6 +75,15 @@ pub struct StepStats {
     pub pairs: usize,
     /// Sum of C_T over this rank's tokens (under the routing actually used).
     pub devices_touched: usize,
+    /// With a node size: sum of C_N (distinct nodes) over this rank's tokens, and the rows
+    /// this rank's dispatch sent over links within its node and across nodes (the first leg's
+    /// and the forwarded rows in two-level mode; 0 without a node size).
+    #[serde(default)]
+    pub nodes_touched: usize,
+    #[serde(default)]
+    pub intra_node_rows_sent: usize,
+    #[serde(default)]
+    pub inter_node_rows_sent: usize,
     /// Seconds in each stage.
     pub route_s: f64,
     pub plan_s: f64,
@@ -86,6 +101,9 @@ impl StepStats {
         self.rows_received += o.rows_received;
         self.pairs += o.pairs;
         self.devices_touched += o.devices_touched;
+        self.nodes_touched += o.nodes_touched;
+        self.intra_node_rows_sent += o.intra_node_rows_sent;
+        self.inter_node_rows_sent += o.inter_node_rows_sent;
         self.route_s += o.route_s;
         self.plan_s += o.plan_s;
         self.dispatch_s += o.dispatch_s;
@@ -103,6 +121,9 @@ pub struct EpSettings {
     pub mode: DispatchMode,
     /// Collaboration pruning, if on.
     pub prune: Option<PruneSpec>,
+    /// Devices per node (rank r in node r / G): needed by two-level mode; in any mode it
+    /// counts rows within and across nodes.
+    pub devices_per_node: Option<usize>,
 }
 
 impl EpSettings {
@@ -118,6 +139,7 @@ impl EpSettings {
         eat(self.rule.top_k as u64);
         eat(self.mode as u64);
         self.device_of_expert.iter().for_each(|&d| eat(d as u64));
+        eat(self.devices_per_node.map_or(0, |g| g as u64));
         if let Some(p) = &self.prune {
             eat(p.rule as u64 + 1);
             match p.limit {
@@ -141,13 +163,33 @@ impl EpSettings {
 /// What [`EpMoe::dispatch`] hands to [`EpMoe::combine`] (DeepEP's handle): how to send the
 /// expert outputs back and where they land.
 struct DispatchHandle {
+    /// The rows sent to the expert devices (in two-level mode, those the proxy forwarded).
     plan: SendPlan,
-    /// `[rows]`: the local token of each sent row, on the device.
+    /// `[rows]`: the local token of each sent row (two-level: the row received across nodes
+    /// it forwards), on the device.
     row_token: Tensor,
     /// Rows received from each source rank: combine sends this many back to each.
     recv_counts: Vec<usize>,
     /// The received rows grouped by local expert.
     compute: ComputePlan,
+    /// Two-level mode: the leg across nodes, which combine reverses last.
+    across: Option<Leg>,
+}
+
+/// One leg of a two-level exchange as combine needs it: where its returned rows land and how
+/// many rows to send back to each peer.
+struct Leg {
+    /// `[rows]`: the local token of each row sent across.
+    row_token: Tensor,
+    recv_counts: Vec<usize>,
+}
+
+/// What the plan stage hands to dispatch.
+enum Planned {
+    /// Standard and occult modes: one exchange to the expert devices.
+    Direct(SendPlan),
+    /// Two-level mode: the first leg; the proxy plans the second from what it receives.
+    Nodes(NodePlan),
 }
 
 /// One rank's part of an expert-parallel MoE layer.
@@ -219,6 +261,16 @@ impl EpMoe {
                 rule.num_experts,
             );
         }
+        match settings.devices_per_node {
+            Some(g) if g == 0 || g > ranks => bail!(
+                "{g} devices per node for a group of {ranks} ranks: give between 1 and {ranks}"
+            ),
+            None if settings.mode == DispatchMode::TwoLevel => bail!(
+                "two-level dispatch needs the node size: give --devices-per-node G, or run \
+                 under mpirun (--backend mpi), whose ranks on one host form a node"
+            ),
+            _ => {}
+        }
         if let Some(p) = &settings.prune {
             // Fail early, with the reason, rather than on the first batch.
             p.pruner(rule, &settings.device_of_expert, ranks)?;
@@ -274,8 +326,18 @@ impl EpMoe {
         &self.comm
     }
 
+    /// Rows carry gate weights and come back pre-reduced (occult and two-level modes).
     fn occult(&self) -> bool {
-        self.settings.mode == DispatchMode::Occult
+        self.settings.mode.pre_reduces()
+    }
+
+    /// The nodes of the group, when the settings give a node size.
+    fn cluster(&self) -> Option<Cluster> {
+        self.settings.devices_per_node.map(|g| Cluster {
+            devices: self.locations.num_ranks,
+            per_node: g,
+            forward: true,
+        })
     }
 
     /// Forward of this rank's tokens `x` `[T, H]`. Collective: every rank of the group must call
@@ -318,38 +380,106 @@ impl EpMoe {
     }
 
     /// Plan: which rows go to which rank, carrying which slots. Counts the traffic.
-    fn plan(&self, routed: &Routed, st: &mut StepStats) -> Result<SendPlan> {
+    fn plan(&self, routed: &Routed, st: &mut StepStats) -> Result<Planned> {
         let k = self.settings.rule.top_k;
-        let plan = SendPlan::new(&routed.ids, k, &self.locations, self.settings.mode)?;
-        st.rows_sent = plan.rows();
-        st.remote_rows_sent = plan.remote_rows(self.comm.rank());
-        st.devices_touched = if self.occult() {
-            plan.rows()
-        } else {
-            let loc = &self.locations;
-            total_devices(&routed.ids, k, &loc.rank_of, loc.num_ranks) as usize
+        let loc = &self.locations;
+        let me = self.comm.rank();
+        st.devices_touched = total_devices(&routed.ids, k, &loc.rank_of, loc.num_ranks) as usize;
+        if let Some(c) = self.cluster() {
+            st.nodes_touched = nodes_touched(&routed.ids, k, &loc.rank_of, &c);
+        }
+        let plan = match self.settings.mode {
+            DispatchMode::TwoLevel => {
+                let c = self.cluster().expect("checked when the layer was built");
+                let plan = NodePlan::new(&routed.ids, k, loc, &c, me)?;
+                st.rows_sent = plan.rows();
+                st.remote_rows_sent = plan.rows() - plan.send_counts[me];
+                st.inter_node_rows_sent = st.remote_rows_sent;
+                Planned::Nodes(plan)
+            }
+            mode => {
+                let plan = SendPlan::new(&routed.ids, k, loc, mode)?;
+                st.rows_sent = plan.rows();
+                st.remote_rows_sent = plan.remote_rows(me);
+                if let Some(c) = self.cluster() {
+                    count_levels(&plan.send_counts, me, &c, st);
+                }
+                Planned::Direct(plan)
+            }
         };
         Ok(plan)
     }
 
     /// Dispatch: gather the rows of the plan and exchange them, with their metadata. Occult rows
     /// carry the token's k gate weights as extra columns (the receiver pre-reduces); standard
-    /// rows carry the hidden state only (the source applies the weight after combine).
+    /// rows carry the hidden state only (the source applies the weight after combine). In
+    /// two-level mode the rows cross to each node's proxy first, which forwards them.
     fn dispatch(
         &self,
         x: &Tensor,
         routed: &Routed,
-        plan: SendPlan,
+        planned: Planned,
         st: &mut StepStats,
     ) -> Result<(Tensor, DispatchHandle)> {
-        let row_token = Tensor::from_slice(&plan.row_token, plan.rows(), x.device())?;
         // Join the small [T, k] weights to the tokens first, then gather rows: one pass over
         // the rows.
-        let payload = self.anchored(if self.occult() {
-            Tensor::cat(&[x, &routed.weights], 1)?.index_select(&row_token, 0)?
+        let rows = if self.occult() {
+            Tensor::cat(&[x, &routed.weights], 1)?
         } else {
-            x.index_select(&row_token, 0)?
-        })?;
+            x.clone()
+        };
+        match planned {
+            Planned::Direct(plan) => self.send_to_experts(&rows, plan, None, st),
+            Planned::Nodes(plan) => {
+                let (at_proxy, across, plan) = self.cross_nodes(&rows, plan)?;
+                let me = self.comm.rank();
+                st.rows_sent += plan.rows();
+                st.remote_rows_sent += plan.remote_rows(me);
+                st.intra_node_rows_sent = plan.remote_rows(me);
+                self.send_to_experts(&at_proxy, plan, Some(across), st)
+            }
+        }
+    }
+
+    /// Two-level mode's leg across nodes: sends the rows of `plan` (gathered from `rows`,
+    /// `[T, H + k]`) and their expert ids to each node's proxy. Returns the rows this rank
+    /// received as a proxy, the leg for combine, and the plan that forwards them inside this
+    /// rank's node.
+    fn cross_nodes(&self, rows: &Tensor, plan: NodePlan) -> Result<(Tensor, Leg, SendPlan)> {
+        let row_token = Tensor::from_slice(&plan.row_token, plan.rows(), rows.device())?;
+        let payload = self.anchored(rows.index_select(&row_token, 0)?)?;
+        let k = plan.top_k;
+        let (ids, _) = all_to_all_v(self.comm.as_ref(), &plan.row_ids, &plan.send_counts, k)?;
+        let (received, recv_counts) = exchange_rows(&self.comm, &payload, &plan.send_counts)?;
+        let arrived: usize = recv_counts.iter().sum();
+        if ids.len() != arrived * k {
+            bail!(
+                "rank {}: {arrived} rows arrived across nodes with {} expert ids",
+                self.comm.rank(),
+                ids.len()
+            );
+        }
+        let cluster = self.cluster().expect("checked when the layer was built");
+        let node = cluster.node(self.comm.rank());
+        let forward = SendPlan::forwarded(&ids, k, &self.locations, &cluster, node)?;
+        let leg = Leg {
+            row_token,
+            recv_counts,
+        };
+        Ok((received, leg, forward))
+    }
+
+    /// Sends the rows of `plan` (gathered from `rows`, `[n, W]`) and their metadata to the
+    /// expert devices, and groups what arrives by local expert.
+    fn send_to_experts(
+        &self,
+        rows: &Tensor,
+        plan: SendPlan,
+        across: Option<Leg>,
+        st: &mut StepStats,
+    ) -> Result<(Tensor, DispatchHandle)> {
+        let row_token = Tensor::from_slice(&plan.row_token, plan.rows(), rows.device())?;
+        let payload = self.anchored(rows.index_select(&row_token, 0)?)?;
         let comm = self.comm.as_ref();
         let (meta, meta_width) = plan.metadata();
         let (recv_meta, _) = all_to_all_v(comm, &meta, &plan.send_counts, meta_width)?;
@@ -368,6 +498,7 @@ impl EpMoe {
             row_token,
             recv_counts,
             compute,
+            across,
         };
         Ok((received, handle))
     }
@@ -388,7 +519,8 @@ impl EpMoe {
     }
 
     /// Combine: send each row's output back to its source, weight standard rows by their gate
-    /// weights, sum into token order, and add the shared experts. `[T, H]`.
+    /// weights, sum into token order (two-level: sum a node's rows of a token at the proxy and
+    /// send that one row back across), and add the shared experts. `[T, H]`.
     fn combine(
         &self,
         x: &Tensor,
@@ -410,12 +542,53 @@ impl EpMoe {
             let gate = routed.weights.flatten_all()?.index_select(&weight_at, 0)?;
             back = back.broadcast_mul(&gate.unsqueeze(1)?)?;
         }
-        let zeros = Tensor::zeros(x.dims2()?, x.dtype(), x.device())?;
-        let mut out = zeros.index_add(&handle.row_token, &back, 0)?;
+        let (tokens, hidden) = x.dims2()?;
+        let sum_into = |rows: usize, at: &Tensor, back: &Tensor| -> Result<Tensor> {
+            let zeros = Tensor::zeros((rows, hidden), x.dtype(), x.device())?;
+            Ok(zeros.index_add(at, back, 0)?)
+        };
+        let mut out = match &handle.across {
+            None => sum_into(tokens, &handle.row_token, &back)?,
+            Some(leg) => {
+                let received: usize = leg.recv_counts.iter().sum();
+                let at_proxy = self.anchored(sum_into(received, &handle.row_token, &back)?)?;
+                let (back, _) = exchange_rows(&self.comm, &at_proxy, &leg.recv_counts)?;
+                sum_into(tokens, &leg.row_token, &back)?
+            }
+        };
         if let Some(shared) = &self.weights.shared {
             out = (out + shared.forward(x)?)?;
         }
         Ok(out)
+    }
+}
+
+/// Sum of C_N (distinct nodes) over the tokens of `ids`.
+fn nodes_touched(ids: &[u32], k: usize, rank_of: &[u32], cluster: &Cluster) -> usize {
+    let mut nodes = Vec::with_capacity(k);
+    ids.chunks_exact(k)
+        .map(|chosen| {
+            nodes.clear();
+            nodes.extend(
+                chosen
+                    .iter()
+                    .map(|&e| cluster.node(rank_of[e as usize] as usize)),
+            );
+            nodes.sort_unstable();
+            nodes.dedup();
+            nodes.len()
+        })
+        .sum()
+}
+
+/// Adds rows sent straight to each rank (`send_counts`) to the rows within and across nodes.
+fn count_levels(send_counts: &[usize], me: usize, cluster: &Cluster, st: &mut StepStats) {
+    for (peer, &rows) in send_counts.iter().enumerate().filter(|&(p, _)| p != me) {
+        if cluster.node(peer) == cluster.node(me) {
+            st.intra_node_rows_sent += rows;
+        } else {
+            st.inter_node_rows_sent += rows;
+        }
     }
 }
 

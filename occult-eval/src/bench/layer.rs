@@ -47,6 +47,9 @@ pub struct LayerBench {
     pub placement: Method,
     /// Devices per token in the pruned run (0 = no pruned run).
     pub max_devices: usize,
+    /// Devices per node: with fewer than `devices`, the two-level exchange runs as one more
+    /// mode, and rows are counted within and across nodes.
+    pub devices_per_node: Option<usize>,
     pub prune_rule: PruneRule,
     /// Where the layer runs (`cpu` or `cuda:N`), and its dtype (f32, bf16 or f16).
     pub device_name: String,
@@ -59,6 +62,7 @@ pub struct LayerBench {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RankRecord {
     pub mode: String,
+    pub dispatch: DispatchMode,
     pub run: RankRun,
 }
 
@@ -197,6 +201,9 @@ impl LayerBench {
             ("standard".to_string(), DispatchMode::Standard, None),
             ("occult".to_string(), DispatchMode::Occult, None),
         ];
+        if self.devices_per_node.is_some_and(|g| g < self.devices) {
+            m.push(("two-level".to_string(), DispatchMode::TwoLevel, None));
+        }
         if self.max_devices > 0 && self.max_devices < self.devices {
             m.push((
                 format!(
@@ -232,6 +239,7 @@ impl LayerBench {
                 device_of_expert: setup.map.clone(),
                 mode,
                 prune,
+                devices_per_node: self.devices_per_node,
             };
             let layer = EpMoe::from_full(&full, settings, comm.clone())?;
             for _ in 0..self.warmup {
@@ -251,6 +259,7 @@ impl LayerBench {
             let flops = swiglu_flops(stats.pairs, h, self.intermediate);
             out.push(RankRecord {
                 mode: name,
+                dispatch: mode,
                 run: RankRun {
                     rank: r,
                     seconds: seconds / self.steps as f64,
@@ -313,15 +322,15 @@ impl LayerBench {
 
     /// Combines every rank's records into one summary per mode.
     pub fn combine(&self, records: &[RankRecord], link: Option<&LinkProfile>) -> Vec<ModeSummary> {
-        let mut modes: Vec<String> = Vec::new();
+        let mut modes: Vec<(String, DispatchMode)> = Vec::new();
         for r in records {
-            if !modes.contains(&r.mode) {
-                modes.push(r.mode.clone());
+            if !modes.iter().any(|(m, _)| *m == r.mode) {
+                modes.push((r.mode.clone(), r.dispatch));
             }
         }
         modes
             .into_iter()
-            .map(|mode| {
+            .map(|(mode, dispatch)| {
                 let runs: Vec<RankRun> = records
                     .iter()
                     .filter(|r| r.mode == mode)
@@ -334,7 +343,7 @@ impl LayerBench {
                     tokens,
                     &runs,
                     link,
-                    Exchanges::LayerForward,
+                    Exchanges::layer(dispatch),
                 )
             })
             .collect()

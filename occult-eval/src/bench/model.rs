@@ -192,6 +192,11 @@ fn run_parallel(
         node_limit: spec
             .prune
             .filter(|l| matches!(l, occult_core::analysis::PruneLimit::Nodes { .. })),
+        devices_per_node: super::modes::node_size(
+            spec.devices_per_node,
+            link.as_ref(),
+            spec.devices,
+        ),
         seed: a.seed,
     };
     let Some(results) = run(spec, ck, &bench, link.as_ref())? else {

@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use candle::{DType, Device, Tensor};
 use occult_core::analysis::links::{swiglu_flops, LinkProfile};
 use occult_core::analysis::pruning::{PruneLimit, PruneRule};
+use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::StepStats;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::MoeMode;
@@ -32,6 +33,9 @@ pub struct EpModelBench {
     pub max_devices: usize,
     /// A node limit to run as one more pruned mode (`--max-nodes`).
     pub node_limit: Option<PruneLimit>,
+    /// Devices per node when the ranks span nodes: the two-level exchange runs as one more
+    /// mode (and with the node limit, one more).
+    pub devices_per_node: Option<usize>,
     pub seed: u64,
 }
 
@@ -151,12 +155,22 @@ fn modes(b: &EpModelBench) -> Vec<(String, MoeMode, Option<PruneLimit>)> {
             Some(PruneLimit::Devices(b.max_devices)),
         ));
     }
+    if b.devices_per_node.is_some() {
+        out.push(("two-level".to_string(), MoeMode::TwoLevel, None));
+    }
     if let Some(limit) = b.node_limit {
         out.push((
             format!("occult, pruned to {}", limit.label()),
             MoeMode::Occult,
             Some(limit),
         ));
+        if b.devices_per_node.is_some() {
+            out.push((
+                format!("two-level, pruned to {}", limit.label()),
+                MoeMode::TwoLevel,
+                Some(limit),
+            ));
+        }
     }
     out
 }
@@ -185,7 +199,8 @@ pub fn run(
     }
     let mut results = Vec::new();
     for (label, mode, prune) in modes(b) {
-        let o = mode_opts(opts, mode, prune);
+        let mut o = mode_opts(opts, mode, prune);
+        o.devices_per_node = o.devices_per_node.or(b.devices_per_node);
         let work = occult_core::models::data_parallel::fingerprint(
             serde_json::to_vec(b).unwrap_or_default(),
         );
@@ -198,7 +213,7 @@ pub fn run(
                 tokens,
                 &runs,
                 link,
-                Exchanges::ModelForward,
+                Exchanges::model(mode.dispatch().unwrap_or(DispatchMode::Occult)),
             ));
         }
     }

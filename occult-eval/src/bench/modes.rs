@@ -6,6 +6,7 @@
 
 use occult_core::analysis::links::{project_step, LinkProfile, Projection, RankStep};
 use occult_core::ep::comm::Exchange;
+use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::StepStats;
 use serde::{Deserialize, Serialize};
 
@@ -35,24 +36,55 @@ pub struct RankRun {
 /// in the link profile's activation size).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exchanges {
-    /// One EP layer's forward: slot metadata, rows out, rows back.
-    LayerForward,
-    /// A model's forward: the lockstep announcement, then per MoE layer slot metadata, rows
-    /// out, rows back.
-    ModelForward,
+    /// One EP layer's forward: the layer's exchanges, which carry rows where the pattern
+    /// ([`DispatchMode::forward_exchanges`]) says so.
+    LayerForward(&'static [bool]),
+    /// A model's forward: the lockstep announcement, then per MoE layer the layer's exchanges.
+    ModelForward(&'static [bool]),
     /// Every exchange projected as measured (f32): a training step.
     Measured,
 }
 
 impl Exchanges {
+    /// One layer forward of `mode`.
+    pub fn layer(mode: DispatchMode) -> Self {
+        Exchanges::LayerForward(mode.forward_exchanges())
+    }
+
+    /// A model forward in `mode`.
+    pub fn model(mode: DispatchMode) -> Self {
+        Exchanges::ModelForward(mode.forward_exchanges())
+    }
+
     /// The indices of the exchanges that carry rows, of `n`.
     fn rows(self, n: usize) -> Vec<usize> {
+        let carries = |p: &[bool], j: usize| p[j % p.len()];
         match self {
-            Exchanges::LayerForward => (0..n).filter(|j| j % 3 != 0).collect(),
-            Exchanges::ModelForward => (1..n).filter(|j| (j - 1) % 3 != 0).collect(),
+            Exchanges::LayerForward(p) => (0..n).filter(|&j| carries(p, j)).collect(),
+            Exchanges::ModelForward(p) => (1..n).filter(|&j| carries(p, j - 1)).collect(),
             Exchanges::Measured => Vec::new(),
         }
     }
+
+    fn is_layer(self) -> bool {
+        matches!(self, Exchanges::LayerForward(_))
+    }
+}
+
+/// The node size a benchmark of `devices` ranks runs the two-level exchange with: the one
+/// given (`--devices-per-node`), else the link profile's ranks per node when its link between
+/// nodes is the slower; `None` when that is one node.
+pub fn node_size(
+    given: Option<usize>,
+    link: Option<&LinkProfile>,
+    devices: usize,
+) -> Option<usize> {
+    given
+        .or_else(|| {
+            link.filter(|p| p.inter.bandwidth < p.intra.bandwidth)
+                .map(|p| p.ranks_per_node)
+        })
+        .filter(|&g| g >= 1 && g < devices)
 }
 
 /// A decode step's figures (model benchmarks).
@@ -144,12 +176,12 @@ pub fn summarise(
         project_step(p, &steps, &exchanges.rows(n))
     };
     let projected = link.map(|p| project(p, |r| (&r.exchanges, r.flops)));
-    let decode = (exchanges != Exchanges::LayerForward).then(|| {
+    let decode = (!exchanges.is_layer()).then(|| {
         let decoded = runs.iter().all(|r| !r.decode_exchanges.is_empty());
         DecodeSummary {
             decode_ms_per_token: max(|r| r.decode_step_s) * 1e3,
             decode_projected_s: link
-                .filter(|_| exchanges == Exchanges::ModelForward && decoded)
+                .filter(|_| matches!(exchanges, Exchanges::ModelForward(_)) && decoded)
                 .map(|p| project(p, |r| (&r.decode_exchanges, r.decode_flops)).total_s),
             decode_rows_sent: runs.iter().map(|r| r.decode_stats.rows_sent).sum(),
             decode_bytes_sent: runs
@@ -159,7 +191,7 @@ pub fn summarise(
             decode_ect: ect(runs.iter().map(|r| &r.decode_stats)),
         }
     });
-    let expert = (exchanges == Exchanges::LayerForward).then(|| ExpertRate {
+    let expert = exchanges.is_layer().then(|| ExpertRate {
         expert_flops: runs.iter().map(|r| r.flops).sum(),
         expert_flops_per_s: runs
             .iter()

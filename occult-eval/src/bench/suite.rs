@@ -199,6 +199,7 @@ pub fn run(s: &Suite, opts: &ModelSpec) -> Result<Vec<Point>> {
                     repeats: s.repeats,
                     max_devices: s.max_devices,
                     node_limit: None,
+                    devices_per_node: None,
                     seed: 0,
                 };
                 model_ep::run(opts, &ck, &b, Some(&link))?

@@ -125,16 +125,26 @@ pub fn run(
             ));
         }
     }
-    // A node limit asked for (`--max-nodes`) runs as one more mode.
+    // Across nodes, the two-level exchange runs as one more mode; a node limit asked for
+    // (`--max-nodes`) as one more, in each exchange.
+    let nodes = super::modes::node_size(opts.devices_per_node, link, b.devices);
+    if nodes.is_some() {
+        modes.push(("two-level".to_string(), MoeMode::TwoLevel, None));
+    }
     if let Some(limit @ PruneLimit::Nodes { .. }) = opts.prune {
         let label = format!("occult, pruned to {}", limit.label());
         modes.push((label, MoeMode::Occult, Some(limit)));
+        if nodes.is_some() {
+            let label = format!("two-level, pruned to {}", limit.label());
+            modes.push((label, MoeMode::TwoLevel, Some(limit)));
+        }
     }
     let work =
         occult_core::models::data_parallel::fingerprint(serde_json::to_vec(b).unwrap_or_default());
     let mut results = Vec::new();
     for (label, mode, prune) in modes {
-        let o = mode_opts(opts, mode, prune);
+        let mut o = mode_opts(opts, mode, prune);
+        o.devices_per_node = o.devices_per_node.or(nodes);
         let ck = &*ck;
         let runs = o.run_training(ck, |m| measure(m, work, &label, || rank_run(m, b, ck)))?;
         if let Some(runs) = runs {

@@ -208,6 +208,11 @@ pub struct LayerBenchArgs {
     /// Devices per token in the pruned run (0 = no pruned run).
     #[arg(long, default_value_t = 2)]
     pub max_devices: usize,
+    /// Devices per node: with fewer than --devices, the two-level exchange runs as one more
+    /// mode. Default: the link profile's ranks per node, when its link between nodes is the
+    /// slower.
+    #[arg(long)]
+    pub devices_per_node: Option<usize>,
     #[arg(long, value_enum, default_value_t = PruneRule::Similarity)]
     pub prune_rule: PruneRule,
     /// local: ranks as threads; mpi: one process per rank under mpirun (feature mpi); nccl:
@@ -314,6 +319,12 @@ fn model(a: ModelBenchArgs) -> Result<()> {
 fn layer(a: LayerBenchArgs) -> Result<()> {
     super::check_io(&[], &[a.json.as_deref()])?;
     let device = crate::context::device::pick_device(a.cuda, a.backend)?;
+    let link = a
+        .link
+        .as_deref()
+        .map(occult_core::analysis::links::LinkProfile::load)
+        .transpose()?;
+    let devices_per_node = bench::modes::node_size(a.devices_per_node, link.as_ref(), a.devices);
     let b = bench::layer::LayerBench {
         experts: a.experts,
         top_k: a.top_k,
@@ -327,15 +338,11 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
         clusters: a.clusters,
         placement: a.placement,
         max_devices: a.max_devices,
+        devices_per_node,
         prune_rule: a.prune_rule,
         device_name: crate::context::device::device_name(&device),
         dtype: a.dtype.clone(),
         device,
     };
-    let link = a
-        .link
-        .as_deref()
-        .map(occult_core::analysis::links::LinkProfile::load)
-        .transpose()?;
     bench::layer::run(&b, a.backend, link.as_ref(), a.json.as_deref())
 }

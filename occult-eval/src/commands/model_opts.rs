@@ -1,5 +1,6 @@
 //! The flags every model command shares (`--model`, `--dtype`, and the expert-parallel ones
-//! `--devices`, `--backend`, `--mode`, `--placement`, `--max-devices`, `--prune-rule`), turned
+//! `--devices`, `--backend`, `--mode`, `--placement`, `--max-devices`, `--max-nodes`,
+//! `--devices-per-node`, `--prune-rule`), turned
 //! into the library's [`ModelSpec`] (the placement file read and checked once, here).
 
 use crate::context::{Backend, ModelSpec};
@@ -73,8 +74,10 @@ pub struct PruneLimitOpts {
     /// nodes (the nodes whose best two experts score highest), nodes of --devices-per-node.
     #[arg(long, requires = "devices_per_node")]
     pub max_nodes: Option<usize>,
-    /// Devices per node for --max-nodes (device d in node d / G).
-    #[arg(long, requires = "max_nodes")]
+    /// Devices per node (device d in node d / G): the nodes of --max-nodes and of `--mode
+    /// two-level`, and of the row counts within and across nodes. Under mpirun the ranks of
+    /// one host form a node unless this says otherwise (to emulate nodes on one host).
+    #[arg(long)]
     pub devices_per_node: Option<usize>,
     /// With --max-nodes: at most this many devices in each kept node too.
     #[arg(long, requires = "max_nodes")]
@@ -111,6 +114,7 @@ impl ModelOpts {
             placement: None,
             placement_file: None,
             prune: self.limit.limit(),
+            devices_per_node: self.limit.devices_per_node,
             prune_rule: self.prune_rule,
             calibration: self.calibration.clone(),
             max_memory: self.max_memory,

@@ -61,6 +61,23 @@ impl ModelSpec {
                 (BTreeMap::new(), self.devices)
             }
         };
+        if let Some(g) = self.devices_per_node {
+            if g == 0 || (mode != MoeMode::Reference && g > self.devices) {
+                bail!(
+                    "--devices-per-node {g}: give between 1 and --devices ({})",
+                    self.devices
+                );
+            }
+        }
+        if mode == MoeMode::TwoLevel
+            && self.devices_per_node.is_none()
+            && self.backend == super::Backend::Local
+        {
+            bail!(
+                "--mode two-level needs the node size: give --devices-per-node G (ranks as threads \
+                 are one host; under mpirun with --backend mpi the ranks of one host form a node)"
+            );
+        }
         if self.prune.is_some() && num_devices == 1 {
             bail!(
                 "--max-devices and --max-nodes prune across devices: give --devices D > 1, or a \
@@ -115,6 +132,7 @@ impl ModelSpec {
             maps,
             num_devices,
             prune,
+            devices_per_node: self.devices_per_node,
         })
     }
 }

@@ -37,6 +37,9 @@ pub struct ModelSpec {
     pub placement_file: Option<PathBuf>,
     /// Collaboration pruning: how far each token's experts may spread.
     pub prune: Option<PruneLimit>,
+    /// Devices per node (rank r in node r / G): the node size of two-level dispatch, and of
+    /// the row counts within and across nodes; under MPI the ranks of one host by default.
+    pub devices_per_node: Option<usize>,
     pub prune_rule: PruneRule,
     /// A trace with router logits to build the similarity rule's tables.
     pub calibration: Option<PathBuf>,
@@ -67,6 +70,7 @@ impl ModelSpec {
             placement: None,
             placement_file: None,
             prune: None,
+            devices_per_node: None,
             prune_rule: PruneRule::Router,
             calibration: None,
             max_memory: None,

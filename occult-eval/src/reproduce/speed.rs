@@ -98,6 +98,7 @@ pub fn speed(opts: &ModelSpec, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
         repeats: s.repeats,
         max_devices: 2.min(opts.devices - 1),
         node_limit: None,
+        devices_per_node: None,
         seed: 0,
     };
     for &tokens in &s.prefill_tokens {

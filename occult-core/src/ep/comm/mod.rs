@@ -200,6 +200,13 @@ pub trait Communicator: Send + Sync {
     /// Forgets the statistics (for example after a warm-up step).
     fn reset_stats(&self);
 
+    /// Ranks per node, where the backend can tell: under MPI, the ranks that share memory with
+    /// this one, when every node holds the same number and ranks are numbered node by node
+    /// (`mpirun --map-by ppr:G:node`). `None` where it cannot tell (threads are one node).
+    fn node_size(&self) -> Option<usize> {
+        None
+    }
+
     /// Gathers one equal-sized block from every rank, in rank order.
     fn all_gather_bytes(&self, block: &[u8]) -> Result<Vec<u8>> {
         let n = self.size();

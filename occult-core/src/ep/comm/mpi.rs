@@ -33,6 +33,8 @@ pub struct MpiComm {
     size: usize,
     stats: StatsCell,
     watchdog: Watchdog,
+    /// Ranks per node, from `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)` (see [`node_size`]).
+    node_size: Option<usize>,
 }
 
 // SAFETY: MPI is initialised with at least `Threading::Serialized` and every MPI call is made
@@ -59,6 +61,7 @@ impl MpiComm {
         let rank = world.rank() as usize;
         let size = world.size() as usize;
         let watchdog = Watchdog::start(rank, timeout)?;
+        let node_size = node_size(&world);
         Ok(MpiComm {
             inner: Mutex::new(Inner {
                 world,
@@ -68,8 +71,24 @@ impl MpiComm {
             size,
             stats: StatsCell::new(rank, size),
             watchdog,
+            node_size,
         })
     }
+}
+
+/// Ranks per node: the size of this rank's shared-memory group, when every rank's group has
+/// that size and holds the ranks `node * G .. (node + 1) * G` (so that rank r is in node r / G,
+/// as the two-level exchange numbers nodes). Collective over `world`.
+fn node_size(world: &SimpleCommunicator) -> Option<usize> {
+    let shared = world.split_shared(world.rank());
+    let (g, local) = (shared.size(), shared.rank());
+    let numbered = g > 0 && world.rank() % g == local && world.rank() - local + g <= world.size();
+    let mine = [g, i32::from(numbered)];
+    let mut all = vec![0i32; 2 * world.size() as usize];
+    world.all_gather_into(&mine[..], &mut all[..]);
+    all.chunks_exact(2)
+        .all(|c| c[0] == g && c[1] == 1)
+        .then_some(g as usize)
 }
 
 fn poisoned() -> Error {
@@ -184,6 +203,10 @@ impl Communicator for MpiComm {
 
     fn reset_stats(&self) {
         self.stats.reset()
+    }
+
+    fn node_size(&self) -> Option<usize> {
+        self.node_size
     }
 
     fn barrier(&self) -> Result<()> {

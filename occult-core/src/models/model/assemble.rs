@@ -69,6 +69,7 @@ impl Model {
                                 device_of_expert: map,
                                 mode,
                                 prune,
+                                devices_per_node: setup.devices_per_node.or(c.node_size()),
                             };
                             MoeExec::Parallel(EpMoe::new(weights, settings, c.clone())?)
                         }

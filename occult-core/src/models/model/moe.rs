@@ -20,6 +20,10 @@ pub enum MoeMode {
     Standard,
     /// Expert parallelism, one row per (token, device), pre-reduced on the device.
     Occult,
+    /// Expert parallelism across nodes: one row per (token, node) to the node's proxy, which
+    /// forwards it inside the node; pre-reduced on the device and at the proxy.
+    #[serde(rename = "two-level")]
+    TwoLevel,
 }
 
 impl MoeMode {
@@ -29,6 +33,7 @@ impl MoeMode {
             MoeMode::Reference => None,
             MoeMode::Standard => Some(DispatchMode::Standard),
             MoeMode::Occult => Some(DispatchMode::Occult),
+            MoeMode::TwoLevel => Some(DispatchMode::TwoLevel),
         }
     }
 
@@ -48,6 +53,9 @@ pub struct MoeSetup {
     pub num_devices: usize,
     /// Pruning per MoE layer (the same rule everywhere, tables per layer).
     pub prune: BTreeMap<usize, PruneSpec>,
+    /// Devices per node (two-level mode; otherwise it only splits the row counts by level).
+    /// `None`: the communicator's own (under MPI, the ranks of one host).
+    pub devices_per_node: Option<usize>,
 }
 
 impl MoeSetup {
@@ -58,6 +66,7 @@ impl MoeSetup {
             maps: BTreeMap::new(),
             num_devices: 1,
             prune: BTreeMap::new(),
+            devices_per_node: None,
         }
     }
 
@@ -98,10 +107,12 @@ mod tests {
         assert_eq!(MoeMode::Reference.dispatch(), None);
         assert_eq!(MoeMode::Standard.dispatch(), Some(DispatchMode::Standard));
         assert_eq!(MoeMode::Occult.dispatch(), Some(DispatchMode::Occult));
+        assert_eq!(MoeMode::TwoLevel.dispatch(), Some(DispatchMode::TwoLevel));
         for (m, name) in [
             (MoeMode::Reference, "reference"),
             (MoeMode::Standard, "standard"),
             (MoeMode::Occult, "occult"),
+            (MoeMode::TwoLevel, "two-level"),
         ] {
             assert_eq!(m.name(), name);
             assert_eq!(serde_json::to_value(m).unwrap(), name);
