@@ -277,8 +277,8 @@ fn a_device_count_that_disagrees_with_mpirun_is_named() {
     );
 }
 
-fn parity_on(np: usize) {
-    let out = mpirun(np, &["10"]);
+fn parity_on(np: usize, args: &[&str]) -> String {
+    let out = mpirun(np, args);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -291,12 +291,22 @@ fn parity_on(np: usize) {
             "rank {r} did not report:\n{stdout}\n{stderr}"
         );
     }
+    stdout.into_owned()
 }
 
 #[test]
 fn parity_under_mpirun_with_2_and_4_ranks() {
-    parity_on(2);
-    parity_on(4);
+    parity_on(2, &["10"]);
+    let out = parity_on(4, &["10"]);
+    // One host: MPI's shared-memory split puts all 4 ranks in one node.
+    assert!(out.contains("node size Some(4)"), "{out}");
+}
+
+/// The two-level exchange on 2 emulated nodes of 2 ranks: outputs, gradients and the rows to
+/// each peer at both levels against the reference and a plain count, on every case.
+#[test]
+fn two_level_parity_under_mpirun_on_two_emulated_nodes() {
+    parity_on(4, &["10", "--nodes", "2"]);
 }
 
 #[test]
@@ -564,6 +574,95 @@ fn training_under_mpirun_takes_the_steps_of_threads() {
     }
     // Rank 0 wrote one model, loadable as it is.
     occult_ok(dir, &["model", "check", "--model", "mpi"]);
+}
+
+/// Training in two-level mode on 2 emulated nodes of 2 ranks takes the steps of threads in the
+/// same mode, and of the flat exchange (the same sums in another order); under mpirun without
+/// `--devices-per-node` the node is MPI's (all 4 ranks of this host), and it still does.
+#[test]
+fn two_level_training_under_mpirun_takes_the_steps_of_threads() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    write_add_one_data(dir);
+    let model = fixture("olmoe");
+    let args = |out: &str, extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "train",
+            "--model",
+            &model,
+            "--data",
+            "a.jsonl",
+            "--out",
+            out,
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--lr",
+            "1e-3",
+            "--seq-len",
+            "128",
+            "--devices",
+            "4",
+        ]
+        .map(String::from)
+        .to_vec();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let strs = |a: &[String]| a.iter().map(String::as_str).collect::<Vec<_>>().join(" ");
+    let two = ["--mode", "two-level", "--devices-per-node", "2"];
+    occult_ok(
+        dir,
+        &args("threads", &two)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    occult_ok(
+        dir,
+        &args("flat", &["--mode", "occult"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    for (run, extra) in [
+        ("mpi", [&two[..], &["--backend", "mpi"]].concat()),
+        ("mpi-host", vec!["--mode", "two-level", "--backend", "mpi"]),
+    ] {
+        let a = args(run, &extra);
+        let out = mpirun_occult(4, dir, &a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            strs(&a),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let log = |run: &str| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(dir.join(run).join("log.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let losses = |run: &str| -> Vec<f64> {
+        log(run)
+            .iter()
+            .map(|v| v["loss"].as_f64().unwrap())
+            .collect()
+    };
+    let threads = losses("threads");
+    assert_eq!(threads.len(), 2);
+    for run in ["mpi", "mpi-host", "flat"] {
+        for (x, y) in threads.iter().zip(&losses(run)) {
+            assert!(
+                (x - y).abs() < 1e-5 * x.abs().max(1.0),
+                "{run}: {threads:?} vs {:?}",
+                losses(run)
+            );
+        }
+    }
 }
 
 #[test]

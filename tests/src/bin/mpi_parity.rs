@@ -5,6 +5,9 @@
 //! what differs and exits 1. `--die-rank R` makes rank R exit before the first collective;
 //! `--stall-rank R` keeps rank R alive but away from the collectives, so that the others' watchdog
 //! (`--timeout S` seconds, default 20) must end them (to check that nobody hangs).
+//! `--nodes G` runs every case in two-level mode on nodes of G ranks (emulated nodes on one
+//! host). Rank 0 first prints the node size MPI reports (`node size G`: the ranks sharing
+//! memory, from `MPI_Comm_split_type`).
 
 use occult_core::ep::comm::mpi::MpiComm;
 use occult_core::ep::comm::Communicator;
@@ -26,6 +29,7 @@ fn main() {
     let die = flag("--die-rank").map(|r| r as usize);
     let stall = flag("--stall-rank").map(|r| r as usize);
     let timeout = Duration::from_secs(flag("--timeout").unwrap_or(20));
+    let nodes = flag("--nodes").map(|g| g as usize);
     let comm = match MpiComm::init_with_timeout(timeout) {
         Ok(c) => c,
         Err(e) => {
@@ -35,6 +39,9 @@ fn main() {
     };
     let rank = comm.rank();
     let d = comm.size();
+    if rank == 0 {
+        println!("node size {:?}", comm.node_size());
+    }
     let comm: Arc<dyn Communicator> = Arc::new(comm);
     if die == Some(rank) {
         eprintln!("rank {rank}: exiting on purpose (--die-rank)");
@@ -48,7 +55,11 @@ fn main() {
     let mut rng = ChaCha8Rng::seed_from_u64(77);
     for seed in 0..cases as u64 {
         let e = [8, 16, 64][seed as usize % 3].max(d);
-        let case = Case::random_with(&mut rng, seed, d, e);
+        let mut case = Case::random_with(&mut rng, seed, d, e);
+        if let Some(g) = nodes {
+            case.mode = occult_core::ep::DispatchMode::TwoLevel;
+            case.devices_per_node = Some(g);
+        }
         if let Err(msg) = check(&case, &comm) {
             eprintln!("error: rank {rank}: {msg} in {case:?}");
             std::process::exit(1);
