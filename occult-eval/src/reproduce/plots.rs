@@ -205,7 +205,11 @@ pub fn draw_all(
         } else {
             "pruned fine-tuning"
         };
-        let rows: Vec<&QualityRow> = quality.iter().filter(|r| r.variant == variant).collect();
+        // Node limits have no E[C_T] row of their own in the table: not drawn.
+        let rows: Vec<&QualityRow> = quality
+            .iter()
+            .filter(|r| r.variant == variant && r.max_nodes.is_none())
+            .collect();
         let mut served: Vec<(Option<usize>, Option<String>)> = rows
             .iter()
             .map(|r| (r.max_devices, r.rule.clone()))

@@ -4,7 +4,7 @@
 //! every slot left empty; a recipe for a real checkpoint names its own.
 
 use anyhow::{bail, Context, Result};
-use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -80,8 +80,43 @@ pub struct AnalysisRecipe {
     pub restarts: usize,
     #[serde(default = "prune_devices")]
     pub prune_devices: Vec<usize>,
+    /// Node-limited pruning: at most this many nodes per token, as DeepSeek-V3 routes (each
+    /// with every rule of `prune_rules`, fine-tuned and served like the device limits).
+    #[serde(default = "prune_nodes")]
+    pub prune_nodes: Vec<usize>,
+    /// Devices per node of the node limits and of the E[C_N] columns; `devices / 2` when
+    /// absent (two nodes).
+    #[serde(default)]
+    pub devices_per_node: Option<usize>,
     #[serde(default = "prune_rules")]
     pub prune_rules: Vec<PruneRule>,
+}
+
+impl AnalysisRecipe {
+    /// The node size: as given, or two nodes of `devices / 2` (none for fewer than 4
+    /// devices or an odd number).
+    pub fn node_size(&self, devices: usize) -> Option<usize> {
+        self.devices_per_node
+            .or_else(|| (devices >= 4 && devices.is_multiple_of(2)).then_some(devices / 2))
+    }
+
+    /// The node limits to prune to, on `devices` devices (none without a node size, and none
+    /// that keeps every node).
+    pub fn node_limits(&self, devices: usize) -> Vec<PruneLimit> {
+        let Some(g) = self.node_size(devices) else {
+            return Vec::new();
+        };
+        let nodes = devices.div_ceil(g.max(1));
+        self.prune_nodes
+            .iter()
+            .filter(|&&m| m >= 1 && m < nodes)
+            .map(|&m| PruneLimit::Nodes {
+                devices_per_node: g,
+                max_nodes: m,
+                devices_in_node: None,
+            })
+            .collect()
+    }
 }
 
 impl Default for AnalysisRecipe {
@@ -90,6 +125,8 @@ impl Default for AnalysisRecipe {
             row_dtype: bf16_rows(),
             restarts: 2,
             prune_devices: prune_devices(),
+            prune_nodes: prune_nodes(),
+            devices_per_node: None,
             prune_rules: prune_rules(),
         }
     }
@@ -191,6 +228,9 @@ fn two() -> usize {
 }
 fn prune_devices() -> Vec<usize> {
     vec![2, 1]
+}
+fn prune_nodes() -> Vec<usize> {
+    vec![1]
 }
 fn prune_rules() -> Vec<PruneRule> {
     vec![PruneRule::Router, PruneRule::Similarity]

@@ -12,8 +12,14 @@ use occult_core::models::config::ModelConfig;
 use std::collections::BTreeMap;
 
 fn served(r: &QualityRow) -> String {
-    match (r.max_devices, &r.rule) {
-        (Some(n), Some(rule)) => format!("pruned to {n}, {rule}"),
+    match (r.max_devices, r.max_nodes, &r.rule) {
+        (Some(n), _, Some(rule)) => format!("pruned to {n}, {rule}"),
+        (_, Some(m), Some(rule)) => {
+            format!(
+                "pruned to {m} node{}, {rule}",
+                if m == 1 { "" } else { "s" }
+            )
+        }
         _ => "exact".into(),
     }
 }
@@ -257,7 +263,7 @@ fn speed_headlines(speed: &[SpeedRow]) -> String {
         };
         let parts: Vec<String> = at
             .iter()
-            .filter(|r| r.mode.starts_with("occult"))
+            .filter(|r| r.mode.starts_with("occult") || r.mode.starts_with("two-level"))
             .map(|r| {
                 let projected = match (base.projected_seconds, r.projected_seconds) {
                     (Some(b), Some(x)) if x > 0.0 => format!(", {:.2}x projected", b / x),
@@ -289,26 +295,33 @@ fn quality_summary(quality: &[QualityRow]) -> String {
     let Some(start) = get("base", "exact") else {
         return out;
     };
-    for rule in ["router", "similarity"] {
-        for n in [2, 1] {
-            let how = format!("pruned to {n}, {rule}");
-            let variant = format!("pruned-{n}-{rule}");
-            let mut parts = Vec::new();
-            if let Some(p) = get("base", &how) {
-                parts.push(format!(
-                    "pruning without fine-tuning changes the start by {:+.1} points",
-                    100.0 * (p - start)
-                ));
-            }
-            if let (Some(f), Some(std)) = (get(&variant, &how), get("exact", "exact")) {
-                parts.push(format!(
-                    "fine-tuning under it lands {:+.1} points from standard fine-tuning",
-                    100.0 * (f - std)
-                ));
-            }
-            if !parts.is_empty() {
-                out += &format!("\n- {how}: {}.", parts.join("; "));
-            }
+    // Every pruned routing served, with the model fine-tuned under it.
+    let mut pruned: Vec<(String, String)> = Vec::new();
+    for r in quality
+        .iter()
+        .filter(|r| r.fine_tuned && r.variant != "exact")
+    {
+        let pair = (served(r), r.variant.clone());
+        if !pruned.contains(&pair) {
+            pruned.push(pair);
+        }
+    }
+    for (how, variant) in pruned {
+        let mut parts = Vec::new();
+        if let Some(p) = get("base", &how) {
+            parts.push(format!(
+                "pruning without fine-tuning changes the start by {:+.1} points",
+                100.0 * (p - start)
+            ));
+        }
+        if let (Some(f), Some(std)) = (get(&variant, &how), get("exact", "exact")) {
+            parts.push(format!(
+                "fine-tuning under it lands {:+.1} points from standard fine-tuning",
+                100.0 * (f - std)
+            ));
+        }
+        if !parts.is_empty() {
+            out += &format!("\n- {how}: {}.", parts.join("; "));
         }
     }
     out + "\n"
@@ -353,6 +366,109 @@ pub fn projection_section(
     md + "\n" + &crate::jobs::project::render(p)
 }
 
+/// Past one node: the devices as nodes of the recipe's node size. E[C_N] beside E[C_T] for
+/// each step of the table, the two-level shaped measurement (the flat and the two-level
+/// exchange, pruning to one node in each), and what node-limited pruning costs in quality.
+fn nodes_section(
+    recipe: &Recipe,
+    steps: &[Step],
+    speed: &[SpeedRow],
+    quality: &[QualityRow],
+) -> String {
+    let Some(g) = recipe.analysis.node_size(recipe.devices) else {
+        return String::new();
+    };
+    let mut md = format!(
+        "\n## Past one node\n\nThe {} devices as nodes of {g} (rank r in node r / {g}); \
+         [docs/multinode.md](../../docs/multinode.md) says how to run this on a cluster.\n\n",
+        recipe.devices
+    );
+    if steps.iter().any(|s| s.ecn_two_nodes.is_some()) && g * 2 == recipe.devices {
+        let mut t = Table::new(&["step", "E[C_T]", "E[C_N]", "rows across nodes / token"]);
+        for s in steps.iter().filter(|s| s.ecn_two_nodes.is_some()) {
+            t.row(vec![
+                s.step.clone(),
+                format!("{:.3}", s.ect),
+                fmt_opt(s.ecn_two_nodes, 3),
+                fmt_opt(s.inter_rows_per_token_two_nodes, 3),
+            ]);
+        }
+        md += &t.render();
+        md += "\nRows across nodes: k copies for standard dispatch, one per remote node under \
+               the two-level exchange.\n";
+    }
+    let shaped: Vec<&SpeedRow> = speed
+        .iter()
+        .filter(|r| r.suite.contains("nodes of"))
+        .collect();
+    if !shaped.is_empty() {
+        md += &format!(
+            "\nMeasured over two-level shaped links ({}): MPI processes, each rank's link to \
+             its own node fast and to the other node slow. x = standard's time over the \
+             mode's; measured / projected is the cost model's miss.\n\n",
+            shaped[0].link
+        );
+        let mut t = Table::new(&[
+            "suite",
+            "mode",
+            "E[C_T]",
+            "remote bytes",
+            "measured s",
+            "x",
+            "projected s",
+            "x",
+            "measured / projected",
+        ]);
+        for r in &shaped {
+            let base = shaped
+                .iter()
+                .find(|b| b.suite == r.suite && b.mode == "standard");
+            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+                _ => "-".into(),
+            };
+            t.row(vec![
+                r.suite.clone(),
+                r.mode.clone(),
+                format!("{:.3}", r.ect),
+                count(r.bytes_sent),
+                format!("{:.4}", r.seconds),
+                ratio(base.map(|b| b.seconds), Some(r.seconds)),
+                r.projected_seconds
+                    .map_or("-".into(), |p| format!("{p:.4}")),
+                ratio(base.and_then(|b| b.projected_seconds), r.projected_seconds),
+                ratio(Some(r.seconds), r.projected_seconds),
+            ]);
+        }
+        md += &t.render();
+        for suite in ["prefill", "train"] {
+            let find = |mode: &str| {
+                shaped
+                    .iter()
+                    .find(|r| r.suite.starts_with(suite) && r.mode == mode)
+                    .map(|r| r.seconds)
+            };
+            if let (Some(flat), Some(two)) = (find("occult"), find("two-level")) {
+                md += &format!(
+                    "\n- {suite}: the two-level exchange {:.2}x the flat one, measured.",
+                    flat / two.max(1e-12)
+                );
+            }
+        }
+        md += "\n";
+    }
+    let nodes: Vec<&QualityRow> = quality.iter().filter(|r| r.max_nodes.is_some()).collect();
+    if !nodes.is_empty() {
+        md += "\nNode-limited pruning (each token's experts on at most M nodes, nodes scored \
+               by their two best experts as DeepSeek-V3 scores its groups) in the quality table: \
+               ";
+        let mut hows: Vec<String> = nodes.iter().map(|r| served(r)).collect();
+        hows.dedup();
+        md += &format!("{}.\n", hows.join("; "));
+    }
+    md
+}
+
 /// The report: the tables, then the shaped run's note, the projection and the collaboration.
 pub fn full(
     recipe: &Recipe,
@@ -378,6 +494,7 @@ pub fn full(
             "\nThe shaped-link measurement (scripts/shaped_links.sh) did not run: {why}.\n"
         );
     }
+    md += &nodes_section(recipe, &f.steps, &f.speed, &f.quality);
     if let Some(p) = &f.projection {
         md += &projection_section(p, &recipe.projection, recipe.devices);
     }

@@ -2,21 +2,45 @@
 //! fine-tuned and served under, the fine-tuning and quality rows, and everything the report and
 //! `results.json` give ([`Findings`]).
 
-use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use serde::Serialize;
 
-/// A routing a model is fine-tuned or served under: exact, or pruned to `n` devices by a rule.
+/// A routing a model is fine-tuned or served under: exact, or pruned by a rule to a number of
+/// devices or of nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Routing {
-    pub prune: Option<(usize, PruneRule)>,
+    pub prune: Option<(PruneLimit, PruneRule)>,
 }
 
 impl Routing {
     pub fn name(self) -> String {
         match self.prune {
             None => "exact".into(),
-            Some((n, r)) => format!("pruned-{n}-{}", r.name()),
+            Some((PruneLimit::Devices(n), r)) => format!("pruned-{n}-{}", r.name()),
+            Some((PruneLimit::Nodes { max_nodes, .. }, r)) => {
+                format!("pruned-{max_nodes}node-{}", r.name())
+            }
         }
+    }
+
+    /// The device limit (`None` when exact or limited by nodes).
+    pub fn max_devices(self) -> Option<usize> {
+        match self.prune {
+            Some((PruneLimit::Devices(n), _)) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// The node limit (`None` when exact or limited by devices).
+    pub fn max_nodes(self) -> Option<usize> {
+        match self.prune {
+            Some((PruneLimit::Nodes { max_nodes, .. }, _)) => Some(max_nodes),
+            _ => None,
+        }
+    }
+
+    pub fn rule(self) -> Option<String> {
+        self.prune.map(|p| p.1.name().to_string())
     }
 }
 
@@ -26,8 +50,10 @@ pub struct QualityRow {
     /// `base`, or the routing the model was fine-tuned under.
     pub variant: String,
     pub fine_tuned: bool,
-    /// The routing it is served under.
+    /// The routing it is served under: a device or a node limit, and the rule.
     pub max_devices: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_nodes: Option<usize>,
     pub rule: Option<String>,
     pub task: String,
     pub acc: f64,
@@ -39,6 +65,8 @@ pub struct QualityRow {
 pub struct FinetuneRow {
     pub variant: String,
     pub max_devices: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_nodes: Option<usize>,
     pub rule: Option<String>,
     pub first_loss: f64,
     pub last_loss: f64,

@@ -22,6 +22,10 @@ pub struct ShapedRecipe {
     pub seq_len: usize,
     /// Sequences per rank of the training step (of `seq_len` tokens).
     pub train_batch_per_rank: usize,
+    /// Both runs again on two levels: nodes of the analysis's node size, each rank's link to
+    /// its own node shaped to this rate and to other nodes to `rate`; the two-level exchange
+    /// and pruning to one node run as more modes. Empty: no two-level run.
+    pub intra_rate: String,
 }
 
 impl Default for ShapedRecipe {
@@ -32,6 +36,7 @@ impl Default for ShapedRecipe {
             prefill_tokens: 4096,
             seq_len: 128,
             train_batch_per_rank: 4,
+            intra_rate: "2gbit".into(),
         }
     }
 }
@@ -71,12 +76,30 @@ pub fn script() -> PathBuf {
 
 /// Runs the prefill and the training step over shaped links; returns their rows (suites
 /// `prefill, shaped` and `train, shaped`), measured and projected with the emulated
-/// machine's profile.
+/// machine's profile. With `nodes_of` G (and an intra-node rate), both run again on nodes of
+/// G (suites `... shaped, nodes of G`), with the two-level exchange and pruning to one node.
 pub fn run(
     s: &ShapedRecipe,
     model: &str,
     placement: &Path,
     devices: usize,
+    nodes_of: Option<usize>,
+    out: &Path,
+) -> Result<Vec<SpeedRow>> {
+    let mut rows = run_level(s, model, placement, devices, None, out)?;
+    if let Some(g) = nodes_of.filter(|&g| g < devices && !s.intra_rate.is_empty()) {
+        rows.extend(run_level(s, model, placement, devices, Some(g), out)?);
+    }
+    Ok(rows)
+}
+
+/// One level's runs: flat links, or nodes of `nodes_of`.
+fn run_level(
+    s: &ShapedRecipe,
+    model: &str,
+    placement: &Path,
+    devices: usize,
+    nodes_of: Option<usize>,
     out: &Path,
 ) -> Result<Vec<SpeedRow>> {
     let dir = out.join("shaped");
@@ -84,11 +107,36 @@ pub fn run(
     let (len, batch) = crate::bench::model_ep::prefill_shape(s.prefill_tokens, devices, s.seq_len);
     let exe = std::env::current_exe().context("finding this binary")?;
     let placement = placement.display().to_string();
-    let common = ["--model", model, "--placement", &placement];
-    let prefill: Vec<String> = ["bench", "model"]
-        .iter()
-        .chain(&common)
-        .map(|x| x.to_string())
+    let mut common: Vec<String> = ["--model", model, "--placement", &placement]
+        .map(String::from)
+        .to_vec();
+    let mut shape = vec![
+        "-n".to_string(),
+        devices.to_string(),
+        "-r".into(),
+        s.rate.clone(),
+    ];
+    let (level, files) = match nodes_of {
+        None => (String::new(), ["shaped.json", "shaped-train.json"]),
+        Some(g) => {
+            common.extend(
+                ["--max-nodes", "1", "--devices-per-node", &g.to_string()].map(String::from),
+            );
+            shape.extend([
+                "-g".into(),
+                g.to_string(),
+                "-i".into(),
+                s.intra_rate.clone(),
+            ]);
+            (
+                format!(", nodes of {g}"),
+                ["shaped-nodes.json", "shaped-nodes-train.json"],
+            )
+        }
+    };
+    let prefill: Vec<String> = ["bench".to_string(), "model".into()]
+        .into_iter()
+        .chain(common.iter().cloned())
         .chain([
             "--prompt-len".into(),
             len.to_string(),
@@ -100,10 +148,9 @@ pub fn run(
             "1".into(),
         ])
         .collect();
-    let train: Vec<String> = ["bench", "train"]
-        .iter()
-        .chain(&common)
-        .map(|x| x.to_string())
+    let train: Vec<String> = ["bench".to_string(), "train".into()]
+        .into_iter()
+        .chain(common.iter().cloned())
         .chain([
             "--batch-size".into(),
             s.train_batch_per_rank.to_string(),
@@ -115,12 +162,13 @@ pub fn run(
         .collect();
     let mut rows = Vec::new();
     for (suite, args, file) in [
-        ("prefill, shaped", prefill, "shaped.json"),
-        ("train, shaped", train, "shaped-train.json"),
+        (format!("prefill, shaped{level}"), prefill, files[0]),
+        (format!("train, shaped{level}"), train, files[1]),
     ] {
         eprintln!("  {suite}: {devices} ranks over {} links", s.rate);
         let run = Command::new(script())
-            .args(["-n", &devices.to_string(), "-r", &s.rate, "-o"])
+            .args(&shape)
+            .arg("-o")
             .arg(&dir)
             .arg("--")
             .args(&args)
@@ -136,13 +184,17 @@ pub fn run(
                 tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
             );
         }
-        rows.extend(read_rows(&dir.join(file), suite, &s.rate)?);
+        let link = match nodes_of {
+            None => format!("shaped-{}", s.rate),
+            Some(_) => format!("shaped-{}-between-{}-inside", s.rate, s.intra_rate),
+        };
+        rows.extend(read_rows(&dir.join(file), &suite, &link)?);
     }
     Ok(rows)
 }
 
 /// The EP modes of a bench's JSON (`results`) as speed rows.
-fn read_rows(path: &Path, suite: &str, rate: &str) -> Result<Vec<SpeedRow>> {
+fn read_rows(path: &Path, suite: &str, link: &str) -> Result<Vec<SpeedRow>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text)?;
@@ -162,7 +214,7 @@ fn read_rows(path: &Path, suite: &str, rate: &str) -> Result<Vec<SpeedRow>> {
             bytes_sent: r["bytes_sent"].as_u64().unwrap_or(0),
             seconds: r["seconds"].as_f64().unwrap_or(f64::NAN),
             projected_seconds: r["projected_seconds"].as_f64(),
-            link: format!("shaped-{rate}"),
+            link: link.into(),
         })
         .collect())
 }

@@ -41,8 +41,14 @@ pub fn routed_spec(model: &str, r: &Recipe, placement: &Placed, routing: Routing
     let mut o = ranks_spec(model, r);
     o.placement = Some(placement.placement.clone());
     o.placement_file = Some(placement.file.clone());
-    if let Some((n, rule)) = routing.prune {
-        o.prune = Some(PruneLimit::Devices(n));
+    if let Some((limit, rule)) = routing.prune {
+        o.prune = Some(limit);
+        if let PruneLimit::Nodes {
+            devices_per_node, ..
+        } = limit
+        {
+            o.devices_per_node = Some(devices_per_node);
+        }
         o.prune_rule = rule;
         if rule == PruneRule::Similarity {
             o.calibration = Some(placement.trace_file.clone());
@@ -158,7 +164,14 @@ pub fn speed_stage(
             serde_json::json!({"ran": false, "reason": why})
         }
         // A machine that refuses namespaces or shaping costs this stage, not the run.
-        None => match shaped::run(&recipe.shaped, &s.model, &placed.file, recipe.devices, out) {
+        None => match shaped::run(
+            &recipe.shaped,
+            &s.model,
+            &placed.file,
+            recipe.devices,
+            recipe.analysis.node_size(recipe.devices),
+            out,
+        ) {
             Ok(rows) => {
                 speed.extend(rows);
                 serde_json::json!({"ran": true, "rate": recipe.shaped.rate})
@@ -276,13 +289,16 @@ pub fn quality_stage(
     Ok(quality)
 }
 
-/// Exact routing, then each pruning of the recipe with each rule.
+/// Exact routing, then each pruning of the recipe with each rule: to devices, then to nodes
+/// (of the recipe's node size).
 pub fn routings(recipe: &Recipe) -> Vec<Routing> {
-    let rules = &recipe.analysis.prune_rules;
+    let a = &recipe.analysis;
+    let devices = a.prune_devices.iter().map(|&n| PruneLimit::Devices(n));
+    let nodes = a.node_limits(recipe.devices);
     std::iter::once(Routing { prune: None })
-        .chain(recipe.analysis.prune_devices.iter().flat_map(|&n| {
-            rules.iter().map(move |&r| Routing {
-                prune: Some((n, r)),
+        .chain(devices.chain(nodes).flat_map(|limit| {
+            a.prune_rules.iter().map(move |&r| Routing {
+                prune: Some((limit, r)),
             })
         }))
         .collect()
@@ -358,7 +374,7 @@ pub fn collaboration_trace(
 ) -> Result<Option<(Routing, Trace)>> {
     let Some(f) = finetuned
         .iter()
-        .find(|f| f.routing.prune.is_some_and(|p| p.0 == 2))
+        .find(|f| f.routing.max_devices() == Some(2))
     else {
         return Ok(None);
     };
@@ -399,8 +415,9 @@ pub fn finetune_row(dir: &Path, routing: Routing, seconds: f64) -> Result<Finetu
     let ects: Vec<f64> = lines.iter().map(|v| f(v, "mean_ect")).collect();
     Ok(FinetuneRow {
         variant: routing.name(),
-        max_devices: routing.prune.map(|p| p.0),
-        rule: routing.prune.map(|p| p.1.name().to_string()),
+        max_devices: routing.max_devices(),
+        max_nodes: routing.max_nodes(),
+        rule: routing.rule(),
         first_loss: f(first, "loss"),
         last_loss: f(last, "loss"),
         held_out_loss: last["eval_loss"].as_f64(),
@@ -424,8 +441,9 @@ pub fn quality_rows(
         .map(|(task, r)| QualityRow {
             variant: variant.to_string(),
             fine_tuned,
-            max_devices: routing.prune.map(|p| p.0),
-            rule: routing.prune.map(|p| p.1.name().to_string()),
+            max_devices: routing.max_devices(),
+            max_nodes: routing.max_nodes(),
+            rule: routing.rule(),
             task: task.clone(),
             acc: r["acc"].as_f64().unwrap_or(f64::NAN),
             acc_norm: r["acc_norm"].as_f64(),
