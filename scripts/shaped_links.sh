@@ -138,13 +138,14 @@ EOF
 chmod +x "$TMP/netns-rsh"
 
 # This emulated machine as a link profile: f32 rows, RATE per link (INTRA inside a node of -g),
-# veth latency.
+# veth latency; compute as measured (each rank's time outside the exchanges).
 cat >"$TMP/shaped.toml" <<EOF
 name = "shaped-$RATE"
 description = "$RANKS MPI ranks in network namespaces (nodes of $PER_NODE), veth links shaped with tc HTB to $RATE between nodes"
 device_flops = $FLOPS
 activation_bytes = 4
 ranks_per_node = $PER_NODE
+measured_compute = true
 [intra]
 bandwidth = $INTRA_BANDWIDTH
 latency = 1.0e-4

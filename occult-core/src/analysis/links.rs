@@ -75,6 +75,12 @@ pub struct LinkProfile {
     pub ranks_per_node: usize,
     pub intra: Link,
     pub inter: Link,
+    /// The profile of the machine a benchmark runs on (`scripts/shaped_links.sh` writes one):
+    /// a measured step is projected with each rank's own measured time outside the exchanges
+    /// as its compute (the dense layers, backward and optimizer included, which the experts'
+    /// FLOPs leave out), so that only the links are modelled.
+    #[serde(default)]
+    pub measured_compute: bool,
 }
 
 fn two() -> f64 {
@@ -240,6 +246,7 @@ pub(crate) mod tests {
             device_flops: 1e12,
             activation_bytes: 2.0,
             ranks_per_node: 2,
+            measured_compute: false,
             intra: Link {
                 bandwidth: 1e9,
                 latency: 1e-6,

@@ -105,7 +105,11 @@ fn rank_run(m: &Model, b: &EpModelBench, ck: &Checkpoint) -> Result<RankRun> {
         logits.device().synchronize()?;
         let prefill_s = clock.elapsed().as_secs_f64();
         let stats = m.take_ep_stats();
-        let exchanges = comm.stats().exchanges;
+        let comm_stats = comm.stats();
+        let (exchanges, local_s) = (
+            comm_stats.exchanges,
+            (prefill_s - comm_stats.seconds).max(0.0),
+        );
         let mut decode_s = 0.0;
         let (mut decode_exchanges, mut decode_stats) = (Vec::new(), StepStats::default());
         let mut last = logits;
@@ -136,6 +140,7 @@ fn rank_run(m: &Model, b: &EpModelBench, ck: &Checkpoint) -> Result<RankRun> {
                 decode_exchanges,
                 decode_flops: swiglu_flops(decode_stats.pairs, h, i),
                 decode_stats,
+                local_s,
             };
         }
     }

@@ -30,6 +30,10 @@ pub struct RankRun {
     pub decode_stats: StepStats,
     pub decode_exchanges: Vec<Exchange>,
     pub decode_flops: f64,
+    /// The measured step's time outside exchanges (its own compute), for profiles of the
+    /// machine the bench runs on (`measured_compute`); 0 where not recorded.
+    #[serde(default)]
+    pub local_s: f64,
 }
 
 /// What a [`RankRun`]'s exchanges are, which says which of them carry hidden-state rows (projected
@@ -119,6 +123,11 @@ pub struct ModeSummary {
     pub tokens: usize,
     pub rows_sent: usize,
     pub remote_rows_sent: usize,
+    /// With a node size: the dispatch's rows over links within a node and across nodes, and
+    /// E[C_N] (0 without one).
+    pub intra_node_rows: usize,
+    pub inter_node_rows: usize,
+    pub ecn: f64,
     /// Bytes sent to other ranks during the step (dispatch metadata, rows, combine).
     pub bytes_sent: u64,
     pub ect: f64,
@@ -175,7 +184,16 @@ pub fn summarise(
         let n = steps.iter().map(|r| r.exchanges.len()).min().unwrap_or(0);
         project_step(p, &steps, &exchanges.rows(n))
     };
-    let projected = link.map(|p| project(p, |r| (&r.exchanges, r.flops)));
+    let projected = link.map(|p| {
+        let mut step = project(p, |r| (&r.exchanges, r.flops));
+        // On the machine itself: each rank's measured compute, the links modelled.
+        let local = max(|r| r.local_s);
+        if p.measured_compute && local > 0.0 {
+            step.compute_s = local;
+            step.total_s = step.compute_s + step.comm_s;
+        }
+        step
+    });
     let decode = (!exchanges.is_layer()).then(|| {
         let decoded = runs.iter().all(|r| !r.decode_exchanges.is_empty());
         DecodeSummary {
@@ -204,6 +222,10 @@ pub fn summarise(
         tokens,
         rows_sent: runs.iter().map(|r| r.stats.rows_sent).sum(),
         remote_rows_sent: runs.iter().map(|r| r.stats.remote_rows_sent).sum(),
+        intra_node_rows: runs.iter().map(|r| r.stats.intra_node_rows_sent).sum(),
+        inter_node_rows: runs.iter().map(|r| r.stats.inter_node_rows_sent).sum(),
+        ecn: runs.iter().map(|r| r.stats.nodes_touched).sum::<usize>() as f64
+            / runs.iter().map(|r| r.stats.tokens).sum::<usize>().max(1) as f64,
         bytes_sent,
         ect: ect(runs.iter().map(|r| &r.stats)),
         seconds,
@@ -234,6 +256,9 @@ pub fn reference(
         tokens,
         rows_sent: 0,
         remote_rows_sent: 0,
+        intra_node_rows: 0,
+        inter_node_rows: 0,
+        ecn: 0.0,
         bytes_sent: 0,
         ect: 1.0,
         seconds,
@@ -284,6 +309,11 @@ pub fn print(results: &[ModeSummary], projected: bool, what: &str) {
             .as_ref()
             .is_some_and(|d| d.decode_projected_s.is_some())
     });
+    let nodes = results.iter().any(|r| r.inter_node_rows > 0);
+    if nodes {
+        header.insert(4, "rows across nodes");
+        header.insert(2, "E[C_N]");
+    }
     if projected {
         header.push("projected ms");
     }
@@ -310,6 +340,10 @@ pub fn print(results: &[ModeSummary], projected: bool, what: &str) {
             ms(r.compute_s),
             ms(r.combine_s),
         ];
+        if nodes {
+            row.insert(4, r.inter_node_rows.to_string());
+            row.insert(2, format!("{:.3}", r.ecn));
+        }
         if projected {
             row.push(
                 r.projected_seconds

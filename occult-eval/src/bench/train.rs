@@ -82,6 +82,7 @@ fn rank_run(m: &Model, b: &TrainBench, ck: &Checkpoint) -> Result<RankRun> {
                 // Forward, and a backward of about twice its FLOPs.
                 flops: 3.0 * swiglu_flops(stats.pairs, h, i),
                 stats,
+                local_s: (seconds - comm.stats().seconds).max(0.0),
                 exchanges: comm.stats().exchanges,
                 ..RankRun::default()
             };
