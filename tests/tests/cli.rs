@@ -288,19 +288,27 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
     assert!(across(1) < across(0) && across(1) > 0.0);
     assert_eq!(f(7, "ecn_two_nodes"), 1.0);
     assert!(across(7) > 0.0 && across(7) < 1.0);
-    // Five fine-tunings (exact, two rules x two device counts), each with a held-out loss.
+    // Seven fine-tunings (exact, two rules x two device counts, two rules x one node of the
+    // two), each with a held-out loss.
     let ft = r["finetune"].as_array().unwrap();
-    assert_eq!(ft.len(), 5);
+    assert_eq!(ft.len(), 7);
     assert!(ft
         .iter()
         .all(|x| x["held_out_loss"].as_f64().unwrap() > 0.0));
     assert_eq!(ft[4]["mean_ect"].as_f64().unwrap(), 1.0);
-    // Quality: 4 tasks x (start under 5 routings, standard fine-tuned under 5, 4 pruned).
+    for node in &ft[5..] {
+        assert_eq!(node["max_nodes"], 1, "{node}");
+        assert!(node["mean_ect"].as_f64().unwrap() <= 2.0, "{node}");
+    }
+    // Quality: 4 tasks x (start under 7 routings, standard fine-tuned under 7, 6 pruned).
     let q = r["quality"].as_array().unwrap();
-    assert_eq!(q.len(), 4 * 14);
+    assert_eq!(q.len(), 4 * 20);
     assert!(q
         .iter()
         .all(|x| (0.0..=1.0).contains(&x["acc"].as_f64().unwrap())));
+    assert_eq!(q.iter().filter(|x| x["max_nodes"] == 1).count(), 4 * 6);
+    assert!(stdout.contains("## Past one node"), "{stdout}");
+    assert!(stdout.contains("pruned to 1 node, router"), "{stdout}");
     assert!(r["collaboration"]["ect_after"].as_f64().unwrap() >= 1.0);
     for key in ["config", "provenance"] {
         assert!(r.get(key).is_some(), "{key}");
@@ -325,12 +333,22 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
     }
     // Over shaped links where the machine allows it (root, tc, MPI), else a reason.
     if r["shaped"]["ran"] == true {
-        // Prefill: standard, occult, pruned to 2; train: also pruned to 1.
-        for (suite, modes) in [("prefill, shaped", 3), ("train, shaped", 4)] {
+        // Prefill: standard, occult, pruned to 2; train: also pruned to 1. On two nodes of 2,
+        // also the two-level exchange, and pruning to one node in each exchange.
+        let two = "shaped-200mbit-between-2gbit-inside";
+        for (suite, modes, link) in [
+            ("prefill, shaped", 3, "shaped-200mbit"),
+            ("train, shaped", 4, "shaped-200mbit"),
+            ("prefill, shaped, nodes of 2", 6, two),
+            ("train, shaped, nodes of 2", 7, two),
+        ] {
             let rows: Vec<_> = speed.iter().filter(|x| x["suite"] == suite).collect();
             assert_eq!(rows.len(), modes, "{suite}");
             assert!(rows.iter().all(|x| x["seconds"].as_f64().unwrap() > 0.0));
-            assert!(rows.iter().all(|x| x["link"] == "shaped-200mbit"));
+            assert!(rows.iter().all(|x| x["link"] == link));
+            assert!(rows
+                .iter()
+                .all(|x| x["projected_seconds"].as_f64().unwrap() > 0.0));
         }
     } else {
         assert!(

@@ -284,6 +284,12 @@ fn speed_headlines(speed: &[SpeedRow]) -> String {
 /// The paper's quality claims, checked in words against the table (mean accuracy over tasks,
 /// in points).
 fn quality_summary(quality: &[QualityRow]) -> String {
+    pruned_lines(quality, |_| true) + "\n"
+}
+
+/// For each pruned routing served (of those `keep` takes): what it costs the start, and where
+/// fine-tuning under it lands against standard fine-tuning, as list items.
+fn pruned_lines(quality: &[QualityRow], keep: impl Fn(&QualityRow) -> bool) -> String {
     let means = mean_acc(quality);
     let get = |variant: &str, how: &str| {
         means
@@ -299,7 +305,7 @@ fn quality_summary(quality: &[QualityRow]) -> String {
     let mut pruned: Vec<(String, String)> = Vec::new();
     for r in quality
         .iter()
-        .filter(|r| r.fine_tuned && r.variant != "exact")
+        .filter(|r| r.fine_tuned && r.variant != "exact" && keep(r))
     {
         let pair = (served(r), r.variant.clone());
         if !pruned.contains(&pair) {
@@ -324,7 +330,7 @@ fn quality_summary(quality: &[QualityRow]) -> String {
             out += &format!("\n- {how}: {}.", parts.join("; "));
         }
     }
-    out + "\n"
+    out
 }
 
 /// The cluster projection: the headline speed-ups on the recipe's device count, then every
@@ -457,14 +463,13 @@ fn nodes_section(
         }
         md += "\n";
     }
-    let nodes: Vec<&QualityRow> = quality.iter().filter(|r| r.max_nodes.is_some()).collect();
-    if !nodes.is_empty() {
-        md += "\nNode-limited pruning (each token's experts on at most M nodes, nodes scored \
-               by their two best experts as DeepSeek-V3 scores its groups) in the quality table: \
-               ";
-        let mut hows: Vec<String> = nodes.iter().map(|r| served(r)).collect();
-        hows.dedup();
-        md += &format!("{}.\n", hows.join("; "));
+    let lines = pruned_lines(quality, |r| r.max_nodes.is_some());
+    if !lines.is_empty() {
+        md += &format!(
+            "\nNode-limited pruning (each token's experts on at most M nodes, nodes scored by \
+             their two best experts as DeepSeek-V3 scores its groups; rows `pruned to M node` of \
+             the quality table), mean accuracy over the tasks:\n{lines}\n"
+        );
     }
     md
 }
