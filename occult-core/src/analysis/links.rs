@@ -17,9 +17,13 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// The bytes one rank sent to each peer in one all-to-all (for link-model projections).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Exchange {
     pub bytes_to: Vec<u64>,
+    /// This rank's time between the end of its previous exchange (or the statistics' reset)
+    /// and the start of this one: its own compute in between, in seconds.
+    #[serde(default)]
+    pub compute_before_s: f64,
 }
 
 impl Exchange {
@@ -35,6 +39,31 @@ impl Exchange {
                     .map(|(_, b)| *b)
             })
             .sum()
+    }
+
+    /// The compute on the critical path of a step whose ranks ran `ranks[r]` exchanges (in the
+    /// same order on every rank) and spent `local_s[r]` seconds outside them: the slowest
+    /// rank's compute before each exchange (every exchange waits for it), then the slowest
+    /// rank's compute after the last. `None` when the ranks' exchanges do not line up.
+    pub fn critical_compute(ranks: &[&[Exchange]], local_s: &[f64]) -> Option<f64> {
+        let n = ranks.first()?.len();
+        if ranks.iter().any(|r| r.len() != n) || ranks.len() != local_s.len() {
+            return None;
+        }
+        let before: f64 = (0..n)
+            .map(|j| {
+                ranks
+                    .iter()
+                    .map(|r| r[j].compute_before_s)
+                    .fold(0.0, f64::max)
+            })
+            .sum();
+        let after = ranks
+            .iter()
+            .zip(local_s)
+            .map(|(r, &local)| (local - r.iter().map(|e| e.compute_before_s).sum::<f64>()).max(0.0))
+            .fold(0.0, f64::max);
+        Some(before + after)
     }
 }
 
@@ -76,9 +105,10 @@ pub struct LinkProfile {
     pub intra: Link,
     pub inter: Link,
     /// The profile of the machine a benchmark runs on (`scripts/shaped_links.sh` writes one):
-    /// a measured step is projected with each rank's own measured time outside the exchanges
+    /// a measured step is projected with each rank's own measured time between the exchanges
     /// as its compute (the dense layers, backward and optimizer included, which the experts'
-    /// FLOPs leave out), so that only the links are modelled.
+    /// FLOPs leave out; each exchange waits for the slowest rank's), so that only the links
+    /// are modelled.
     #[serde(default)]
     pub measured_compute: bool,
 }
@@ -258,6 +288,28 @@ pub(crate) mod tests {
         }
     }
 
+    /// Each exchange waits for the slowest rank's compute before it; the tail is the slowest
+    /// rank's compute after its last exchange.
+    #[test]
+    fn critical_compute_takes_the_slowest_rank_per_segment() {
+        let ex = |before: f64| Exchange {
+            compute_before_s: before,
+            ..Exchange::default()
+        };
+        // Rank 0: 1 s, exchange, 3 s, exchange, 0.5 s (4.5 s outside exchanges); rank 1: 2 s,
+        // exchange, 1 s, exchange, 2 s (5 s). Critical path: 2 + 3 + 2 = 7 s, not max(4.5, 5).
+        let r0 = [ex(1.0), ex(3.0)];
+        let r1 = [ex(2.0), ex(1.0)];
+        let got = Exchange::critical_compute(&[&r0, &r1], &[4.5, 5.0]).unwrap();
+        assert!((got - 7.0).abs() < 1e-12, "{got}");
+        // Ranks whose exchanges do not line up have no critical path.
+        assert_eq!(
+            Exchange::critical_compute(&[&r0, &r1[..1]], &[4.5, 5.0]),
+            None
+        );
+        assert_eq!(Exchange::critical_compute(&[], &[]), None);
+    }
+
     #[test]
     fn hand_checked_projection() {
         let p = test_profile();
@@ -265,12 +317,15 @@ pub(crate) mod tests {
         // (inter), nothing to rank 3; rank 3 sends 4000 bytes to rank 0 (inter).
         let e0 = Exchange {
             bytes_to: vec![1000, 1000, 1000, 0],
+            ..Exchange::default()
         };
         let e3 = Exchange {
             bytes_to: vec![4000, 0, 0, 0],
+            ..Exchange::default()
         };
         let none = Exchange {
             bytes_to: vec![0; 4],
+            ..Exchange::default()
         };
         let all = [&e0, &none, &none, &e3];
         let send0: f64 = (1e-6 + 1e-6) + (1e-5 + 1e-5);

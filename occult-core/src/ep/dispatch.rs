@@ -555,6 +555,41 @@ mod tests {
         assert_eq!(cp.pair_row, vec![1, 2, 0]);
     }
 
+    /// Two nodes of 2 ranks, one expert per rank (expert e on rank e), k = 2, from rank 1.
+    #[test]
+    fn hand_checked_two_level_plans() {
+        let loc = ExpertLocations::new(&[0, 1, 2, 3], 4);
+        let cluster = Cluster {
+            devices: 4,
+            per_node: 2,
+            forward: true,
+        };
+        // Token 0 on experts 3 and 2 (node 1 only); token 1 on 0 and 3 (both nodes).
+        let ids = [3, 2, /**/ 0, 3];
+        let p = NodePlan::new(&ids, 2, &loc, &cluster, 1).unwrap();
+        // Node 0's rows go to rank 1 itself; node 1's to its proxy, rank 3 (local index 1).
+        assert_eq!(p.send_counts, vec![0, 1, 0, 2]);
+        assert_eq!(p.row_token, vec![1, 0, 1]);
+        assert_eq!(p.row_ids, vec![0, NO_SLOT, /**/ 3, 2, /**/ NO_SLOT, 3]);
+        // Rank 3 forwards what it received (node 1): token 0 to ranks 2 and 3, token 1 to 3.
+        let f = SendPlan::forwarded(&p.row_ids[2..], 2, &loc, &cluster, 1).unwrap();
+        assert_eq!(f.send_counts, vec![0, 0, 1, 2]);
+        assert_eq!(f.row_token, vec![0, 0, 1]);
+        // One expert per rank: one slot per row, each with its gate weight's k position.
+        assert_eq!(f.slots_per_row, 1);
+        assert_eq!(f.row_slots, vec![0, 0, 0]);
+        assert_eq!(f.row_kpos, vec![1, 0, 1]);
+        // Received ids of another node, twice, out of range, or none are refused.
+        for bad in [[0, NO_SLOT], [3, 3], [9, NO_SLOT], [NO_SLOT, NO_SLOT]] {
+            assert!(
+                SendPlan::forwarded(&bad, 2, &loc, &cluster, 1).is_err(),
+                "{bad:?}"
+            );
+        }
+        // The flat plan refuses two-level mode (it starts with a NodePlan).
+        assert!(SendPlan::new(&ids, 2, &loc, DispatchMode::TwoLevel).is_err());
+    }
+
     #[test]
     fn bad_routing_is_rejected() {
         let loc = ExpertLocations::new(&[0, 0, 1, 1], 2);

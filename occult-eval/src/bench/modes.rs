@@ -186,10 +186,13 @@ pub fn summarise(
     };
     let projected = link.map(|p| {
         let mut step = project(p, |r| (&r.exchanges, r.flops));
-        // On the machine itself: each rank's measured compute, the links modelled.
-        let local = max(|r| r.local_s);
-        if p.measured_compute && local > 0.0 {
-            step.compute_s = local;
+        // On the machine itself: each rank's measured compute between exchanges, the links
+        // modelled (every exchange waits for the slowest rank's compute before it).
+        if p.measured_compute && runs.iter().any(|r| r.local_s > 0.0) {
+            let exchanges: Vec<&[Exchange]> = runs.iter().map(|r| &r.exchanges[..]).collect();
+            let local: Vec<f64> = runs.iter().map(|r| r.local_s).collect();
+            step.compute_s = Exchange::critical_compute(&exchanges, &local)
+                .unwrap_or_else(|| max(|r| r.local_s));
             step.total_s = step.compute_s + step.comm_s;
         }
         step

@@ -81,6 +81,7 @@ impl CommStats {
     pub fn record(&mut self, sent_rows: &[usize], recv_rows: &[usize], row_bytes: usize) {
         let mut ex = Exchange {
             bytes_to: Vec::with_capacity(sent_rows.len()),
+            compute_before_s: 0.0,
         };
         for (p, (&s, &r)) in self.peers.iter_mut().zip(sent_rows.iter().zip(recv_rows)) {
             p.rows_sent += s as u64;
@@ -98,6 +99,8 @@ impl CommStats {
 #[derive(Debug)]
 pub struct StatsCell {
     inner: std::sync::Mutex<CommStats>,
+    /// When the last exchange ended (or the statistics were reset).
+    last_end: std::sync::Mutex<std::time::Instant>,
     rank: usize,
     size: usize,
 }
@@ -106,6 +109,7 @@ impl StatsCell {
     pub fn new(rank: usize, size: usize) -> Self {
         StatsCell {
             inner: std::sync::Mutex::new(CommStats::new(rank, size)),
+            last_end: std::sync::Mutex::new(std::time::Instant::now()),
             rank,
             size,
         }
@@ -119,8 +123,19 @@ impl StatsCell {
         row_bytes: usize,
         start: std::time::Instant,
     ) {
+        let before = match self.last_end.lock() {
+            Ok(mut last) => {
+                let gap = start.saturating_duration_since(*last).as_secs_f64();
+                *last = std::time::Instant::now();
+                gap
+            }
+            Err(_) => 0.0,
+        };
         if let Ok(mut st) = self.inner.lock() {
             st.record(sent, received, row_bytes);
+            if let Some(ex) = st.exchanges.last_mut() {
+                ex.compute_before_s = before;
+            }
             st.collectives += 1;
             st.seconds += start.elapsed().as_secs_f64();
         }
@@ -133,6 +148,9 @@ impl StatsCell {
     pub fn reset(&self) {
         if let Ok(mut s) = self.inner.lock() {
             *s = CommStats::new(self.rank, self.size);
+        }
+        if let Ok(mut last) = self.last_end.lock() {
+            *last = std::time::Instant::now();
         }
     }
 }
