@@ -677,9 +677,30 @@ fn bench_model_compares_the_expert_parallel_modes_on_the_same_prompts() {
     let v: Value =
         serde_json::from_str(&std::fs::read_to_string(t.path().join("n.json")).unwrap()).unwrap();
     let r = v["results"].as_array().unwrap();
-    let node = r.last().unwrap();
-    assert_eq!(node["mode"], "occult, pruned to 1 node");
-    assert!(node["ect"].as_f64().unwrap() <= 2.0, "{node}");
+    let mode = |name: &str| {
+        r.iter()
+            .find(|x| x["mode"] == name)
+            .unwrap_or_else(|| panic!("no mode {name} in {r:?}"))
+    };
+    // With the node size, the two-level exchange runs too, and the node limit in each exchange:
+    // the same tokens and routing as the flat modes, one row per (token, node) across.
+    for name in ["occult, pruned to 1 node", "two-level, pruned to 1 node"] {
+        let node = mode(name);
+        assert!(node["ect"].as_f64().unwrap() <= 2.0, "{node}");
+        assert_eq!(node["ecn"].as_f64(), Some(1.0), "{node}");
+    }
+    let (flat, two) = (mode("occult"), mode("two-level"));
+    assert_eq!(flat["ect"], two["ect"]);
+    assert_eq!(flat["ecn"], two["ecn"]);
+    let across = |x: &Value| x["inter_node_rows"].as_u64().unwrap();
+    assert!(
+        across(two) <= across(flat) && across(two) > 0,
+        "{two} vs {flat}"
+    );
+    // One row per (token, remote node) in each of the 3 MoE layers: fewer than E[C_N] (which
+    // counts the source's own node too) per token and layer.
+    let token_layers = two["tokens"].as_f64().unwrap() * 3.0;
+    assert!((across(two) as f64) < two["ecn"].as_f64().unwrap() * token_layers);
 }
 
 #[test]
