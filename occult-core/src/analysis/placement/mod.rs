@@ -5,6 +5,7 @@
 //! A valid map is *balanced*: every device holds `floor(E/D)` or `ceil(E/D)` experts, so there
 //! are never more devices than experts.
 
+pub mod eplb;
 mod greedy;
 mod maps;
 mod nodes;
