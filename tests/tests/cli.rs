@@ -243,6 +243,47 @@ fn load_limit_and_bench() {
     assert!(out.contains("vs greedy"), "{out}");
     let b = read_json(&d.join("b.json"));
     assert_eq!(b["results"].as_array().unwrap().len(), 6);
+    // With replicas: Occult under a load cap, and EPLB under both copy rules (16 experts + 2
+    // slots fill 2 devices; on 4, the replicas round up to 4).
+    occult_ok(
+        d,
+        &[
+            "bench",
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "2,4",
+            "--replicas",
+            "2",
+            "--json",
+            "r.json",
+        ],
+    );
+    let r = read_json(&d.join("r.json"));
+    let rows = r["results"].as_array().unwrap();
+    let row = |dev: u64, method: &str| {
+        rows.iter()
+            .find(|x| x["devices"] == dev && x["method"] == method)
+            .unwrap_or_else(|| panic!("no {method} at D = {dev}: {rows:?}"))
+    };
+    for (dev, r) in [(2, 2), (4, 4)] {
+        let cover = row(dev, &format!("eplb R={r}, cover rule"));
+        let sglang = row(dev, &format!("eplb R={r}, sglang rule"));
+        let f = |x: &serde_json::Value, k: &str| x[k].as_f64().unwrap();
+        for x in [cover, sglang, row(dev, "occult")] {
+            assert!(f(x, "ect") >= 1.0 && f(x, "max_load_ratio") >= 1.0, "{x}");
+        }
+        // A partition counted through the replica maps is the placer's E[C_T].
+        let occ = row(dev, "occult");
+        let plain = b["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["devices"] == dev && x["method"] == "occult")
+            .unwrap();
+        assert!((f(occ, "ect") - f(plain, "ect")).abs() < 1e-12);
+    }
 }
 
 /// A recipe on a tiny built-in model (built from scratch in seconds): every stage runs.

@@ -1,10 +1,15 @@
 //! `occult bench place`: each placement method (contiguous, greedy, occult) timed on the same
-//! traces and device counts in one run, with E[C_T] side by side.
+//! traces and device counts in one run, with E[C_T] and the busiest device's load side by side.
+//! With `--replicas R`, also Occult under a 1.05 load cap and DeepSeek's EPLB with R redundant
+//! slots, its copies chosen by Occult's cover rule and by SGLang's static rule.
 
 use crate::table::Table;
 use anyhow::Result;
 use occult_core::analysis::place_trace;
+use occult_core::analysis::placement::eplb::eplb_map;
+use occult_core::analysis::placement::replicas::{CopyRule, ReplicaMap};
 use occult_core::analysis::placement::{Method, SearchConfig};
+use occult_core::analysis::ranks::RankSplit;
 use occult_core::analysis::trace::Trace;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -14,12 +19,14 @@ use std::time::Instant;
 #[derive(Clone, Debug, Serialize)]
 pub struct PlaceRun {
     pub trace: String,
-    pub method: &'static str,
+    pub method: String,
     pub devices: usize,
     pub layers: usize,
     pub tokens: usize,
     pub seconds: f64,
     pub ect: f64,
+    /// The busiest device's (token, expert) pairs over the mean, token-weighted over layers.
+    pub max_load_ratio: f64,
 }
 
 /// Times every method on every trace and device count, prints the table and writes the runs
@@ -28,32 +35,75 @@ pub fn run(
     traces: &[PathBuf],
     devices: &[usize],
     cfg: &SearchConfig,
+    replicas: usize,
     json: Option<&Path>,
 ) -> Result<()> {
     let mut runs = Vec::new();
     for path in traces {
         let trace = Trace::read(path)?;
         for &d in devices {
-            for m in Method::ALL {
+            let capped = SearchConfig {
+                max_load_factor: Some(1.05),
+                ..cfg.clone()
+            };
+            let mut methods = vec![
+                ("contiguous", Method::Contiguous, cfg),
+                ("greedy", Method::Greedy, cfg),
+                ("occult", Method::Occult, cfg),
+            ];
+            if replicas > 0 {
+                methods.push(("occult, load cap 1.05", Method::Occult, &capped));
+            }
+            for (name, m, c) in methods {
                 let start = Instant::now();
-                let (_, infos) = place_trace(&trace, d, m, cfg, &|| {})?;
-                let seconds = start.elapsed().as_secs_f64();
-                let run = PlaceRun {
-                    trace: path.display().to_string(),
-                    method: m.name(),
-                    devices: d,
-                    layers: infos.len(),
-                    tokens: trace.layers.first().map_or(0, |l| l.tokens),
-                    seconds,
-                    ect: occult_core::analysis::collab::token_weighted_mean(
-                        infos.iter().map(|i| (i.ect, i.tokens)),
-                    ),
+                let (placed, infos) = match place_trace(&trace, d, m, c, &|| {}) {
+                    Ok(done) => done,
+                    // A load cap no balanced map meets on this trace is a finding, not a failure.
+                    Err(err) if c.max_load_factor.is_some() => {
+                        eprintln!("{} D={d} {name}: none ({err})", path.display());
+                        continue;
+                    }
+                    Err(err) => return Err(err.into()),
                 };
+                let seconds = start.elapsed().as_secs_f64();
+                let maps: Vec<ReplicaMap> = placed
+                    .layers
+                    .iter()
+                    .map(|l| ReplicaMap::from_partition(&l.device_of_expert, d))
+                    .collect::<occult_core::Result<_>>()?;
+                let run = measured(&trace, path, name, d, seconds, &maps, CopyRule::Cover)?;
                 eprintln!(
-                    "{} D={d} {}: {:.2} s, E[C_T] {:.3}",
-                    run.trace, run.method, run.seconds, run.ect
+                    "{} D={d} {}: {:.2} s, E[C_T] {:.3} (from the placer {:.3})",
+                    run.trace,
+                    run.method,
+                    run.seconds,
+                    run.ect,
+                    occult_core::analysis::collab::token_weighted_mean(
+                        infos.iter().map(|i| (i.ect, i.tokens))
+                    )
                 );
                 runs.push(run);
+            }
+            if replicas > 0 {
+                let e = trace.meta.num_experts;
+                // Up to the next count that fills the devices evenly.
+                let r = (replicas..)
+                    .find(|r| (e + r).is_multiple_of(d))
+                    .expect("exists");
+                let start = Instant::now();
+                let maps: Vec<ReplicaMap> = trace
+                    .layers
+                    .iter()
+                    .map(|l| eplb_map(&l.topk_ids, e, d, r, 1, 1))
+                    .collect::<occult_core::Result<_>>()?;
+                let seconds = start.elapsed().as_secs_f64();
+                for (rule_name, rule) in [("cover", CopyRule::Cover), ("sglang", CopyRule::Sglang)]
+                {
+                    let name = format!("eplb R={r}, {rule_name} rule");
+                    let run = measured(&trace, path, &name, d, seconds, &maps, rule)?;
+                    eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
+                    runs.push(run);
+                }
             }
         }
     }
@@ -64,6 +114,40 @@ pub fn run(
     Ok(())
 }
 
+/// One method's run, its E[C_T] and loads counted through the replica maps (a partition is one
+/// with a slot per expert) under `rule`, each token starting on its rank of an even split.
+fn measured(
+    trace: &Trace,
+    path: &Path,
+    method: &str,
+    devices: usize,
+    seconds: f64,
+    maps: &[ReplicaMap],
+    rule: CopyRule,
+) -> Result<PlaceRun> {
+    let k = trace.meta.top_k;
+    let (mut ect, mut load, mut tokens) = (0.0, 0.0, 0usize);
+    for (l, m) in trace.layers.iter().zip(maps) {
+        let split = RankSplit::new(l.tokens, devices);
+        let source: Vec<u32> = (0..l.tokens).map(|t| split.rank_of(t) as u32).collect();
+        let st = m.stats(&l.topk_ids, k, &source, rule)?;
+        ect += st.ect() * l.tokens as f64;
+        load += st.max_load_ratio() * l.tokens as f64;
+        tokens += l.tokens;
+    }
+    let n = tokens.max(1) as f64;
+    Ok(PlaceRun {
+        trace: path.display().to_string(),
+        method: method.to_string(),
+        devices,
+        layers: maps.len(),
+        tokens: trace.layers.first().map_or(0, |l| l.tokens),
+        seconds,
+        ect: ect / n,
+        max_load_ratio: load / n,
+    })
+}
+
 fn render(runs: &[PlaceRun]) -> String {
     let mut t = Table::new(&[
         "trace",
@@ -71,6 +155,7 @@ fn render(runs: &[PlaceRun]) -> String {
         "method",
         "seconds",
         "mean E[C_T]",
+        "max/mean load",
         "vs contiguous",
         "vs greedy",
     ]);
@@ -84,9 +169,10 @@ fn render(runs: &[PlaceRun]) -> String {
         t.row(vec![
             r.trace.clone(),
             r.devices.to_string(),
-            r.method.into(),
+            r.method.clone(),
             format!("{:.2}", r.seconds),
             format!("{:.3}", r.ect),
+            format!("{:.3}", r.max_load_ratio),
             ratio(find("contiguous")),
             ratio(find("greedy")),
         ]);

@@ -138,6 +138,11 @@ pub struct PlaceBenchArgs {
     pub restarts: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Redundant expert slots: also run Occult under a 1.05 load cap and DeepSeek's EPLB with
+    /// this many replicas (E + R must fill the devices evenly), its copies chosen by Occult's
+    /// cover rule and by SGLang's static rule.
+    #[arg(long, default_value_t = 0)]
+    pub replicas: usize,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -293,7 +298,7 @@ fn place(a: PlaceBenchArgs) -> Result<()> {
         max_load_factor: None,
         nodes: None,
     };
-    bench::place::run(&a.trace, &a.devices, &cfg, a.json.as_deref())
+    bench::place::run(&a.trace, &a.devices, &cfg, a.replicas, a.json.as_deref())
 }
 
 fn eval(a: super::eval::EvalArgs) -> Result<()> {

@@ -104,6 +104,41 @@ pub fn replicate_experts(
     Ok((phy2log, rank, copies))
 }
 
+/// Each expert's load in a layer's routing `ids`: the tokens that chose it.
+pub fn expert_loads(ids: &[u32], num_experts: usize) -> Vec<f32> {
+    let mut counts = vec![0u64; num_experts];
+    for &e in ids {
+        if let Some(c) = counts.get_mut(e as usize) {
+            *c += 1;
+        }
+    }
+    counts.into_iter().map(|c| c as f32).collect()
+}
+
+/// EPLB's placement for a layer's routing `ids` on `devices` devices with `replicas` redundant
+/// slots (`E + R` must fill the devices evenly), as a [`super::replicas::ReplicaMap`] whose
+/// tie-breaking loads are the same counts. The global policy unless `groups` divide over
+/// `nodes` (one group and one node: global).
+pub fn eplb_map(
+    ids: &[u32],
+    num_experts: usize,
+    devices: usize,
+    replicas: usize,
+    groups: usize,
+    nodes: usize,
+) -> Result<super::replicas::ReplicaMap> {
+    let loads = expert_loads(ids, num_experts);
+    let shape = EplbShape {
+        physical: num_experts + replicas,
+        groups,
+        nodes,
+        devices,
+    };
+    let r = rebalance(&loads, shape)?;
+    let loads: Vec<f64> = loads.iter().map(|&x| x as f64).collect();
+    super::replicas::ReplicaMap::new(r.phy2log, num_experts, devices, Some(&loads))
+}
+
 /// The inverse of a permutation.
 fn inverse(perm: &[usize]) -> Vec<usize> {
     let mut inv = vec![0; perm.len()];

@@ -9,6 +9,7 @@ pub mod eplb;
 mod greedy;
 mod maps;
 mod nodes;
+pub mod replicas;
 mod search;
 
 pub use greedy::greedy;

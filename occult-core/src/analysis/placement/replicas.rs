@@ -1,0 +1,413 @@
+//! Placements with replicas: E + R physical expert slots, the same number on every device, an
+//! expert in one or more of them ([`ReplicaMap`]); and the rules that say which copy a token's
+//! row goes to, defined once here for analysis, dispatch and export:
+//!
+//! - [`CopyRule::Cover`] (Occult's): cover the token's experts with as few devices as the
+//!   greedy cover finds. Experts with one copy fix their devices first; then each remaining
+//!   expert takes a copy on a device already chosen (the source's first, then the least
+//!   loaded, then the lowest); if none is, the device that holds copies of the most remaining
+//!   experts joins (ties: the source, then the least loaded, then the lowest).
+//! - [`CopyRule::Sglang`] (SGLang's static dispatch): the copy on the source's device when
+//!   there is one; otherwise a fixed copy per (source, expert), the devices without a local copy
+//!   dealt round-robin over the copies so that each copy serves an equal share of them. It
+//!   looks at one expert at a time, not at the token's others.
+//!
+//! "Least loaded" is the device's share of the placement's expected load (each copy carrying
+//! its expert's load over its copy count), so the rule is a function of the placement alone.
+
+use crate::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+/// Which copy of a replicated expert a token uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum CopyRule {
+    /// Fewest devices for the token's experts (greedy cover).
+    Cover,
+    /// SGLang's static dispatch: the local copy, else a fixed copy per (source, expert).
+    Sglang,
+}
+
+/// E + R physical slots on D devices, `slots_per_device` each: slot p is on device
+/// `p / slots_per_device` and holds expert `slot_expert[p]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplicaMap {
+    pub num_experts: usize,
+    pub num_devices: usize,
+    pub slot_expert: Vec<u32>,
+    /// `devices_of[e]`: the devices holding a copy of e, ascending.
+    devices_of: Vec<Vec<u32>>,
+    /// Each device's expected load (copies carry their expert's load over its copy count).
+    device_load: Vec<f64>,
+    /// `sglang_copy[source * E + e]`: the device SGLang's static rule sends e to from `source`.
+    sglang_copy: Vec<u32>,
+}
+
+impl ReplicaMap {
+    /// Checks and indexes a slot map; `expert_load` (per expert, e.g. token counts) orders the
+    /// rule's ties between devices (all equal when `None`).
+    pub fn new(
+        slot_expert: Vec<u32>,
+        num_experts: usize,
+        num_devices: usize,
+        expert_load: Option<&[f64]>,
+    ) -> Result<Self> {
+        if num_devices == 0
+            || slot_expert.is_empty()
+            || !slot_expert.len().is_multiple_of(num_devices)
+        {
+            bail!(
+                "{} slots do not fill {num_devices} devices evenly",
+                slot_expert.len()
+            );
+        }
+        if slot_expert.len() < num_experts {
+            bail!("{} slots for {num_experts} experts", slot_expert.len());
+        }
+        let per_device = slot_expert.len() / num_devices;
+        let mut devices_of = vec![Vec::new(); num_experts];
+        // Copies per expert; two on one device (EPLB can pack them so) serve as one device.
+        let mut copies = vec![0usize; num_experts];
+        for (p, &e) in slot_expert.iter().enumerate() {
+            let device = (p / per_device) as u32;
+            let Some(list) = devices_of.get_mut(e as usize) else {
+                bail!("slot {p} holds expert {e}, but there are {num_experts} experts");
+            };
+            copies[e as usize] += 1;
+            if !list.contains(&device) {
+                list.push(device);
+            }
+        }
+        if let Some(e) = devices_of.iter().position(Vec::is_empty) {
+            bail!("expert {e} has no slot");
+        }
+        if let Some(l) = expert_load {
+            if l.len() != num_experts || l.iter().any(|x| !x.is_finite() || *x < 0.0) {
+                bail!(
+                    "expert loads: {} values for {num_experts} experts, each finite and >= 0",
+                    l.len()
+                );
+            }
+        }
+        let mut device_load = vec![0.0; num_devices];
+        for (p, &e) in slot_expert.iter().enumerate() {
+            let e = e as usize;
+            device_load[p / per_device] += expert_load.map_or(1.0, |l| l[e]) / copies[e] as f64;
+        }
+        let sglang_copy = sglang_table(&devices_of, num_devices);
+        Ok(ReplicaMap {
+            num_experts,
+            num_devices,
+            slot_expert,
+            devices_of,
+            device_load,
+            sglang_copy,
+        })
+    }
+
+    /// A partition (one slot per expert, as an `occult.placement.v1` map) as a replica map.
+    pub fn from_partition(device_of_expert: &[u32], num_devices: usize) -> Result<Self> {
+        let by_device = super::experts_by_device(device_of_expert, num_devices);
+        let per_device = by_device.iter().map(Vec::len).max().unwrap_or(0);
+        if by_device.iter().any(|l| l.len() != per_device) {
+            bail!("a partition with unequal devices has no equal slots per device");
+        }
+        let slots = by_device.into_iter().flatten().collect();
+        Self::new(slots, device_of_expert.len(), num_devices, None)
+    }
+
+    pub fn slots_per_device(&self) -> usize {
+        self.slot_expert.len() / self.num_devices
+    }
+
+    /// The devices holding a copy of `expert`, ascending.
+    pub fn devices_of(&self, expert: u32) -> &[u32] {
+        &self.devices_of[expert as usize]
+    }
+
+    /// The device each of a token's experts (`ids`) is served on, under `rule`, for a token on
+    /// device `source`; written into `out` (one per id).
+    pub fn choose(&self, ids: &[u32], source: u32, rule: CopyRule, out: &mut Vec<u32>) {
+        out.clear();
+        match rule {
+            CopyRule::Sglang => out.extend(
+                ids.iter()
+                    .map(|&e| self.sglang_copy[source as usize * self.num_experts + e as usize]),
+            ),
+            CopyRule::Cover => self.cover(ids, source, out),
+        }
+    }
+
+    /// Orders candidate devices: the source first, then the least loaded, then the lowest.
+    fn better(&self, source: u32, a: u32, b: u32) -> bool {
+        if (a == source) != (b == source) {
+            return a == source;
+        }
+        let (la, lb) = (self.device_load[a as usize], self.device_load[b as usize]);
+        la < lb || (la == lb && a < b)
+    }
+
+    fn cover(&self, ids: &[u32], source: u32, out: &mut Vec<u32>) {
+        const NONE: u32 = u32::MAX;
+        out.resize(ids.len(), NONE);
+        let mut chosen: Vec<u32> = Vec::with_capacity(ids.len());
+        for (j, &e) in ids.iter().enumerate() {
+            if let [only] = self.devices_of(e) {
+                out[j] = *only;
+                if !chosen.contains(only) {
+                    chosen.push(*only);
+                }
+            }
+        }
+        loop {
+            // Experts with a copy on a chosen device take the best such copy.
+            for (j, &e) in ids.iter().enumerate() {
+                if out[j] != NONE {
+                    continue;
+                }
+                let best = self
+                    .devices_of(e)
+                    .iter()
+                    .copied()
+                    .filter(|d| chosen.contains(d))
+                    .reduce(|a, b| if self.better(source, b, a) { b } else { a });
+                if let Some(d) = best {
+                    out[j] = d;
+                }
+            }
+            if out.iter().all(|&d| d != NONE) {
+                return;
+            }
+            // Otherwise the device with copies of the most remaining experts joins.
+            let mut best: Option<(usize, u32)> = None;
+            for (j, &e) in ids.iter().enumerate() {
+                if out[j] != NONE {
+                    continue;
+                }
+                for &d in self.devices_of(e) {
+                    let covers = ids
+                        .iter()
+                        .zip(out.iter())
+                        .filter(|&(&x, &o)| o == NONE && self.devices_of(x).contains(&d))
+                        .count();
+                    let wins = match best {
+                        None => true,
+                        Some((c, b)) => covers > c || (covers == c && self.better(source, d, b)),
+                    };
+                    if wins {
+                        best = Some((covers, d));
+                    }
+                }
+            }
+            let (_, d) = best.expect("an unserved expert has a copy");
+            chosen.push(d);
+        }
+    }
+
+    /// E[C_T] and the devices' (row, expert) pairs over the tokens of `ids` (`[tokens, k]`),
+    /// token t on device `source[t]`, under `rule`.
+    pub fn stats(
+        &self,
+        ids: &[u32],
+        k: usize,
+        source: &[u32],
+        rule: CopyRule,
+    ) -> Result<ReplicaStats> {
+        if k == 0 || !ids.len().is_multiple_of(k) || ids.len() / k != source.len() {
+            bail!(
+                "{} ids are not {} tokens of top-{k}",
+                ids.len(),
+                source.len()
+            );
+        }
+        let mut pairs = vec![0u64; self.num_devices];
+        let mut touched = 0u64;
+        let mut devices = Vec::with_capacity(k);
+        for (chosen, &s) in ids.chunks_exact(k).zip(source) {
+            if let Some(&e) = chosen.iter().find(|&&e| e as usize >= self.num_experts) {
+                bail!(
+                    "expert id {e} is out of range for {} experts",
+                    self.num_experts
+                );
+            }
+            if s as usize >= self.num_devices {
+                bail!("source device {s} of {} devices", self.num_devices);
+            }
+            self.choose(chosen, s, rule, &mut devices);
+            for &d in &devices {
+                pairs[d as usize] += 1;
+            }
+            devices.sort_unstable();
+            devices.dedup();
+            touched += devices.len() as u64;
+        }
+        Ok(ReplicaStats {
+            tokens: source.len() as u64,
+            devices_touched: touched,
+            pairs,
+        })
+    }
+}
+
+/// SGLang's static table: for each (source device, expert), the copy on the source, or the
+/// devices without one dealt round-robin over the copies.
+fn sglang_table(devices_of: &[Vec<u32>], num_devices: usize) -> Vec<u32> {
+    let e_n = devices_of.len();
+    let mut table = vec![0u32; num_devices * e_n];
+    for (e, copies) in devices_of.iter().enumerate() {
+        let mut next = 0;
+        for source in 0..num_devices as u32 {
+            table[source as usize * e_n + e] = if copies.contains(&source) {
+                source
+            } else {
+                let d = copies[next % copies.len()];
+                next += 1;
+                d
+            };
+        }
+    }
+    table
+}
+
+/// Counts of one layer under a replica map and a copy rule.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReplicaStats {
+    pub tokens: u64,
+    /// Sum of C_T (distinct devices per token, after the copy choice).
+    pub devices_touched: u64,
+    /// (token, expert) pairs each device computes.
+    pub pairs: Vec<u64>,
+}
+
+impl ReplicaStats {
+    pub fn ect(&self) -> f64 {
+        self.devices_touched as f64 / self.tokens.max(1) as f64
+    }
+
+    /// The busiest device's pairs over the mean.
+    pub fn max_load_ratio(&self) -> f64 {
+        let total: u64 = self.pairs.iter().sum();
+        let mean = total as f64 / self.pairs.len().max(1) as f64;
+        self.pairs.iter().copied().max().unwrap_or(0) as f64 / mean.max(1e-12)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 4 experts on 2 devices of 3 slots: device 0 holds experts 0, 1, 2 and device 1 experts
+    /// 0, 3, 1 (0 and 1 on both; 0 the hottest).
+    fn map() -> ReplicaMap {
+        ReplicaMap::new(vec![0, 1, 2, 0, 3, 1], 4, 2, Some(&[4.0, 1.0, 1.0, 1.0])).unwrap()
+    }
+
+    #[test]
+    fn hand_checked_copy_rules() {
+        let m = map();
+        assert_eq!(m.devices_of(0), &[0, 1]);
+        assert_eq!(m.devices_of(1), &[0, 1]);
+        let mut out = Vec::new();
+        // Experts 0 and 3 from device 0: 3 is only on device 1, so 0 joins it there (1 device).
+        m.choose(&[0, 3], 0, CopyRule::Cover, &mut out);
+        assert_eq!(out, vec![1, 1]);
+        // SGLang takes 0's local copy on device 0: 2 devices.
+        m.choose(&[0, 3], 0, CopyRule::Sglang, &mut out);
+        assert_eq!(out, vec![0, 1]);
+        // Experts 0 and 1 (both on both devices): the source's device.
+        m.choose(&[0, 1], 1, CopyRule::Cover, &mut out);
+        assert_eq!(out, vec![1, 1]);
+        let st = m
+            .stats(&[0, 3, /**/ 0, 1], 2, &[0, 1], CopyRule::Cover)
+            .unwrap();
+        assert_eq!(st.devices_touched, 2);
+        assert_eq!(st.pairs, vec![0, 4]);
+        let st = m
+            .stats(&[0, 3, /**/ 0, 1], 2, &[0, 1], CopyRule::Sglang)
+            .unwrap();
+        assert_eq!(st.devices_touched, 3);
+        assert_eq!(st.pairs, vec![1, 3]);
+    }
+
+    /// On random maps and tokens: every expert is served on a device holding a copy, and the
+    /// cover's devices are within greedy set cover's bound of the fewest possible (found by
+    /// brute force over sets of devices): opt <= cover <= H(k) * opt, so exactly one where one
+    /// device holds all of the token's experts.
+    #[test]
+    fn the_cover_rule_serves_every_expert_on_a_copy_and_never_spreads_more() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(32);
+        for _ in 0..200 {
+            let (e, d) = (16, [2, 4, 8][rng.random_range(0..3)]);
+            let per_device = e / d + rng.random_range(1..3);
+            // Every expert once, then extra copies of random experts where they fit.
+            let mut slots: Vec<Vec<u32>> = vec![Vec::new(); d];
+            for x in 0..e as u32 {
+                slots[x as usize % d].push(x);
+            }
+            for dev in slots.iter_mut() {
+                while dev.len() < per_device {
+                    let x = rng.random_range(0..e as u32);
+                    if !dev.contains(&x) {
+                        dev.push(x);
+                    }
+                }
+            }
+            let m = ReplicaMap::new(slots.concat(), e, d, None).unwrap();
+            let k = rng.random_range(1..=6);
+            let mut ids: Vec<u32> = (0..e as u32).collect();
+            for i in 0..k {
+                let j = rng.random_range(i..e);
+                ids.swap(i, j);
+            }
+            let ids = &ids[..k];
+            let source = rng.random_range(0..d as u32);
+            let distinct = |v: &[u32]| {
+                let mut v = v.to_vec();
+                v.sort_unstable();
+                v.dedup();
+                v.len()
+            };
+            let (mut cover, mut sglang) = (Vec::new(), Vec::new());
+            m.choose(ids, source, CopyRule::Cover, &mut cover);
+            m.choose(ids, source, CopyRule::Sglang, &mut sglang);
+            for out in [&cover, &sglang] {
+                for (&x, &dev) in ids.iter().zip(out.iter()) {
+                    assert!(m.devices_of(x).contains(&dev), "{x} on {dev}");
+                }
+            }
+            // The fewest devices that hold a copy of every expert of the token.
+            let opt = (1u32..1 << d)
+                .filter(|set| {
+                    ids.iter()
+                        .all(|&x| m.devices_of(x).iter().any(|&dev| set >> dev & 1 == 1))
+                })
+                .map(u32::count_ones)
+                .min()
+                .unwrap() as usize;
+            let harmonic: f64 = (1..=k).map(|i| 1.0 / i as f64).sum();
+            let got = distinct(&cover);
+            assert!(
+                opt <= got && got as f64 <= harmonic * opt as f64 + 1e-9,
+                "{ids:?}: {got} vs {opt}"
+            );
+            if opt == 1 {
+                assert_eq!(got, 1, "{ids:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_maps_are_refused() {
+        assert!(ReplicaMap::new(vec![0, 1, 2], 3, 2, None).is_err()); // uneven
+                                                                      // Two copies on one device count as that device once.
+        let twice = ReplicaMap::new(vec![0, 0, 1, 2], 3, 2, None).unwrap();
+        assert_eq!(twice.devices_of(0), &[0]);
+        assert!(ReplicaMap::new(vec![0, 1, 0, 1], 3, 2, None).is_err()); // expert 2 missing
+        assert!(ReplicaMap::new(vec![0, 1, 2, 9], 3, 2, None).is_err()); // out of range
+        assert!(ReplicaMap::new(vec![0, 1, 2, 0], 3, 2, Some(&[1.0])).is_err());
+        let p = ReplicaMap::from_partition(&[0, 1, 0, 1], 2).unwrap();
+        assert_eq!(p.slot_expert, vec![0, 2, 1, 3]);
+    }
+}
