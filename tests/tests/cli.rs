@@ -283,6 +283,17 @@ fn load_limit_and_bench() {
             .find(|x| x["devices"] == dev && x["method"] == "occult")
             .unwrap();
         assert!((f(occ, "ect") - f(plain, "ect")).abs() < 1e-12);
+        // Occult's copies only ever lower its partition's E[C_T], under its load cap if any.
+        let copies = row(dev, &format!("occult + R={r} copies"));
+        assert!(f(copies, "ect") <= f(occ, "ect") + 1e-12, "{copies}");
+        let capped = rows
+            .iter()
+            .find(|x| x["devices"] == dev && x["method"] == "occult, load cap 1.05");
+        if let Some(capped) = capped {
+            let more = row(dev, &format!("occult, load cap 1.05 + R={r} copies"));
+            assert!(f(more, "ect") <= f(capped, "ect") + 1e-12, "{more}");
+            assert!(f(more, "max_load_ratio") <= 1.05 + 1e-9, "{more}");
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use crate::table::Table;
 use anyhow::Result;
 use occult_core::analysis::place_trace;
 use occult_core::analysis::placement::eplb::eplb_map;
+use occult_core::analysis::placement::replica_search::replicate;
 use occult_core::analysis::placement::replicas::{CopyRule, ReplicaMap};
 use occult_core::analysis::placement::{Method, SearchConfig};
 use occult_core::analysis::ranks::RankSplit;
@@ -54,6 +55,7 @@ pub fn run(
             if replicas > 0 {
                 methods.push(("occult, load cap 1.05", Method::Occult, &capped));
             }
+            let mut partitions: Vec<(String, Vec<Vec<u32>>, Option<f64>)> = Vec::new();
             for (name, m, c) in methods {
                 let start = Instant::now();
                 let (placed, infos) = match place_trace(&trace, d, m, c, &|| {}) {
@@ -71,6 +73,10 @@ pub fn run(
                     .iter()
                     .map(|l| ReplicaMap::from_partition(&l.device_of_expert, d))
                     .collect::<occult_core::Result<_>>()?;
+                if m == Method::Occult {
+                    let layers = placed.layers.iter().map(|l| l.device_of_expert.clone());
+                    partitions.push((name.to_string(), layers.collect(), c.max_load_factor));
+                }
                 let run = measured(&trace, path, name, d, seconds, &maps, CopyRule::Cover)?;
                 eprintln!(
                     "{} D={d} {}: {:.2} s, E[C_T] {:.3} (from the placer {:.3})",
@@ -101,6 +107,29 @@ pub fn run(
                 {
                     let name = format!("eplb R={r}, {rule_name} rule");
                     let run = measured(&trace, path, &name, d, seconds, &maps, rule)?;
+                    eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
+                    runs.push(run);
+                }
+                // Occult's partitions with copies added where they save the most devices (R
+                // up to a multiple of D), within the partition's own load cap.
+                let r = (replicas..).find(|r| r.is_multiple_of(d)).expect("exists");
+                for (name, layers, cap) in &partitions {
+                    let start = Instant::now();
+                    let maps: Vec<ReplicaMap> = trace
+                        .layers
+                        .iter()
+                        .zip(layers)
+                        .map(|(l, map)| {
+                            let split = RankSplit::new(l.tokens, d);
+                            let source: Vec<u32> =
+                                (0..l.tokens).map(|t| split.rank_of(t) as u32).collect();
+                            replicate(&l.topk_ids, trace.meta.top_k, &source, map, d, r, *cap)
+                                .map(|o| o.map)
+                        })
+                        .collect::<occult_core::Result<_>>()?;
+                    let seconds = start.elapsed().as_secs_f64();
+                    let name = format!("{name} + R={r} copies");
+                    let run = measured(&trace, path, &name, d, seconds, &maps, CopyRule::Cover)?;
                     eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
                     runs.push(run);
                 }

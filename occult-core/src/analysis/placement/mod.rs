@@ -9,6 +9,7 @@ pub mod eplb;
 mod greedy;
 mod maps;
 mod nodes;
+pub mod replica_search;
 pub mod replicas;
 mod search;
 
