@@ -451,6 +451,14 @@ fn placement_faults(good: &serde_json::Value) -> Vec<Mutation> {
         serde_json::to_vec(&v).unwrap()
     };
     let map0 = "/layers/0/device_of_expert";
+    // Layer 0 in the replica form (format v2) with these slots.
+    let replica_layer = |slots: serde_json::Value| {
+        edit(&|v| {
+            v["format"] = serde_json::json!("occult.placement.v2");
+            v["layers"][0]["device_of_expert"] = serde_json::json!([]);
+            v["layers"][0]["slots"] = slots.clone();
+        })
+    };
     for (what, b, words) in [
         (
             "format of another kind",
@@ -513,6 +521,38 @@ fn placement_faults(good: &serde_json::Value) -> Vec<Mutation> {
                 v["layers"].as_array_mut().unwrap()[1] = l;
             }),
             &["layer 0"],
+        ),
+        // The replica form (format v2: a layer's E + R slots instead of its map).
+        (
+            "replica slots under the v1 format",
+            edit(&|v| {
+                v["layers"][0]["device_of_expert"] = serde_json::json!([]);
+                v["layers"][0]["slots"] = serde_json::json!([0, 1, 2, 3, 4, 5, 6, 7, 0, 1]);
+            }),
+            &["v2"],
+        ),
+        (
+            "replica slots that leave an expert out",
+            replica_layer(serde_json::json!([0, 1, 2, 3, 0, 1, 2, 3, 4, 5])),
+            &["no slot"],
+        ),
+        (
+            "replica slots that do not fill the devices evenly",
+            replica_layer(serde_json::json!([0, 1, 2, 3, 4, 5, 6, 7, 0])),
+            &["evenly"],
+        ),
+        (
+            "a replica slot past the experts",
+            replica_layer(serde_json::json!([0, 1, 2, 3, 4, 5, 6, 7, 99, 1])),
+            &["99"],
+        ),
+        (
+            "a layer with both a map and replica slots",
+            edit(&|v| {
+                v["format"] = serde_json::json!("occult.placement.v2");
+                v["layers"][0]["slots"] = serde_json::json!([0, 1, 2, 3, 4, 5, 6, 7, 0, 1]);
+            }),
+            &["device_of_expert"],
         ),
         (
             "no layers",

@@ -295,6 +295,76 @@ fn load_limit_and_bench() {
             assert!(f(more, "max_load_ratio") <= 1.05 + 1e-9, "{more}");
         }
     }
+    // The same placements as files (format v2): collab counts what the bench counted, under
+    // either copy rule; commands that do not run replicas yet refuse them with the reason.
+    for (method, bench_name) in [("occult", "occult + R=4 copies"), ("eplb", "eplb R=4, ")] {
+        let file = format!("{method}-r.json");
+        occult_ok(
+            d,
+            &[
+                "place",
+                "--trace",
+                "t.safetensors",
+                "--devices",
+                "4",
+                "--method",
+                method,
+                "--replicas",
+                "4",
+                "-o",
+                &file,
+            ],
+        );
+        let placed = read_json(&d.join(&file));
+        assert_eq!(placed["format"], "occult.placement.v2");
+        assert_eq!(placed["layers"][0]["slots"].as_array().unwrap().len(), 20);
+        for rule in ["cover", "sglang"] {
+            let out = format!("c-{method}-{rule}.json");
+            occult_ok(
+                d,
+                &[
+                    "collab",
+                    "--trace",
+                    "t.safetensors",
+                    "--placement",
+                    &file,
+                    "--copy-rule",
+                    rule,
+                    "--json",
+                    &out,
+                ],
+            );
+            let c = read_json(&d.join(&out));
+            let want = rows
+                .iter()
+                .find(|x| {
+                    x["devices"] == 4
+                        && x["method"].as_str().unwrap().starts_with(bench_name)
+                        && (method == "occult" || x["method"].as_str().unwrap().contains(rule))
+                })
+                .unwrap();
+            if method == "eplb" || rule == "cover" {
+                let got = c["mean_ect"].as_f64().unwrap();
+                assert!(
+                    (got - want["ect"].as_f64().unwrap()).abs() < 1e-9,
+                    "{method} {rule}"
+                );
+            }
+        }
+        let e = occult_err(
+            d,
+            &[
+                "collab",
+                "--trace",
+                "t.safetensors",
+                "--placement",
+                &file,
+                "--devices-per-node",
+                "2",
+            ],
+        );
+        assert!(e.contains("not built yet"), "{e}");
+    }
 }
 
 /// A recipe on a tiny built-in model (built from scratch in seconds): every stage runs.

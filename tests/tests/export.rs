@@ -54,6 +54,7 @@ fn placement(maps: &BTreeMap<usize, Vec<u32>>, d: usize) -> Placement {
                 layer,
                 device_of_expert: m.clone(),
                 metrics: None,
+                slots: None,
             })
             .collect(),
     }

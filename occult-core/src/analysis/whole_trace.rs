@@ -43,7 +43,7 @@ pub fn check_placement_fits(trace: &Trace, p: &Placement) -> Result<()> {
         );
     }
     for l in &trace.layers {
-        p.layer(l.layer)?;
+        p.covers(l.layer)?;
     }
     Ok(())
 }
@@ -242,6 +242,7 @@ fn place_layer(
             layer: l.layer,
             device_of_expert: map,
             metrics: None,
+            slots: None,
         },
         PlaceInfo {
             layer: l.layer,

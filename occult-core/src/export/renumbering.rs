@@ -307,6 +307,7 @@ mod tests {
                     layer: l + 1,
                     device_of_expert: m.clone(),
                     metrics: None,
+                    slots: None,
                 })
                 .collect(),
         }

@@ -161,6 +161,7 @@ pub fn placement_of(layout: &ExpertLayout, v: &Value, ep_size: usize) -> Result<
                 layer: l,
                 device_of_expert,
                 metrics: None,
+                slots: None,
             }
         })
         .collect();
@@ -213,6 +214,7 @@ mod tests {
                         layer: i + 1,
                         device_of_expert: m.clone(),
                         metrics: None,
+                        slots: None,
                     })
                     .collect(),
             };

@@ -6,6 +6,8 @@ use crate::table::{count, fmt_opt, Table};
 use anyhow::{Context, Result};
 use clap::Args;
 use occult_core::analysis::links::LinkProfile;
+use occult_core::analysis::placement::replicas::CopyRule;
+use occult_core::analysis::replica_trace::replica_trace_stats;
 use occult_core::analysis::{trace_node_stats, trace_stats, TraceNodeStats, TraceStats};
 use std::path::PathBuf;
 
@@ -44,6 +46,10 @@ pub struct CollabArgs {
     /// Split tokens evenly over the devices even if the trace records another rank count.
     #[arg(long)]
     pub resplit: bool,
+    /// A placement with replicas: which copy each token uses (cover: fewest devices for the
+    /// token's experts; sglang: SGLang's static dispatch).
+    #[arg(long, value_enum, default_value_t = CopyRule::Cover)]
+    pub copy_rule: CopyRule,
     /// Write the statistics as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -58,6 +64,9 @@ pub fn run(a: CollabArgs) -> Result<()> {
     let placement = resolve_placement(&trace, a.devices, a.placement.as_deref())?;
     if a.hidden_size == 0 || a.hidden_size > 1 << 20 {
         anyhow::bail!("--hidden-size {} must be in 1..=1048576", a.hidden_size);
+    }
+    if placement.has_replicas() {
+        return replicated(&a, &trace, &placement);
     }
     let stats = trace_stats(
         &trace,
@@ -90,6 +99,48 @@ pub fn run(a: CollabArgs) -> Result<()> {
             None => "contiguous".into(),
         };
         v["placement_method"] = placement.method.clone().into();
+        write_json(out, &with_provenance(v))?;
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+/// A placement with replicas: E[C_T] and device loads per layer under the copy rule.
+fn replicated(
+    a: &CollabArgs,
+    trace: &occult_core::analysis::trace::Trace,
+    p: &occult_core::analysis::placement::Placement,
+) -> Result<()> {
+    if a.devices_per_node.is_some() || a.link.is_some() {
+        anyhow::bail!("two-level counts of placements with replicas are not built yet");
+    }
+    let st = replica_trace_stats(trace, p, a.copy_rule, a.resplit)
+        .with_context(|| a.trace.display().to_string())?;
+    let mut t = Table::new(&["layer", "E[C_T]", "max/mean load"]);
+    for l in &st.layers {
+        t.row(vec![
+            l.layer.to_string(),
+            format!("{:.3}", l.ect),
+            format!("{:.3}", l.max_load_ratio),
+        ]);
+    }
+    print!(
+        "{}\nmean E[C_T] {:.3}, max/mean load {:.3} over {} layers ({} devices of {} slots, \
+         copies chosen by the {} rule)\n",
+        t.render(),
+        st.mean_ect,
+        st.mean_max_load_ratio,
+        st.layers.len(),
+        p.num_devices,
+        st.slots_per_device,
+        serde_json::to_value(a.copy_rule)?
+            .as_str()
+            .unwrap_or_default()
+    );
+    if let Some(out) = &a.json {
+        let mut v = serde_json::to_value(&st)?;
+        v["trace"] = a.trace.display().to_string().into();
+        v["placement_method"] = p.method.clone().into();
         write_json(out, &with_provenance(v))?;
         eprintln!("wrote {}", out.display());
     }

@@ -8,6 +8,7 @@ use occult_core::analysis::links::LinkProfile;
 use occult_core::analysis::placement::{
     Method, NodeLevel, Placement, SearchConfig, DEFAULT_INTER_WEIGHT,
 };
+use occult_core::analysis::replica_trace::replicate_trace;
 use occult_core::analysis::{place_steps_per_layer, place_trace, PlaceInfo};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -49,6 +50,12 @@ pub struct PlaceArgs {
     /// occult method with nodes: what a row across nodes costs in rows inside one.
     #[arg(long)]
     pub inter_weight: Option<f64>,
+    /// Redundant expert slots (E + R slots, the same number on every device; a multiple of
+    /// the devices for the occult method): occult adds copies where they lower E[C_T] most
+    /// under the cover rule, within --max-load-factor; eplb replicates for load alone. Writes
+    /// format occult.placement.v2.
+    #[arg(long, default_value_t = 0)]
+    pub replicas: usize,
     /// Output placement (JSON, format occult.placement.v1).
     #[arg(short, long)]
     pub output: PathBuf,
@@ -71,6 +78,19 @@ pub fn run(a: PlaceArgs) -> Result<()> {
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
     record_source(&mut placement, &a, seconds);
+    if a.replicas > 0 {
+        let replicated =
+            replicate_trace(&trace, &placement, a.method, a.replicas, a.max_load_factor)
+                .with_context(|| a.trace.display().to_string())?;
+        replicated.write(&a.output)?;
+        print!("{}", render_replicas(&replicated));
+        eprintln!(
+            "placed in {:.2} s; wrote {}",
+            start.elapsed().as_secs_f64(),
+            a.output.display()
+        );
+        return Ok(());
+    }
     placement.write(&a.output)?;
     print!("{}", render(&infos, &placement));
     eprintln!("placed in {seconds:.2} s; wrote {}", a.output.display());
@@ -123,6 +143,31 @@ fn record_source(p: &mut Placement, a: &PlaceArgs, seconds: f64) {
         "occult_version".into(),
         env!("CARGO_PKG_VERSION").to_string().into(),
     );
+}
+
+/// Per layer of a placement with replicas: E[C_T] and the busiest device's load under the
+/// cover rule.
+fn render_replicas(p: &Placement) -> String {
+    let mut t = Table::new(&["layer", "slots", "E[C_T] (cover rule)", "max/mean load"]);
+    for l in &p.layers {
+        let m = l.metrics.as_ref();
+        t.row(vec![
+            l.layer.to_string(),
+            l.slots.as_ref().map_or(0, Vec::len).to_string(),
+            fmt_opt(m.map(|m| m.ect), 3),
+            fmt_opt(m.map(|m| m.max_load_ratio), 3),
+        ]);
+    }
+    format!(
+        "{}\nmethod {} with {} replicas on {} devices\n",
+        t.render(),
+        p.method,
+        p.source
+            .get("replicas")
+            .and_then(|r| r.as_u64())
+            .unwrap_or(0),
+        p.num_devices
+    )
 }
 
 fn render(infos: &[PlaceInfo], p: &Placement) -> String {

@@ -154,6 +154,7 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
             Method::Contiguous => "dedup only (Occult dispatch)",
             Method::Greedy => "+ paper-greedy placement",
             Method::Occult => "+ our placement",
+            Method::Eplb => "+ EPLB placement",
         };
         steps.push(step(name, m.name(), &st, two_nodes(trace, p)?, None, *secs));
     }

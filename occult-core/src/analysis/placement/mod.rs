@@ -1,6 +1,8 @@
 //! Expert placements: which device holds each expert, per layer; their validation, their JSON
-//! file (format `occult.placement.v1`) and the placement methods ([`Method::place`] runs one on
-//! a layer's routing).
+//! file (format `occult.placement.v1`, or `v2` where a layer has replicas: its `slots`, E + R
+//! physical slots in device order, the same number on each device, instead of
+//! `device_of_expert`) and the placement methods ([`Method::place`] runs one on a layer's
+//! routing; [`replica_search`] and [`eplb`] add replicas).
 //!
 //! A valid map is *balanced*: every device holds `floor(E/D)` or `ceil(E/D)` experts, so there
 //! are never more devices than experts.
@@ -35,6 +37,9 @@ use std::path::Path;
 /// The value of the `format` key of a placement file.
 pub const PLACEMENT_FORMAT: &str = "occult.placement.v1";
 
+/// The format of a placement file whose layers may have replicas (a v1 file reads as v2).
+pub const PLACEMENT_FORMAT_V2: &str = "occult.placement.v2";
+
 /// The placement methods `occult place` offers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
@@ -48,6 +53,9 @@ pub enum Method {
     /// worse than greedy on the trace it is given. Given a node size
     /// ([`SearchConfig::nodes`]), it places for fewest nodes per token first ([`node_search`]).
     Occult,
+    /// DeepSeek's EPLB ([`eplb`]): load only, from each expert's token count (its global
+    /// policy; without replicas, a balanced packing of the experts).
+    Eplb,
 }
 
 impl Method {
@@ -59,6 +67,7 @@ impl Method {
             Method::Contiguous => "contiguous",
             Method::Greedy => "greedy",
             Method::Occult => "occult",
+            Method::Eplb => "eplb",
         }
     }
 
@@ -68,7 +77,7 @@ impl Method {
         match self {
             Method::Occult if cfg.nodes.is_some() => node_progress_steps(cfg),
             Method::Occult => progress_steps(cfg),
-            Method::Contiguous | Method::Greedy => 1,
+            Method::Contiguous | Method::Greedy | Method::Eplb => 1,
         }
     }
 
@@ -91,6 +100,15 @@ impl Method {
         let map = match self {
             Method::Contiguous => contiguous(num_experts, num_devices),
             Method::Greedy => greedy(&co(), num_devices),
+            Method::Eplb => {
+                let m = eplb::eplb_map(ids, num_experts, num_devices, 0, 1, 1)?;
+                let per = m.slots_per_device();
+                let mut map = vec![0u32; num_experts];
+                for (p, &e) in m.slot_expert.iter().enumerate() {
+                    map[e as usize] = (p / per) as u32;
+                }
+                map
+            }
             Method::Occult => {
                 let out = match cfg.nodes {
                     Some(level) => {
@@ -115,13 +133,18 @@ pub struct PlacementMetrics {
     pub max_load_ratio: f64,
 }
 
-/// One layer's expert -> device map.
+/// One layer's expert -> device map, or (v2) its replicated slots.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LayerPlacement {
     pub layer: usize,
+    /// The device of each expert; empty in a layer with `slots`.
     pub device_of_expert: Vec<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<PlacementMetrics>,
+    /// v2, a layer with replicas: the expert in each of the E + R physical slots, device 0's
+    /// first (slot p on device `p / ((E + R) / D)`), as SGLang's `physical_to_logical_map`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<Vec<u32>>,
 }
 
 /// A placement file: per-layer maps, how they were made, and what they reached.
@@ -152,17 +175,17 @@ impl Placement {
                     layer,
                     device_of_expert: map.clone(),
                     metrics: None,
+                    slots: None,
                 })
                 .collect(),
         }
     }
 
-    /// The map of the model's layer `layer`.
-    pub fn layer(&self, layer: usize) -> Result<&[u32]> {
+    /// The entry of the model's layer `layer`.
+    fn entry(&self, layer: usize) -> Result<&LayerPlacement> {
         self.layers
             .iter()
             .find(|l| l.layer == layer)
-            .map(|l| l.device_of_expert.as_slice())
             .ok_or_else(|| {
                 Error::invalid(format!(
                     "the placement has no entry for layer {layer} (it covers layers {:?})",
@@ -171,10 +194,61 @@ impl Placement {
             })
     }
 
+    /// The map of the model's layer `layer`; refused, with the reason, for a layer with
+    /// replicas (the commands that run them read [`Placement::replica_map`]).
+    pub fn layer(&self, layer: usize) -> Result<&[u32]> {
+        let l = self.entry(layer)?;
+        if l.slots.is_some() {
+            bail!(
+                "layer {layer} of the placement has replicas ({} slots for {} experts); this \
+                 command runs placements without replicas so far: place without --replicas",
+                l.slots.as_ref().map_or(0, Vec::len),
+                self.num_experts
+            );
+        }
+        Ok(&l.device_of_expert)
+    }
+
+    /// Checks that the placement has an entry for the model's layer `layer` (with or without
+    /// replicas).
+    pub fn covers(&self, layer: usize) -> Result<()> {
+        self.entry(layer).map(|_| ())
+    }
+
+    /// Whether any layer has replicas.
+    pub fn has_replicas(&self) -> bool {
+        self.layers.iter().any(|l| l.slots.is_some())
+    }
+
+    /// The model's layer `layer` as a replica map (a partition is one slot per expert), with
+    /// `expert_load` ordering the cover rule's ties.
+    pub fn replica_map(
+        &self,
+        layer: usize,
+        expert_load: Option<&[f64]>,
+    ) -> Result<replicas::ReplicaMap> {
+        let l = self.entry(layer)?;
+        match &l.slots {
+            Some(slots) => replicas::ReplicaMap::new(
+                slots.clone(),
+                self.num_experts,
+                self.num_devices,
+                expert_load,
+            ),
+            None => replicas::ReplicaMap::from_partition(&l.device_of_expert, self.num_devices),
+        }
+    }
+
     /// Checks the format tag, the sizes and every layer's map.
     pub fn validate(&self) -> Result<()> {
-        if self.format != PLACEMENT_FORMAT {
-            bail!("format is {:?}, expected {PLACEMENT_FORMAT:?}", self.format);
+        if self.format != PLACEMENT_FORMAT && self.format != PLACEMENT_FORMAT_V2 {
+            bail!(
+                "format is {:?}, expected {PLACEMENT_FORMAT:?} or {PLACEMENT_FORMAT_V2:?}",
+                self.format
+            );
+        }
+        if self.has_replicas() && self.format != PLACEMENT_FORMAT_V2 {
+            bail!("layers with replicas (slots) need format {PLACEMENT_FORMAT_V2:?}");
         }
         check_sizes(self.num_experts, self.num_devices)?;
         if self.layers.is_empty() {
@@ -185,8 +259,20 @@ impl Placement {
             if !seen.insert(l.layer) {
                 bail!("layer {} is listed twice", l.layer);
             }
-            validate_map(&l.device_of_expert, self.num_experts, self.num_devices)
-                .map_err(|e| Error::invalid(format!("layer {}: {e}", l.layer)))?;
+            let checked = match &l.slots {
+                Some(_) if !l.device_of_expert.is_empty() => Err(Error::invalid(
+                    "a layer with slots has an empty device_of_expert".to_string(),
+                )),
+                Some(slots) => replicas::ReplicaMap::new(
+                    slots.clone(),
+                    self.num_experts,
+                    self.num_devices,
+                    None,
+                )
+                .map(|_| ()),
+                None => validate_map(&l.device_of_expert, self.num_experts, self.num_devices),
+            };
+            checked.map_err(|e| Error::invalid(format!("layer {}: {e}", l.layer)))?;
         }
         Ok(())
     }
@@ -221,6 +307,42 @@ mod tests {
                 validate_map(&contiguous(e, d), e, d).unwrap();
             }
         }
+    }
+
+    /// A v2 file with a replicated layer round-trips; its layer is refused by readers of
+    /// partitions with the reason, and read as a replica map; a v1 tag with slots, slots that
+    /// leave an expert out, or both forms in one layer are refused.
+    #[test]
+    fn replicated_layers_read_back_and_are_refused_where_not_run() {
+        let mut p = Placement::uniform(&[0, 1], vec![0, 0, 1, 1], 2, "occult");
+        p.format = PLACEMENT_FORMAT_V2.into();
+        p.layers[1].device_of_expert.clear();
+        p.layers[1].slots = Some(vec![0, 1, 2, 2, 3, 0]);
+        p.validate().unwrap();
+        let back: Placement = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
+        assert_eq!(p.layer(0).unwrap(), &[0, 0, 1, 1]);
+        let e = p.layer(1).unwrap_err().to_string();
+        assert!(e.contains("has replicas (6 slots for 4 experts)"), "{e}");
+        assert_eq!(p.replica_map(1, None).unwrap().devices_of(0), &[0, 1]);
+        assert_eq!(p.replica_map(0, None).unwrap().slots_per_device(), 2);
+        let mut bad = p.clone();
+        bad.format = PLACEMENT_FORMAT.into();
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("need format"));
+        let mut bad = p.clone();
+        bad.layers[1].slots = Some(vec![0, 1, 2, 2, 0, 1]);
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("expert 3 has no slot"));
+        let mut bad = p.clone();
+        bad.layers[1].device_of_expert = vec![0, 0, 1, 1];
+        assert!(bad.validate().is_err());
     }
 
     #[test]

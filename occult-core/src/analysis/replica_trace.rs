@@ -1,0 +1,137 @@
+//! Whole-trace drivers for placements with replicas: adding replicas to every layer of a
+//! placement ([`replicate_trace`]: Occult's copies on its partition, or EPLB's slots), and the
+//! statistics of a trace under a replicated placement and a copy rule ([`replica_trace_stats`]).
+//! Each token starts on its rank of the trace's source split, as in the other drivers.
+
+use crate::analysis::collab::token_weighted_mean;
+use crate::analysis::placement::eplb::{eplb_map, expert_loads};
+use crate::analysis::placement::replica_search::replicate;
+use crate::analysis::placement::replicas::{CopyRule, ReplicaMap, ReplicaStats};
+use crate::analysis::placement::{Method, Placement, PlacementMetrics, PLACEMENT_FORMAT_V2};
+use crate::analysis::trace::{LayerTrace, Trace};
+use crate::analysis::whole_trace::{check_placement_fits, source_split};
+use crate::{bail, Error, Result};
+use serde::Serialize;
+
+/// Each token's source device under an even split of the layer's tokens.
+fn sources(trace: &Trace, l: &LayerTrace, devices: usize, resplit: bool) -> Result<Vec<u32>> {
+    let split = source_split(trace, l.tokens, devices, resplit)?;
+    Ok((0..l.tokens).map(|t| split.rank_of(t) as u32).collect())
+}
+
+/// `partition` (a placement without replicas, made by `method`) with `replicas` more slots per
+/// layer: Occult's copies where they lower the sum of C_T most under the cover rule, within
+/// `max_load_factor` (method occult), or EPLB's own slots from the layer's expert loads
+/// (method eplb). Returns an `occult.placement.v2` placement whose metrics are those of the
+/// cover rule.
+pub fn replicate_trace(
+    trace: &Trace,
+    partition: &Placement,
+    method: Method,
+    replicas: usize,
+    max_load_factor: Option<f64>,
+) -> Result<Placement> {
+    check_placement_fits(trace, partition)?;
+    let (e, k, d) = (
+        trace.meta.num_experts,
+        trace.meta.top_k,
+        partition.num_devices,
+    );
+    let mut out = partition.clone();
+    out.format = PLACEMENT_FORMAT_V2.into();
+    for (entry, l) in out.layers.iter_mut().zip(&trace.layers) {
+        let source = sources(trace, l, d, true)?;
+        let at = |err: Error| Error::invalid(format!("layer {}: {err}", l.layer));
+        let map = match method {
+            Method::Occult => {
+                replicate(
+                    &l.topk_ids,
+                    k,
+                    &source,
+                    &entry.device_of_expert,
+                    d,
+                    replicas,
+                    max_load_factor,
+                )
+                .map_err(at)?
+                .map
+            }
+            Method::Eplb => eplb_map(&l.topk_ids, e, d, replicas, 1, 1).map_err(at)?,
+            other => bail!(
+                "--replicas places copies with the occult or the eplb method, not {}",
+                other.name()
+            ),
+        };
+        let st = map.stats(&l.topk_ids, k, &source, CopyRule::Cover)?;
+        entry.device_of_expert.clear();
+        entry.slots = Some(map.slot_expert.clone());
+        entry.metrics = Some(PlacementMetrics {
+            ect: st.ect(),
+            intra_ratio: None,
+            max_load_ratio: st.max_load_ratio(),
+        });
+    }
+    out.source.insert("replicas".into(), replicas.into());
+    Ok(out)
+}
+
+/// One layer's counts under a replicated placement.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplicaLayerStats {
+    pub layer: usize,
+    pub tokens: usize,
+    pub ect: f64,
+    pub max_load_ratio: f64,
+    /// (token, expert) pairs each device computes.
+    pub pairs: Vec<u64>,
+}
+
+/// A trace's counts under a replicated placement and one copy rule.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplicaTraceStats {
+    pub rule: CopyRule,
+    pub slots_per_device: usize,
+    pub mean_ect: f64,
+    pub mean_max_load_ratio: f64,
+    pub layers: Vec<ReplicaLayerStats>,
+}
+
+/// E[C_T] and device loads of every layer of `trace` under `p` (with or without replicas),
+/// copies chosen by `rule` (the cover rule's ties ordered by each layer's expert loads).
+pub fn replica_trace_stats(
+    trace: &Trace,
+    p: &Placement,
+    rule: CopyRule,
+    resplit: bool,
+) -> Result<ReplicaTraceStats> {
+    check_placement_fits(trace, p)?;
+    let (e, k) = (trace.meta.num_experts, trace.meta.top_k);
+    let mut layers = Vec::with_capacity(trace.layers.len());
+    let mut slots_per_device = 0;
+    for l in &trace.layers {
+        let loads: Vec<f64> = expert_loads(&l.topk_ids, e)
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let map: ReplicaMap = p.replica_map(l.layer, Some(&loads))?;
+        slots_per_device = slots_per_device.max(map.slots_per_device());
+        let source = sources(trace, l, p.num_devices, resplit)?;
+        let st: ReplicaStats = map.stats(&l.topk_ids, k, &source, rule)?;
+        layers.push(ReplicaLayerStats {
+            layer: l.layer,
+            tokens: l.tokens,
+            ect: st.ect(),
+            max_load_ratio: st.max_load_ratio(),
+            pairs: st.pairs,
+        });
+    }
+    Ok(ReplicaTraceStats {
+        rule,
+        slots_per_device,
+        mean_ect: token_weighted_mean(layers.iter().map(|l| (l.ect, l.tokens))),
+        mean_max_load_ratio: token_weighted_mean(
+            layers.iter().map(|l| (l.max_load_ratio, l.tokens)),
+        ),
+        layers,
+    })
+}
