@@ -94,6 +94,13 @@ impl Renumbering {
     /// fill whole devices.
     pub fn from_placement(placement: &Placement, groups: Option<ExpertGroups>) -> Result<Self> {
         placement.validate()?;
+        if placement.has_replicas() {
+            bail!(
+                "the placement has replicas, and a renumbered checkpoint holds each expert once, \
+                 so it cannot hold them: export it for SGLang (`occult export sglang`), whose \
+                 file has a slot for every copy"
+            );
+        }
         let (e, d) = (placement.num_experts, placement.num_devices);
         if !e.is_multiple_of(d) {
             bail!(

@@ -40,6 +40,9 @@ pub fn location_file(layout: &ExpertLayout, placement: &Placement) -> Result<Val
             layout.model_type
         );
     }
+    if placement.has_replicas() {
+        return replicated_file(layout, placement);
+    }
     // SGLang picks experts (groups included) on logical ids and only then maps them to physical
     // slots, so a placement need not keep DeepSeek's expert groups whole here.
     let ren = super::Renumbering::from_placement(placement, None)?;
@@ -53,6 +56,56 @@ pub fn location_file(layout: &ExpertLayout, placement: &Placement) -> Result<Val
         .map(|l| match ren.layer(l) {
             Some(lr) => lr.new_to_original.clone(),
             None => (0..e).collect(),
+        })
+        .collect();
+    Ok(json!({ KEY: rows }))
+}
+
+/// A placement with replicas: each MoE layer's row is its slots (E + R, the same for every
+/// layer); dense layers get the row SGLang itself would use for that width (slot p holds
+/// expert p % E, its `init_trivial`).
+fn replicated_file(layout: &ExpertLayout, placement: &Placement) -> Result<Value> {
+    let e = layout.num_experts;
+    if placement.num_experts != e {
+        bail!(
+            "the placement is for {} experts per layer, the model has {e}",
+            placement.num_experts
+        );
+    }
+    let mut width = None;
+    let mut moe_rows = std::collections::BTreeMap::new();
+    for &l in &layout.moe_layers {
+        let map = placement
+            .replica_map(l, None)
+            .map_err(|err| crate::Error::invalid(format!("MoE layer {l} of the model: {err}")))?;
+        let p = *width.get_or_insert(map.slot_expert.len());
+        if map.slot_expert.len() != p {
+            bail!(
+                "MoE layer {l} has {} physical slots, an earlier one {p}: SGLang takes one \
+                 slot count for every layer",
+                map.slot_expert.len()
+            );
+        }
+        moe_rows.insert(l, map.slot_expert);
+    }
+    if let Some(l) = placement
+        .layers
+        .iter()
+        .map(|l| l.layer)
+        .find(|l| !layout.moe_layers.contains(l))
+    {
+        bail!(
+            "the placement lists layer {l}, which is not an MoE layer of the model (its MoE \
+             layers are {:?})",
+            layout.moe_layers
+        );
+    }
+    let p = width.unwrap_or(e);
+    let rows: Vec<Vec<u32>> = (0..layout.num_layers)
+        .map(|l| {
+            moe_rows
+                .remove(&l)
+                .unwrap_or_else(|| (0..p).map(|s| (s % e) as u32).collect())
         })
         .collect();
     Ok(json!({ KEY: rows }))
@@ -179,6 +232,45 @@ pub fn placement_of(layout: &ExpertLayout, v: &Value, ep_size: usize) -> Result<
 
 #[cfg(test)]
 mod tests {
+    /// A placement with replicas exports its slots as the MoE rows (dense rows as SGLang's own
+    /// for that width), passes SGLang's checks, and is refused by the renumbered checkpoint.
+    #[test]
+    fn replicated_placements_export_their_slots() {
+        let layout = ExpertLayout {
+            model_type: "qwen2_moe".into(),
+            num_experts: 4,
+            num_layers: 3,
+            moe_layers: vec![1, 2],
+            block: "mlp".into(),
+            router: "gate".into(),
+            groups: None,
+        };
+        let mut p = Placement::uniform(&[1, 2], vec![0, 0, 1, 1], 2, "occult");
+        p.format = crate::analysis::placement::PLACEMENT_FORMAT_V2.into();
+        for (l, slots) in p
+            .layers
+            .iter_mut()
+            .zip([[0, 1, 2, 3, 0, 1], [2, 0, 1, 3, 2, 1]])
+        {
+            l.device_of_expert.clear();
+            l.slots = Some(slots.to_vec());
+        }
+        let v = location_file(&layout, &p).unwrap();
+        let rows = check_location_file(&v, 3, 4, 2).unwrap();
+        assert_eq!(rows[0], vec![0, 1, 2, 3, 0, 1]);
+        assert_eq!(rows[1], vec![0, 1, 2, 3, 0, 1]);
+        assert_eq!(rows[2], vec![2, 0, 1, 3, 2, 1]);
+        let e = super::super::Renumbering::from_placement(&p, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot hold them"), "{e}");
+        // One MoE layer without a copy: the slot counts differ, which SGLang cannot take.
+        p.layers[1].slots = None;
+        p.layers[1].device_of_expert = vec![0, 0, 1, 1];
+        let e = location_file(&layout, &p).unwrap_err().to_string();
+        assert!(e.contains("one slot count for every layer"), "{e}");
+    }
+
     use super::*;
     use crate::analysis::placement::random_balanced;
     use rand::SeedableRng;
