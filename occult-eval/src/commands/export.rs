@@ -135,7 +135,9 @@ fn sglang(a: SglangArgs) -> Result<()> {
          --init-expert-location {}",
         a.output.display(),
         layout.num_layers,
-        layout.num_experts,
+        v[export::sglang::KEY][0]
+            .as_array()
+            .map_or(layout.num_experts, Vec::len),
         placement.num_devices,
         a.output.display()
     );
