@@ -21,6 +21,7 @@
 use crate::analysis::cluster::Cluster;
 use crate::analysis::collab::DeviceCounter;
 use crate::analysis::placement::experts_by_device;
+use crate::analysis::placement::replicas::{CopyRule, ReplicaMap};
 use crate::{bail, Result};
 
 /// Marks an unused slot in `row_slots`.
@@ -162,6 +163,55 @@ impl SendPlan {
             }
         }
         Ok(Self::lay_out(mode, k, slots_per_row, per_rank))
+    }
+
+    /// Occult-mode rows under a placement with replicas: each of a token's experts is served on
+    /// the device the copy `rule` picks for a token on rank `me`, one row per device, carrying
+    /// the local slot of that copy there (and its k position). The same rule the analysis
+    /// counts with ([`ReplicaMap::choose`]).
+    pub fn replicated(
+        ids: &[u32],
+        k: usize,
+        map: &ReplicaMap,
+        rule: CopyRule,
+        me: u32,
+    ) -> Result<Self> {
+        check_routing(ids, k, map.num_experts)?;
+        if me as usize >= map.num_devices {
+            bail!("rank {me} of {} devices", map.num_devices);
+        }
+        let slots_per_row = k.min(map.slots_per_device());
+        let mut per_rank: Vec<Vec<PlannedRow>> = vec![Vec::new(); map.num_devices];
+        let mut devices = Vec::with_capacity(k);
+        for (token, chosen) in ids.chunks_exact(k).enumerate() {
+            map.choose(chosen, me, rule, &mut devices);
+            let mut order: Vec<(u32, u32, u32)> = chosen
+                .iter()
+                .zip(&devices)
+                .enumerate()
+                .map(|(kpos, (&e, &d))| (d, e, kpos as u32))
+                .collect();
+            order.sort_by_key(|&(d, _, kpos)| (d, kpos));
+            for group in order.chunk_by(|a, b| a.0 == b.0) {
+                let d = group[0].0;
+                let carried = group
+                    .iter()
+                    .map(|&(_, e, kpos)| {
+                        let slot = map
+                            .local_slot(d, e)
+                            .expect("the rule picks a device with a copy");
+                        (slot, kpos)
+                    })
+                    .collect();
+                per_rank[d as usize].push((token as u32, carried));
+            }
+        }
+        Ok(Self::lay_out(
+            DispatchMode::Occult,
+            k,
+            slots_per_row,
+            per_rank,
+        ))
     }
 
     /// The proxy's leg of a two-level dispatch: each row received across nodes (`row_ids`,
@@ -588,6 +638,79 @@ mod tests {
         }
         // The flat plan refuses two-level mode (it starts with a NodePlan).
         assert!(SendPlan::new(&ids, 2, &loc, DispatchMode::TwoLevel).is_err());
+    }
+
+    /// Under replicas, on random maps and tokens under both rules: the rows to each rank are
+    /// the tokens whose chosen devices include it (counted from the rule's choice, token by
+    /// token), each carried slot on its destination holds the expert at its k position, and
+    /// the rows are the analysis's sum of C_T.
+    #[test]
+    fn replicated_plans_send_each_expert_to_its_chosen_copy() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for _ in 0..100 {
+            let (e, d) = (16usize, [2usize, 4][rng.random_range(0..2)]);
+            let per = e / d + 2;
+            let mut slots: Vec<Vec<u32>> = (0..d)
+                .map(|dev| (0..e as u32).filter(|x| *x as usize % d == dev).collect())
+                .collect();
+            for s in slots.iter_mut() {
+                while s.len() < per {
+                    let x = rng.random_range(0..e as u32);
+                    if !s.contains(&x) {
+                        s.push(x);
+                    }
+                }
+            }
+            let map = ReplicaMap::new(slots.concat(), e, d, None).unwrap();
+            let k = rng.random_range(1..=4);
+            let tokens = rng.random_range(0..20);
+            let ids: Vec<u32> = (0..tokens)
+                .flat_map(|_| {
+                    let mut all: Vec<u32> = (0..e as u32).collect();
+                    for i in 0..k {
+                        let j = rng.random_range(i..e);
+                        all.swap(i, j);
+                    }
+                    all.truncate(k);
+                    all
+                })
+                .collect();
+            let me = rng.random_range(0..d as u32);
+            for rule in [CopyRule::Cover, CopyRule::Sglang] {
+                let plan = SendPlan::replicated(&ids, k, &map, rule, me).unwrap();
+                let mut want = vec![0usize; d];
+                let mut chosen = Vec::new();
+                for t in ids.chunks_exact(k) {
+                    map.choose(t, me, rule, &mut chosen);
+                    let mut devs = chosen.clone();
+                    devs.sort_unstable();
+                    devs.dedup();
+                    devs.iter().for_each(|&x| want[x as usize] += 1);
+                }
+                assert_eq!(plan.send_counts, want, "{rule:?}");
+                let mut row = 0;
+                for (dest, &n) in plan.send_counts.iter().enumerate() {
+                    for _ in 0..n {
+                        let w = plan.slots_per_row;
+                        for j in 0..w {
+                            let (slot, kpos) =
+                                (plan.row_slots[row * w + j], plan.row_kpos[row * w + j]);
+                            if slot == NO_SLOT {
+                                continue;
+                            }
+                            let token = plan.row_token[row] as usize;
+                            let expert = ids[token * k + kpos as usize];
+                            assert_eq!(map.slot_expert[dest * per + slot as usize], expert);
+                        }
+                        row += 1;
+                    }
+                }
+                let sources = vec![me; tokens];
+                let st = map.stats(&ids, k, &sources, rule).unwrap();
+                assert_eq!(plan.rows() as u64, st.devices_touched);
+            }
+        }
     }
 
     #[test]

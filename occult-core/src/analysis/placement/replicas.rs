@@ -121,6 +121,18 @@ impl ReplicaMap {
         self.slot_expert.len() / self.num_devices
     }
 
+    /// The local slot (among the device's own, 0-based) of the first copy of `expert` on
+    /// `device`, if it has one.
+    pub fn local_slot(&self, device: u32, expert: u32) -> Option<u32> {
+        let per = self.slots_per_device();
+        let start = device as usize * per;
+        self.slot_expert
+            .get(start..start + per)?
+            .iter()
+            .position(|&e| e == expert)
+            .map(|s| s as u32)
+    }
+
     /// The devices holding a copy of `expert`, ascending.
     pub fn devices_of(&self, expert: u32) -> &[u32] {
         &self.devices_of[expert as usize]
