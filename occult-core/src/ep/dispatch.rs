@@ -651,18 +651,7 @@ mod tests {
         for _ in 0..100 {
             let (e, d) = (16usize, [2usize, 4][rng.random_range(0..2)]);
             let per = e / d + 2;
-            let mut slots: Vec<Vec<u32>> = (0..d)
-                .map(|dev| (0..e as u32).filter(|x| *x as usize % d == dev).collect())
-                .collect();
-            for s in slots.iter_mut() {
-                while s.len() < per {
-                    let x = rng.random_range(0..e as u32);
-                    if !s.contains(&x) {
-                        s.push(x);
-                    }
-                }
-            }
-            let map = ReplicaMap::new(slots.concat(), e, d, None).unwrap();
+            let map = crate::test_util::random_replica_map(&mut rng, e, d, per);
             let k = rng.random_range(1..=4);
             let tokens = rng.random_range(0..20);
             let ids: Vec<u32> = (0..tokens)

@@ -353,20 +353,7 @@ mod tests {
         for _ in 0..200 {
             let (e, d) = (16, [2, 4, 8][rng.random_range(0..3)]);
             let per_device = e / d + rng.random_range(1..3);
-            // Every expert once, then extra copies of random experts where they fit.
-            let mut slots: Vec<Vec<u32>> = vec![Vec::new(); d];
-            for x in 0..e as u32 {
-                slots[x as usize % d].push(x);
-            }
-            for dev in slots.iter_mut() {
-                while dev.len() < per_device {
-                    let x = rng.random_range(0..e as u32);
-                    if !dev.contains(&x) {
-                        dev.push(x);
-                    }
-                }
-            }
-            let m = ReplicaMap::new(slots.concat(), e, d, None).unwrap();
+            let m = crate::test_util::random_replica_map(&mut rng, e, d, per_device);
             let k = rng.random_range(1..=6);
             let mut ids: Vec<u32> = (0..e as u32).collect();
             for i in 0..k {
