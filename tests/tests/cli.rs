@@ -430,6 +430,28 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
         .all(|x| (0.0..=1.0).contains(&x["acc"].as_f64().unwrap())));
     assert_eq!(q.iter().filter(|x| x["max_nodes"] == 1).count(), 4 * 6);
     assert!(stdout.contains("## Past one node"), "{stdout}");
+    // The placements section: 16 experts on 4 devices, E / 8 = 2 replicas, rounded up to 4
+    // (a multiple of the devices); Occult's copies never raise its partition's E[C_T].
+    assert!(stdout.contains("## Placements with replicas"), "{stdout}");
+    let placed = r["placements_with_replicas"].as_array().unwrap();
+    let method = |m: &str| {
+        placed
+            .iter()
+            .find(|x| x["method"] == m)
+            .unwrap_or_else(|| panic!("no {m} in {placed:?}"))
+    };
+    for m in [
+        "contiguous",
+        "occult",
+        "eplb R=4, cover rule",
+        "eplb R=4, sglang rule",
+    ] {
+        assert!(method(m)["ect"].as_f64().unwrap() >= 1.0, "{m}");
+    }
+    assert!(
+        method("occult + R=4 copies")["ect"].as_f64() <= method("occult")["ect"].as_f64(),
+        "{placed:?}"
+    );
     assert!(stdout.contains("pruned to 1 node, router"), "{stdout}");
     assert!(r["collaboration"]["ect_after"].as_f64().unwrap() >= 1.0);
     for key in ["config", "provenance"] {

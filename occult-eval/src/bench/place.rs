@@ -43,97 +43,7 @@ pub fn run(
     for path in traces {
         let trace = Trace::read(path)?;
         for &d in devices {
-            let capped = SearchConfig {
-                max_load_factor: Some(1.05),
-                ..cfg.clone()
-            };
-            let mut methods = vec![
-                ("contiguous", Method::Contiguous, cfg),
-                ("greedy", Method::Greedy, cfg),
-                ("occult", Method::Occult, cfg),
-            ];
-            if replicas > 0 {
-                methods.push(("occult, load cap 1.05", Method::Occult, &capped));
-            }
-            let mut partitions: Vec<(String, Vec<Vec<u32>>, Option<f64>)> = Vec::new();
-            for (name, m, c) in methods {
-                let start = Instant::now();
-                let (placed, infos) = match place_trace(&trace, d, m, c, &|| {}) {
-                    Ok(done) => done,
-                    // A load cap no balanced map meets on this trace is a finding, not a failure.
-                    Err(err) if c.max_load_factor.is_some() => {
-                        eprintln!("{} D={d} {name}: none ({err})", path.display());
-                        continue;
-                    }
-                    Err(err) => return Err(err.into()),
-                };
-                let seconds = start.elapsed().as_secs_f64();
-                let maps: Vec<ReplicaMap> = placed
-                    .layers
-                    .iter()
-                    .map(|l| ReplicaMap::from_partition(&l.device_of_expert, d))
-                    .collect::<occult_core::Result<_>>()?;
-                if m == Method::Occult {
-                    let layers = placed.layers.iter().map(|l| l.device_of_expert.clone());
-                    partitions.push((name.to_string(), layers.collect(), c.max_load_factor));
-                }
-                let run = measured(&trace, path, name, d, seconds, &maps, CopyRule::Cover)?;
-                eprintln!(
-                    "{} D={d} {}: {:.2} s, E[C_T] {:.3} (from the placer {:.3})",
-                    run.trace,
-                    run.method,
-                    run.seconds,
-                    run.ect,
-                    occult_core::analysis::collab::token_weighted_mean(
-                        infos.iter().map(|i| (i.ect, i.tokens))
-                    )
-                );
-                runs.push(run);
-            }
-            if replicas > 0 {
-                let e = trace.meta.num_experts;
-                // Up to the next count that fills the devices evenly.
-                let r = (replicas..)
-                    .find(|r| (e + r).is_multiple_of(d))
-                    .expect("exists");
-                let start = Instant::now();
-                let maps: Vec<ReplicaMap> = trace
-                    .layers
-                    .iter()
-                    .map(|l| eplb_map(&l.topk_ids, e, d, r, 1, 1))
-                    .collect::<occult_core::Result<_>>()?;
-                let seconds = start.elapsed().as_secs_f64();
-                for (rule_name, rule) in [("cover", CopyRule::Cover), ("sglang", CopyRule::Sglang)]
-                {
-                    let name = format!("eplb R={r}, {rule_name} rule");
-                    let run = measured(&trace, path, &name, d, seconds, &maps, rule)?;
-                    eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
-                    runs.push(run);
-                }
-                // Occult's partitions with copies added where they save the most devices (R
-                // up to a multiple of D), within the partition's own load cap.
-                let r = (replicas..).find(|r| r.is_multiple_of(d)).expect("exists");
-                for (name, layers, cap) in &partitions {
-                    let start = Instant::now();
-                    let maps: Vec<ReplicaMap> = trace
-                        .layers
-                        .iter()
-                        .zip(layers)
-                        .map(|(l, map)| {
-                            let split = RankSplit::new(l.tokens, d);
-                            let source: Vec<u32> =
-                                (0..l.tokens).map(|t| split.rank_of(t) as u32).collect();
-                            replicate(&l.topk_ids, trace.meta.top_k, &source, map, d, r, *cap)
-                                .map(|o| o.map)
-                        })
-                        .collect::<occult_core::Result<_>>()?;
-                    let seconds = start.elapsed().as_secs_f64();
-                    let name = format!("{name} + R={r} copies");
-                    let run = measured(&trace, path, &name, d, seconds, &maps, CopyRule::Cover)?;
-                    eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
-                    runs.push(run);
-                }
-            }
+            runs.extend(runs_on(&trace, path, d, cfg, replicas)?);
         }
     }
     print!("{}", render(&runs));
@@ -141,6 +51,108 @@ pub fn run(
         super::report::write(out, "place", serde_json::json!({ "results": runs }))?;
     }
     Ok(())
+}
+
+/// Every method's run on `trace` (read from `path`) on `d` devices; with `replicas`, also
+/// Occult under a 1.05 load cap, EPLB under both copy rules and Occult's partitions with copies.
+pub fn runs_on(
+    trace: &Trace,
+    path: &Path,
+    d: usize,
+    cfg: &SearchConfig,
+    replicas: usize,
+) -> Result<Vec<PlaceRun>> {
+    let mut runs = Vec::new();
+    let capped = SearchConfig {
+        max_load_factor: Some(1.05),
+        ..cfg.clone()
+    };
+    let mut methods = vec![
+        ("contiguous", Method::Contiguous, cfg),
+        ("greedy", Method::Greedy, cfg),
+        ("occult", Method::Occult, cfg),
+    ];
+    if replicas > 0 {
+        methods.push(("occult, load cap 1.05", Method::Occult, &capped));
+    }
+    let mut partitions: Vec<(String, Vec<Vec<u32>>, Option<f64>)> = Vec::new();
+    for (name, m, c) in methods {
+        let start = Instant::now();
+        let (placed, infos) = match place_trace(trace, d, m, c, &|| {}) {
+            Ok(done) => done,
+            // A load cap no balanced map meets on this trace is a finding, not a failure.
+            Err(err) if c.max_load_factor.is_some() => {
+                eprintln!("{} D={d} {name}: none ({err})", path.display());
+                continue;
+            }
+            Err(err) => return Err(err.into()),
+        };
+        let seconds = start.elapsed().as_secs_f64();
+        let maps: Vec<ReplicaMap> = placed
+            .layers
+            .iter()
+            .map(|l| ReplicaMap::from_partition(&l.device_of_expert, d))
+            .collect::<occult_core::Result<_>>()?;
+        if m == Method::Occult {
+            let layers = placed.layers.iter().map(|l| l.device_of_expert.clone());
+            partitions.push((name.to_string(), layers.collect(), c.max_load_factor));
+        }
+        let run = measured(trace, path, name, d, seconds, &maps, CopyRule::Cover)?;
+        eprintln!(
+            "{} D={d} {}: {:.2} s, E[C_T] {:.3} (from the placer {:.3})",
+            run.trace,
+            run.method,
+            run.seconds,
+            run.ect,
+            occult_core::analysis::collab::token_weighted_mean(
+                infos.iter().map(|i| (i.ect, i.tokens))
+            )
+        );
+        runs.push(run);
+    }
+    if replicas > 0 {
+        let e = trace.meta.num_experts;
+        // Up to the next count that fills the devices evenly.
+        let r = (replicas..)
+            .find(|r| (e + r).is_multiple_of(d))
+            .expect("exists");
+        let start = Instant::now();
+        let maps: Vec<ReplicaMap> = trace
+            .layers
+            .iter()
+            .map(|l| eplb_map(&l.topk_ids, e, d, r, 1, 1))
+            .collect::<occult_core::Result<_>>()?;
+        let seconds = start.elapsed().as_secs_f64();
+        for (rule_name, rule) in [("cover", CopyRule::Cover), ("sglang", CopyRule::Sglang)] {
+            let name = format!("eplb R={r}, {rule_name} rule");
+            let run = measured(trace, path, &name, d, seconds, &maps, rule)?;
+            eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
+            runs.push(run);
+        }
+        // Occult's partitions with copies added where they save the most devices (R
+        // up to a multiple of D), within the partition's own load cap.
+        let r = (replicas..).find(|r| r.is_multiple_of(d)).expect("exists");
+        for (name, layers, cap) in &partitions {
+            let start = Instant::now();
+            let maps: Vec<ReplicaMap> = trace
+                .layers
+                .iter()
+                .zip(layers)
+                .map(|(l, map)| {
+                    let split = RankSplit::new(l.tokens, d);
+                    let source: Vec<u32> = (0..l.tokens).map(|t| split.rank_of(t) as u32).collect();
+                    replicate(&l.topk_ids, trace.meta.top_k, &source, map, d, r, *cap)
+                        .map(|o| o.map)
+                })
+                .collect::<occult_core::Result<_>>()?;
+            let seconds = start.elapsed().as_secs_f64();
+            let name = format!("{name} + R={r} copies");
+            let run = measured(trace, path, &name, d, seconds, &maps, CopyRule::Cover)?;
+            eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
+            runs.push(run);
+        }
+    }
+    Ok(runs)
 }
 
 /// One method's run, its E[C_T] and loads counted through the replica maps (a partition is one

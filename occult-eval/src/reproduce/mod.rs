@@ -69,6 +69,8 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         return Ok(());
     };
     // Rank 0's alone (no collectives), so after the others are done.
+    progress.stage("placements with replicas (EPLB and ours)");
+    let replicas = stages::replica_stage(recipe, &trace, &placed.trace_file)?;
     let projection = if recipe.projection.skip {
         None
     } else {
@@ -87,6 +89,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     };
     let found = Findings {
         steps,
+        replicas,
         speed,
         shaped,
         finetunes,
@@ -116,6 +119,7 @@ fn write_outputs(
         "config": {"recipe": recipe, "recipe_source": origin, "model": s.model,
                    "builtin": s.builtin},
         "ect_table": f.steps,
+        "placements_with_replicas": f.replicas,
         "finetune": f.finetunes,
         "quality": f.quality,
         "speed": f.speed,

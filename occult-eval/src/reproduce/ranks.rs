@@ -75,7 +75,7 @@ pub struct Progress {
 
 impl Progress {
     pub fn new(r: &Recipe, root: bool) -> Self {
-        let stages = 4
+        let stages = 5
             + usize::from(!r.finetune.skip)
             + usize::from(!r.speed.skip)
             + usize::from(!r.projection.skip)

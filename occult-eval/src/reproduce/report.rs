@@ -372,6 +372,31 @@ pub fn projection_section(
     md + "\n" + &crate::jobs::project::render(p)
 }
 
+/// Placements with replicas: each method's E[C_T] and max/mean device load on the recipe's
+/// devices.
+fn replicas_section(runs: &[crate::bench::place::PlaceRun]) -> String {
+    if runs.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new(&["placement", "E[C_T]", "max/mean load"]);
+    for r in runs {
+        t.row(vec![
+            r.method.clone(),
+            format!("{:.3}", r.ect),
+            format!("{:.3}", r.max_load_ratio),
+        ]);
+    }
+    format!(
+        "\n## Placements with replicas\n\nOn the calibration trace, {} devices, each token on \
+         its rank of an even split: the partitions, Occult's under a 1.05 load cap, DeepSeek's \
+         EPLB with redundant slots (its copies chosen by Occult's cover rule and by SGLang's \
+         static rule), and Occult's partitions with copies where they lower E[C_T] most \
+         (within the partition's cap). The EP layer does not run replicas yet.\n\n{}",
+        runs[0].devices,
+        t.render()
+    )
+}
+
 /// Past one node: the devices as nodes of the recipe's node size. E[C_N] beside E[C_T] for
 /// each step of the table, the two-level shaped measurement (the flat and the two-level
 /// exchange, pruning to one node in each), and what node-limited pruning costs in quality.
@@ -499,6 +524,7 @@ pub fn full(
             "\nThe shaped-link measurement (scripts/shaped_links.sh) did not run: {why}.\n"
         );
     }
+    md += &replicas_section(&f.replicas);
     md += &nodes_section(recipe, &f.steps, &f.speed, &f.quality);
     if let Some(p) = &f.projection {
         md += &projection_section(p, &recipe.projection, recipe.devices);

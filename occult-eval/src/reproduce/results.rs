@@ -78,6 +78,9 @@ pub struct FinetuneRow {
 /// What the stages found, as the report and `results.json` give it.
 pub struct Findings {
     pub steps: Vec<super::ladder::Step>,
+    /// The placements section: partitions, EPLB and ours with replicas, on the recipe's
+    /// devices.
+    pub replicas: Vec<crate::bench::place::PlaceRun>,
     pub speed: Vec<super::speed::SpeedRow>,
     /// Whether the shaped-link run ran, and why not.
     pub shaped: serde_json::Value,

@@ -185,6 +185,24 @@ pub fn speed_stage(
     Ok((speed, shaped))
 }
 
+/// The placements section: every placement method on the recipe's devices, with E / 8
+/// replicas (up to a multiple of the devices) for EPLB and for Occult's copies, E[C_T] and
+/// max/mean device load each (`bench place --replicas`).
+pub fn replica_stage(
+    recipe: &Recipe,
+    trace: &Trace,
+    trace_file: &Path,
+) -> Result<Vec<crate::bench::place::PlaceRun>> {
+    let cfg = occult_core::analysis::placement::SearchConfig {
+        restarts: recipe.analysis.restarts,
+        seed: 0,
+        max_load_factor: None,
+        nodes: None,
+    };
+    let replicas = (trace.meta.num_experts / 8).max(1);
+    crate::bench::place::runs_on(trace, trace_file, recipe.devices, &cfg, replicas)
+}
+
 /// A fine-tuned model: the routing it was fine-tuned under and its folder.
 pub struct FineTuned {
     pub routing: Routing,
