@@ -701,6 +701,15 @@ fn bench_model_compares_the_expert_parallel_modes_on_the_same_prompts() {
     // counts the source's own node too) per token and layer.
     let token_layers = two["tokens"].as_f64().unwrap() * 3.0;
     assert!((across(two) as f64) < two["ecn"].as_f64().unwrap() * token_layers);
+    // The first leg sends one row per (token, node), the second the flat exchange's one per
+    // (token, device): two-level sends E[C_N] rows per token and layer more (a mode that fell
+    // back to the flat exchange would not).
+    let rows = |x: &Value| x["rows_sent"].as_f64().unwrap();
+    let first_leg = two["ecn"].as_f64().unwrap() * token_layers;
+    assert!(
+        (rows(two) - rows(flat) - first_leg).abs() < 1e-6,
+        "{two} vs {flat}"
+    );
 }
 
 #[test]

@@ -32,6 +32,7 @@ use super::experts::MoeWeights;
 use super::router::{route, PruneSpec, Routed};
 use crate::analysis::cluster::Cluster;
 use crate::analysis::collab::total_devices;
+use crate::analysis::placement::devices_and_nodes;
 use crate::analysis::placement::validate_map;
 use crate::analysis::pruning::PruneLimit;
 use crate::analysis::routing::RouterRule;
@@ -384,9 +385,16 @@ impl EpMoe {
         let k = self.settings.rule.top_k;
         let loc = &self.locations;
         let me = self.comm.rank();
-        st.devices_touched = total_devices(&routed.ids, k, &loc.rank_of, loc.num_ranks) as usize;
-        if let Some(c) = self.cluster() {
-            st.nodes_touched = nodes_touched(&routed.ids, k, &loc.rank_of, &c);
+        // Sums of C_T and C_N as the analysis counts them.
+        match self.settings.devices_per_node {
+            Some(g) => {
+                let (c_t, c_n) = devices_and_nodes(&routed.ids, k, &loc.rank_of, loc.num_ranks, g);
+                (st.devices_touched, st.nodes_touched) = (c_t as usize, c_n as usize);
+            }
+            None => {
+                st.devices_touched =
+                    total_devices(&routed.ids, k, &loc.rank_of, loc.num_ranks) as usize;
+            }
         }
         let plan = match self.settings.mode {
             DispatchMode::TwoLevel => {
@@ -561,24 +569,6 @@ impl EpMoe {
         }
         Ok(out)
     }
-}
-
-/// Sum of C_N (distinct nodes) over the tokens of `ids`.
-fn nodes_touched(ids: &[u32], k: usize, rank_of: &[u32], cluster: &Cluster) -> usize {
-    let mut nodes = Vec::with_capacity(k);
-    ids.chunks_exact(k)
-        .map(|chosen| {
-            nodes.clear();
-            nodes.extend(
-                chosen
-                    .iter()
-                    .map(|&e| cluster.node(rank_of[e as usize] as usize)),
-            );
-            nodes.sort_unstable();
-            nodes.dedup();
-            nodes.len()
-        })
-        .sum()
 }
 
 /// Adds rows sent straight to each rank (`send_counts`) to the rows within and across nodes.

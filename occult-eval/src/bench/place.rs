@@ -6,11 +6,9 @@
 use crate::table::Table;
 use anyhow::Result;
 use occult_core::analysis::place_trace;
-use occult_core::analysis::placement::eplb::eplb_map;
-use occult_core::analysis::placement::replica_search::replicate;
-use occult_core::analysis::placement::replicas::{CopyRule, ReplicaMap};
-use occult_core::analysis::placement::{Method, SearchConfig};
-use occult_core::analysis::ranks::RankSplit;
+use occult_core::analysis::placement::replicas::CopyRule;
+use occult_core::analysis::placement::{Method, Placement, SearchConfig};
+use occult_core::analysis::replica_trace::{replica_trace_stats, replicate_trace};
 use occult_core::analysis::trace::Trace;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -75,7 +73,9 @@ pub fn runs_on(
     if replicas > 0 {
         methods.push(("occult, load cap 1.05", Method::Occult, &capped));
     }
-    let mut partitions: Vec<(String, Vec<Vec<u32>>, Option<f64>)> = Vec::new();
+    // Occult's partitions (to add copies to, under their own cap) and one to start EPLB from.
+    let mut partitions: Vec<(String, Placement, Option<f64>)> = Vec::new();
+    let mut base = None;
     for (name, m, c) in methods {
         let start = Instant::now();
         let (placed, infos) = match place_trace(trace, d, m, c, &|| {}) {
@@ -88,16 +88,7 @@ pub fn runs_on(
             Err(err) => return Err(err.into()),
         };
         let seconds = start.elapsed().as_secs_f64();
-        let maps: Vec<ReplicaMap> = placed
-            .layers
-            .iter()
-            .map(|l| ReplicaMap::from_partition(&l.device_of_expert, d))
-            .collect::<occult_core::Result<_>>()?;
-        if m == Method::Occult {
-            let layers = placed.layers.iter().map(|l| l.device_of_expert.clone());
-            partitions.push((name.to_string(), layers.collect(), c.max_load_factor));
-        }
-        let run = measured(trace, path, name, d, seconds, &maps, CopyRule::Cover)?;
+        let run = measured(trace, path, name, seconds, &placed, CopyRule::Cover)?;
         eprintln!(
             "{} D={d} {}: {:.2} s, E[C_T] {:.3} (from the placer {:.3})",
             run.trace,
@@ -109,45 +100,36 @@ pub fn runs_on(
             )
         );
         runs.push(run);
+        if m == Method::Occult {
+            partitions.push((name.to_string(), placed, c.max_load_factor));
+        } else if base.is_none() {
+            base = Some(placed);
+        }
     }
-    if replicas > 0 {
+    if let (true, Some(base)) = (replicas > 0, base) {
         let e = trace.meta.num_experts;
         // Up to the next count that fills the devices evenly.
         let r = (replicas..)
             .find(|r| (e + r).is_multiple_of(d))
             .expect("exists");
         let start = Instant::now();
-        let maps: Vec<ReplicaMap> = trace
-            .layers
-            .iter()
-            .map(|l| eplb_map(&l.topk_ids, e, d, r, 1, 1))
-            .collect::<occult_core::Result<_>>()?;
+        let eplb = replicate_trace(trace, &base, Method::Eplb, r, None)?;
         let seconds = start.elapsed().as_secs_f64();
         for (rule_name, rule) in [("cover", CopyRule::Cover), ("sglang", CopyRule::Sglang)] {
             let name = format!("eplb R={r}, {rule_name} rule");
-            let run = measured(trace, path, &name, d, seconds, &maps, rule)?;
+            let run = measured(trace, path, &name, seconds, &eplb, rule)?;
             eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
             runs.push(run);
         }
         // Occult's partitions with copies added where they save the most devices (R
         // up to a multiple of D), within the partition's own load cap.
         let r = (replicas..).find(|r| r.is_multiple_of(d)).expect("exists");
-        for (name, layers, cap) in &partitions {
+        for (name, placed, cap) in &partitions {
             let start = Instant::now();
-            let maps: Vec<ReplicaMap> = trace
-                .layers
-                .iter()
-                .zip(layers)
-                .map(|(l, map)| {
-                    let split = RankSplit::new(l.tokens, d);
-                    let source: Vec<u32> = (0..l.tokens).map(|t| split.rank_of(t) as u32).collect();
-                    replicate(&l.topk_ids, trace.meta.top_k, &source, map, d, r, *cap)
-                        .map(|o| o.map)
-                })
-                .collect::<occult_core::Result<_>>()?;
+            let copies = replicate_trace(trace, placed, Method::Occult, r, *cap)?;
             let seconds = start.elapsed().as_secs_f64();
             let name = format!("{name} + R={r} copies");
-            let run = measured(trace, path, &name, d, seconds, &maps, CopyRule::Cover)?;
+            let run = measured(trace, path, &name, seconds, &copies, CopyRule::Cover)?;
             eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
             runs.push(run);
         }
@@ -155,37 +137,26 @@ pub fn runs_on(
     Ok(runs)
 }
 
-/// One method's run, its E[C_T] and loads counted through the replica maps (a partition is one
-/// with a slot per expert) under `rule`, each token starting on its rank of an even split.
+/// One method's run: its E[C_T] and loads under `rule` as `occult collab` counts them (a
+/// partition is a placement with one slot per expert), each token on its rank of an even split.
 fn measured(
     trace: &Trace,
     path: &Path,
     method: &str,
-    devices: usize,
     seconds: f64,
-    maps: &[ReplicaMap],
+    placement: &Placement,
     rule: CopyRule,
 ) -> Result<PlaceRun> {
-    let k = trace.meta.top_k;
-    let (mut ect, mut load, mut tokens) = (0.0, 0.0, 0usize);
-    for (l, m) in trace.layers.iter().zip(maps) {
-        let split = RankSplit::new(l.tokens, devices);
-        let source: Vec<u32> = (0..l.tokens).map(|t| split.rank_of(t) as u32).collect();
-        let st = m.stats(&l.topk_ids, k, &source, rule)?;
-        ect += st.ect() * l.tokens as f64;
-        load += st.max_load_ratio() * l.tokens as f64;
-        tokens += l.tokens;
-    }
-    let n = tokens.max(1) as f64;
+    let st = replica_trace_stats(trace, placement, rule, true)?;
     Ok(PlaceRun {
         trace: path.display().to_string(),
         method: method.to_string(),
-        devices,
-        layers: maps.len(),
+        devices: placement.num_devices,
+        layers: st.layers.len(),
         tokens: trace.layers.first().map_or(0, |l| l.tokens),
         seconds,
-        ect: ect / n,
-        max_load_ratio: load / n,
+        ect: st.mean_ect,
+        max_load_ratio: st.mean_max_load_ratio,
     })
 }
 

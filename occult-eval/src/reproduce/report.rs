@@ -221,10 +221,6 @@ fn speed_table(speed: &[SpeedRow]) -> String {
         let base = speed
             .iter()
             .find(|b| b.suite == r.suite && b.tokens == r.tokens && b.mode == "standard");
-        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
-            _ => "-".into(),
-        };
         t.row(vec![
             r.suite.clone(),
             r.tokens.to_string(),
@@ -239,6 +235,14 @@ fn speed_table(speed: &[SpeedRow]) -> String {
         ]);
     }
     md + &t.render()
+}
+
+/// `a / b` to two places, `-` where either is missing or `b` is not positive.
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "-".into(),
+    }
 }
 
 /// Per suite, at its largest size: how much faster than standard each Occult mode is,
@@ -454,10 +458,6 @@ fn nodes_section(
             let base = shaped
                 .iter()
                 .find(|b| b.suite == r.suite && b.mode == "standard");
-            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
-                _ => "-".into(),
-            };
             t.row(vec![
                 r.suite.clone(),
                 r.mode.clone(),
