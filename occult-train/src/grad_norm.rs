@@ -1,6 +1,6 @@
 //! The global gradient norm of a model trained on D ranks, and clipping by it. Replicated
 //! tensors hold the same (all-reduced) gradient on every rank and count once; each expert's
-//! gradient lives on its owner and counts there. So the norm is that of one device's gradients
+//! gradient lives on its owner and counts there (under replicas, on its first copy only). So the norm is that of one device's gradients
 //! on the whole batch, and every rank computes the same value.
 
 use crate::Result;
@@ -29,7 +29,24 @@ pub fn global_norm(model: &Model, grads: &GradStore) -> Result<f64> {
         ps.into_iter().filter(|(_, t)| t.is_variable()).collect()
     };
     let replicated = sum_of_squares(grads, &trainable(model.replicated_params()))?;
-    let experts = sum_of_squares(grads, &trainable(model.expert_params()))?;
+    let mut experts = 0.0;
+    for (p, once) in model.expert_params_once() {
+        let Some(g) = grads.get(&p).filter(|_| p.is_variable()) else {
+            continue;
+        };
+        let g = match once {
+            Some(slots) => {
+                let at = Tensor::from_vec(slots.clone(), slots.len(), g.device())?;
+                g.index_select(&at, 0)?
+            }
+            None => g.clone(),
+        };
+        experts += g
+            .to_dtype(DType::F64)?
+            .sqr()?
+            .sum_all()?
+            .to_scalar::<f64>()?;
+    }
     let experts = model.sum_over_ranks(experts)?;
     Ok((replicated + experts).sqrt())
 }

@@ -51,6 +51,7 @@ pub fn setup(ck: &Checkpoint, d: usize, mode: DispatchMode, seed: u64) -> MoeSet
         num_devices: d,
         prune: BTreeMap::new(),
         devices_per_node: None,
+        replicas: BTreeMap::new(),
     }
 }
 

@@ -5,6 +5,7 @@
 
 use crate::plain_moe::{plain_similarity, PlainMoe, PlainPrune, PlainShared};
 use candle::{Device, Tensor, Var};
+use occult_core::analysis::placement::replicas::{CopyRule, ReplicaMap};
 use occult_core::analysis::placement::{contiguous, random_balanced};
 use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use occult_core::analysis::routing::RouterRule;
@@ -12,7 +13,9 @@ use occult_core::analysis::similarity::SimilarityTable;
 use occult_core::ep::comm::{CommStats, Communicator};
 use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::experts::{SharedExperts, SwigluStack};
-use occult_core::ep::{reference_forward, EpMoe, EpSettings, MoeWeights, PruneSpec, StepStats};
+use occult_core::ep::{
+    reference_forward, EpMoe, EpSettings, MoeWeights, PruneSpec, Replicas, StepStats,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
@@ -39,6 +42,10 @@ pub struct Case {
     /// Devices per node (two-level mode needs it; in any mode rows are then counted within and
     /// across nodes).
     pub devices_per_node: Option<usize>,
+    /// A placement with replicas: this many slots per device beyond `ceil(e / d)`, copies
+    /// of random experts (two on one device now and then, as EPLB packs them), chosen by
+    /// the rule.
+    pub replicas: Option<(usize, CopyRule)>,
 }
 
 impl Case {
@@ -89,6 +96,13 @@ impl Case {
             }
             (rule, PruneLimit::Devices(n))
         });
+        // Replicas from a generator of their own, so that the other draws stay as they were.
+        let mut own = ChaCha8Rng::seed_from_u64(seed ^ 0x7265_706c);
+        let replicas = (mode != DispatchMode::TwoLevel && prune.is_none() && own.random_bool(0.4))
+            .then(|| {
+                let rule = [CopyRule::Cover, CopyRule::Sglang][own.random_range(0..2)];
+                (own.random_range(1..=2), rule)
+            });
         Case {
             d,
             e,
@@ -102,6 +116,7 @@ impl Case {
             seed,
             frozen_input: rng.random_bool(0.2),
             devices_per_node,
+            replicas,
         }
     }
 
@@ -132,6 +147,8 @@ pub struct Fixture {
     pub map: Vec<u32>,
     pub rule: RouterRule,
     pub prune: Option<PruneSpec>,
+    /// The placement with replicas, when the case has them (`map` is then unused).
+    pub replica: Option<ReplicaMap>,
 }
 
 fn randn(rng: &mut ChaCha8Rng, shape: &[usize], scale: f32) -> Var {
@@ -211,6 +228,9 @@ impl Fixture {
                 similarity: Some(SimilarityTable::from_logits(&flat(&logits), c.e).expect("table")),
             }
         });
+        let replica = c
+            .replicas
+            .map(|(extra, _)| random_replicas(&mut rng, c.e, c.d, extra));
         Fixture {
             case: c.clone(),
             vars,
@@ -220,6 +240,7 @@ impl Fixture {
             map,
             rule,
             prune,
+            replica,
         }
     }
 
@@ -330,18 +351,29 @@ impl Fixture {
         close("output", &ours, &want, 1e-6)
     }
 
-    /// This rank's EP forward and backward on its own tokens.
-    pub fn run_rank(&self, comm: &Arc<dyn Communicator>) -> occult_core::Result<Outcome> {
+    /// The layer's settings on every rank.
+    pub fn settings(&self) -> EpSettings {
         let c = &self.case;
-        let r = comm.rank();
-        let (at, n) = (self.case.starts()[r], c.tokens[r]);
-        let settings = EpSettings {
+        EpSettings {
             rule: self.rule.clone(),
             device_of_expert: self.map.clone(),
             mode: c.mode,
             prune: self.prune.clone(),
             devices_per_node: c.devices_per_node,
-        };
+            replicas: self
+                .replica
+                .clone()
+                .zip(c.replicas)
+                .map(|(map, (_, rule))| Replicas { map, rule }),
+        }
+    }
+
+    /// This rank's EP forward and backward on its own tokens.
+    pub fn run_rank(&self, comm: &Arc<dyn Communicator>) -> occult_core::Result<Outcome> {
+        let c = &self.case;
+        let r = comm.rank();
+        let (at, n) = (self.case.starts()[r], c.tokens[r]);
+        let settings = self.settings();
         let layer = EpMoe::from_full(&self.w, settings, comm.clone())?;
         // Count only the step's exchanges (a communicator may serve several cases).
         comm.reset_stats();
@@ -478,8 +510,7 @@ impl Fixture {
             let first = n * g;
             first + (source % g) % g.min(c.d - first)
         };
-        let starts = c.starts();
-        let source_of = |t: usize| (0..c.d).rev().find(|&r| starts[r] <= t).unwrap_or(0);
+        let source_of = |t: usize| self.source_of(t);
         let hidden_rows = |j: usize| -> Vec<u64> {
             let width = match c.mode {
                 DispatchMode::Standard => H,
@@ -581,13 +612,33 @@ impl Fixture {
         logits[..c.k].iter().map(|&(_, e)| e).collect()
     }
 
+    /// The rank token `t` starts on.
+    fn source_of(&self, t: usize) -> usize {
+        let starts = self.case.starts();
+        (0..self.case.d)
+            .rev()
+            .find(|&r| starts[r] <= t)
+            .unwrap_or(0)
+    }
+
+    /// The device each of token `t`'s experts is computed on, unpruned: the placement's, or
+    /// under replicas the copy the case's rule picks for a token on its rank.
+    fn expert_devices(&self, t: usize) -> Vec<usize> {
+        let experts = self.token_experts(t);
+        match (&self.replica, self.case.replicas) {
+            (Some(map), Some((_, rule))) => {
+                let ids: Vec<u32> = experts.iter().map(|&e| e as u32).collect();
+                let mut chosen = Vec::new();
+                map.choose(&ids, self.source_of(t) as u32, rule, &mut chosen);
+                chosen.into_iter().map(|d| d as usize).collect()
+            }
+            _ => experts.iter().map(|&e| self.map[e] as usize).collect(),
+        }
+    }
+
     /// The distinct devices of token `t`'s experts, ascending.
     fn token_devices(&self, t: usize) -> Vec<usize> {
-        let mut devices: Vec<usize> = self
-            .token_experts(t)
-            .into_iter()
-            .map(|e| self.map[e] as usize)
-            .collect();
+        let mut devices = self.expert_devices(t);
         devices.sort_unstable();
         devices.dedup();
         devices
@@ -595,9 +646,9 @@ impl Fixture {
 
     /// How many of token `t`'s experts are on device `d`.
     fn experts_on(&self, t: usize, d: usize) -> usize {
-        self.token_experts(t)
+        self.expert_devices(t)
             .into_iter()
-            .filter(|&e| self.map[e] as usize == d)
+            .filter(|&x| x == d)
             .count()
     }
 
@@ -638,6 +689,29 @@ impl Fixture {
         }
         Ok(())
     }
+}
+
+/// A random placement with replicas of `e` experts on `d` devices, `ceil(e / d) + extra`
+/// slots each: expert x first on device x % d, the rest copies of random experts (now and
+/// then a second copy on a device that has one); random expert loads half the time.
+pub fn random_replicas(rng: &mut ChaCha8Rng, e: usize, d: usize, extra: usize) -> ReplicaMap {
+    let per = e.div_ceil(d) + extra;
+    let mut slots: Vec<Vec<u32>> = vec![Vec::new(); d];
+    for x in 0..e as u32 {
+        slots[x as usize % d].push(x);
+    }
+    for dev in slots.iter_mut() {
+        while dev.len() < per {
+            let x = rng.random_range(0..e as u32);
+            if !dev.contains(&x) || rng.random_bool(0.1) {
+                dev.push(x);
+            }
+        }
+    }
+    let loads: Option<Vec<f64>> = rng
+        .random_bool(0.5)
+        .then(|| (0..e).map(|_| rng.random_range(0..20) as f64).collect());
+    ReplicaMap::new(slots.concat(), e, d, loads.as_deref()).expect("a valid replica map")
 }
 
 /// Outputs, gradients and statistics of one run (reference or one rank).
@@ -708,6 +782,7 @@ pub fn device_cases() -> Vec<Case> {
             seed,
             frozen_input: false,
             devices_per_node: None,
+            replicas: None,
         })
         .collect()
 }
@@ -773,14 +848,7 @@ impl Fixture {
                 gate: s.gate.as_ref().map(|_| t(7)),
             }),
         };
-        let settings = EpSettings {
-            rule: self.rule.clone(),
-            device_of_expert: self.map.clone(),
-            mode: c.mode,
-            prune: self.prune.clone(),
-            devices_per_node: c.devices_per_node,
-        };
-        let layer = EpMoe::from_full(&w, settings, comm)?;
+        let layer = EpMoe::from_full(&w, self.settings(), comm)?;
         let n = c.total();
         let x = moved(&Tensor::from_slice(&self.x, (n, H), &Device::Cpu)?)?;
         let (out, stats) = layer.forward(x.as_tensor())?;

@@ -5,6 +5,7 @@
 
 use candle::{Device, Tensor};
 use occult_core::analysis::collab::{layer_stats, total_devices};
+use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::analysis::placement::{contiguous, random_balanced};
 use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use occult_core::analysis::ranks::RankSplit;
@@ -70,6 +71,7 @@ fn edge_cases() {
         seed: 1,
         frozen_input: false,
         devices_per_node: None,
+        replicas: None,
     };
     // A rank with no tokens, in both modes.
     check(&base);
@@ -173,6 +175,7 @@ fn two_level_edge_cases() {
         seed: 3,
         frozen_input: false,
         devices_per_node: Some(2),
+        replicas: None,
     };
     check(&base);
     check(&Case {
@@ -217,6 +220,125 @@ fn two_level_edge_cases() {
     }
 }
 
+/// Placements with replicas on their edge cases, under both copy rules and both flat modes:
+/// ranks without tokens (every rank too), two copies on one device, one rank (E + R slots on
+/// it), uneven E / D, a frozen input, and rows counted by level. Every case holds outputs and
+/// gradients to the reference and the rows to each peer to a count from the rule's choice.
+#[test]
+fn replica_edge_cases() {
+    for rule in [CopyRule::Cover, CopyRule::Sglang] {
+        for mode in [DispatchMode::Occult, DispatchMode::Standard] {
+            let base = Case {
+                d: 4,
+                e: 16,
+                k: 4,
+                random_placement: false,
+                shared: true,
+                renormalize: false,
+                tokens: vec![5, 0, 7, 3],
+                mode,
+                prune: None,
+                seed: 11,
+                frozen_input: false,
+                devices_per_node: Some(2),
+                replicas: Some((2, rule)),
+            };
+            check(&base);
+            check(&Case {
+                tokens: vec![0; 4],
+                ..base.clone()
+            });
+            for seed in 0..6 {
+                // Seeds whose maps put two copies on one device among them (checked below).
+                check(&Case {
+                    seed: 100 + seed,
+                    replicas: Some((4, rule)),
+                    ..base.clone()
+                });
+            }
+            check(&Case {
+                d: 1,
+                tokens: vec![9],
+                devices_per_node: None,
+                ..base.clone()
+            });
+            check(&Case {
+                d: 3,
+                e: 8,
+                k: 2,
+                tokens: vec![4, 0, 6],
+                devices_per_node: None,
+                replicas: Some((1, rule)),
+                ..base.clone()
+            });
+            check(&Case {
+                frozen_input: true,
+                ..base.clone()
+            });
+        }
+    }
+    // Some of those maps hold two copies of an expert on one device.
+    let twice = (0..6).any(|seed| {
+        let f = Fixture::new(&Case {
+            d: 4,
+            e: 16,
+            k: 4,
+            random_placement: false,
+            shared: true,
+            renormalize: false,
+            tokens: vec![5, 0, 7, 3],
+            mode: DispatchMode::Occult,
+            prune: None,
+            seed: 100 + seed,
+            frozen_input: false,
+            devices_per_node: Some(2),
+            replicas: Some((4, CopyRule::Cover)),
+        });
+        let map = f.replica.expect("replicas");
+        (0..4).any(|d| {
+            let mut s = map.device_slots(d).to_vec();
+            s.sort_unstable();
+            s.windows(2).any(|w| w[0] == w[1])
+        })
+    });
+    assert!(
+        twice,
+        "no map with two copies on one device among the seeds"
+    );
+}
+
+/// Replicas with pruning or two-level dispatch are refused, with the reason, on every rank.
+#[test]
+fn replicas_refuse_what_they_do_not_run() {
+    let base = Case {
+        d: 2,
+        e: 8,
+        k: 2,
+        random_placement: false,
+        shared: false,
+        renormalize: false,
+        tokens: vec![2, 2],
+        mode: DispatchMode::TwoLevel,
+        prune: None,
+        seed: 1,
+        frozen_input: false,
+        devices_per_node: Some(1),
+        replicas: Some((1, CopyRule::Cover)),
+    };
+    let pruned = Case {
+        mode: DispatchMode::Occult,
+        prune: Some((PruneRule::Router, PruneLimit::Devices(1))),
+        ..base.clone()
+    };
+    for (case, says) in [(base, "two-level"), (pruned, "pruning")] {
+        let f = Fixture::new(&case);
+        for r in run_local(2, |comm| f.run_rank(comm).map(|_| ())) {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains("replicas"), "{e}");
+        }
+    }
+}
+
 /// Two-level mode without a node size is refused with the reason, on every rank.
 #[test]
 fn two_level_without_a_node_size_is_refused() {
@@ -233,6 +355,7 @@ fn two_level_without_a_node_size_is_refused() {
         seed: 1,
         frozen_input: false,
         devices_per_node: None,
+        replicas: None,
     });
     for r in run_local(2, |comm| f.run_rank(comm).map(|_| ())) {
         let e = r.unwrap_err().to_string();
@@ -271,6 +394,7 @@ fn all_tokens_on_one_expert() {
         seed: 5,
         frozen_input: false,
         devices_per_node: None,
+        replicas: None,
     });
     let w = MoeWeights {
         router,
@@ -290,6 +414,7 @@ fn all_tokens_on_one_expert() {
             mode: DispatchMode::Occult,
             prune: None,
             devices_per_node: None,
+            replicas: None,
         };
         let layer = EpMoe::from_full(&w, settings, comm.clone())?;
         let mine = if comm.rank() == 2 {
@@ -354,6 +479,7 @@ fn stacked_case() -> Case {
         seed: 3,
         frozen_input: false,
         devices_per_node: None,
+        replicas: None,
     }
 }
 
@@ -391,6 +517,7 @@ fn run_stacked(safe_add: bool, timeout: std::time::Duration) -> Vec<occult_core:
             mode: case.mode,
             prune: None,
             devices_per_node: None,
+            replicas: None,
         };
         let l1 = EpMoe::from_full(&a.w, settings(&a), comm.clone())?;
         let l2 = EpMoe::from_full(&b.w, settings(&b), comm.clone())?;

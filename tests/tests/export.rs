@@ -55,6 +55,7 @@ fn placement(maps: &BTreeMap<usize, Vec<u32>>, d: usize) -> Placement {
                 device_of_expert: m.clone(),
                 metrics: None,
                 slots: None,
+                expert_load: None,
             })
             .collect(),
     }
@@ -150,6 +151,7 @@ fn ep_run(ck: &Checkpoint, maps: BTreeMap<usize, Vec<u32>>, d: usize) -> Vec<Ran
             num_devices: d,
             prune: BTreeMap::new(),
             devices_per_node: None,
+            replicas: BTreeMap::new(),
         };
         let m = Model::assemble(dense, &ck.weights, &setup, Some(comm.clone()))?;
         let s = &seqs[comm.rank()];

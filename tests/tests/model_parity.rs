@@ -177,6 +177,7 @@ fn expert_parallel_logits_match_transformers_under_random_placements() {
                 num_devices: d,
                 prune: BTreeMap::new(),
                 devices_per_node: None,
+                replicas: BTreeMap::new(),
             };
             let out = run_local(d, |comm: &Arc<dyn Communicator>| {
                 let m = Model::assemble(dense.clone(), &ck.weights, &setup, Some(comm.clone()))?;

@@ -93,6 +93,7 @@ fn ep_logits(dir: &Path, d: usize, mode: DispatchMode, seed: u64, seq: &[u32]) -
         num_devices: d,
         prune: BTreeMap::new(),
         devices_per_node: None,
+        replicas: BTreeMap::new(),
     };
     let seq = seq.to_vec();
     run_local(d, move |comm: &Arc<dyn Communicator>| {
@@ -229,6 +230,7 @@ fn pruned_expert_parallel_runs_match_the_pruned_reference() {
             num_devices: d,
             prune: prune.clone(),
             devices_per_node: None,
+            replicas: BTreeMap::new(),
         };
         let m = Model::assemble(DenseParts::load(&w, &cfg).unwrap(), &w, &reference, None).unwrap();
         let want = m.forward(&ids(&seq), None, None, Logits::All).unwrap();

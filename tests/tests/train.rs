@@ -121,7 +121,21 @@ fn train_with(
     lens: &[usize],
     aux: Option<occult_core::models::config::AuxLoss>,
 ) -> Trained {
-    use occult_core::ep::dispatch::ExpertLocations;
+    train_full(arch, d, None, steps, lr, lens, aux)
+}
+
+/// [`train_with`], under a random placement with replicas (two more slots per device, copies
+/// chosen by `replicas`) when given. Copies of an expert (on any rank, or twice on one) must
+/// hold bit-identical values after the steps, or this panics.
+fn train_full(
+    arch: &str,
+    d: Option<(usize, DispatchMode)>,
+    replicas: Option<occult_core::analysis::placement::replicas::CopyRule>,
+    steps: u64,
+    lr: f64,
+    lens: &[usize],
+    aux: Option<occult_core::models::config::AuxLoss>,
+) -> Trained {
     use occult_core::models::model::{DenseParts, Model, MoeSetup};
     use occult_train::batches::{global_batch, rank_share};
     use occult_train::examples::Example;
@@ -188,10 +202,15 @@ fn train_with(
             if name.contains(".experts.") && size > 1 {
                 // One entry per owned expert, named by its global id.
                 let layer: usize = name.split('.').nth(2).unwrap().parse().unwrap();
-                let map = &m_maps(m, layer);
-                let mine = &ExpertLocations::new(map, size).experts_of[rank];
+                let mine = &m_locations(m, layer).experts_of[rank];
                 for (slot, &e) in mine.iter().enumerate() {
-                    trained.insert(format!("{name}[{e}]"), flat(&t.get(slot).unwrap()));
+                    let v = flat(&t.get(slot).unwrap());
+                    if let Some(old) = trained.insert(format!("{name}[{e}]"), v.clone()) {
+                        assert!(
+                            same_bits(&old, &v),
+                            "{name}[{e}]: two copies on rank {rank} differ"
+                        );
+                    }
                 }
             } else if name.contains(".experts.") {
                 for e in 0..t.dims()[0] {
@@ -209,12 +228,23 @@ fn train_with(
             run(&m, 0, 1).unwrap()
         }
         Some((d, mode)) => {
+            let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(21);
+            let replicas = (0..ck.cfg.num_layers)
+                .filter(|&l| ck.cfg.moe_layers[l] && replicas.is_some())
+                .map(|l| {
+                    let e = ck.cfg.moe.num_experts;
+                    let map = occult_tests::parity::random_replicas(&mut rng, e, d, 2);
+                    let rule = replicas.expect("asked for");
+                    (l, occult_core::ep::Replicas { map, rule })
+                })
+                .collect();
             let setup = MoeSetup {
                 mode: Some(mode),
                 maps: occult_tests::placements::random_maps(&ck.cfg, d, 9),
                 num_devices: d,
                 prune: Default::default(),
                 devices_per_node: None,
+                replicas,
             };
             let out = run_local_with_timeout(
                 d,
@@ -228,9 +258,13 @@ fn train_with(
             );
             let mut merged = std::collections::BTreeMap::new();
             let mut first = None;
-            for r in out {
+            for (rank, r) in out.into_iter().enumerate() {
                 let (trained, frozen, reports) = r.unwrap();
-                merged.extend(trained);
+                for (k, v) in trained {
+                    if let Some(old) = merged.insert(k.clone(), v.clone()) {
+                        assert!(same_bits(&old, &v), "{k}: the copy on rank {rank} differs");
+                    }
+                }
                 first.get_or_insert((frozen, reports));
             }
             let (frozen, reports) = first.unwrap();
@@ -239,12 +273,20 @@ fn train_with(
     }
 }
 
-/// The placement map of an EP model's MoE layer.
-fn m_maps(m: &occult_core::models::model::Model, layer: usize) -> Vec<u32> {
+/// Whether two tensors' values are the same bits.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Where an EP model's MoE layer keeps each expert (each slot, under replicas).
+fn m_locations(
+    m: &occult_core::models::model::Model,
+    layer: usize,
+) -> occult_core::ep::ExpertLocations {
     use occult_core::models::model::{Mlp, MoeExec};
     match &m.layers[layer].mlp {
         Mlp::Moe(b) => match &b.exec {
-            MoeExec::Parallel(ep) => ep.settings.device_of_expert.clone(),
+            MoeExec::Parallel(ep) => ep.locations.clone(),
             MoeExec::Reference { .. } => unreachable!("an EP model"),
         },
         Mlp::Dense(_) => unreachable!("a MoE layer"),
@@ -299,6 +341,48 @@ fn d_ranks_take_the_steps_of_one_device_and_only_moe_tensors_move() {
             assert_eq!((a.targets, a.tokens), (b.targets, b.tokens));
         }
         assert!(rep.iter().all(|r| r.ect >= 1.0 && r.ect <= d as f64));
+    }
+}
+
+/// Under placements with replicas (random, two more slots per device, two copies on one
+/// device now and then), D ranks take one device's steps: every copy of an expert ends
+/// bit-identical to its others (checked in [`train_full`]) and within the tolerance of the
+/// one-device run, as do the losses and the gradient norms (each expert counted once).
+#[test]
+fn replicated_experts_train_as_one_expert() {
+    use occult_core::analysis::placement::replicas::CopyRule;
+    let arch = "qwen2_moe";
+    let lens = [9; 6];
+    let (one, _, rep_one) = train_full(arch, None, None, 3, 1e-3, &lens, None);
+    for (d, mode, rule) in [
+        (2, DispatchMode::Occult, CopyRule::Cover),
+        (4, DispatchMode::Standard, CopyRule::Sglang),
+        (3, DispatchMode::Occult, CopyRule::Sglang),
+    ] {
+        let (many, _, rep) = train_full(arch, Some((d, mode)), Some(rule), 3, 1e-3, &lens, None);
+        assert_eq!(many.len(), one.len(), "D={d}: the same tensors");
+        for (k, v) in &one {
+            let err = v
+                .iter()
+                .zip(&many[k])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(err < 1e-4, "D={d} {mode:?} {rule:?} {k}: {err}");
+        }
+        for (a, b) in rep_one.iter().zip(&rep) {
+            assert!(
+                (a.loss - b.loss).abs() < 1e-5,
+                "D={d}: loss {} vs {}",
+                a.loss,
+                b.loss
+            );
+            assert!(
+                (a.grad_norm - b.grad_norm).abs() < 1e-4 * a.grad_norm.max(1.0),
+                "D={d} {rule:?}: gradient norm {} vs {}",
+                a.grad_norm,
+                b.grad_norm
+            );
+        }
     }
 }
 
@@ -571,6 +655,7 @@ fn save_and_reload(what: &str, src: &std::path::Path, out: &std::path::Path) {
             num_devices: 2,
             prune: Default::default(),
             devices_per_node: None,
+            replicas: Default::default(),
         };
         let logits = run_local_with_timeout(
             2,

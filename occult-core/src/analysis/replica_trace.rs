@@ -4,7 +4,7 @@
 //! Each token starts on its rank of the trace's source split, as in the other drivers.
 
 use crate::analysis::collab::token_weighted_mean;
-use crate::analysis::placement::eplb::{eplb_map, expert_loads};
+use crate::analysis::placement::eplb::eplb_map;
 use crate::analysis::placement::replica_search::replicate;
 use crate::analysis::placement::replicas::{CopyRule, ReplicaMap, ReplicaStats};
 use crate::analysis::placement::{Method, Placement, PlacementMetrics, PLACEMENT_FORMAT_V2};
@@ -65,6 +65,7 @@ pub fn replicate_trace(
         let st = map.stats(&l.topk_ids, k, &source, CopyRule::Cover)?;
         entry.device_of_expert.clear();
         entry.slots = Some(map.slot_expert.clone());
+        entry.expert_load = map.expert_load().map(<[f64]>::to_vec);
         entry.metrics = Some(PlacementMetrics {
             ect: st.ect(),
             intra_ratio: None,
@@ -97,7 +98,8 @@ pub struct ReplicaTraceStats {
 }
 
 /// E[C_T] and device loads of every layer of `trace` under `p` (with or without replicas),
-/// copies chosen by `rule` (the cover rule's ties ordered by each layer's expert loads).
+/// copies chosen by `rule` (the cover rule's ties ordered by the loads the placement stores,
+/// as the EP layer orders them).
 pub fn replica_trace_stats(
     trace: &Trace,
     p: &Placement,
@@ -105,15 +107,11 @@ pub fn replica_trace_stats(
     resplit: bool,
 ) -> Result<ReplicaTraceStats> {
     check_placement_fits(trace, p)?;
-    let (e, k) = (trace.meta.num_experts, trace.meta.top_k);
+    let k = trace.meta.top_k;
     let mut layers = Vec::with_capacity(trace.layers.len());
     let mut slots_per_device = 0;
     for l in &trace.layers {
-        let loads: Vec<f64> = expert_loads(&l.topk_ids, e)
-            .into_iter()
-            .map(f64::from)
-            .collect();
-        let map: ReplicaMap = p.replica_map(l.layer, Some(&loads))?;
+        let map: ReplicaMap = p.replica_map(l.layer)?;
         slots_per_device = slots_per_device.max(map.slots_per_device());
         let source = sources(trace, l, p.num_devices, resplit)?;
         let st: ReplicaStats = map.stats(&l.topk_ids, k, &source, rule)?;

@@ -243,6 +243,7 @@ fn place_layer(
             device_of_expert: map,
             metrics: None,
             slots: None,
+            expert_load: None,
         },
         PlaceInfo {
             layer: l.layer,

@@ -98,6 +98,27 @@ impl ExpertLocations {
         }
     }
 
+    /// From a placement with replicas: `experts_of[r]` lists rank r's slots (an expert may
+    /// appear on several ranks, or twice on one); `rank_of` and `slot_of` name each expert's
+    /// first copy (the plans under replicas choose copies with [`SendPlan::replicated`]).
+    pub fn replicated(map: &ReplicaMap) -> Self {
+        let experts_of: Vec<Vec<u32>> = (0..map.num_devices)
+            .map(|d| map.device_slots(d).to_vec())
+            .collect();
+        let (mut rank_of, mut slot_of) = (vec![0u32; map.num_experts], vec![0u32; map.num_experts]);
+        for e in 0..map.num_experts as u32 {
+            let d = map.devices_of(e)[0];
+            rank_of[e as usize] = d;
+            slot_of[e as usize] = map.local_slot(d, e).expect("a device of the expert");
+        }
+        ExpertLocations {
+            num_ranks: map.num_devices,
+            rank_of,
+            slot_of,
+            experts_of,
+        }
+    }
+
     /// The most experts any rank holds.
     pub fn max_local(&self) -> usize {
         self.experts_of.iter().map(Vec::len).max().unwrap_or(0)
@@ -165,53 +186,60 @@ impl SendPlan {
         Ok(Self::lay_out(mode, k, slots_per_row, per_rank))
     }
 
-    /// Occult-mode rows under a placement with replicas: each of a token's experts is served on
-    /// the device the copy `rule` picks for a token on rank `me`, one row per device, carrying
-    /// the local slot of that copy there (and its k position). The same rule the analysis
-    /// counts with ([`ReplicaMap::choose`]).
+    /// The rows under a placement with replicas: each of a token's experts is served on the
+    /// device the copy `rule` picks for a token on rank `me` (the rule the analysis counts
+    /// with, [`ReplicaMap::choose`]), carrying the local slot of that copy there. Occult mode:
+    /// one row per (token, device), with the k positions; standard mode: one row per (token,
+    /// expert).
     pub fn replicated(
         ids: &[u32],
         k: usize,
         map: &ReplicaMap,
         rule: CopyRule,
         me: u32,
+        mode: DispatchMode,
     ) -> Result<Self> {
         check_routing(ids, k, map.num_experts)?;
         if me as usize >= map.num_devices {
             bail!("rank {me} of {} devices", map.num_devices);
         }
-        let slots_per_row = k.min(map.slots_per_device());
+        let slots_per_row = match mode {
+            DispatchMode::Standard => 1,
+            DispatchMode::Occult => k.min(map.slots_per_device()),
+            DispatchMode::TwoLevel => bail!(
+                "two-level dispatch does not run placements with replicas yet: use --mode \
+                 occult or standard"
+            ),
+        };
         let mut per_rank: Vec<Vec<PlannedRow>> = vec![Vec::new(); map.num_devices];
         let mut devices = Vec::with_capacity(k);
         for (token, chosen) in ids.chunks_exact(k).enumerate() {
             map.choose(chosen, me, rule, &mut devices);
+            // (device, slot there, k position) of each expert.
             let mut order: Vec<(u32, u32, u32)> = chosen
                 .iter()
                 .zip(&devices)
                 .enumerate()
-                .map(|(kpos, (&e, &d))| (d, e, kpos as u32))
+                .map(|(kpos, (&e, &d))| {
+                    let slot = map
+                        .local_slot(d, e)
+                        .expect("the rule picks a device with a copy");
+                    (d, slot, kpos as u32)
+                })
                 .collect();
+            if mode == DispatchMode::Standard {
+                for (d, slot, kpos) in order {
+                    per_rank[d as usize].push((token as u32, vec![(slot, kpos)]));
+                }
+                continue;
+            }
             order.sort_by_key(|&(d, _, kpos)| (d, kpos));
             for group in order.chunk_by(|a, b| a.0 == b.0) {
-                let d = group[0].0;
-                let carried = group
-                    .iter()
-                    .map(|&(_, e, kpos)| {
-                        let slot = map
-                            .local_slot(d, e)
-                            .expect("the rule picks a device with a copy");
-                        (slot, kpos)
-                    })
-                    .collect();
-                per_rank[d as usize].push((token as u32, carried));
+                let carried = group.iter().map(|&(_, slot, kpos)| (slot, kpos)).collect();
+                per_rank[group[0].0 as usize].push((token as u32, carried));
             }
         }
-        Ok(Self::lay_out(
-            DispatchMode::Occult,
-            k,
-            slots_per_row,
-            per_rank,
-        ))
+        Ok(Self::lay_out(mode, k, slots_per_row, per_rank))
     }
 
     /// The proxy's leg of a two-level dispatch: each row received across nodes (`row_ids`,
@@ -667,38 +695,59 @@ mod tests {
                 .collect();
             let me = rng.random_range(0..d as u32);
             for rule in [CopyRule::Cover, CopyRule::Sglang] {
-                let plan = SendPlan::replicated(&ids, k, &map, rule, me).unwrap();
-                let mut want = vec![0usize; d];
+                // Per destination: rows (token, device) and pairs (token, expert) of the rule's
+                // choice, counted token by token.
+                let (mut want_rows, mut want_pairs) = (vec![0usize; d], vec![0usize; d]);
                 let mut chosen = Vec::new();
                 for t in ids.chunks_exact(k) {
                     map.choose(t, me, rule, &mut chosen);
+                    chosen.iter().for_each(|&x| want_pairs[x as usize] += 1);
                     let mut devs = chosen.clone();
                     devs.sort_unstable();
                     devs.dedup();
-                    devs.iter().for_each(|&x| want[x as usize] += 1);
+                    devs.iter().for_each(|&x| want_rows[x as usize] += 1);
                 }
-                assert_eq!(plan.send_counts, want, "{rule:?}");
-                let mut row = 0;
-                for (dest, &n) in plan.send_counts.iter().enumerate() {
-                    for _ in 0..n {
-                        let w = plan.slots_per_row;
-                        for j in 0..w {
-                            let (slot, kpos) =
-                                (plan.row_slots[row * w + j], plan.row_kpos[row * w + j]);
-                            if slot == NO_SLOT {
-                                continue;
+                for (mode, want) in [
+                    (DispatchMode::Occult, &want_rows),
+                    (DispatchMode::Standard, &want_pairs),
+                ] {
+                    let plan = SendPlan::replicated(&ids, k, &map, rule, me, mode).unwrap();
+                    assert_eq!(&plan.send_counts, want, "{rule:?} {mode:?}");
+                    // Every (token, k position) is carried once, to a slot holding its expert.
+                    let mut carried = vec![0usize; ids.len()];
+                    let mut row = 0;
+                    for (dest, &n) in plan.send_counts.iter().enumerate() {
+                        for _ in 0..n {
+                            let w = plan.slots_per_row;
+                            for j in 0..w {
+                                let (slot, kpos) =
+                                    (plan.row_slots[row * w + j], plan.row_kpos[row * w + j]);
+                                if slot == NO_SLOT {
+                                    continue;
+                                }
+                                let token = plan.row_token[row] as usize;
+                                let expert = ids[token * k + kpos as usize];
+                                assert_eq!(map.slot_expert[dest * per + slot as usize], expert);
+                                carried[token * k + kpos as usize] += 1;
                             }
-                            let token = plan.row_token[row] as usize;
-                            let expert = ids[token * k + kpos as usize];
-                            assert_eq!(map.slot_expert[dest * per + slot as usize], expert);
+                            row += 1;
                         }
-                        row += 1;
                     }
+                    assert!(carried.iter().all(|&c| c == 1), "{rule:?} {mode:?}");
                 }
                 let sources = vec![me; tokens];
                 let st = map.stats(&ids, k, &sources, rule).unwrap();
-                assert_eq!(plan.rows() as u64, st.devices_touched);
+                assert_eq!(want_rows.iter().sum::<usize>() as u64, st.devices_touched);
             }
+            assert!(SendPlan::replicated(
+                &ids,
+                k,
+                &map,
+                CopyRule::Cover,
+                me,
+                DispatchMode::TwoLevel
+            )
+            .is_err());
         }
     }
 

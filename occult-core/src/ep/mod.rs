@@ -29,7 +29,7 @@ pub mod swiglu;
 pub use comm::Communicator;
 pub use dispatch::{ComputePlan, DispatchMode, ExpertLocations, NodePlan, SendPlan};
 pub use experts::MoeWeights;
-pub use moe::{residual_add, EpMoe, EpSettings, StepStats};
+pub use moe::{residual_add, EpMoe, EpSettings, Replicas, StepStats};
 pub use reference::{reference_forward, reference_forward_routed};
 pub use router::{route, PruneSpec, Routed};
 pub use swiglu::{SharedExperts, SwigluStack};

@@ -33,6 +33,7 @@ use super::router::{route, PruneSpec, Routed};
 use crate::analysis::cluster::Cluster;
 use crate::analysis::collab::total_devices;
 use crate::analysis::placement::devices_and_nodes;
+use crate::analysis::placement::replicas::{CopyRule, ReplicaMap};
 use crate::analysis::placement::validate_map;
 use crate::analysis::pruning::PruneLimit;
 use crate::analysis::routing::RouterRule;
@@ -125,6 +126,56 @@ pub struct EpSettings {
     /// Devices per node (rank r in node r / G): needed by two-level mode; in any mode it
     /// counts rows within and across nodes.
     pub devices_per_node: Option<usize>,
+    /// A placement with replicas (then `device_of_expert` is not used): the layer's slots and
+    /// the rule that picks a token's copies.
+    pub replicas: Option<Replicas>,
+}
+
+/// The layer's experts in E + R slots, some on several ranks, and the copy rule.
+#[derive(Clone, Debug)]
+pub struct Replicas {
+    pub map: ReplicaMap,
+    pub rule: CopyRule,
+}
+
+impl EpSettings {
+    /// Where each expert (each slot, under replicas) lives on `ranks` ranks.
+    pub fn locations(&self, ranks: usize) -> ExpertLocations {
+        match &self.replicas {
+            Some(r) => ExpertLocations::replicated(&r.map),
+            None => ExpertLocations::new(&self.device_of_expert, ranks),
+        }
+    }
+
+    /// Checks the layout against `ranks` ranks: a balanced map, or a replica map for this
+    /// group, in a mode and with options that run it.
+    fn check_layout(&self, ranks: usize) -> Result<()> {
+        let Some(r) = &self.replicas else {
+            return validate_map(&self.device_of_expert, self.rule.num_experts, ranks);
+        };
+        if r.map.num_experts != self.rule.num_experts || r.map.num_devices != ranks {
+            bail!(
+                "a placement with replicas for {} experts on {} devices; the layer has {} \
+                 experts on {ranks} ranks",
+                r.map.num_experts,
+                r.map.num_devices,
+                self.rule.num_experts
+            );
+        }
+        if self.prune.is_some() {
+            bail!(
+                "collaboration pruning does not run on placements with replicas yet (which copy \
+                 a pruned token may use is not defined): place without --replicas to prune"
+            );
+        }
+        if self.mode == DispatchMode::TwoLevel {
+            bail!(
+                "two-level dispatch does not run placements with replicas yet: use --mode \
+                 occult or standard"
+            );
+        }
+        Ok(())
+    }
 }
 
 impl EpSettings {
@@ -141,6 +192,13 @@ impl EpSettings {
         eat(self.mode as u64);
         self.device_of_expert.iter().for_each(|&d| eat(d as u64));
         eat(self.devices_per_node.map_or(0, |g| g as u64));
+        if let Some(r) = &self.replicas {
+            eat(r.rule as u64 + 1);
+            r.map.slot_expert.iter().for_each(|&e| eat(e as u64));
+            for &x in r.map.expert_load().unwrap_or(&[]) {
+                eat(x.to_bits());
+            }
+        }
         if let Some(p) = &self.prune {
             eat(p.rule as u64 + 1);
             match p.limit {
@@ -225,7 +283,7 @@ impl EpMoe {
         settings: EpSettings,
         comm: Arc<dyn Communicator>,
     ) -> Result<Self> {
-        let locations = ExpertLocations::new(&settings.device_of_expert, comm.size());
+        let locations = settings.locations(comm.size());
         let weights = MoeWeights {
             router: full.router.clone(),
             experts: full.experts.select(&locations.experts_of[comm.rank()])?,
@@ -244,12 +302,12 @@ impl EpMoe {
         let rule = &settings.rule;
         rule.validate()?;
         let ranks = comm.size();
-        validate_map(&settings.device_of_expert, rule.num_experts, ranks)?;
-        let locations = ExpertLocations::new(&settings.device_of_expert, ranks);
+        settings.check_layout(ranks)?;
+        let locations = settings.locations(ranks);
         let mine = locations.experts_of[comm.rank()].len();
         if weights.experts.len() != mine {
             bail!(
-                "rank {} holds {} experts, the placement gives it {mine}",
+                "rank {} holds {} experts, the placement gives it {mine} slots",
                 comm.rank(),
                 weights.experts.len()
             );
@@ -385,6 +443,20 @@ impl EpMoe {
         let k = self.settings.rule.top_k;
         let loc = &self.locations;
         let me = self.comm.rank();
+        if let Some(r) = &self.settings.replicas {
+            // The copies the rule picks, counted as the analysis counts them.
+            let mode = self.settings.mode;
+            let plan = SendPlan::replicated(&routed.ids, k, &r.map, r.rule, me as u32, mode)?;
+            let g = self.settings.devices_per_node;
+            let (c_t, c_n) = r.map.touched(&routed.ids, k, me as u32, r.rule, g);
+            (st.devices_touched, st.nodes_touched) = (c_t as usize, c_n as usize);
+            st.rows_sent = plan.rows();
+            st.remote_rows_sent = plan.remote_rows(me);
+            if let Some(c) = self.cluster() {
+                count_levels(&plan.send_counts, me, &c, st);
+            }
+            return Ok(Planned::Direct(plan));
+        }
         // Sums of C_T and C_N as the analysis counts them.
         match self.settings.devices_per_node {
             Some(g) => {

@@ -315,6 +315,7 @@ mod tests {
                     device_of_expert: m.clone(),
                     metrics: None,
                     slots: None,
+                    expert_load: None,
                 })
                 .collect(),
         }

@@ -76,7 +76,7 @@ fn replicated_file(layout: &ExpertLayout, placement: &Placement) -> Result<Value
     let mut moe_rows = std::collections::BTreeMap::new();
     for &l in &layout.moe_layers {
         let map = placement
-            .replica_map(l, None)
+            .replica_map(l)
             .map_err(|err| crate::Error::invalid(format!("MoE layer {l} of the model: {err}")))?;
         let p = *width.get_or_insert(map.slot_expert.len());
         if map.slot_expert.len() != p {
@@ -215,6 +215,7 @@ pub fn placement_of(layout: &ExpertLayout, v: &Value, ep_size: usize) -> Result<
                 device_of_expert,
                 metrics: None,
                 slots: None,
+                expert_load: None,
             }
         })
         .collect();
@@ -307,6 +308,7 @@ mod tests {
                         device_of_expert: m.clone(),
                         metrics: None,
                         slots: None,
+                        expert_load: None,
                     })
                     .collect(),
             };

@@ -14,7 +14,7 @@
 //! backpropagates from the (zero) scalar it returns, so that it runs its reverse exchanges as
 //! its peers do. After the backward pass, [`Model::all_reduce_grads`] sums the gradients of the
 //! replicated trainable tensors (everything but the routed experts) over the ranks; expert
-//! gradients stay with the expert's owner. With each rank's loss divided by the global token
+//! gradients stay with the expert's owner (summed over its copies under replicas). With each rank's loss divided by the global token
 //! count ([`Model::global_count`]), the result equals one device's gradients on the whole
 //! batch.
 
@@ -204,8 +204,11 @@ impl Model {
 
     /// Sums the gradients of the replicated trainable tensors over the ranks, in place (a
     /// tensor without a gradient on some rank counts as zeros there). Routed experts keep their
-    /// owner's gradient. Collective; one all-reduce for all tensors.
+    /// owner's gradient; an expert with copies (a placement with replicas) gets the sum of its
+    /// copies' ([`Model::sum_copy_grads`]). Collective; one all-reduce for all tensors, and
+    /// one per layer with replicas.
     pub fn all_reduce_grads(&self, grads: &mut GradStore) -> Result<()> {
+        self.sum_copy_grads(grads)?;
         let Some(c) = self.comm().filter(|c| c.size() > 1) else {
             return Ok(());
         };

@@ -240,6 +240,7 @@ impl LayerBench {
                 mode,
                 prune,
                 devices_per_node: self.devices_per_node,
+                replicas: None,
             };
             let layer = EpMoe::from_full(&full, settings, comm.clone())?;
             for _ in 0..self.warmup {

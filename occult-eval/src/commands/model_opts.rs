@@ -1,10 +1,11 @@
 //! The flags every model command shares (`--model`, `--dtype`, and the expert-parallel ones
 //! `--devices`, `--backend`, `--mode`, `--placement`, `--max-devices`, `--max-nodes`,
-//! `--devices-per-node`, `--prune-rule`), turned
+//! `--devices-per-node`, `--prune-rule`, `--copy-rule`), turned
 //! into the library's [`ModelSpec`] (the placement file read and checked once, here).
 
 use crate::context::{Backend, ModelSpec};
 use anyhow::Result;
+use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use occult_core::models::model::MoeMode;
 use std::path::PathBuf;
@@ -62,6 +63,11 @@ pub struct ModelOpts {
     /// limit), shared by the ranks of a node.
     #[arg(long, value_parser = occult_core::models::memory::parse_size)]
     pub max_memory: Option<u64>,
+    /// Under a placement with replicas (`occult place --replicas R`): which copy of an
+    /// expert a token uses. cover: the copies that cover the token's experts with the fewest
+    /// devices; sglang: SGLang's static dispatch (the local copy, else a fixed one).
+    #[arg(long, value_enum, default_value_t = CopyRule::Cover)]
+    pub copy_rule: CopyRule,
 }
 
 /// The flags of collaboration pruning's limit (shared by the model commands and `prune`).
@@ -118,6 +124,7 @@ impl ModelOpts {
             prune_rule: self.prune_rule,
             calibration: self.calibration.clone(),
             max_memory: self.max_memory,
+            copy_rule: self.copy_rule,
         }
         .with_placement_file(self.placement.as_deref())
     }

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::analysis::similarity::SimilarityTable;
 use occult_core::analysis::trace::Trace;
-use occult_core::ep::PruneSpec;
+use occult_core::ep::{PruneSpec, Replicas};
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::MoeMode;
 use occult_core::models::model::MoeSetup;
@@ -33,6 +33,7 @@ impl ModelSpec {
             bail!("--mode reference runs on one device; use --mode occult or standard with --devices {}", self.devices);
         }
         let moe_layers: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.moe_layers[l]).collect();
+        let mut replicas = BTreeMap::new();
         let (maps, num_devices) = match &self.placement {
             Some(pl) => {
                 let name = self.placement_name();
@@ -51,8 +52,14 @@ impl ModelSpec {
                 }
                 let mut maps = BTreeMap::new();
                 for &l in &moe_layers {
-                    let map = pl.layer(l).with_context(|| name.clone())?;
-                    maps.insert(l, map.to_vec());
+                    pl.covers(l).with_context(|| name.clone())?;
+                    if pl.layers.iter().any(|x| x.layer == l && x.slots.is_some()) {
+                        let map = pl.replica_map(l).with_context(|| name.clone())?;
+                        let rule = self.copy_rule;
+                        replicas.insert(l, Replicas { map, rule });
+                    } else {
+                        maps.insert(l, pl.layer(l).with_context(|| name.clone())?.to_vec());
+                    }
                 }
                 (maps, pl.num_devices)
             }
@@ -133,6 +140,7 @@ impl ModelSpec {
             num_devices,
             prune,
             devices_per_node: self.devices_per_node,
+            replicas,
         })
     }
 }

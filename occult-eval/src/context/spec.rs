@@ -5,6 +5,7 @@ use super::backend::Backend;
 use super::device::pick_device;
 use anyhow::{bail, Context, Result};
 use candle::Device;
+use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::analysis::placement::Placement;
 use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use occult_core::models::config::ModelConfig;
@@ -45,6 +46,8 @@ pub struct ModelSpec {
     pub calibration: Option<PathBuf>,
     /// The most memory the model may need (bytes); the memory available by default.
     pub max_memory: Option<u64>,
+    /// Under a placement with replicas: which copy of an expert a token uses.
+    pub copy_rule: CopyRule,
 }
 
 impl ModelSpec {
@@ -74,6 +77,7 @@ impl ModelSpec {
             prune_rule: PruneRule::Router,
             calibration: None,
             max_memory: None,
+            copy_rule: CopyRule::Cover,
         }
     }
 

@@ -145,6 +145,12 @@ pub struct LayerPlacement {
     /// first (slot p on device `p / ((E + R) / D)`), as SGLang's `physical_to_logical_map`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<Vec<u32>>,
+    /// v2, a layer with replicas: each expert's load (token count) on the trace it was placed
+    /// from, which orders the cover rule's ties between devices. Stored so that the analysis,
+    /// the dispatch plans and an engine reading the file pick the same copies; absent: all
+    /// equal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_load: Option<Vec<f64>>,
 }
 
 /// A placement file: per-layer maps, how they were made, and what they reached.
@@ -176,6 +182,7 @@ impl Placement {
                     device_of_expert: map.clone(),
                     metrics: None,
                     slots: None,
+                    expert_load: None,
                 })
                 .collect(),
         }
@@ -220,21 +227,19 @@ impl Placement {
         self.layers.iter().any(|l| l.slots.is_some())
     }
 
-    /// The model's layer `layer` as a replica map (a partition is one slot per expert), with
-    /// `expert_load` ordering the cover rule's ties.
-    pub fn replica_map(
-        &self,
-        layer: usize,
-        expert_load: Option<&[f64]>,
-    ) -> Result<replicas::ReplicaMap> {
+    /// The model's layer `layer` as a replica map (a partition is one slot per expert), its
+    /// stored expert loads ordering the cover rule's ties: the copies a token uses are a
+    /// function of the file alone.
+    pub fn replica_map(&self, layer: usize) -> Result<replicas::ReplicaMap> {
         let l = self.entry(layer)?;
         match &l.slots {
             Some(slots) => replicas::ReplicaMap::new(
                 slots.clone(),
                 self.num_experts,
                 self.num_devices,
-                expert_load,
-            ),
+                l.expert_load.as_deref(),
+            )
+            .map_err(|err| Error::invalid(format!("layer {layer} of the placement: {err}"))),
             None => replicas::ReplicaMap::from_partition(&l.device_of_expert, self.num_devices),
         }
     }
@@ -324,8 +329,8 @@ mod tests {
         assert_eq!(p.layer(0).unwrap(), &[0, 0, 1, 1]);
         let e = p.layer(1).unwrap_err().to_string();
         assert!(e.contains("has replicas (6 slots for 4 experts)"), "{e}");
-        assert_eq!(p.replica_map(1, None).unwrap().devices_of(0), &[0, 1]);
-        assert_eq!(p.replica_map(0, None).unwrap().slots_per_device(), 2);
+        assert_eq!(p.replica_map(1).unwrap().devices_of(0), &[0, 1]);
+        assert_eq!(p.replica_map(0).unwrap().slots_per_device(), 2);
         let mut bad = p.clone();
         bad.format = PLACEMENT_FORMAT.into();
         assert!(bad

@@ -38,6 +38,8 @@ pub struct ReplicaMap {
     pub slot_expert: Vec<u32>,
     /// `devices_of[e]`: the devices holding a copy of e, ascending.
     devices_of: Vec<Vec<u32>>,
+    /// The expert loads the map was built with (ties of the cover rule), if any.
+    expert_load: Option<Vec<f64>>,
     /// Each device's expected load (copies carry their expert's load over its copy count).
     device_load: Vec<f64>,
     /// `sglang_copy[source * E + e]`: the device SGLang's static rule sends e to from `source`.
@@ -101,6 +103,7 @@ impl ReplicaMap {
             num_devices,
             slot_expert,
             devices_of,
+            expert_load: expert_load.map(<[f64]>::to_vec),
             device_load,
             sglang_copy,
         })
@@ -115,6 +118,28 @@ impl ReplicaMap {
         }
         let slots = by_device.into_iter().flatten().collect();
         Self::new(slots, device_of_expert.len(), num_devices, None)
+    }
+
+    /// The expert loads that order the cover rule's ties (`None`: all equal).
+    pub fn expert_load(&self) -> Option<&[f64]> {
+        self.expert_load.as_deref()
+    }
+
+    /// The experts with more than one copy, ascending.
+    pub fn replicated_experts(&self) -> Vec<u32> {
+        let mut copies = vec![0usize; self.num_experts];
+        self.slot_expert
+            .iter()
+            .for_each(|&e| copies[e as usize] += 1);
+        (0..self.num_experts as u32)
+            .filter(|&e| copies[e as usize] > 1)
+            .collect()
+    }
+
+    /// The expert in each of `device`'s slots, in slot order.
+    pub fn device_slots(&self, device: usize) -> &[u32] {
+        let per = self.slots_per_device();
+        &self.slot_expert[device * per..(device + 1) * per]
     }
 
     pub fn slots_per_device(&self) -> usize {
@@ -215,6 +240,34 @@ impl ReplicaMap {
             let (_, d) = best.expect("an unserved expert has a copy");
             chosen.push(d);
         }
+    }
+
+    /// The sums of C_T (distinct devices) and, given `per_node` devices per node, of C_N
+    /// (distinct nodes, device d in node d / per_node; else 0) over the tokens of `ids`
+    /// (`[tokens, k]`, ids checked by the caller), all on device `source`, after `rule`'s
+    /// choice.
+    pub fn touched(
+        &self,
+        ids: &[u32],
+        k: usize,
+        source: u32,
+        rule: CopyRule,
+        per_node: Option<usize>,
+    ) -> (u64, u64) {
+        let (mut devices, mut nodes) = (0u64, 0u64);
+        let mut chosen = Vec::with_capacity(k);
+        for token in ids.chunks_exact(k.max(1)) {
+            self.choose(token, source, rule, &mut chosen);
+            chosen.sort_unstable();
+            chosen.dedup();
+            devices += chosen.len() as u64;
+            if let Some(g) = per_node.filter(|&g| g > 0) {
+                chosen.iter_mut().for_each(|d| *d /= g as u32);
+                chosen.dedup();
+                nodes += chosen.len() as u64;
+            }
+        }
+        (devices, nodes)
     }
 
     /// E[C_T] and the devices' (row, expert) pairs over the tokens of `ids` (`[tokens, k]`),

@@ -8,7 +8,7 @@ use super::moe::{MoeBlock, MoeExec, MoeSetup};
 use super::same_layout::check_same_layout;
 use crate::analysis::placement::validate_map;
 use crate::ep::comm::Communicator;
-use crate::ep::{EpMoe, EpSettings, ExpertLocations, MoeWeights};
+use crate::ep::{EpMoe, EpSettings, MoeWeights};
 use crate::models::config::ModelConfig;
 use crate::models::weights::Weights;
 use crate::{bail, Error, Result};
@@ -52,24 +52,33 @@ impl Model {
                 (None, Some(router)) => {
                     let prefix = format!("model.layers.{l}.{}", names.block);
                     let map = setup.map(l, e);
-                    validate_map(&map, e, setup.num_devices)
-                        .map_err(|err| Error::invalid(format!("layer {l}: {err}")))?;
+                    let replicas = setup.replicas.get(&l).cloned();
                     let prune = setup.prune.get(&l).cloned();
+                    if replicas.is_none() {
+                        validate_map(&map, e, setup.num_devices)
+                            .map_err(|err| Error::invalid(format!("layer {l}: {err}")))?;
+                    } else if setup.mode.is_none() && prune.is_some() {
+                        bail!(
+                            "layer {l}: collaboration pruning does not run on placements with \
+                             replicas yet: place without --replicas to prune"
+                        );
+                    }
                     let exec = match (setup.mode, &comm) {
                         (Some(mode), Some(c)) => {
-                            let locs = ExpertLocations::new(&map, c.size());
-                            let mine = &locs.experts_of[c.rank()];
-                            let weights = MoeWeights {
-                                router,
-                                experts: w.experts(&prefix, names.experts, mine, e, h, i)?,
-                                shared: d.shared,
-                            };
                             let settings = EpSettings {
                                 rule: rule.clone(),
                                 device_of_expert: map,
                                 mode,
                                 prune,
                                 devices_per_node: setup.devices_per_node.or(c.node_size()),
+                                replicas,
+                            };
+                            let locs = settings.locations(c.size());
+                            let mine = &locs.experts_of[c.rank()];
+                            let weights = MoeWeights {
+                                router,
+                                experts: w.experts(&prefix, names.experts, mine, e, h, i)?,
+                                shared: d.shared,
                             };
                             MoeExec::Parallel(EpMoe::new(weights, settings, c.clone())?)
                         }

@@ -17,6 +17,7 @@
 //! | `assemble` | [`Model::assemble`]: one rank's model from its dense parts and experts |
 //! | `same_layout` | the check that every rank assembles the same model, and [`fingerprint`] |
 //! | `params` | the model's tensors by checkpoint name, tagged as routed experts or not |
+//! | `copies` | replicated experts in training: their copies' gradients summed, counted once |
 //! | `forward` | [`Model::forward`]: ids to [`Logits`] through every layer |
 //! | `cache` | [`KvCache`], the key/value caches of all layers |
 //! | `recorder` | [`RoutingRecorder`] and [`RouterTap`], routing recorded by forwards |
@@ -26,6 +27,7 @@
 
 mod assemble;
 mod cache;
+mod copies;
 mod decoder;
 mod dense;
 mod forward;

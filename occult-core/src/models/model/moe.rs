@@ -4,7 +4,7 @@
 //! layer).
 
 use crate::analysis::routing::RouterRule;
-use crate::ep::{DispatchMode, EpMoe, MoeWeights, PruneSpec};
+use crate::ep::{DispatchMode, EpMoe, MoeWeights, PruneSpec, Replicas};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -56,6 +56,9 @@ pub struct MoeSetup {
     /// Devices per node (two-level mode; otherwise it only splits the row counts by level).
     /// `None`: the communicator's own (under MPI, the ranks of one host).
     pub devices_per_node: Option<usize>,
+    /// MoE layers whose placement has replicas (their `maps` entry is not used), with the copy
+    /// rule.
+    pub replicas: BTreeMap<usize, Replicas>,
 }
 
 impl MoeSetup {
@@ -67,6 +70,7 @@ impl MoeSetup {
             num_devices: 1,
             prune: BTreeMap::new(),
             devices_per_node: None,
+            replicas: BTreeMap::new(),
         }
     }
 

@@ -28,12 +28,24 @@ fn layout(dense: &DenseParts, setup: &MoeSetup) -> Result<Vec<(String, String)>>
             weights.extend(r.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
         }
     }
-    // The maps in effect (a file's, or the default contiguous ones) of every MoE layer.
-    let maps: Vec<u8> = (0..c.num_layers)
-        .filter(|&l| c.moe_layers[l])
-        .flat_map(|l| std::iter::once(l as u32).chain(setup.map(l, c.moe.num_experts)))
-        .flat_map(u32::to_le_bytes)
-        .collect();
+    // The maps in effect (a file's, or the default contiguous ones) of every MoE layer; under
+    // replicas its slots, the copy rule and the loads that break its ties.
+    let mut maps: Vec<u8> = Vec::new();
+    for l in (0..c.num_layers).filter(|&l| c.moe_layers[l]) {
+        let words: Vec<u32> = match setup.replicas.get(&l) {
+            Some(r) => [l as u32, u32::MAX, r.rule as u32]
+                .into_iter()
+                .chain(r.map.slot_expert.iter().copied())
+                .collect(),
+            None => std::iter::once(l as u32)
+                .chain(setup.map(l, c.moe.num_experts))
+                .collect(),
+        };
+        maps.extend(words.into_iter().flat_map(u32::to_le_bytes));
+        if let Some(loads) = setup.replicas.get(&l).and_then(|r| r.map.expert_load()) {
+            maps.extend(loads.iter().flat_map(|x| x.to_le_bytes()));
+        }
+    }
     let prune: Vec<String> = setup
         .prune
         .iter()
