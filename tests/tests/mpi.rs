@@ -309,6 +309,13 @@ fn two_level_parity_under_mpirun_on_two_emulated_nodes() {
     parity_on(4, &["10", "--nodes", "2"]);
 }
 
+/// Every case under a placement with replicas (both copy rules, both flat modes, on 3 ranks):
+/// outputs, gradients and the rows to each peer against the reference and the rule's count.
+#[test]
+fn replica_parity_under_mpirun() {
+    parity_on(3, &["10", "--replicas"]);
+}
+
 #[test]
 fn a_dead_rank_fails_the_job_instead_of_hanging() {
     let all = failing_run(3, &["2", "--die-rank", "1"]);
@@ -573,6 +580,111 @@ fn training_under_mpirun_takes_the_steps_of_threads() {
         assert!((x - y).abs() < 1e-6, "{a:?} vs {b:?}");
     }
     // Rank 0 wrote one model, loadable as it is.
+    occult_ok(dir, &["model", "check", "--model", "mpi"]);
+}
+
+/// A placement with replicas, end to end under mpirun: profiled, placed with 4 more slots
+/// (Occult's copies), fine-tuned on 2 processes with the losses of 2 threads and of one
+/// device, and saved as a model that loads.
+#[test]
+fn replicated_training_under_mpirun_takes_the_steps_of_threads() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    write_add_one_data(dir);
+    let text: String = (0..20)
+        .map(|i| format!("{{\"text\": \"{} plus one is {}\"}}\n", i, i + 1))
+        .collect();
+    std::fs::write(dir.join("text.jsonl"), text).unwrap();
+    let model = fixture("olmoe");
+    occult_ok(
+        dir,
+        &[
+            "profile",
+            "--model",
+            &model,
+            "--data",
+            "text.jsonl",
+            "--output",
+            "t.safetensors",
+            "--seq-len",
+            "64",
+        ],
+    );
+    occult_ok(
+        dir,
+        &[
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "2",
+            "--replicas",
+            "4",
+            "-o",
+            "p.json",
+        ],
+    );
+    let placed: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("p.json")).unwrap()).unwrap();
+    assert_eq!(placed["format"], "occult.placement.v2");
+    let args = |out: &str, extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "train",
+            "--model",
+            &model,
+            "--data",
+            "a.jsonl",
+            "--out",
+            out,
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--lr",
+            "1e-3",
+            "--seq-len",
+            "128",
+        ]
+        .map(String::from)
+        .to_vec();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    fn strs(a: &[String]) -> Vec<&str> {
+        a.iter().map(String::as_str).collect()
+    }
+    let on_two = ["--devices", "2", "--placement", "p.json"];
+    occult_ok(dir, &strs(&args("threads", &on_two)));
+    occult_ok(dir, &strs(&args("one", &[])));
+    let a = args("mpi", &[&on_two[..], &["--backend", "mpi"]].concat());
+    let out = mpirun_occult(2, dir, &strs(&a));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let losses = |run: &str| -> Vec<f64> {
+        std::fs::read_to_string(dir.join(run).join("log.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                    .as_f64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let threads = losses("threads");
+    assert_eq!(threads.len(), 2);
+    for run in ["mpi", "one"] {
+        for (x, y) in threads.iter().zip(&losses(run)) {
+            assert!(
+                (x - y).abs() < 1e-5 * x.abs().max(1.0),
+                "{run}: {threads:?} vs {:?}",
+                losses(run)
+            );
+        }
+    }
     occult_ok(dir, &["model", "check", "--model", "mpi"]);
 }
 

@@ -11,6 +11,7 @@ use crate::context::{Backend, ModelSpec};
 use anyhow::{bail, Context, Result};
 use candle::{DType, Device, Tensor};
 use occult_core::analysis::links::{swiglu_flops, LinkProfile};
+use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::StepStats;
@@ -203,8 +204,9 @@ pub fn run(
         );
     }
     let mut results = Vec::new();
-    for (label, mode, prune) in modes(b) {
+    for (label, mode, prune, copy_rule) in with_copy_rules(opts, modes(b)) {
         let mut o = mode_opts(opts, mode, prune);
+        o.copy_rule = copy_rule;
         o.devices_per_node = o.devices_per_node.or(b.devices_per_node);
         let work = occult_core::models::data_parallel::fingerprint(
             serde_json::to_vec(b).unwrap_or_default(),
@@ -251,6 +253,26 @@ pub fn run(
     let tokens = prompts * b.prompt_len;
     results.insert(0, reference(tokens, prefill_s, Some(step_s), None));
     Ok(Some(results))
+}
+
+/// The modes a bench runs, each with its copy rule: `modes` under the spec's rule, or under a
+/// placement with replicas [`super::modes::replica_modes`] (said on stderr).
+pub(crate) fn with_copy_rules(
+    opts: &ModelSpec,
+    modes: Vec<(String, MoeMode, Option<PruneLimit>)>,
+) -> Vec<(String, MoeMode, Option<PruneLimit>, CopyRule)> {
+    if !opts.placement.as_ref().is_some_and(|p| p.has_replicas()) {
+        let rule = opts.copy_rule;
+        return modes.into_iter().map(|(l, m, p)| (l, m, p, rule)).collect();
+    }
+    eprintln!(
+        "the placement has replicas: standard and occult dispatch with SGLang's copies, and \
+         occult with the cover rule's (pruned and two-level modes do not run replicas yet)"
+    );
+    super::modes::replica_modes()
+        .into_iter()
+        .map(|(l, m, rule)| (l, m, None, rule))
+        .collect()
 }
 
 /// The options of one mode: its dispatch and pruning (by the router rule when the similarity

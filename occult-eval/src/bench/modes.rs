@@ -5,9 +5,11 @@
 //! row, and the table with each mode's ratios to standard dispatch.
 
 use occult_core::analysis::links::{project_step, LinkProfile, Projection, RankStep};
+use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::ep::comm::Exchange;
 use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::StepStats;
+use occult_core::models::model::MoeMode;
 use serde::{Deserialize, Serialize};
 
 /// One rank's measurements of one mode.
@@ -73,6 +75,21 @@ impl Exchanges {
     fn is_layer(self) -> bool {
         matches!(self, Exchanges::LayerForward(_))
     }
+}
+
+/// The modes a benchmark runs under a placement with replicas, as (label, mode, copy rule):
+/// standard and Occult dispatch with SGLang's copies (what serving there gives), and Occult
+/// dispatch with the cover rule's. Pruning and the two-level exchange do not run replicas yet.
+pub fn replica_modes() -> Vec<(String, MoeMode, CopyRule)> {
+    vec![
+        ("standard".into(), MoeMode::Standard, CopyRule::Sglang),
+        (
+            "occult, sglang copies".into(),
+            MoeMode::Occult,
+            CopyRule::Sglang,
+        ),
+        ("occult".into(), MoeMode::Occult, CopyRule::Cover),
+    ]
 }
 
 /// The node size a benchmark of `devices` ranks runs the two-level exchange with: the one

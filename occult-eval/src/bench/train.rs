@@ -5,7 +5,7 @@
 //! (forward and backward exchanges, gradient reduction), E[C_T], the EP stages' times, and
 //! with a link profile its projection (the exchanges as measured, in f32).
 
-use super::model_ep::{measure, mode_opts};
+use super::model_ep::{measure, mode_opts, with_copy_rules};
 use super::modes::{summarise, Exchanges, ModeSummary, RankRun};
 use crate::context::ModelSpec;
 use anyhow::{bail, Context, Result};
@@ -143,8 +143,9 @@ pub fn run(
     let work =
         occult_core::models::data_parallel::fingerprint(serde_json::to_vec(b).unwrap_or_default());
     let mut results = Vec::new();
-    for (label, mode, prune) in modes {
+    for (label, mode, prune, copy_rule) in with_copy_rules(opts, modes) {
         let mut o = mode_opts(opts, mode, prune);
+        o.copy_rule = copy_rule;
         o.devices_per_node = o.devices_per_node.or(nodes);
         let ck = &*ck;
         let runs = o.run_training(ck, |m| measure(m, work, &label, || rank_run(m, b, ck)))?;

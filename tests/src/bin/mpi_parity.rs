@@ -7,7 +7,9 @@
 //! (`--timeout S` seconds, default 20) must end them (to check that nobody hangs).
 //! `--nodes G` runs every case in two-level mode on nodes of G ranks (emulated nodes on one
 //! host). Rank 0 first prints the node size MPI reports (`node size G`: the ranks sharing
-//! memory, from `MPI_Comm_split_type`).
+//! memory, from `MPI_Comm_split_type`). `--replicas` runs every case (in a flat mode, unpruned)
+//! under a random placement with replicas, copies chosen by the cover rule on even seeds and
+//! SGLang's on odd ones.
 
 use occult_core::ep::comm::mpi::MpiComm;
 use occult_core::ep::comm::Communicator;
@@ -30,6 +32,7 @@ fn main() {
     let stall = flag("--stall-rank").map(|r| r as usize);
     let timeout = Duration::from_secs(flag("--timeout").unwrap_or(20));
     let nodes = flag("--nodes").map(|g| g as usize);
+    let replicas = args.iter().any(|a| a == "--replicas");
     let comm = match MpiComm::init_with_timeout(timeout) {
         Ok(c) => c,
         Err(e) => {
@@ -59,6 +62,16 @@ fn main() {
         if let Some(g) = nodes {
             case.mode = occult_core::ep::DispatchMode::TwoLevel;
             case.devices_per_node = Some(g);
+        }
+        if replicas {
+            use occult_core::analysis::placement::replicas::CopyRule;
+            use occult_core::ep::DispatchMode;
+            if case.mode == DispatchMode::TwoLevel {
+                case.mode = DispatchMode::Occult;
+            }
+            case.prune = None;
+            let rule = [CopyRule::Cover, CopyRule::Sglang][seed as usize % 2];
+            case.replicas = Some((1 + seed as usize % 2, rule));
         }
         if let Err(msg) = check(&case, &comm) {
             eprintln!("error: rank {rank}: {msg} in {case:?}");

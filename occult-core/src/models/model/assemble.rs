@@ -80,7 +80,7 @@ impl Model {
                                 experts: w.experts(&prefix, names.experts, mine, e, h, i)?,
                                 shared: d.shared,
                             };
-                            MoeExec::Parallel(EpMoe::new(weights, settings, c.clone())?)
+                            MoeExec::Parallel(Box::new(EpMoe::new(weights, settings, c.clone())?))
                         }
                         _ => {
                             let all: Vec<u32> = (0..e as u32).collect();

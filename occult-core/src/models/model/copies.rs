@@ -15,7 +15,7 @@ impl Model {
     fn replicated_layers(&self) -> impl Iterator<Item = &EpMoe> {
         self.layers.iter().filter_map(|layer| match &layer.mlp {
             Mlp::Moe(b) => match &b.exec {
-                MoeExec::Parallel(ep) if ep.settings.replicas.is_some() => Some(ep),
+                MoeExec::Parallel(ep) if ep.settings.replicas.is_some() => Some(&**ep),
                 _ => None,
             },
             Mlp::Dense(_) => None,

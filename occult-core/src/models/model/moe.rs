@@ -91,7 +91,7 @@ pub enum MoeExec {
         prune: Option<(PruneSpec, Vec<u32>, usize)>,
     },
     /// This rank's part of the expert-parallel layer.
-    Parallel(EpMoe),
+    Parallel(Box<EpMoe>),
 }
 
 /// One MoE block.
