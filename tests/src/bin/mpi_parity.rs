@@ -62,6 +62,7 @@ fn main() {
         if let Some(g) = nodes {
             case.mode = occult_core::ep::DispatchMode::TwoLevel;
             case.devices_per_node = Some(g);
+            case.replicas = None;
         }
         if replicas {
             use occult_core::analysis::placement::replicas::CopyRule;
