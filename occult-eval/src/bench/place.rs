@@ -51,6 +51,10 @@ pub fn run(
     Ok(())
 }
 
+/// Load caps tried, in order, where no partition meets 1.05: copies then balance the first one
+/// found.
+const LOOSER_CAPS: [f64; 4] = [1.1, 1.2, 1.35, 1.5];
+
 /// Every method's run on `trace` (read from `path`) on `d` devices; with `replicas`, also
 /// Occult under a 1.05 load cap, EPLB under both copy rules and Occult's partitions with copies.
 pub fn runs_on(
@@ -106,6 +110,30 @@ pub fn runs_on(
             base = Some(placed);
         }
     }
+    // Without a partition within 1.05, the first looser cap one meets, for copies to balance.
+    if replicas > 0 && partitions.iter().all(|p| p.2.is_none()) {
+        for cap in LOOSER_CAPS {
+            let c = SearchConfig {
+                max_load_factor: Some(cap),
+                ..cfg.clone()
+            };
+            let start = Instant::now();
+            if let Ok((placed, _)) = place_trace(trace, d, Method::Occult, &c, &|| {}) {
+                let name = format!("occult, load cap {cap}");
+                let seconds = start.elapsed().as_secs_f64();
+                runs.push(measured(
+                    trace,
+                    path,
+                    &name,
+                    seconds,
+                    &placed,
+                    CopyRule::Cover,
+                )?);
+                partitions.push((name, placed, Some(cap)));
+                break;
+            }
+        }
+    }
     if let (true, Some(base)) = (replicas > 0, base) {
         let e = trace.meta.num_experts;
         // Up to the next count that fills the devices evenly.
@@ -115,20 +143,41 @@ pub fn runs_on(
         let start = Instant::now();
         let eplb = replicate_trace(trace, &base, Method::Eplb, r, None)?;
         let seconds = start.elapsed().as_secs_f64();
+        let mut eplb_balance = 1.0;
         for (rule_name, rule) in [("cover", CopyRule::Cover), ("sglang", CopyRule::Sglang)] {
             let name = format!("eplb R={r}, {rule_name} rule");
             let run = measured(trace, path, &name, seconds, &eplb, rule)?;
             eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
+            eplb_balance = run.max_load_ratio;
             runs.push(run);
         }
-        // Occult's partitions with copies added where they save the most devices (R
-        // up to a multiple of D), within the partition's own load cap.
+        // Occult's partitions with copies added where they save the most devices (R up to a
+        // multiple of D), within the partition's own load cap; and the uncapped partition
+        // balanced by its copies to a cap of 1.05 and to EPLB's balance (under SGLang's rule)
+        // plus 0.02.
         let r = (replicas..).find(|r| r.is_multiple_of(d)).expect("exists");
+        let tight = ((eplb_balance + 0.02) * 1000.0).floor() / 1000.0;
+        let mut jobs: Vec<(String, &Placement, Option<f64>)> = Vec::new();
         for (name, placed, cap) in &partitions {
+            jobs.push((format!("{name} + R={r} copies"), placed, *cap));
+            if let Some(c) = cap {
+                for to in [1.05, tight].into_iter().filter(|&to| to < c - 1e-9) {
+                    let name = format!("{name} + R={r} copies, load cap {to}");
+                    jobs.push((name, placed, Some(to)));
+                }
+            }
+        }
+        for (name, placed, cap) in jobs {
             let start = Instant::now();
-            let copies = replicate_trace(trace, placed, Method::Occult, r, *cap)?;
+            let copies = match replicate_trace(trace, placed, Method::Occult, r, cap) {
+                Ok(c) => c,
+                Err(err) if cap.is_some() => {
+                    eprintln!("{} D={d} {name}: none ({err})", path.display());
+                    continue;
+                }
+                Err(err) => return Err(err.into()),
+            };
             let seconds = start.elapsed().as_secs_f64();
-            let name = format!("{name} + R={r} copies");
             let run = measured(trace, path, &name, seconds, &copies, CopyRule::Cover)?;
             eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
             runs.push(run);

@@ -1,7 +1,8 @@
 //! Occult's placement with replicas: from a partition (one slot per expert), R more slots, the
-//! same number on every device, each filled greedily with the copy that lowers the layer's
-//! exact sum of C_T the most under the cover rule ([`CopyRule::Cover`]), among copies that keep
-//! the busiest device within the load cap when one is given. The sum never rises: where no
+//! same number on every device. Where the partition is over the load cap, copies of the busiest
+//! device's experts first bring it under; then each slot left is filled greedily with the copy
+//! that lowers the layer's exact sum of C_T the most under the cover rule ([`CopyRule::Cover`]),
+//! among copies that keep the busiest device within the load cap when one is given. The sum never rises: where no
 //! copy lowers it, the slots left hold second copies of their devices' own experts. Every candidate is scored by a
 //! full recount of the layer under the rule, so the figure it reports is the one the analysis,
 //! the dispatch and the export count.
@@ -28,8 +29,10 @@ pub struct ReplicaOutcome {
 
 /// Adds `replicas` copies to the partition `device_of_expert` (E and R each a multiple of the
 /// devices) for the routing `ids` (`[tokens, k]`, token t starting on `source[t]`), keeping the
-/// max/mean device load within `max_load_factor` where given (a copy that breaks it is not
-/// taken; the start must meet it). The experts' token counts order the cover rule's ties.
+/// max/mean device load within `max_load_factor` where given. A start over the cap is first
+/// balanced: copies of the busiest device's experts go where they lower the max/mean load most
+/// (refused, with the figures, if R copies cannot bring it under); then no copy that breaks
+/// the cap is taken. The experts' token counts order the cover rule's ties.
 pub fn replicate(
     ids: &[u32],
     k: usize,
@@ -75,18 +78,49 @@ pub fn replicate(
     };
     let start_map = build(&slots)?;
     let start = score(&start_map)?;
-    if let Some(f) = max_load_factor {
-        if start.1 > f + 1e-12 {
-            bail!(
-                "the start's max/mean load is {:.3}, over the cap {f}: start from a capped \
-                 partition",
-                start.1
-            );
-        }
-    }
     let per_device = (e_n + replicas) / num_devices;
+    let over = |s: (f64, f64)| max_load_factor.is_some_and(|f| s.1 > f + 1e-12);
     let mut best = start;
-    for _ in 0..replicas {
+    let mut left = replicas;
+    // Balance first: while the busiest device is over the cap, copy one of its experts to a
+    // device with a free slot, the copy that lowers max/mean load most (then the sum of C_T).
+    while over(best) && left > 0 {
+        let pairs = build(&slots)?.stats(ids, k, source, CopyRule::Cover)?.pairs;
+        let busiest = (0..num_devices).max_by_key(|&d| pairs[d]).unwrap_or(0);
+        let mut step: Option<((f64, f64), usize, u32)> = None;
+        let mut own: Vec<u32> = slots[busiest].clone();
+        own.sort_unstable();
+        own.dedup();
+        for &e in &own {
+            for d in (0..num_devices).filter(|&d| d != busiest && slots[d].len() < per_device) {
+                if slots[d].contains(&e) {
+                    continue;
+                }
+                let mut trial = slots.clone();
+                trial[d].push(e);
+                let s = score(&build(&trial)?)?;
+                let key = (s.1, s.0);
+                if s.1 < best.1 - 1e-12 && step.is_none_or(|(b, _, _)| key < (b.1, b.0)) {
+                    step = Some((s, d, e));
+                }
+            }
+        }
+        let Some((s, d, e)) = step else { break };
+        slots[d].push(e);
+        best = s;
+        left -= 1;
+    }
+    if over(best) {
+        bail!(
+            "no copies bring the max/mean load to the cap {}: {:.3} after {} of {replicas} \
+             copies (from {:.3}); give more --replicas or a higher --max-load-factor",
+            max_load_factor.unwrap_or(0.0),
+            best.1,
+            replicas - left,
+            start.1
+        );
+    }
+    for _ in 0..left {
         let mut step: Option<((f64, f64), usize, u32)> = None;
         for d in 0..num_devices {
             if slots[d].len() >= per_device {
@@ -97,7 +131,7 @@ pub fn replicate(
                 trial[d].push(e);
                 let m = build(&trial)?;
                 let s = score(&m)?;
-                if max_load_factor.is_some_and(|f| s.1 > f + 1e-12) {
+                if over(s) {
                     continue;
                 }
                 // Only a copy that lowers the sum (the cover is greedy, so one can raise it).
@@ -111,16 +145,14 @@ pub fn replicate(
                 slots[d].push(e);
                 best = s;
             }
-            None => {
-                // No copy lowers the sum within the cap: the remaining slots hold second copies
-                // of their devices' own experts (no effect), so every device has the same slots.
-                for s in slots.iter_mut() {
-                    while s.len() < per_device {
-                        s.push(s[0]);
-                    }
-                }
-                break;
-            }
+            None => break,
+        }
+    }
+    // Slots no copy helps in hold second copies of their devices' own experts (no effect), so
+    // every device has the same slots.
+    for s in slots.iter_mut() {
+        while s.len() < per_device {
+            s.push(s[0]);
         }
     }
     let map = build(&slots)?;
@@ -171,5 +203,24 @@ mod tests {
         let st = out.map.stats(&ids, 2, &source, CopyRule::Cover).unwrap();
         assert_eq!(st.ect(), 1.0);
         assert!(replicate(&ids, 2, &source, &map, 2, 1, None).is_err());
+    }
+
+    /// Every token uses expert 0 (device 0), half of them from each device: the start's
+    /// max/mean load is 2. A copy of 0 on device 1 serves the tokens that start there, which
+    /// brings it to 1; a cap one copy cannot reach is refused with the figures.
+    #[test]
+    fn a_start_over_the_cap_is_balanced_by_copies_of_the_busiest_devices_experts() {
+        let map = [0, 0, 1, 1];
+        let ids = vec![0u32; 10];
+        let source: Vec<u32> = (0..10).map(|t| t / 5).collect();
+        let out = replicate(&ids, 1, &source, &map, 2, 2, Some(1.05)).unwrap();
+        assert_eq!(out.start.1, 2.0);
+        assert_eq!(out.result.1, 1.0);
+        assert!(out.map.devices_of(0).contains(&1));
+        let st = out.map.stats(&ids, 1, &source, CopyRule::Cover).unwrap();
+        assert_eq!(st.pairs, vec![5, 5]);
+        // All tokens from device 0: no copy moves load, so the cap is out of reach.
+        let e = replicate(&ids, 1, &[0; 10], &map, 2, 2, Some(1.05)).unwrap_err();
+        assert!(e.to_string().contains("no copies bring"), "{e}");
     }
 }
