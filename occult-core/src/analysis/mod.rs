@@ -15,6 +15,7 @@
 //! | [`projection`] | layer and training-step times projected for D devices on a machine |
 //! | [`whole_trace`] | drivers that apply the per-layer functions to every layer of a trace |
 //! | [`replica_trace`] | the same for placements with replicas: adding them, and counting under a copy rule |
+//! | [`replica_projection`] | one placement's projected layer time on a machine, copies chosen by a rule |
 //!
 //! Nothing here touches a tensor: the functions take ids, logits and maps as plain slices, so
 //! they are cheap, deterministic and tested by properties over random routings.
@@ -26,6 +27,7 @@ pub mod placement;
 pub mod projection;
 pub mod pruning;
 pub mod ranks;
+pub mod replica_projection;
 pub mod replica_trace;
 pub mod routing;
 pub mod sglang_dump;

@@ -166,16 +166,7 @@ pub fn project_trace(
     if s.tokens_per_device.contains(&0) {
         bail!("tokens per device must be at least 1");
     }
-    let mut rng = ChaCha8Rng::seed_from_u64(s.seed);
-    let order: Vec<Vec<usize>> = trace
-        .layers
-        .iter()
-        .map(|l| {
-            let mut o: Vec<usize> = (0..l.tokens).collect();
-            o.shuffle(&mut rng);
-            o
-        })
-        .collect();
+    let order = token_order(trace, s.seed);
     if s.load_caps.iter().any(|&c| c.is_nan() || c < 1.0) {
         bail!("load caps are factors of the mean load, at least 1");
     }
@@ -372,6 +363,57 @@ pub fn project_trace(
     })
 }
 
+/// Each layer's tokens in a seeded shuffle: device s of a projection takes the tokens
+/// `order[(s * t + j) % tokens]`, so every device sees different tokens while they last.
+pub fn token_order(trace: &Trace, seed: u64) -> Vec<Vec<usize>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    trace
+        .layers
+        .iter()
+        .map(|l| {
+            let mut o: Vec<usize> = (0..l.tokens).collect();
+            o.shuffle(&mut rng);
+            o
+        })
+        .collect()
+}
+
+/// The sizes of one MoE layer a projection models.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct LayerSizes {
+    pub hidden: usize,
+    /// Intermediate size of one routed expert.
+    pub intermediate: usize,
+    /// Of the shared expert(s) every token runs locally (0: none).
+    pub shared_intermediate: usize,
+}
+
+/// Mean seconds per MoE layer of one exchange of `traffic` (one layer each, `t` tokens per
+/// device) on `p`, and of the slowest device's expert compute (its pairs' SwiGLU FLOPs plus
+/// every token's shared expert, over the profile's `device_flops`).
+pub fn layer_seconds(
+    traffic: &[LevelTraffic],
+    p: &LinkProfile,
+    t: usize,
+    sizes: &LayerSizes,
+) -> (f64, f64) {
+    let layers = traffic.len().max(1) as f64;
+    let row_bytes = sizes.hidden as f64 * p.activation_bytes;
+    let shared = swiglu_flops(t, sizes.hidden, sizes.shared_intermediate);
+    let exchange: f64 = traffic
+        .iter()
+        .map(|l| l.exchange_seconds(p, row_bytes))
+        .sum();
+    let compute: f64 = traffic
+        .iter()
+        .map(|l| {
+            let routed = swiglu_flops(l.max_pairs() as usize, sizes.hidden, sizes.intermediate);
+            (routed + shared) / p.device_flops
+        })
+        .sum();
+    (exchange / layers, compute / layers)
+}
+
 /// The node level a node-aware placement is searched for on `p` with D devices: its node size
 /// and the intra- over inter-node bandwidth as the row weight; `None` on one node, when the
 /// node size does not divide D, or when the profile does not forward across nodes.
@@ -394,13 +436,13 @@ fn project_variant(
 ) -> Result<ModeProjection> {
     let traffic = layer_traffic(v, cluster, t, order)?;
     let layers = traffic.len() as f64;
-    let row_bytes = s.hidden as f64 * p.activation_bytes;
-    let shared = swiglu_flops(t, s.hidden, s.shared_intermediate);
     let mean = |f: &dyn Fn(&LevelTraffic) -> f64| traffic.iter().map(f).sum::<f64>() / layers;
-    let exchange_s = mean(&|l| l.exchange_seconds(p, row_bytes));
-    let compute_s = mean(&|l| {
-        (swiglu_flops(l.max_pairs() as usize, s.hidden, s.intermediate) + shared) / p.device_flops
-    });
+    let sizes = LayerSizes {
+        hidden: s.hidden,
+        intermediate: s.intermediate,
+        shared_intermediate: s.shared_intermediate,
+    };
+    let (exchange_s, compute_s) = layer_seconds(&traffic, p, t, &sizes);
     let intra = mean(&|l| l.rows_per_token().0);
     let inter = mean(&|l| l.rows_per_token().1);
     Ok(ModeProjection {

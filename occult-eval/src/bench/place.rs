@@ -1,13 +1,18 @@
 //! `occult bench place`: each placement method (contiguous, greedy, occult) timed on the same
 //! traces and device counts in one run, with E[C_T] and the busiest device's load side by side.
 //! With `--replicas R`, also Occult under a 1.05 load cap and DeepSeek's EPLB with R redundant
-//! slots, its copies chosen by Occult's cover rule and by SGLang's static rule.
+//! slots, its copies chosen by Occult's cover rule and by SGLang's static rule. Every row is
+//! also projected onto machines ([`PlaceProjection`]): the layer time of its one-row-per-device
+//! exchange and its slowest device's expert compute.
 
 use crate::table::Table;
 use anyhow::Result;
+use occult_core::analysis::links::LinkProfile;
 use occult_core::analysis::place_trace;
 use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::analysis::placement::{Method, Placement, SearchConfig};
+use occult_core::analysis::projection::LayerSizes;
+use occult_core::analysis::replica_projection::{project_placement, PlacementTime};
 use occult_core::analysis::replica_trace::{replica_trace_stats, replicate_trace};
 use occult_core::analysis::trace::Trace;
 use serde::Serialize;
@@ -26,6 +31,38 @@ pub struct PlaceRun {
     pub ect: f64,
     /// The busiest device's (token, expert) pairs over the mean, token-weighted over layers.
     pub max_load_ratio: f64,
+    /// The placement's projected MoE layer on each machine.
+    pub projected: Vec<PlacementTime>,
+}
+
+/// What every placement is projected with: the machines, the layer's sizes and the tokens each
+/// device holds.
+#[derive(Clone, Debug)]
+pub struct PlaceProjection {
+    pub profiles: Vec<LinkProfile>,
+    pub sizes: LayerSizes,
+    pub tokens_per_device: usize,
+    pub seed: u64,
+}
+
+impl PlaceProjection {
+    /// OLMoE-1B-7B's layer (hidden 2048, routed experts of 1024, no shared expert) with 2,048
+    /// tokens per device, on a PCIe box and an NVLink node (`configs/links/`).
+    pub fn olmoe_on(profiles: &[&str], tokens_per_device: usize) -> Result<Self> {
+        Ok(PlaceProjection {
+            profiles: profiles
+                .iter()
+                .map(|p| LinkProfile::load(p))
+                .collect::<occult_core::Result<_>>()?,
+            sizes: LayerSizes {
+                hidden: 2048,
+                intermediate: 1024,
+                shared_intermediate: 0,
+            },
+            tokens_per_device,
+            seed: 0,
+        })
+    }
 }
 
 /// Times every method on every trace and device count, prints the table and writes the runs
@@ -35,13 +72,14 @@ pub fn run(
     devices: &[usize],
     cfg: &SearchConfig,
     replicas: usize,
+    proj: &PlaceProjection,
     json: Option<&Path>,
 ) -> Result<()> {
     let mut runs = Vec::new();
     for path in traces {
         let trace = Trace::read(path)?;
         for &d in devices {
-            runs.extend(runs_on(&trace, path, d, cfg, replicas)?);
+            runs.extend(runs_on(&trace, path, d, cfg, replicas, proj)?);
         }
     }
     print!("{}", render(&runs));
@@ -63,8 +101,12 @@ pub fn runs_on(
     d: usize,
     cfg: &SearchConfig,
     replicas: usize,
+    proj: &PlaceProjection,
 ) -> Result<Vec<PlaceRun>> {
     let mut runs = Vec::new();
+    let measured = |name: &str, seconds: f64, placed: &Placement, rule: CopyRule| {
+        measured(trace, path, name, seconds, placed, rule, proj)
+    };
     let capped = SearchConfig {
         max_load_factor: Some(1.05),
         ..cfg.clone()
@@ -92,7 +134,7 @@ pub fn runs_on(
             Err(err) => return Err(err.into()),
         };
         let seconds = start.elapsed().as_secs_f64();
-        let run = measured(trace, path, name, seconds, &placed, CopyRule::Cover)?;
+        let run = measured(name, seconds, &placed, CopyRule::Cover)?;
         eprintln!(
             "{} D={d} {}: {:.2} s, E[C_T] {:.3} (from the placer {:.3})",
             run.trace,
@@ -121,14 +163,7 @@ pub fn runs_on(
             if let Ok((placed, _)) = place_trace(trace, d, Method::Occult, &c, &|| {}) {
                 let name = format!("occult, load cap {cap}");
                 let seconds = start.elapsed().as_secs_f64();
-                runs.push(measured(
-                    trace,
-                    path,
-                    &name,
-                    seconds,
-                    &placed,
-                    CopyRule::Cover,
-                )?);
+                runs.push(measured(&name, seconds, &placed, CopyRule::Cover)?);
                 partitions.push((name, placed, Some(cap)));
                 break;
             }
@@ -146,7 +181,7 @@ pub fn runs_on(
         let mut eplb_balance = 1.0;
         for (rule_name, rule) in [("cover", CopyRule::Cover), ("sglang", CopyRule::Sglang)] {
             let name = format!("eplb R={r}, {rule_name} rule");
-            let run = measured(trace, path, &name, seconds, &eplb, rule)?;
+            let run = measured(&name, seconds, &eplb, rule)?;
             eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
             eplb_balance = run.max_load_ratio;
             runs.push(run);
@@ -178,7 +213,7 @@ pub fn runs_on(
                 Err(err) => return Err(err.into()),
             };
             let seconds = start.elapsed().as_secs_f64();
-            let run = measured(trace, path, &name, seconds, &copies, CopyRule::Cover)?;
+            let run = measured(&name, seconds, &copies, CopyRule::Cover)?;
             eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
             runs.push(run);
         }
@@ -187,7 +222,8 @@ pub fn runs_on(
 }
 
 /// One method's run: its E[C_T] and loads under `rule` as `occult collab` counts them (a
-/// partition is a placement with one slot per expert), each token on its rank of an even split.
+/// partition is a placement with one slot per expert), each token on its rank of an even split;
+/// and its projection on each machine of `proj`.
 fn measured(
     trace: &Trace,
     path: &Path,
@@ -195,8 +231,17 @@ fn measured(
     seconds: f64,
     placement: &Placement,
     rule: CopyRule,
+    proj: &PlaceProjection,
 ) -> Result<PlaceRun> {
     let st = replica_trace_stats(trace, placement, rule, true)?;
+    let projected = proj
+        .profiles
+        .iter()
+        .map(|p| {
+            let t = proj.tokens_per_device;
+            project_placement(trace, placement, rule, p, t, &proj.sizes, proj.seed)
+        })
+        .collect::<occult_core::Result<_>>()?;
     Ok(PlaceRun {
         trace: path.display().to_string(),
         method: method.to_string(),
@@ -206,11 +251,16 @@ fn measured(
         seconds,
         ect: st.mean_ect,
         max_load_ratio: st.mean_max_load_ratio,
+        projected,
     })
 }
 
 fn render(runs: &[PlaceRun]) -> String {
-    let mut t = Table::new(&[
+    let profiles: Vec<String> = runs
+        .first()
+        .map(|r| r.projected.iter().map(|p| p.profile.clone()).collect())
+        .unwrap_or_default();
+    let mut head: Vec<String> = [
         "trace",
         "D",
         "method",
@@ -219,7 +269,12 @@ fn render(runs: &[PlaceRun]) -> String {
         "max/mean load",
         "vs contiguous",
         "vs greedy",
-    ]);
+    ]
+    .map(String::from)
+    .to_vec();
+    head.extend(profiles.iter().map(|p| format!("{p} layer ms")));
+    let head: Vec<&str> = head.iter().map(String::as_str).collect();
+    let mut t = Table::new(&head);
     for r in runs {
         let find = |m: &str| {
             runs.iter()
@@ -227,7 +282,7 @@ fn render(runs: &[PlaceRun]) -> String {
                 .map(|x| x.ect)
         };
         let ratio = |b: Option<f64>| b.map_or("-".into(), |b| format!("{:.3}", r.ect / b));
-        t.row(vec![
+        let mut row = vec![
             r.trace.clone(),
             r.devices.to_string(),
             r.method.clone(),
@@ -236,7 +291,13 @@ fn render(runs: &[PlaceRun]) -> String {
             format!("{:.3}", r.max_load_ratio),
             ratio(find("contiguous")),
             ratio(find("greedy")),
-        ]);
+        ];
+        row.extend(
+            r.projected
+                .iter()
+                .map(|p| format!("{:.3}", p.layer_s * 1e3)),
+        );
+        t.row(row);
     }
     t.render()
 }

@@ -143,6 +143,14 @@ pub struct PlaceBenchArgs {
     /// cover rule and by SGLang's static rule.
     #[arg(long, default_value_t = 0)]
     pub replicas: usize,
+    /// Link profiles (configs/links/ names or files) to project each placement's MoE layer
+    /// onto: its one-row-per-device exchange and its slowest device's expert compute, at
+    /// OLMoE-1B-7B's layer size.
+    #[arg(long, value_delimiter = ',', default_value = "pcie4,nvlink-h100")]
+    pub link: Vec<String>,
+    /// Tokens each device holds in the projection.
+    #[arg(long, default_value_t = 2048)]
+    pub tokens_per_device: usize,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -298,7 +306,16 @@ fn place(a: PlaceBenchArgs) -> Result<()> {
         max_load_factor: None,
         nodes: None,
     };
-    bench::place::run(&a.trace, &a.devices, &cfg, a.replicas, a.json.as_deref())
+    let links: Vec<&str> = a.link.iter().map(String::as_str).collect();
+    let proj = bench::place::PlaceProjection::olmoe_on(&links, a.tokens_per_device)?;
+    bench::place::run(
+        &a.trace,
+        &a.devices,
+        &cfg,
+        a.replicas,
+        &proj,
+        a.json.as_deref(),
+    )
 }
 
 fn eval(a: super::eval::EvalArgs) -> Result<()> {

@@ -200,7 +200,8 @@ pub fn replica_stage(
         nodes: None,
     };
     let replicas = (trace.meta.num_experts / 8).max(1);
-    crate::bench::place::runs_on(trace, trace_file, recipe.devices, &cfg, replicas)
+    let proj = crate::bench::place::PlaceProjection::olmoe_on(&["pcie4", "nvlink-h100"], 2048)?;
+    crate::bench::place::runs_on(trace, trace_file, recipe.devices, &cfg, replicas, &proj)
 }
 
 /// A fine-tuned model: the routing it was fine-tuned under and its folder.
