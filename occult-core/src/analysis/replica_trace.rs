@@ -82,6 +82,9 @@ pub struct ReplicaLayerStats {
     pub layer: usize,
     pub tokens: usize,
     pub ect: f64,
+    /// E[C_N] (distinct nodes per token), given a node size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ecn: Option<f64>,
     pub max_load_ratio: f64,
     /// (token, expert) pairs each device computes.
     pub pairs: Vec<u64>,
@@ -93,19 +96,31 @@ pub struct ReplicaTraceStats {
     pub rule: CopyRule,
     pub slots_per_device: usize,
     pub mean_ect: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_ecn: Option<f64>,
     pub mean_max_load_ratio: f64,
     pub layers: Vec<ReplicaLayerStats>,
 }
 
 /// E[C_T] and device loads of every layer of `trace` under `p` (with or without replicas),
 /// copies chosen by `rule` (the cover rule's ties ordered by the loads the placement stores,
-/// as the EP layer orders them).
+/// as the EP layer orders them); with `per_node` devices per node (device d in node d / G),
+/// E[C_N] after the choice too.
 pub fn replica_trace_stats(
     trace: &Trace,
     p: &Placement,
     rule: CopyRule,
     resplit: bool,
+    per_node: Option<usize>,
 ) -> Result<ReplicaTraceStats> {
+    if per_node.is_some_and(|g| g == 0 || g > p.num_devices) {
+        bail!(
+            "{} devices per node for {} devices: give between 1 and {}",
+            per_node.unwrap_or(0),
+            p.num_devices,
+            p.num_devices
+        );
+    }
     check_placement_fits(trace, p)?;
     let k = trace.meta.top_k;
     let mut layers = Vec::with_capacity(trace.layers.len());
@@ -115,10 +130,20 @@ pub fn replica_trace_stats(
         slots_per_device = slots_per_device.max(map.slots_per_device());
         let source = sources(trace, l, p.num_devices, resplit)?;
         let st: ReplicaStats = map.stats(&l.topk_ids, k, &source, rule)?;
+        let ecn = per_node.map(|g| {
+            let nodes: u64 = l
+                .topk_ids
+                .chunks_exact(k)
+                .zip(&source)
+                .map(|(ids, &s)| map.touched(ids, k, s, rule, Some(g)).1)
+                .sum();
+            nodes as f64 / l.tokens.max(1) as f64
+        });
         layers.push(ReplicaLayerStats {
             layer: l.layer,
             tokens: l.tokens,
             ect: st.ect(),
+            ecn,
             max_load_ratio: st.max_load_ratio(),
             pairs: st.pairs,
         });
@@ -127,9 +152,54 @@ pub fn replica_trace_stats(
         rule,
         slots_per_device,
         mean_ect: token_weighted_mean(layers.iter().map(|l| (l.ect, l.tokens))),
+        mean_ecn: per_node
+            .map(|_| token_weighted_mean(layers.iter().map(|l| (l.ecn.unwrap_or(0.0), l.tokens)))),
         mean_max_load_ratio: token_weighted_mean(
             layers.iter().map(|l| (l.max_load_ratio, l.tokens)),
         ),
         layers,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::placement::SearchConfig;
+    use crate::analysis::synth::{synth_trace, SynthConfig};
+    use crate::analysis::whole_trace::trace_node_stats;
+
+    /// On a partition, E[C_N] after the copy rule's choice is the node statistics' (a separate
+    /// count); with copies added it is still between 1 and the nodes, and never above E[C_T].
+    #[test]
+    fn nodes_per_token_under_a_partition_agree_with_the_node_statistics() {
+        let cfg = SynthConfig {
+            num_experts: 16,
+            top_k: 4,
+            layers: 2,
+            ..SynthConfig::olmoe_like(500, 9)
+        };
+        let trace = synth_trace(&cfg, &|| ()).unwrap();
+        let cfg = SearchConfig::default();
+        let (placed, _) =
+            crate::analysis::place_trace(&trace, 4, Method::Occult, &cfg, &|| ()).unwrap();
+        for g in [1, 2, 4] {
+            let want = trace_node_stats(&trace, &placed, g, true).unwrap().mean_ecn;
+            for rule in [CopyRule::Cover, CopyRule::Sglang] {
+                let got = replica_trace_stats(&trace, &placed, rule, true, Some(g)).unwrap();
+                assert!(
+                    (got.mean_ecn.unwrap() - want).abs() < 1e-12,
+                    "G={g} {rule:?}"
+                );
+            }
+        }
+        let copies = replicate_trace(&trace, &placed, Method::Occult, 4, None).unwrap();
+        let st = replica_trace_stats(&trace, &copies, CopyRule::Cover, true, Some(2)).unwrap();
+        let ecn = st.mean_ecn.unwrap();
+        assert!(
+            (1.0..=2.0).contains(&ecn) && ecn <= st.mean_ect,
+            "{ecn} {}",
+            st.mean_ect
+        );
+        assert!(replica_trace_stats(&trace, &copies, CopyRule::Cover, true, Some(0)).is_err());
+    }
 }

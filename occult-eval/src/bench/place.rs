@@ -233,7 +233,7 @@ fn measured(
     rule: CopyRule,
     proj: &PlaceProjection,
 ) -> Result<PlaceRun> {
-    let st = replica_trace_stats(trace, placement, rule, true)?;
+    let st = replica_trace_stats(trace, placement, rule, true, None)?;
     let projected = proj
         .profiles
         .iter()

@@ -111,22 +111,32 @@ fn replicated(
     trace: &occult_core::analysis::trace::Trace,
     p: &occult_core::analysis::placement::Placement,
 ) -> Result<()> {
-    if a.devices_per_node.is_some() || a.link.is_some() {
-        anyhow::bail!("two-level counts of placements with replicas are not built yet");
-    }
-    let st = replica_trace_stats(trace, p, a.copy_rule, a.resplit)
+    let per_node = match (a.devices_per_node, &a.link) {
+        (Some(g), _) => Some(g),
+        (None, Some(l)) => Some(LinkProfile::load(l)?.ranks_per_node),
+        (None, None) => None,
+    };
+    let st = replica_trace_stats(trace, p, a.copy_rule, a.resplit, per_node)
         .with_context(|| a.trace.display().to_string())?;
-    let mut t = Table::new(&["layer", "E[C_T]", "max/mean load"]);
-    for l in &st.layers {
-        t.row(vec![
-            l.layer.to_string(),
-            format!("{:.3}", l.ect),
-            format!("{:.3}", l.max_load_ratio),
-        ]);
+    let mut head = vec!["layer", "E[C_T]"];
+    if per_node.is_some() {
+        head.push("E[C_N]");
     }
+    head.push("max/mean load");
+    let mut t = Table::new(&head);
+    for l in &st.layers {
+        let mut row = vec![l.layer.to_string(), format!("{:.3}", l.ect)];
+        row.extend(l.ecn.map(|x| format!("{x:.3}")));
+        row.push(format!("{:.3}", l.max_load_ratio));
+        t.row(row);
+    }
+    let nodes = match (per_node, st.mean_ecn) {
+        (Some(g), Some(x)) => format!(", E[C_N] {x:.3} on nodes of {g}"),
+        _ => String::new(),
+    };
     print!(
-        "{}\nmean E[C_T] {:.3}, max/mean load {:.3} over {} layers ({} devices of {} slots, \
-         copies chosen by the {} rule)\n",
+        "{}\nmean E[C_T] {:.3}{nodes}, max/mean load {:.3} over {} layers ({} devices of {} \
+         slots, copies chosen by the {} rule)\n",
         t.render(),
         st.mean_ect,
         st.mean_max_load_ratio,

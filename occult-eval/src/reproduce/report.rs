@@ -382,20 +382,38 @@ fn replicas_section(runs: &[crate::bench::place::PlaceRun]) -> String {
     if runs.is_empty() {
         return String::new();
     }
-    let mut t = Table::new(&["placement", "E[C_T]", "max/mean load"]);
+    let profiles: Vec<String> = runs[0]
+        .projected
+        .iter()
+        .map(|p| format!("{} layer ms", p.profile))
+        .collect();
+    let mut head = vec!["placement", "E[C_T]", "max/mean load"];
+    head.extend(profiles.iter().map(String::as_str));
+    let mut t = Table::new(&head);
     for r in runs {
-        t.row(vec![
+        let mut row = vec![
             r.method.clone(),
             format!("{:.3}", r.ect),
             format!("{:.3}", r.max_load_ratio),
-        ]);
+        ];
+        row.extend(
+            r.projected
+                .iter()
+                .map(|p| format!("{:.3}", p.layer_s * 1e3)),
+        );
+        t.row(row);
     }
+    let tokens = runs[0].projected.first().map_or(0, |p| p.tokens_per_device);
     format!(
         "\n## Placements with replicas\n\nOn the calibration trace, {} devices, each token on \
          its rank of an even split: the partitions, Occult's under a 1.05 load cap, DeepSeek's \
          EPLB with redundant slots (its copies chosen by Occult's cover rule and by SGLang's \
          static rule), and Occult's partitions with copies where they lower E[C_T] most \
-         (within the partition's cap). The EP layer does not run replicas yet.\n\n{}",
+         (within the partition's cap; and held to EPLB's balance plus 0.02). The projected \
+         columns are one MoE layer of OLMoE-1B-7B's size with {tokens} tokens per device: its \
+         one-row-per-device exchange each way under the row's copy rule and its slowest \
+         device's expert compute. Every model command runs these placements \
+         (`--placement`, `--copy-rule`).\n\n{}",
         runs[0].devices,
         t.render()
     )
