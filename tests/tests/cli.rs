@@ -273,6 +273,14 @@ fn load_limit_and_bench() {
         let f = |x: &serde_json::Value, k: &str| x[k].as_f64().unwrap();
         for x in [cover, sglang, row(dev, "occult")] {
             assert!(f(x, "ect") >= 1.0 && f(x, "max_load_ratio") >= 1.0, "{x}");
+            // Projected on both default machines: an exchange each way plus the compute.
+            let p = x["projected"].as_array().unwrap();
+            assert_eq!(p.len(), 2, "{x}");
+            for m in p {
+                let layer = 2.0 * f(m, "exchange_s") + f(m, "compute_s");
+                assert!(f(m, "layer_s") > 0.0 && (f(m, "layer_s") - layer).abs() < 1e-12);
+                assert!((f(m, "ect") - f(x, "ect")).abs() < 1.0, "{m}");
+            }
         }
         // A partition counted through the replica maps is the placer's E[C_T].
         let occ = row(dev, "occult");
@@ -351,7 +359,9 @@ fn load_limit_and_bench() {
                 );
             }
         }
-        let e = occult_err(
+        // Nodes of 2: E[C_N] after the choice, between 1 and 2 and never above E[C_T].
+        let nodes = format!("{file}.nodes.json");
+        occult_ok(
             d,
             &[
                 "collab",
@@ -361,9 +371,14 @@ fn load_limit_and_bench() {
                 &file,
                 "--devices-per-node",
                 "2",
+                "--json",
+                &nodes,
             ],
         );
-        assert!(e.contains("not built yet"), "{e}");
+        let c = read_json(&d.join(&nodes));
+        let ecn = c["mean_ecn"].as_f64().unwrap();
+        assert!((1.0..=2.0).contains(&ecn), "{ecn}");
+        assert!(ecn <= c["mean_ect"].as_f64().unwrap(), "{c}");
     }
 }
 
