@@ -921,3 +921,75 @@ fn placing_for_nodes_lowers_nodes_per_token() {
     let err = refused(&["--method", "greedy", "--devices-per-node", "4"]);
     assert!(err.contains("occult method only"), "{err}");
 }
+
+/// EPLB's hierarchical policy from `place`: 16 experts in 4 groups on 2 nodes of 2 devices,
+/// 4 replicas. Each group's experts, copies included, sit in one node (groups are packed onto
+/// nodes before replication), and each node holds two whole groups; --expert-groups outside
+/// EPLB with replicas is refused.
+#[test]
+fn eplb_hierarchical_keeps_each_expert_group_in_one_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    synth(d, "t.safetensors", &["--skew", "1.0"]);
+    occult_ok(
+        d,
+        &[
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "4",
+            "--method",
+            "eplb",
+            "--replicas",
+            "4",
+            "--devices-per-node",
+            "2",
+            "--expert-groups",
+            "4",
+            "-o",
+            "h.json",
+        ],
+    );
+    let p = read_json(&d.join("h.json"));
+    assert_eq!(p["source"]["eplb_groups"], 4);
+    assert_eq!(p["source"]["eplb_nodes"], 2);
+    for l in p["layers"].as_array().unwrap() {
+        let slots: Vec<u64> = l["slots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
+        assert_eq!(slots.len(), 20);
+        // 5 slots per device, 10 per node; expert x in group x / 4.
+        let mut node_of_group = [None; 4];
+        for (s, &x) in slots.iter().enumerate() {
+            let node = s / 10;
+            let g = (x / 4) as usize;
+            assert_eq!(
+                *node_of_group[g].get_or_insert(node),
+                node,
+                "group {g} on two nodes: {slots:?}"
+            );
+        }
+        for n in 0..2 {
+            assert_eq!(node_of_group.iter().filter(|&&x| x == Some(n)).count(), 2);
+        }
+    }
+    let e = occult_err(
+        d,
+        &[
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "4",
+            "--expert-groups",
+            "4",
+            "-o",
+            "x.json",
+        ],
+    );
+    assert!(e.contains("--expert-groups is EPLB's"), "{e}");
+}

@@ -4,7 +4,7 @@
 //! Each token starts on its rank of the trace's source split, as in the other drivers.
 
 use crate::analysis::collab::token_weighted_mean;
-use crate::analysis::placement::eplb::eplb_map;
+use crate::analysis::placement::eplb::{eplb_map, EplbGroups};
 use crate::analysis::placement::replica_search::replicate;
 use crate::analysis::placement::replicas::{CopyRule, ReplicaMap, ReplicaStats};
 use crate::analysis::placement::{Method, Placement, PlacementMetrics, PLACEMENT_FORMAT_V2};
@@ -21,15 +21,16 @@ fn sources(trace: &Trace, l: &LayerTrace, devices: usize, resplit: bool) -> Resu
 
 /// `partition` (a placement without replicas, made by `method`) with `replicas` more slots per
 /// layer: Occult's copies where they lower the sum of C_T most under the cover rule, within
-/// `max_load_factor` (method occult), or EPLB's own slots from the layer's expert loads
-/// (method eplb). Returns an `occult.placement.v2` placement whose metrics are those of the
-/// cover rule.
+/// `max_load_factor` (method occult), or EPLB's own slots from the layer's expert loads under
+/// the policy `eplb` asks for (method eplb). Returns an `occult.placement.v2` placement whose
+/// metrics are those of the cover rule.
 pub fn replicate_trace(
     trace: &Trace,
     partition: &Placement,
     method: Method,
     replicas: usize,
     max_load_factor: Option<f64>,
+    eplb: EplbGroups,
 ) -> Result<Placement> {
     check_placement_fits(trace, partition)?;
     let (e, k, d) = (
@@ -56,7 +57,9 @@ pub fn replicate_trace(
                 .map_err(at)?
                 .map
             }
-            Method::Eplb => eplb_map(&l.topk_ids, e, d, replicas, 1, 1).map_err(at)?,
+            Method::Eplb => {
+                eplb_map(&l.topk_ids, e, d, replicas, eplb.groups, eplb.nodes).map_err(at)?
+            }
             other => bail!(
                 "--replicas places copies with the occult or the eplb method, not {}",
                 other.name()
@@ -73,6 +76,10 @@ pub fn replicate_trace(
         });
     }
     out.source.insert("replicas".into(), replicas.into());
+    if method == Method::Eplb && eplb != EplbGroups::GLOBAL {
+        out.source.insert("eplb_groups".into(), eplb.groups.into());
+        out.source.insert("eplb_nodes".into(), eplb.nodes.into());
+    }
     Ok(out)
 }
 
@@ -192,7 +199,8 @@ mod tests {
                 );
             }
         }
-        let copies = replicate_trace(&trace, &placed, Method::Occult, 4, None).unwrap();
+        let copies =
+            replicate_trace(&trace, &placed, Method::Occult, 4, None, EplbGroups::GLOBAL).unwrap();
         let st = replica_trace_stats(&trace, &copies, CopyRule::Cover, true, Some(2)).unwrap();
         let ecn = st.mean_ecn.unwrap();
         assert!(

@@ -9,6 +9,7 @@ use crate::table::Table;
 use anyhow::Result;
 use occult_core::analysis::links::LinkProfile;
 use occult_core::analysis::place_trace;
+use occult_core::analysis::placement::eplb::EplbGroups;
 use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::analysis::placement::{Method, Placement, SearchConfig};
 use occult_core::analysis::projection::LayerSizes;
@@ -176,7 +177,7 @@ pub fn runs_on(
             .find(|r| (e + r).is_multiple_of(d))
             .expect("exists");
         let start = Instant::now();
-        let eplb = replicate_trace(trace, &base, Method::Eplb, r, None)?;
+        let eplb = replicate_trace(trace, &base, Method::Eplb, r, None, EplbGroups::GLOBAL)?;
         let seconds = start.elapsed().as_secs_f64();
         let mut eplb_balance = 1.0;
         for (rule_name, rule) in [("cover", CopyRule::Cover), ("sglang", CopyRule::Sglang)] {
@@ -204,14 +205,15 @@ pub fn runs_on(
         }
         for (name, placed, cap) in jobs {
             let start = Instant::now();
-            let copies = match replicate_trace(trace, placed, Method::Occult, r, cap) {
-                Ok(c) => c,
-                Err(err) if cap.is_some() => {
-                    eprintln!("{} D={d} {name}: none ({err})", path.display());
-                    continue;
-                }
-                Err(err) => return Err(err.into()),
-            };
+            let copies =
+                match replicate_trace(trace, placed, Method::Occult, r, cap, EplbGroups::GLOBAL) {
+                    Ok(c) => c,
+                    Err(err) if cap.is_some() => {
+                        eprintln!("{} D={d} {name}: none ({err})", path.display());
+                        continue;
+                    }
+                    Err(err) => return Err(err.into()),
+                };
             let seconds = start.elapsed().as_secs_f64();
             let run = measured(&name, seconds, &copies, CopyRule::Cover)?;
             eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);

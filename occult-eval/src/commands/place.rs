@@ -5,6 +5,7 @@ use crate::table::{fmt_opt, Table};
 use anyhow::{Context, Result};
 use clap::Args;
 use occult_core::analysis::links::LinkProfile;
+use occult_core::analysis::placement::eplb::EplbGroups;
 use occult_core::analysis::placement::{
     Method, NodeLevel, Placement, SearchConfig, DEFAULT_INTER_WEIGHT,
 };
@@ -56,7 +57,12 @@ pub struct PlaceArgs {
     /// format occult.placement.v2.
     #[arg(long, default_value_t = 0)]
     pub replicas: usize,
-    /// Output placement (JSON, format occult.placement.v1).
+    /// eplb method with --replicas: DeepSeek's expert groups. Where they divide over the nodes
+    /// (--devices-per-node or --link), EPLB's hierarchical policy packs groups onto nodes, then
+    /// replicates within each node; otherwise (the default, one group) its global policy.
+    #[arg(long, default_value_t = 1)]
+    pub expert_groups: usize,
+    /// Output placement (JSON, format occult.placement.v1, or v2 with --replicas).
     #[arg(short, long)]
     pub output: PathBuf,
 }
@@ -64,11 +70,18 @@ pub struct PlaceArgs {
 pub fn run(a: PlaceArgs) -> Result<()> {
     super::check_io(&[Some(&a.trace)], &[Some(&a.output)])?;
     let trace = super::load_trace(&a.trace)?;
+    let eplb_replicas = a.method == Method::Eplb && a.replicas > 0;
+    if a.expert_groups != 1 && !eplb_replicas {
+        anyhow::bail!(
+            "--expert-groups is EPLB's hierarchical policy: use it with --method eplb --replicas R"
+        );
+    }
     let cfg = SearchConfig {
         restarts: a.restarts,
         seed: a.seed,
         max_load_factor: a.max_load_factor,
-        nodes: node_level(&a)?,
+        // Under EPLB with replicas the node size serves its hierarchical policy.
+        nodes: node_level(&a)?.filter(|_| !eplb_replicas),
     };
     let steps = place_steps_per_layer(a.method, &cfg) * trace.layers.len();
     let pb = bar(steps as u64, "search steps");
@@ -79,9 +92,19 @@ pub fn run(a: PlaceArgs) -> Result<()> {
     pb.finish_and_clear();
     record_source(&mut placement, &a, seconds);
     if a.replicas > 0 {
-        let replicated =
-            replicate_trace(&trace, &placement, a.method, a.replicas, a.max_load_factor)
-                .with_context(|| a.trace.display().to_string())?;
+        let eplb = EplbGroups {
+            groups: a.expert_groups,
+            nodes: node_level(&a)?.map_or(1, |l| a.devices / l.devices_per_node),
+        };
+        let replicated = replicate_trace(
+            &trace,
+            &placement,
+            a.method,
+            a.replicas,
+            a.max_load_factor,
+            eplb,
+        )
+        .with_context(|| a.trace.display().to_string())?;
         replicated.write(&a.output)?;
         print!("{}", render_replicas(&replicated));
         eprintln!(
@@ -129,7 +152,7 @@ fn record_source(p: &mut Placement, a: &PlaceArgs, seconds: f64) {
     if let Some(f) = a.max_load_factor {
         s.insert("max_load_factor".into(), f.into());
     }
-    if let Ok(Some(level)) = node_level(a) {
+    if let (Method::Occult, Ok(Some(level))) = (a.method, node_level(a)) {
         s.insert(
             "nodes".into(),
             serde_json::json!({

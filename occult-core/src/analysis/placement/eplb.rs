@@ -15,6 +15,7 @@
 //! port to it, output for output.
 
 use crate::{bail, Result};
+use serde::Serialize;
 
 /// EPLB's answer for one layer: `E + R` physical experts, `P / D` on each device (physical
 /// expert p on device `p / (P / D)`).
@@ -113,6 +114,22 @@ pub fn expert_loads(ids: &[u32], num_experts: usize) -> Vec<f32> {
         }
     }
     counts.into_iter().map(|c| c as f32).collect()
+}
+
+/// Which EPLB policy a placement asks for: the hierarchical one over `groups` expert groups and
+/// `nodes` nodes where the groups divide over the nodes, else the global one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct EplbGroups {
+    pub groups: usize,
+    pub nodes: usize,
+}
+
+impl EplbGroups {
+    /// The global policy (one group, one node).
+    pub const GLOBAL: EplbGroups = EplbGroups {
+        groups: 1,
+        nodes: 1,
+    };
 }
 
 /// EPLB's placement for a layer's routing `ids` on `devices` devices with `replicas` redundant
