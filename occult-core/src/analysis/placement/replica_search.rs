@@ -1,6 +1,7 @@
 //! Occult's placement with replicas: from a partition (one slot per expert), R more slots, the
-//! same number on every device. Where the partition is over the load cap, copies of the busiest
-//! device's experts first bring it under; then each slot left is filled greedily with the copy
+//! same number on every device. Where the partition is over the load cap, copies of the
+//! over-cap devices' experts first bring it under (each the copy that lowers the pairs over the
+//! cap most); then each slot left is filled greedily with the copy
 //! that lowers the layer's exact sum of C_T the most under the cover rule ([`CopyRule::Cover`]),
 //! among copies that keep the busiest device within the load cap when one is given. The sum never rises: where no
 //! copy lowers it, the slots left hold second copies of their devices' own experts. Every candidate is scored by a
@@ -30,8 +31,8 @@ pub struct ReplicaOutcome {
 /// Adds `replicas` copies to the partition `device_of_expert` (E and R each a multiple of the
 /// devices) for the routing `ids` (`[tokens, k]`, token t starting on `source[t]`), keeping the
 /// max/mean device load within `max_load_factor` where given. A start over the cap is first
-/// balanced: copies of the busiest device's experts go where they lower the max/mean load most
-/// (refused, with the figures, if R copies cannot bring it under); then no copy that breaks
+/// balanced: copies of the over-cap devices' experts go where they lower the pairs over the cap
+/// most (refused, with the figures, if R copies cannot bring it under); then no copy that breaks
 /// the cap is taken. The experts' token counts order the cover rule's ties.
 pub fn replicate(
     ids: &[u32],
@@ -82,32 +83,48 @@ pub fn replicate(
     let over = |s: (f64, f64)| max_load_factor.is_some_and(|f| s.1 > f + 1e-12);
     let mut best = start;
     let mut left = replicas;
-    // Balance first: while the busiest device is over the cap, copy one of its experts to a
-    // device with a free slot, the copy that lowers max/mean load most (then the sum of C_T).
+    // Balance first: while devices are over the cap, copy an expert of an over-cap device to
+    // a device with a free slot, the copy that lowers the pairs over the cap most (then
+    // max/mean load, then the sum of C_T).
+    let excess = |m: &ReplicaMap| -> Result<(u64, (f64, f64))> {
+        let st = m.stats(ids, k, source, CopyRule::Cover)?;
+        let total: u64 = st.pairs.iter().sum();
+        let limit = max_load_factor.unwrap_or(f64::INFINITY) * total as f64 / num_devices as f64;
+        let over: f64 = st.pairs.iter().map(|&p| (p as f64 - limit).max(0.0)).sum();
+        Ok((over.ceil() as u64, (st.ect(), st.max_load_ratio())))
+    };
+    let mut current = excess(&start_map)?.0;
     while over(best) && left > 0 {
         let pairs = build(&slots)?.stats(ids, k, source, CopyRule::Cover)?.pairs;
-        let busiest = (0..num_devices).max_by_key(|&d| pairs[d]).unwrap_or(0);
-        let mut step: Option<((f64, f64), usize, u32)> = None;
-        let mut own: Vec<u32> = slots[busiest].clone();
-        own.sort_unstable();
-        own.dedup();
-        for &e in &own {
-            for d in (0..num_devices).filter(|&d| d != busiest && slots[d].len() < per_device) {
-                if slots[d].contains(&e) {
-                    continue;
-                }
-                let mut trial = slots.clone();
-                trial[d].push(e);
-                let s = score(&build(&trial)?)?;
-                let key = (s.1, s.0);
-                if s.1 < best.1 - 1e-12 && step.is_none_or(|(b, _, _)| key < (b.1, b.0)) {
-                    step = Some((s, d, e));
+        let total: u64 = pairs.iter().sum();
+        let limit = max_load_factor.unwrap_or(f64::INFINITY) * total as f64 / num_devices as f64;
+        let mut step: Option<((u64, f64, f64), (f64, f64), usize, u32)> = None;
+        for b in (0..num_devices).filter(|&b| pairs[b] as f64 > limit) {
+            let mut own: Vec<u32> = slots[b].clone();
+            own.sort_unstable();
+            own.dedup();
+            for &e in &own {
+                for d in (0..num_devices).filter(|&d| d != b && slots[d].len() < per_device) {
+                    if slots[d].contains(&e) {
+                        continue;
+                    }
+                    let mut trial = slots.clone();
+                    trial[d].push(e);
+                    let (x, s) = excess(&build(&trial)?)?;
+                    let key = (x, s.1, s.0);
+                    let better = x < current || (x == current && s.1 < best.1 - 1e-12);
+                    if better && step.is_none_or(|(b, ..)| key < b) {
+                        step = Some((key, s, d, e));
+                    }
                 }
             }
         }
-        let Some((s, d, e)) = step else { break };
+        let Some(((x, _, _), s, d, e)) = step else {
+            break;
+        };
         slots[d].push(e);
         best = s;
+        current = x;
         left -= 1;
     }
     if over(best) {
