@@ -18,6 +18,10 @@ use crate::{bail, Result};
 /// Candidates scored exactly per device and step.
 const CANDIDATES_PER_DEVICE: usize = 8;
 
+/// A copy in the balance phase: its key (pairs over the cap, max/mean load, E[C_T]), its
+/// (E[C_T], max/mean load), and the device and expert.
+type BalanceStep = ((u64, f64, f64), (f64, f64), usize, u32);
+
 /// What [`replicate`] found.
 #[derive(Clone, Debug)]
 pub struct ReplicaOutcome {
@@ -98,7 +102,7 @@ pub fn replicate(
         let pairs = build(&slots)?.stats(ids, k, source, CopyRule::Cover)?.pairs;
         let total: u64 = pairs.iter().sum();
         let limit = max_load_factor.unwrap_or(f64::INFINITY) * total as f64 / num_devices as f64;
-        let mut step: Option<((u64, f64, f64), (f64, f64), usize, u32)> = None;
+        let mut step: Option<BalanceStep> = None;
         for b in (0..num_devices).filter(|&b| pairs[b] as f64 > limit) {
             let mut own: Vec<u32> = slots[b].clone();
             own.sort_unstable();
