@@ -547,6 +547,35 @@ fn placement_faults(good: &serde_json::Value) -> Vec<Mutation> {
             &["99"],
         ),
         (
+            "expert loads of the wrong length beside replica slots",
+            edit(&|v| {
+                v["format"] = serde_json::json!("occult.placement.v2");
+                v["layers"][0]["device_of_expert"] = serde_json::json!([]);
+                v["layers"][0]["slots"] = serde_json::json!([0, 1, 2, 3, 4, 5, 6, 7, 0, 1]);
+                v["layers"][0]["expert_load"] = serde_json::json!([1.0, 2.0]);
+            }),
+            &["expert loads"],
+        ),
+        (
+            "a negative expert load beside replica slots",
+            edit(&|v| {
+                v["format"] = serde_json::json!("occult.placement.v2");
+                v["layers"][0]["device_of_expert"] = serde_json::json!([]);
+                v["layers"][0]["slots"] = serde_json::json!([0, 1, 2, 3, 4, 5, 6, 7, 0, 1]);
+                v["layers"][0]["expert_load"] =
+                    serde_json::json!([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, -8.0]);
+            }),
+            &["expert loads"],
+        ),
+        (
+            "expert loads on a layer without replicas",
+            edit(&|v| {
+                v["layers"][0]["expert_load"] =
+                    serde_json::json!([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+            }),
+            &["expert_load"],
+        ),
+        (
             "a layer with both a map and replica slots",
             edit(&|v| {
                 v["format"] = serde_json::json!("occult.placement.v2");

@@ -272,9 +272,14 @@ impl Placement {
                     slots.clone(),
                     self.num_experts,
                     self.num_devices,
-                    None,
+                    l.expert_load.as_deref(),
                 )
                 .map(|_| ()),
+                None if l.expert_load.is_some() => Err(Error::invalid(
+                    "expert_load is given for a layer without slots (it orders the copy \
+                     rule's ties among replicas)"
+                        .to_string(),
+                )),
                 None => validate_map(&l.device_of_expert, self.num_experts, self.num_devices),
             };
             checked.map_err(|e| Error::invalid(format!("layer {}: {e}", l.layer)))?;
