@@ -226,23 +226,25 @@ fn two_level_edge_cases() {
 /// gradients to the reference and the rows to each peer to a count from the rule's choice.
 #[test]
 fn replica_edge_cases() {
+    // Four ranks (one without tokens) in nodes of 2, two more slots per device.
+    let replica_case = |rule: CopyRule, mode: DispatchMode| Case {
+        d: 4,
+        e: 16,
+        k: 4,
+        random_placement: false,
+        shared: true,
+        renormalize: false,
+        tokens: vec![5, 0, 7, 3],
+        mode,
+        prune: None,
+        seed: 11,
+        frozen_input: false,
+        devices_per_node: Some(2),
+        replicas: Some((2, rule)),
+    };
     for rule in [CopyRule::Cover, CopyRule::Sglang] {
         for mode in [DispatchMode::Occult, DispatchMode::Standard] {
-            let base = Case {
-                d: 4,
-                e: 16,
-                k: 4,
-                random_placement: false,
-                shared: true,
-                renormalize: false,
-                tokens: vec![5, 0, 7, 3],
-                mode,
-                prune: None,
-                seed: 11,
-                frozen_input: false,
-                devices_per_node: Some(2),
-                replicas: Some((2, rule)),
-            };
+            let base = replica_case(rule, mode);
             check(&base);
             check(&Case {
                 tokens: vec![0; 4],
@@ -280,19 +282,9 @@ fn replica_edge_cases() {
     // Some of those maps hold two copies of an expert on one device.
     let twice = (0..6).any(|seed| {
         let f = Fixture::new(&Case {
-            d: 4,
-            e: 16,
-            k: 4,
-            random_placement: false,
-            shared: true,
-            renormalize: false,
-            tokens: vec![5, 0, 7, 3],
-            mode: DispatchMode::Occult,
-            prune: None,
             seed: 100 + seed,
-            frozen_input: false,
-            devices_per_node: Some(2),
             replicas: Some((4, CopyRule::Cover)),
+            ..replica_case(CopyRule::Cover, DispatchMode::Occult)
         });
         let map = f.replica.expect("replicas");
         (0..4).any(|d| {
@@ -311,19 +303,9 @@ fn replica_edge_cases() {
 #[test]
 fn replicas_refuse_what_they_do_not_run() {
     let base = Case {
-        d: 2,
-        e: 8,
-        k: 2,
-        random_placement: false,
-        shared: false,
-        renormalize: false,
-        tokens: vec![2, 2],
-        mode: DispatchMode::TwoLevel,
-        prune: None,
-        seed: 1,
-        frozen_input: false,
         devices_per_node: Some(1),
         replicas: Some((1, CopyRule::Cover)),
+        ..two_ranks_two_level()
     };
     let pruned = Case {
         mode: DispatchMode::Occult,
@@ -339,10 +321,9 @@ fn replicas_refuse_what_they_do_not_run() {
     }
 }
 
-/// Two-level mode without a node size is refused with the reason, on every rank.
-#[test]
-fn two_level_without_a_node_size_is_refused() {
-    let f = Fixture::new(&Case {
+/// Two ranks of two tokens, 8 experts, top-2, in two-level mode without a node size.
+fn two_ranks_two_level() -> Case {
+    Case {
         d: 2,
         e: 8,
         k: 2,
@@ -356,7 +337,13 @@ fn two_level_without_a_node_size_is_refused() {
         frozen_input: false,
         devices_per_node: None,
         replicas: None,
-    });
+    }
+}
+
+/// Two-level mode without a node size is refused with the reason, on every rank.
+#[test]
+fn two_level_without_a_node_size_is_refused() {
+    let f = Fixture::new(&two_ranks_two_level());
     for r in run_local(2, |comm| f.run_rank(comm).map(|_| ())) {
         let e = r.unwrap_err().to_string();
         assert!(e.contains("needs the node size"), "{e}");

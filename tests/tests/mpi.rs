@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{occult_bin, occult_ok, read_samples, same_scores};
+use common::{log_field, occult_bin, occult_ok, read_samples, same_scores};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -583,6 +583,51 @@ fn training_under_mpirun_takes_the_steps_of_threads() {
     occult_ok(dir, &["model", "check", "--model", "mpi"]);
 }
 
+/// `occult train` on the olmoe fixture and `a.jsonl` (2 steps of 4 sequences of 128 tokens at
+/// lr 1e-3) into `out`, with `extra` flags.
+fn train_args(model: &str, out: &str, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "train",
+        "--model",
+        model,
+        "--data",
+        "a.jsonl",
+        "--out",
+        out,
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+        "--seq-len",
+        "128",
+    ]
+    .map(String::from)
+    .to_vec();
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+fn strs(a: &[String]) -> Vec<&str> {
+    a.iter().map(String::as_str).collect()
+}
+
+/// Every run's two losses within 1e-5 (relative) of `want`'s.
+fn same_losses(dir: &Path, want: &str, runs: &[&str]) {
+    let base = log_field(dir, want, "loss");
+    assert_eq!(base.len(), 2);
+    for run in runs {
+        let got = log_field(dir, run, "loss");
+        for (x, y) in base.iter().zip(&got) {
+            assert!(
+                (x - y).abs() < 1e-5 * x.abs().max(1.0),
+                "{run}: {base:?} vs {got:?}"
+            );
+        }
+    }
+}
+
 /// A placement with replicas, end to end under mpirun: profiled, placed with 4 more slots
 /// (Occult's copies), fine-tuned on 2 processes with the losses of 2 threads and of one
 /// device, and saved as a model that loads.
@@ -627,32 +672,7 @@ fn replicated_training_under_mpirun_takes_the_steps_of_threads() {
     let placed: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("p.json")).unwrap()).unwrap();
     assert_eq!(placed["format"], "occult.placement.v2");
-    let args = |out: &str, extra: &[&str]| -> Vec<String> {
-        let mut a: Vec<String> = [
-            "train",
-            "--model",
-            &model,
-            "--data",
-            "a.jsonl",
-            "--out",
-            out,
-            "--steps",
-            "2",
-            "--batch-size",
-            "4",
-            "--lr",
-            "1e-3",
-            "--seq-len",
-            "128",
-        ]
-        .map(String::from)
-        .to_vec();
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a
-    };
-    fn strs(a: &[String]) -> Vec<&str> {
-        a.iter().map(String::as_str).collect()
-    }
+    let args = |out: &str, extra: &[&str]| train_args(&model, out, extra);
     let on_two = ["--devices", "2", "--placement", "p.json"];
     occult_ok(dir, &strs(&args("threads", &on_two)));
     occult_ok(dir, &strs(&args("one", &[])));
@@ -663,28 +683,7 @@ fn replicated_training_under_mpirun_takes_the_steps_of_threads() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let losses = |run: &str| -> Vec<f64> {
-        std::fs::read_to_string(dir.join(run).join("log.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
-                    .as_f64()
-                    .unwrap()
-            })
-            .collect()
-    };
-    let threads = losses("threads");
-    assert_eq!(threads.len(), 2);
-    for run in ["mpi", "one"] {
-        for (x, y) in threads.iter().zip(&losses(run)) {
-            assert!(
-                (x - y).abs() < 1e-5 * x.abs().max(1.0),
-                "{run}: {threads:?} vs {:?}",
-                losses(run)
-            );
-        }
-    }
+    same_losses(dir, "threads", &["mpi", "one"]);
     occult_ok(dir, &["model", "check", "--model", "mpi"]);
 }
 
@@ -697,84 +696,26 @@ fn two_level_training_under_mpirun_takes_the_steps_of_threads() {
     let dir = t.path();
     write_add_one_data(dir);
     let model = fixture("olmoe");
-    let args = |out: &str, extra: &[&str]| -> Vec<String> {
-        let mut a: Vec<String> = [
-            "train",
-            "--model",
-            &model,
-            "--data",
-            "a.jsonl",
-            "--out",
-            out,
-            "--steps",
-            "2",
-            "--batch-size",
-            "4",
-            "--lr",
-            "1e-3",
-            "--seq-len",
-            "128",
-            "--devices",
-            "4",
-        ]
-        .map(String::from)
-        .to_vec();
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a
+    let args = |out: &str, extra: &[&str]| {
+        train_args(&model, out, &[&["--devices", "4"][..], extra].concat())
     };
-    let strs = |a: &[String]| a.iter().map(String::as_str).collect::<Vec<_>>().join(" ");
     let two = ["--mode", "two-level", "--devices-per-node", "2"];
-    occult_ok(
-        dir,
-        &args("threads", &two)
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-    );
-    occult_ok(
-        dir,
-        &args("flat", &["--mode", "occult"])
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-    );
+    occult_ok(dir, &strs(&args("threads", &two)));
+    occult_ok(dir, &strs(&args("flat", &["--mode", "occult"])));
     for (run, extra) in [
         ("mpi", [&two[..], &["--backend", "mpi"]].concat()),
         ("mpi-host", vec!["--mode", "two-level", "--backend", "mpi"]),
     ] {
         let a = args(run, &extra);
-        let out = mpirun_occult(4, dir, &a.iter().map(String::as_str).collect::<Vec<_>>());
+        let out = mpirun_occult(4, dir, &strs(&a));
         assert!(
             out.status.success(),
             "{}: {}",
-            strs(&a),
+            strs(&a).join(" "),
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let log = |run: &str| -> Vec<serde_json::Value> {
-        std::fs::read_to_string(dir.join(run).join("log.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    };
-    let losses = |run: &str| -> Vec<f64> {
-        log(run)
-            .iter()
-            .map(|v| v["loss"].as_f64().unwrap())
-            .collect()
-    };
-    let threads = losses("threads");
-    assert_eq!(threads.len(), 2);
-    for run in ["mpi", "mpi-host", "flat"] {
-        for (x, y) in threads.iter().zip(&losses(run)) {
-            assert!(
-                (x - y).abs() < 1e-5 * x.abs().max(1.0),
-                "{run}: {threads:?} vs {:?}",
-                losses(run)
-            );
-        }
-    }
+    same_losses(dir, "threads", &["mpi", "mpi-host", "flat"]);
 }
 
 #[test]

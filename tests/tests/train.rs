@@ -318,28 +318,7 @@ fn d_ranks_take_the_steps_of_one_device_and_only_moe_tensors_move() {
         (4, DispatchMode::Occult),
     ] {
         let (many, _, rep) = train_on(arch, Some((d, mode)), 3, 1e-3);
-        assert_eq!(many.len(), one.len(), "D={d}: the same tensors");
-        for (k, v) in &one {
-            let w = &many[k];
-            let err = v
-                .iter()
-                .zip(w)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
-            // Adam turns float noise in near-zero gradients into updates of up to lr per step:
-            // hold the parameters to 1e-4, a thirtieth of three steps' largest update.
-            assert!(err < 1e-4, "D={d} {mode:?} {k}: {err}");
-        }
-        for (a, b) in rep_one.iter().zip(&rep) {
-            assert!(
-                (a.loss - b.loss).abs() < 1e-5,
-                "D={d}: loss {} vs {}",
-                a.loss,
-                b.loss
-            );
-            assert!((a.grad_norm - b.grad_norm).abs() < 1e-4 * a.grad_norm.max(1.0));
-            assert_eq!((a.targets, a.tokens), (b.targets, b.tokens));
-        }
+        same_steps((&one, &rep_one), (&many, &rep), &format!("D={d} {mode:?}"));
         assert!(rep.iter().all(|r| r.ect >= 1.0 && r.ect <= d as f64));
     }
 }
@@ -360,29 +339,52 @@ fn replicated_experts_train_as_one_expert() {
         (3, DispatchMode::Occult, CopyRule::Sglang),
     ] {
         let (many, _, rep) = train_full(arch, Some((d, mode)), Some(rule), 3, 1e-3, &lens, None);
-        assert_eq!(many.len(), one.len(), "D={d}: the same tensors");
-        for (k, v) in &one {
-            let err = v
-                .iter()
-                .zip(&many[k])
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
-            assert!(err < 1e-4, "D={d} {mode:?} {rule:?} {k}: {err}");
-        }
-        for (a, b) in rep_one.iter().zip(&rep) {
-            assert!(
-                (a.loss - b.loss).abs() < 1e-5,
-                "D={d}: loss {} vs {}",
-                a.loss,
-                b.loss
-            );
-            assert!(
-                (a.grad_norm - b.grad_norm).abs() < 1e-4 * a.grad_norm.max(1.0),
-                "D={d} {rule:?}: gradient norm {} vs {}",
-                a.grad_norm,
-                b.grad_norm
-            );
-        }
+        same_steps(
+            (&one, &rep_one),
+            (&many, &rep),
+            &format!("D={d} {mode:?} {rule:?}"),
+        );
+    }
+}
+
+/// Holds a D-rank run's tensors and step reports to one device's: the same tensors, each within
+/// 1e-4 (Adam turns float noise in near-zero gradients into updates of up to lr per step: a
+/// thirtieth of three steps' largest update), losses within 1e-5, gradient norms within 1e-4
+/// relative, the same targets and tokens.
+fn same_steps(
+    (one, rep_one): (
+        &std::collections::BTreeMap<String, Vec<f32>>,
+        &[occult_train::step::StepReport],
+    ),
+    (many, rep): (
+        &std::collections::BTreeMap<String, Vec<f32>>,
+        &[occult_train::step::StepReport],
+    ),
+    label: &str,
+) {
+    assert_eq!(many.len(), one.len(), "{label}: the same tensors");
+    for (k, v) in one {
+        let err = v
+            .iter()
+            .zip(&many[k])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(err < 1e-4, "{label} {k}: {err}");
+    }
+    for (a, b) in rep_one.iter().zip(rep) {
+        assert!(
+            (a.loss - b.loss).abs() < 1e-5,
+            "{label}: loss {} vs {}",
+            a.loss,
+            b.loss
+        );
+        assert!(
+            (a.grad_norm - b.grad_norm).abs() < 1e-4 * a.grad_norm.max(1.0),
+            "{label}: gradient norm {} vs {}",
+            a.grad_norm,
+            b.grad_norm
+        );
+        assert_eq!((a.targets, a.tokens), (b.targets, b.tokens), "{label}");
     }
 }
 

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{occult_err, occult_ok};
+use common::{log_field, occult_err, occult_ok};
 use std::path::{Path, PathBuf};
 
 fn model() -> String {
@@ -353,18 +353,7 @@ fn gradient_accumulation_takes_the_same_steps() {
     write_data(d);
     train(d, "one", &["--steps", "3"]);
     train(d, "two", &["--steps", "3", "--grad-accum", "2"]);
-    let losses = |run: &str| -> Vec<f64> {
-        std::fs::read_to_string(d.join(run).join("log.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
-                    .as_f64()
-                    .unwrap()
-            })
-            .collect()
-    };
-    let (a, b) = (losses("one"), losses("two"));
+    let (a, b) = (log_field(d, "one", "loss"), log_field(d, "two", "loss"));
     assert_eq!(a.len(), 3);
     for (x, y) in a.iter().zip(&b) {
         assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");

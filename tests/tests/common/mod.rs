@@ -282,3 +282,17 @@ devices = [4, 32]
 tokens_per_device = [64]
 links = ["pcie4", "ib-ndr"]
 "#;
+
+/// One field of every line of a training run's `log.jsonl` (in `dir/run`), as numbers.
+#[allow(dead_code)]
+pub fn log_field(dir: &Path, run: &str, key: &str) -> Vec<f64> {
+    std::fs::read_to_string(dir.join(run).join("log.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()[key]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{run}: no number {key} in {l}"))
+        })
+        .collect()
+}
