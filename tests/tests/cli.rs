@@ -444,6 +444,23 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
         .iter()
         .all(|x| (0.0..=1.0).contains(&x["acc"].as_f64().unwrap())));
     assert_eq!(q.iter().filter(|x| x["max_nodes"] == 1).count(), 4 * 6);
+    // Each accuracy with its standard error and item count; paired differences for the 6
+    // pruned servings of the start and the 6 pruned fine-tunings, each inside its interval.
+    for x in q {
+        let (acc, se) = (x["acc"].as_f64().unwrap(), x["acc_stderr"].as_f64().unwrap());
+        let n = x["items"].as_f64().unwrap();
+        assert!(n > 1.0 && (se - (acc * (1.0 - acc) / (n - 1.0)).sqrt()).abs() < 1e-9, "{x}");
+    }
+    let diffs = r["quality_differences"].as_array().unwrap();
+    for (what, count) in [("pruned serving", 6), ("pruned fine-tuning", 6)] {
+        assert_eq!(diffs.iter().filter(|d| d["comparison"] == what).count(), count, "{what}");
+    }
+    for d in diffs {
+        let f = |k: &str| d[k].as_f64().unwrap();
+        assert!(f("lo") <= f("diff") + 1e-12 && f("diff") <= f("hi") + 1e-12, "{d}");
+        assert!(f("stderr") >= 0.0 && d["tasks"] == 4, "{d}");
+    }
+    assert!(stdout.contains("### Differences, paired over the same items"), "{stdout}");
     assert!(stdout.contains("## Past one node"), "{stdout}");
     // The placements section: 16 experts on 4 devices, E / 8 = 2 replicas, rounded up to 4
     // (a multiple of the devices); Occult's copies never raise its partition's E[C_T].

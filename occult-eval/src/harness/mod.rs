@@ -7,12 +7,14 @@
 //! - [`scorer`]: log-likelihoods of the requests, with or without context reuse;
 //! - [`evaluate`]: the steps of a task's evaluation: its items prepared, then scored;
 //! - [`metrics`]: `acc`, `acc_norm` of an item, means with standard errors, pooled groups;
+//! - [`paired`]: two models' difference on the same items, with a paired bootstrap interval;
 //! - [`results`]: a task's aggregation: per task, group and category, as the results JSON
 //!   and the samples lines.
 
 pub mod data;
 pub mod evaluate;
 pub mod metrics;
+pub mod paired;
 pub mod preprocess;
 pub mod pyrandom;
 pub mod results;

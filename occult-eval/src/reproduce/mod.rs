@@ -16,6 +16,7 @@
 //! files and the report and the others join every collective stage (they read the placement
 //! rank 0 wrote after a barrier: a detail of the stages' `Ranks`).
 
+pub mod differences;
 pub mod ladder;
 pub mod plots;
 mod ranks;
@@ -62,6 +63,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     };
     progress.stage("quality on the tasks");
     let quality = quality_stage(recipe, &s, &placed, &routings, &finetuned, &ranks, out)?;
+    let differences = differences::quality_differences(&quality)?;
     // The collaboration profile runs on every rank; the rest is rank 0's.
     let collab_trace = collaboration_trace(&finetuned, recipe, &s, out, ranks.mpi())?;
     // Only rank 0 holds the placements; it alone projects and reports.
@@ -94,6 +96,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         shaped,
         finetunes,
         quality,
+        differences,
         projection,
         collaboration,
         plots,
@@ -122,6 +125,7 @@ fn write_outputs(
         "placements_with_replicas": f.replicas,
         "finetune": f.finetunes,
         "quality": f.quality,
+        "quality_differences": f.differences,
         "speed": f.speed,
         "projection": f.projection,
         "shaped": f.shaped,

@@ -12,16 +12,7 @@ use occult_core::models::config::ModelConfig;
 use std::collections::BTreeMap;
 
 fn served(r: &QualityRow) -> String {
-    match (r.max_devices, r.max_nodes, &r.rule) {
-        (Some(n), _, Some(rule)) => format!("pruned to {n}, {rule}"),
-        (_, Some(m), Some(rule)) => {
-            format!(
-                "pruned to {m} node{}, {rule}",
-                if m == 1 { "" } else { "s" }
-            )
-        }
-        _ => "exact".into(),
-    }
+    r.served()
 }
 
 /// Mean accuracy over tasks of each (variant, served) pair, in first-seen order.
@@ -181,13 +172,25 @@ pub fn render(
                 let acc = quality
                     .iter()
                     .find(|r| r.variant == variant && served(r) == how && &r.task == task)
-                    .map_or("-".into(), |r| format!("{:.3}", r.acc));
+                    .map_or("-".into(), |r| match r.acc_stderr {
+                        Some(se) => format!("{:.3} ± {se:.3}", r.acc),
+                        None => format!("{:.3}", r.acc),
+                    });
                 row.push(acc);
             }
             row.push(format!("{mean:.3}"));
             t.row(row);
         }
         md += &t.render();
+        let items: Vec<String> = tasks
+            .iter()
+            .filter_map(|t| quality.iter().find(|r| &r.task == t))
+            .map(|r| format!("{} {}", r.task, r.items))
+            .collect();
+        md += &format!(
+            "\nAccuracy ± its standard error; items per task: {}.\n",
+            items.join(", ")
+        );
         md += &quality_summary(quality);
         md += "\n![Mean accuracy against E[C_T]](quality_vs_ect.png)\n";
     }
@@ -335,6 +338,71 @@ fn pruned_lines(quality: &[QualityRow], keep: impl Fn(&QualityRow) -> bool) -> S
         }
     }
     out
+}
+
+/// The paired differences: each with its standard error and bootstrap 95% interval, in
+/// points, and what they allow one to conclude.
+fn differences_section(diffs: &[super::results::QualityDiff]) -> String {
+    if diffs.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new(&[
+        "comparison",
+        "model",
+        "served",
+        "against",
+        "difference (points)",
+        "stderr",
+        "95% interval",
+        "items",
+    ]);
+    for d in diffs {
+        let x = &d.difference;
+        t.row(vec![
+            d.comparison.clone(),
+            if d.model == "base" {
+                "start".to_string()
+            } else {
+                format!("fine-tuned {}", d.model)
+            },
+            d.served.clone(),
+            match d.against.0.as_str() {
+                "base" => format!("start, {}", d.against.1),
+                v => format!("fine-tuned {v}, {}", d.against.1),
+            },
+            format!("{:+.1}", 100.0 * x.diff),
+            format!("{:.1}", 100.0 * x.stderr),
+            format!("[{:+.1}, {:+.1}]", 100.0 * x.lo, 100.0 * x.hi),
+            format!("{} over {} tasks", x.items, x.tasks),
+        ]);
+    }
+    let resolved: Vec<String> = diffs
+        .iter()
+        .filter(|d| d.difference.excludes_zero())
+        .map(|d| format!("{} ({})", d.served, d.comparison))
+        .collect();
+    let widest = diffs
+        .iter()
+        .map(|d| d.difference.stderr)
+        .fold(0.0, f64::max);
+    format!(
+        "\n### Differences, paired over the same items\n\nEach difference of mean accuracy \
+         over the tasks is paired: both models answer the same items, and a bootstrap resamples \
+         those items (2,000 draws, within each task) for its 95% interval. An interval that \
+         leaves out 0 says the difference is larger than the items' noise; one that holds 0 \
+         does not say there is none, only that these items cannot tell it from noise (with a \
+         standard error up to {:.1} points here, differences under about {:.1} points go \
+         unresolved). One seed: the spread of fine-tuning runs is not in these intervals.\n\n\
+         {}\nIntervals that leave out 0: {}.\n",
+        100.0 * widest,
+        200.0 * widest,
+        t.render(),
+        if resolved.is_empty() {
+            "none".to_string()
+        } else {
+            resolved.join("; ")
+        }
+    )
 }
 
 /// The cluster projection: the headline speed-ups on the recipe's device count, then every
@@ -537,6 +605,7 @@ pub fn full(
         &f.quality,
         seconds,
     );
+    md += &differences_section(&f.differences);
     if let Some(why) = f.shaped["reason"].as_str() {
         md += &format!(
             "\nThe shaped-link measurement (scripts/shaped_links.sh) did not run: {why}.\n"

@@ -57,7 +57,47 @@ pub struct QualityRow {
     pub rule: Option<String>,
     pub task: String,
     pub acc: f64,
+    /// The standard error of `acc` (the eval's `acc_stderr`).
+    pub acc_stderr: Option<f64>,
     pub acc_norm: Option<f64>,
+    /// Items scored.
+    pub items: usize,
+    /// Each item's `acc` (0 or 1), in `doc_id` order: what paired differences resample.
+    #[serde(skip)]
+    pub item_acc: Vec<f64>,
+}
+
+impl QualityRow {
+    /// How the model was served, in words: `exact`, `pruned to N, RULE` or `pruned to M
+    /// node(s), RULE`.
+    pub fn served(&self) -> String {
+        match (self.max_devices, self.max_nodes, &self.rule) {
+            (Some(n), _, Some(rule)) => format!("pruned to {n}, {rule}"),
+            (_, Some(m), Some(rule)) => {
+                format!(
+                    "pruned to {m} node{}, {rule}",
+                    if m == 1 { "" } else { "s" }
+                )
+            }
+            _ => "exact".into(),
+        }
+    }
+}
+
+/// One paired difference of mean accuracy over the tasks, on the same items.
+#[derive(Clone, Debug, Serialize)]
+pub struct QualityDiff {
+    /// `pruned serving` (the start served pruned, against the start served exact) or
+    /// `pruned fine-tuning` (fine-tuned and served under a pruned routing, against standard
+    /// fine-tuning served exact).
+    pub comparison: String,
+    /// The variant and how it is served.
+    pub model: String,
+    pub served: String,
+    /// What it is compared with: (variant, served).
+    pub against: (String, String),
+    #[serde(flatten)]
+    pub difference: crate::harness::paired::PairedDiff,
 }
 
 /// One fine-tuning run.
@@ -86,6 +126,8 @@ pub struct Findings {
     pub shaped: serde_json::Value,
     pub finetunes: Vec<FinetuneRow>,
     pub quality: Vec<QualityRow>,
+    /// Paired differences with bootstrap intervals (pruned servings and pruned fine-tunings).
+    pub differences: Vec<QualityDiff>,
     pub projection: Option<occult_core::analysis::projection::ProjectReport>,
     /// E[C_T] before and after pruned fine-tuning.
     pub collaboration: serde_json::Value,

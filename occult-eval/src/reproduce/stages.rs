@@ -267,6 +267,8 @@ pub fn quality_stage(
         data: s.task_data.clone(),
         num_fewshot: recipe.quality.num_fewshot,
         limit: recipe.quality.limit,
+        // Per-item scores, for the paired intervals.
+        samples: true,
         ..EvalJob::new(s.tasks.clone())
     };
     let task_inputs = job.inputs()?;
@@ -286,7 +288,8 @@ pub fn quality_stage(
                 let Some(done) = done else { return Ok(()) };
                 done.write(&file, false)?;
                 done.check(job.tasks.len())?;
-                quality.extend(quality_rows(&done.report, variant, fine_tuned, routing)?);
+                let rows = quality_rows(&done.report, &done.samples, variant, fine_tuned, routing)?;
+                quality.extend(rows);
                 Ok(())
             })
             .with_context(|| format!("evaluating {variant} served {}", routing.name()));
@@ -448,6 +451,7 @@ pub fn finetune_row(dir: &Path, routing: Routing, seconds: f64) -> Result<Finetu
 /// The quality rows of one evaluation's results JSON.
 pub fn quality_rows(
     report: &serde_json::Value,
+    samples: &[(String, Vec<serde_json::Value>)],
     variant: &str,
     fine_tuned: bool,
     routing: Routing,
@@ -455,17 +459,35 @@ pub fn quality_rows(
     let results = report["results"]
         .as_object()
         .context("no `results` in the eval output")?;
-    Ok(results
+    results
         .iter()
-        .map(|(task, r)| QualityRow {
-            variant: variant.to_string(),
-            fine_tuned,
-            max_devices: routing.max_devices(),
-            max_nodes: routing.max_nodes(),
-            rule: routing.rule(),
-            task: task.clone(),
-            acc: r["acc"].as_f64().unwrap_or(f64::NAN),
-            acc_norm: r["acc_norm"].as_f64(),
+        .map(|(task, r)| {
+            // Each item's acc in doc_id order (the same order for every model).
+            let mut items: Vec<(u64, f64)> = samples
+                .iter()
+                .find(|(t, _)| t == task)
+                .and_then(|(_, lines)| {
+                    lines
+                        .iter()
+                        .map(|l| (l["doc_id"].as_u64().unwrap_or(0), l["acc"].as_f64()))
+                        .map(|(d, a)| a.map(|a| (d, a)))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .with_context(|| format!("{task}: no per-item acc in the eval's samples"))?;
+            items.sort_by_key(|&(d, _)| d);
+            Ok(QualityRow {
+                variant: variant.to_string(),
+                fine_tuned,
+                max_devices: routing.max_devices(),
+                max_nodes: routing.max_nodes(),
+                rule: routing.rule(),
+                task: task.clone(),
+                acc: r["acc"].as_f64().unwrap_or(f64::NAN),
+                acc_stderr: r["acc_stderr"].as_f64(),
+                acc_norm: r["acc_norm"].as_f64(),
+                items: items.len(),
+                item_acc: items.into_iter().map(|(_, a)| a).collect(),
+            })
         })
-        .collect())
+        .collect()
 }
