@@ -447,20 +447,36 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
     // Each accuracy with its standard error and item count; paired differences for the 6
     // pruned servings of the start and the 6 pruned fine-tunings, each inside its interval.
     for x in q {
-        let (acc, se) = (x["acc"].as_f64().unwrap(), x["acc_stderr"].as_f64().unwrap());
+        let (acc, se) = (
+            x["acc"].as_f64().unwrap(),
+            x["acc_stderr"].as_f64().unwrap(),
+        );
         let n = x["items"].as_f64().unwrap();
-        assert!(n > 1.0 && (se - (acc * (1.0 - acc) / (n - 1.0)).sqrt()).abs() < 1e-9, "{x}");
+        assert!(
+            n > 1.0 && (se - (acc * (1.0 - acc) / (n - 1.0)).sqrt()).abs() < 1e-9,
+            "{x}"
+        );
     }
     let diffs = r["quality_differences"].as_array().unwrap();
     for (what, count) in [("pruned serving", 6), ("pruned fine-tuning", 6)] {
-        assert_eq!(diffs.iter().filter(|d| d["comparison"] == what).count(), count, "{what}");
+        assert_eq!(
+            diffs.iter().filter(|d| d["comparison"] == what).count(),
+            count,
+            "{what}"
+        );
     }
     for d in diffs {
         let f = |k: &str| d[k].as_f64().unwrap();
-        assert!(f("lo") <= f("diff") + 1e-12 && f("diff") <= f("hi") + 1e-12, "{d}");
+        assert!(
+            f("lo") <= f("diff") + 1e-12 && f("diff") <= f("hi") + 1e-12,
+            "{d}"
+        );
         assert!(f("stderr") >= 0.0 && d["tasks"] == 4, "{d}");
     }
-    assert!(stdout.contains("### Differences, paired over the same items"), "{stdout}");
+    assert!(
+        stdout.contains("### Differences, paired over the same items"),
+        "{stdout}"
+    );
     assert!(stdout.contains("## Past one node"), "{stdout}");
     // The placements section: 16 experts on 4 devices, E / 8 = 2 replicas, rounded up to 4
     // (a multiple of the devices); Occult's copies never raise its partition's E[C_T].
@@ -561,7 +577,7 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
     // The plots are PNG files.
     for png in [
         "ect.png",
-        "time_vs_tokens.png",
+        "speedup_vs_tokens.png",
         "quality_vs_ect.png",
         "collaboration.png",
     ] {

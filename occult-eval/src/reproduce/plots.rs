@@ -1,6 +1,9 @@
 //! The PNG plots of `occult reproduce`, drawn with plotters and the DejaVu Sans font compiled in
-//! (so no system font is needed): E[C_T] per step of the table, prefill time against tokens
-//! per mode, and mean task accuracy against the E[C_T] of the routing served.
+//! (so no system font is needed): E[C_T] per step of the table, each mode's prefill speed-up
+//! over standard dispatch against tokens (measured locally, measured over shaped links, and
+//! projected), and mean task accuracy against the E[C_T] of the routing served, with 95%
+//! intervals, per rule. Colours are Okabe and Ito's, which read on white and apart for
+//! colour-blind readers (their yellow left out).
 
 use super::ladder::Step;
 use super::results::QualityRow;
@@ -10,6 +13,42 @@ use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
 const FONT: &str = "sans-serif";
+
+/// Okabe and Ito's colours without the yellow, then darker shades of a few: all read on white.
+const COLOURS: [RGBColor; 10] = [
+    RGBColor(0, 114, 178),   // blue
+    RGBColor(213, 94, 0),    // vermillion
+    RGBColor(0, 158, 115),   // bluish green
+    RGBColor(204, 121, 167), // reddish purple
+    RGBColor(230, 159, 0),   // orange
+    RGBColor(86, 180, 233),  // sky blue
+    RGBColor(0, 0, 0),       // black
+    RGBColor(0, 70, 110),    // dark blue
+    RGBColor(140, 60, 0),    // dark vermillion
+    RGBColor(0, 100, 70),    // dark green
+];
+
+/// The colour of series `i`.
+fn colour(i: usize) -> RGBAColor {
+    COLOURS[i % COLOURS.len()].to_rgba()
+}
+
+/// One named series of points, each with an optional half-width for a vertical error bar.
+struct Series {
+    name: String,
+    points: Vec<(f64, f64)>,
+    errors: Vec<f64>,
+}
+
+impl Series {
+    fn plain(name: String, points: Vec<(f64, f64)>) -> Self {
+        Series {
+            name,
+            points,
+            errors: Vec::new(),
+        }
+    }
+}
 const SIZE: (u32, u32) = (800, 480);
 
 fn register_font() -> Result<()> {
@@ -82,20 +121,23 @@ pub fn ect_bars(path: &Path, steps: &[Step]) -> Result<()> {
     Ok(())
 }
 
-/// One series per name, `(x, y)` points each, joined by lines if `connect`.
+/// One series per name, `(x, y)` points each (with error bars where given), joined by lines if
+/// `connect`; the y axis from 0 unless `y_from_data`.
 fn lines(
     path: &Path,
     caption: &str,
     (x_desc, y_desc): (&str, &str),
-    series: &[(String, Vec<(f64, f64)>)],
+    series: &[Series],
     connect: bool,
 ) -> Result<()> {
     let root = BitMapBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let pts = series.iter().flat_map(|(_, p)| p.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(x, y) in pts {
-        (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+    for s in series {
+        for (i, &(x, y)) in s.points.iter().enumerate() {
+            let e = s.errors.get(i).copied().unwrap_or(0.0);
+            (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y - e), y1.max(y + e));
+        }
     }
     if x0 > x1 {
         return Ok(());
@@ -121,15 +163,31 @@ fn lines(
         .label_style((FONT, 12))
         .draw()
         .map_err(err)?;
-    for (i, (name, p)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        let line = if connect { p.clone() } else { Vec::new() };
+    for (i, s) in series.iter().enumerate() {
+        let color = colour(i);
+        let line = if connect {
+            s.points.clone()
+        } else {
+            Vec::new()
+        };
         c.draw_series(LineSeries::new(line, color.stroke_width(2)))
             .map_err(err)?
-            .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
-        c.draw_series(p.iter().map(|&pt| Circle::new(pt, 4, color.filled())))
-            .map_err(err)?;
+            .label(s.name.clone())
+            .legend(move |(x, y)| {
+                EmptyElement::at((x + 9, y))
+                    + PathElement::new(vec![(-9, 0), (9, 0)], color.stroke_width(2))
+                    + Circle::new((0, 0), 4, color.filled())
+            });
+        c.draw_series(
+            s.points
+                .iter()
+                .map(|&pt| Circle::new(pt, 4, color.filled())),
+        )
+        .map_err(err)?;
+        let bars = s.points.iter().zip(&s.errors).map(|(&(x, y), &e)| {
+            ErrorBar::new_vertical(x, y - e, y, y + e, color.stroke_width(2), 8)
+        });
+        c.draw_series(bars).map_err(err)?;
     }
     c.configure_series_labels()
         .label_font((FONT, 13))
@@ -153,31 +211,59 @@ pub fn draw_all(
     let p = out.join("ect.png");
     ect_bars(&p, steps)?;
     written.push(p);
-    // Prefill time against tokens, per mode.
-    let mut modes: Vec<String> = speed
-        .iter()
-        .filter(|r| r.suite == "prefill")
-        .map(|r| r.mode.clone())
-        .collect();
-    modes.sort();
-    modes.dedup();
-    if !modes.is_empty() {
-        let series: Vec<(String, Vec<(f64, f64)>)> = modes
-            .iter()
-            .map(|m| {
-                let pts = speed
-                    .iter()
-                    .filter(|r| r.suite == "prefill" && &r.mode == m)
-                    .map(|r| (r.tokens as f64, r.seconds * 1e3))
-                    .collect();
-                (m.clone(), pts)
-            })
-            .collect();
-        let p = out.join("time_vs_tokens.png");
-        let axes = ("tokens over all ranks", "ms");
+    // Each mode's prefill speed-up over standard dispatch at each size: measured locally,
+    // measured over shaped links, and projected onto the local suite's link profile.
+    let mut series: Vec<Series> = Vec::new();
+    for (suite, kind) in [("prefill", "local"), ("prefill, shaped", "shaped links")] {
+        let rows: Vec<&SpeedRow> = speed.iter().filter(|r| r.suite == suite).collect();
+        let mut modes: Vec<&str> = Vec::new();
+        for r in &rows {
+            if !modes.contains(&r.mode.as_str()) {
+                modes.push(r.mode.as_str());
+            }
+        }
+        for mode in modes
+            .into_iter()
+            .filter(|m| *m != "standard" && !m.starts_with("reference"))
+        {
+            let speedup = |projected: bool| -> Vec<(f64, f64)> {
+                let time = |r: &SpeedRow| {
+                    if projected {
+                        r.projected_seconds
+                    } else {
+                        Some(r.seconds)
+                    }
+                };
+                rows.iter()
+                    .filter(|r| r.mode == mode)
+                    .filter_map(|r| {
+                        let std = rows
+                            .iter()
+                            .find(|s| s.mode == "standard" && s.tokens == r.tokens)?;
+                        Some((r.tokens as f64, time(std)? / time(r)?.max(1e-12)))
+                    })
+                    .collect()
+            };
+            series.push(Series::plain(
+                format!("{mode}, measured ({kind})"),
+                speedup(false),
+            ));
+            if kind == "local" {
+                let link = rows.first().map_or("", |r| r.link.as_str());
+                series.push(Series::plain(
+                    format!("{mode}, projected ({link})"),
+                    speedup(true),
+                ));
+            }
+        }
+    }
+    series.retain(|s| !s.points.is_empty());
+    if !series.is_empty() {
+        let p = out.join("speedup_vs_tokens.png");
+        let axes = ("tokens over all ranks", "speed-up over standard dispatch");
         lines(
             &p,
-            "Prefill time (measured, slowest rank)",
+            "Prefill speed-up over standard dispatch",
             axes,
             &series,
             true,
@@ -196,9 +282,17 @@ pub fn draw_all(
         }
         .map(|s| s.ect)
     };
-    let mut groups: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    // One series per (model, rule): the start, standard and pruned fine-tuning, each pruned
+    // serving drawn with its rule's series; exact serving belongs to every rule's series.
+    let mut groups: Vec<Series> = Vec::new();
+    let rules: Vec<String> = {
+        let mut r: Vec<String> = quality.iter().filter_map(|r| r.rule.clone()).collect();
+        r.sort();
+        r.dedup();
+        r
+    };
     for ((variant, _), _) in super::report::mean_acc(quality) {
-        let group = if variant == "base" {
+        let model = if variant == "base" {
             "start"
         } else if variant == "exact" {
             "standard fine-tuning"
@@ -216,36 +310,59 @@ pub fn draw_all(
             .collect();
         served.dedup();
         for (n, rule) in served {
-            let accs: Vec<f64> = rows
+            let at: Vec<&&QualityRow> = rows
                 .iter()
                 .filter(|r| r.max_devices == n && r.rule == rule)
-                .map(|r| r.acc)
                 .collect();
             let Some(ect) = ect_of(n, &rule) else {
                 continue;
             };
-            let mean = accs.iter().sum::<f64>() / accs.len().max(1) as f64;
-            match groups.iter_mut().find(|(g, _)| g == group) {
-                Some((_, pts)) if !pts.contains(&(ect, mean)) => pts.push((ect, mean)),
-                Some(_) => {}
-                None => groups.push((group.to_string(), vec![(ect, mean)])),
+            let tasks = at.len().max(1) as f64;
+            let mean = at.iter().map(|r| r.acc).sum::<f64>() / tasks;
+            // The 95% interval of the mean over tasks: 1.96 of its standard error.
+            let se = at
+                .iter()
+                .map(|r| r.acc_stderr.unwrap_or(0.0).powi(2))
+                .sum::<f64>()
+                .sqrt()
+                / tasks;
+            let names: Vec<String> = match &rule {
+                Some(r) => vec![format!("{model}, {r} rule")],
+                None => rules.iter().map(|r| format!("{model}, {r} rule")).collect(),
+            };
+            for name in names {
+                let g = match groups.iter_mut().position(|g| g.name == name) {
+                    Some(i) => &mut groups[i],
+                    None => {
+                        groups.push(Series::plain(name, Vec::new()));
+                        groups.last_mut().expect("just pushed")
+                    }
+                };
+                if !g.points.contains(&(ect, mean)) {
+                    g.points.push((ect, mean));
+                    g.errors.push(1.96 * se);
+                }
             }
         }
     }
-    for (_, pts) in groups.iter_mut() {
-        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        pts.dedup();
+    for g in groups.iter_mut() {
+        let mut both: Vec<((f64, f64), f64)> = g
+            .points
+            .iter()
+            .copied()
+            .zip(g.errors.iter().copied())
+            .collect();
+        both.sort_by(|a, b| a.0 .0.total_cmp(&b.0 .0));
+        (g.points, g.errors) = both.into_iter().unzip();
     }
+    groups.retain(|g| !g.points.is_empty());
     if !groups.is_empty() {
         let p = out.join("quality_vs_ect.png");
-        let axes = ("E[C_T] of the routing served", "mean accuracy");
-        lines(
-            &p,
-            "Mean task accuracy against E[C_T]",
-            axes,
-            &groups,
-            false,
-        )?;
+        let axes = (
+            "E[C_T] of the routing served",
+            "mean accuracy (95% interval)",
+        );
+        lines(&p, "Mean task accuracy against E[C_T]", axes, &groups, true)?;
         written.push(p);
     }
     Ok(written)

@@ -125,7 +125,7 @@ pub fn render(
             fmt(super::speed::ect_time_correlation(speed, true)),
             fmt(super::speed::ect_time_correlation(speed, false)),
         );
-        md += "\n![Prefill time against tokens](time_vs_tokens.png)\n";
+        md += "\n![Prefill speed-up over standard dispatch](speedup_vs_tokens.png)\n";
     }
     if !finetunes.is_empty() {
         md += "\n## Fine-tuning from the same start\n\n";
