@@ -319,18 +319,35 @@ fn pruned_lines(quality: &[QualityRow], keep: impl Fn(&QualityRow) -> bool) -> S
             pruned.push(pair);
         }
     }
+    // The paired 95% interval of a (model, served) difference, in words.
+    let diffs = super::differences::quality_differences(quality).unwrap_or_default();
+    let interval = |model: &str, how: &str| {
+        diffs
+            .iter()
+            .find(|d| d.model == model && d.served == how)
+            .map_or(String::new(), |d| {
+                let x = &d.difference;
+                format!(
+                    " (95% interval [{:+.1}, {:+.1}])",
+                    100.0 * x.lo,
+                    100.0 * x.hi
+                )
+            })
+    };
     for (how, variant) in pruned {
         let mut parts = Vec::new();
         if let Some(p) = get("base", &how) {
             parts.push(format!(
-                "pruning without fine-tuning changes the start by {:+.1} points",
-                100.0 * (p - start)
+                "pruning without fine-tuning changes the start by {:+.1} points{}",
+                100.0 * (p - start),
+                interval("base", &how)
             ));
         }
         if let (Some(f), Some(std)) = (get(&variant, &how), get("exact", "exact")) {
             parts.push(format!(
-                "fine-tuning under it lands {:+.1} points from standard fine-tuning",
-                100.0 * (f - std)
+                "fine-tuning under it lands {:+.1} points from standard fine-tuning{}",
+                100.0 * (f - std),
+                interval(&variant, &how)
             ));
         }
         if !parts.is_empty() {
