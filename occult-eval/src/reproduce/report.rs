@@ -11,16 +11,12 @@ use occult_core::analysis::trace::Trace;
 use occult_core::models::config::ModelConfig;
 use std::collections::BTreeMap;
 
-fn served(r: &QualityRow) -> String {
-    r.served()
-}
-
 /// Mean accuracy over tasks of each (variant, served) pair, in first-seen order.
 pub fn mean_acc(quality: &[QualityRow]) -> Vec<((String, String), f64)> {
     let mut order: Vec<(String, String)> = Vec::new();
     let mut sums: BTreeMap<(String, String), (f64, usize)> = BTreeMap::new();
     for r in quality {
-        let key = (r.variant.clone(), served(r));
+        let key = (r.variant.clone(), r.served());
         if !order.contains(&key) {
             order.push(key.clone());
         }
@@ -171,7 +167,7 @@ pub fn render(
             for task in &tasks {
                 let acc = quality
                     .iter()
-                    .find(|r| r.variant == variant && served(r) == how && &r.task == task)
+                    .find(|r| r.variant == variant && r.served() == how && &r.task == task)
                     .map_or("-".into(), |r| match r.acc_stderr {
                         Some(se) => format!("{:.3} ± {se:.3}", r.acc),
                         None => format!("{:.3}", r.acc),
@@ -314,7 +310,7 @@ fn pruned_lines(quality: &[QualityRow], keep: impl Fn(&QualityRow) -> bool) -> S
         .iter()
         .filter(|r| r.fine_tuned && r.variant != "exact" && keep(r))
     {
-        let pair = (served(r), r.variant.clone());
+        let pair = (r.served(), r.variant.clone());
         if !pruned.contains(&pair) {
             pruned.push(pair);
         }
