@@ -7,7 +7,7 @@
 //! ([`layer_seconds`]).
 
 use crate::analysis::cluster::{Cluster, Dispatch, LevelTraffic};
-use crate::analysis::collab::DeviceCounter;
+use crate::analysis::collab::{max_over_mean, DeviceCounter};
 use crate::analysis::links::LinkProfile;
 use crate::analysis::placement::replicas::CopyRule;
 use crate::analysis::placement::Placement;
@@ -76,10 +76,7 @@ pub fn project_placement(
         profile: profile.name.clone(),
         tokens_per_device,
         ect: mean(&|t| t.ect()),
-        max_load_ratio: mean(&|t| {
-            let total: u64 = t.pairs.iter().sum();
-            t.max_pairs() as f64 * d as f64 / total.max(1) as f64
-        }),
+        max_load_ratio: mean(&|t| max_over_mean(&t.pairs)),
         exchange_s,
         compute_s,
         layer_s: 2.0 * exchange_s + compute_s,

@@ -65,7 +65,7 @@ pub fn replicate_trace(
                 other.name()
             ),
         };
-        let st = map.stats(&l.topk_ids, k, &source, CopyRule::Cover)?;
+        let st = map.stats(&l.topk_ids, k, &source, CopyRule::Cover, None)?;
         entry.device_of_expert.clear();
         entry.slots = Some(map.slot_expert.clone());
         entry.expert_load = map.expert_load().map(<[f64]>::to_vec);
@@ -136,16 +136,8 @@ pub fn replica_trace_stats(
         let map: ReplicaMap = p.replica_map(l.layer)?;
         slots_per_device = slots_per_device.max(map.slots_per_device());
         let source = sources(trace, l, p.num_devices, resplit)?;
-        let st: ReplicaStats = map.stats(&l.topk_ids, k, &source, rule)?;
-        let ecn = per_node.map(|g| {
-            let nodes: u64 = l
-                .topk_ids
-                .chunks_exact(k)
-                .zip(&source)
-                .map(|(ids, &s)| map.touched(ids, k, s, rule, Some(g)).1)
-                .sum();
-            nodes as f64 / l.tokens.max(1) as f64
-        });
+        let st: ReplicaStats = map.stats(&l.topk_ids, k, &source, rule, per_node)?;
+        let ecn = per_node.map(|_| st.nodes_touched as f64 / l.tokens.max(1) as f64);
         layers.push(ReplicaLayerStats {
             layer: l.layer,
             tokens: l.tokens,

@@ -736,7 +736,7 @@ mod tests {
                     assert!(carried.iter().all(|&c| c == 1), "{rule:?} {mode:?}");
                 }
                 let sources = vec![me; tokens];
-                let st = map.stats(&ids, k, &sources, rule).unwrap();
+                let st = map.stats(&ids, k, &sources, rule, None).unwrap();
                 assert_eq!(want_rows.iter().sum::<usize>() as u64, st.devices_touched);
             }
             assert!(SendPlan::replicated(

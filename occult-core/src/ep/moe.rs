@@ -447,9 +447,11 @@ impl EpMoe {
             // The copies the rule picks, counted as the analysis counts them.
             let mode = self.settings.mode;
             let plan = SendPlan::replicated(&routed.ids, k, &r.map, r.rule, me as u32, mode)?;
+            let sources = vec![me as u32; st.tokens];
             let g = self.settings.devices_per_node;
-            let (c_t, c_n) = r.map.touched(&routed.ids, k, me as u32, r.rule, g);
-            (st.devices_touched, st.nodes_touched) = (c_t as usize, c_n as usize);
+            let counted = r.map.stats(&routed.ids, k, &sources, r.rule, g)?;
+            st.devices_touched = counted.devices_touched as usize;
+            st.nodes_touched = counted.nodes_touched as usize;
             st.rows_sent = plan.rows();
             st.remote_rows_sent = plan.remote_rows(me);
             if let Some(c) = self.cluster() {

@@ -18,9 +18,17 @@ use crate::{bail, Result};
 /// Candidates scored exactly per device and step.
 const CANDIDATES_PER_DEVICE: usize = 8;
 
-/// A copy in the balance phase: its key (pairs over the cap, max/mean load, E[C_T]), its
-/// (E[C_T], max/mean load), and the device and expert.
-type BalanceStep = ((u64, f64, f64), (f64, f64), usize, u32);
+/// A candidate map's figures under the cover rule on the layer's routing.
+#[derive(Clone, Debug)]
+struct Scored {
+    ect: f64,
+    /// Max/mean device load.
+    ratio: f64,
+    /// Pairs over the load cap, summed over devices (0 without a cap).
+    excess: u64,
+    /// Each device's (token, expert) pairs.
+    pairs: Vec<u64>,
+}
 
 /// What [`replicate`] found.
 #[derive(Clone, Debug)]
@@ -77,33 +85,38 @@ pub fn replicate(
             .collect();
         ReplicaMap::new(padded, e_n, num_devices, Some(&loads))
     };
-    let score = |m: &ReplicaMap| -> Result<(f64, f64)> {
-        let st = m.stats(ids, k, source, CopyRule::Cover)?;
-        Ok((st.ect(), st.max_load_ratio()))
+    // The most pairs a device may hold under the cap, and the pairs over it, summed.
+    let limit = |pairs: &[u64]| {
+        let total: u64 = pairs.iter().sum();
+        max_load_factor.unwrap_or(f64::INFINITY) * total as f64 / num_devices as f64
     };
-    let start_map = build(&slots)?;
-    let start = score(&start_map)?;
+    let excess = |pairs: &[u64]| -> u64 {
+        let at = limit(pairs);
+        let over: f64 = pairs.iter().map(|&p| (p as f64 - at).max(0.0)).sum();
+        over.ceil() as u64
+    };
+    let score = |slots: &[Vec<u32>]| -> Result<Scored> {
+        let st = build(slots)?.stats(ids, k, source, CopyRule::Cover, None)?;
+        Ok(Scored {
+            ect: st.ect(),
+            ratio: st.max_load_ratio(),
+            excess: excess(&st.pairs),
+            pairs: st.pairs,
+        })
+    };
+    let over = |s: &Scored| max_load_factor.is_some_and(|f| s.ratio > f + 1e-12);
     let per_device = (e_n + replicas) / num_devices;
-    let over = |s: (f64, f64)| max_load_factor.is_some_and(|f| s.1 > f + 1e-12);
-    let mut best = start;
+    let start = score(&slots)?;
+    let mut best = start.clone();
     let mut left = replicas;
     // Balance first: while devices are over the cap, copy an expert of an over-cap device to
     // a device with a free slot, the copy that lowers the pairs over the cap most (then
     // max/mean load, then the sum of C_T).
-    let excess = |m: &ReplicaMap| -> Result<(u64, (f64, f64))> {
-        let st = m.stats(ids, k, source, CopyRule::Cover)?;
-        let total: u64 = st.pairs.iter().sum();
-        let limit = max_load_factor.unwrap_or(f64::INFINITY) * total as f64 / num_devices as f64;
-        let over: f64 = st.pairs.iter().map(|&p| (p as f64 - limit).max(0.0)).sum();
-        Ok((over.ceil() as u64, (st.ect(), st.max_load_ratio())))
-    };
-    let mut current = excess(&start_map)?.0;
-    while over(best) && left > 0 {
-        let pairs = build(&slots)?.stats(ids, k, source, CopyRule::Cover)?.pairs;
-        let total: u64 = pairs.iter().sum();
-        let limit = max_load_factor.unwrap_or(f64::INFINITY) * total as f64 / num_devices as f64;
-        let mut step: Option<BalanceStep> = None;
-        for b in (0..num_devices).filter(|&b| pairs[b] as f64 > limit) {
+    let key = |s: &Scored| (s.excess, s.ratio, s.ect);
+    while over(&best) && left > 0 {
+        let at = limit(&best.pairs);
+        let mut step: Option<(Scored, usize, u32)> = None;
+        for b in (0..num_devices).filter(|&b| best.pairs[b] as f64 > at) {
             let mut own: Vec<u32> = slots[b].clone();
             own.sort_unstable();
             own.dedup();
@@ -114,35 +127,34 @@ pub fn replicate(
                     }
                     let mut trial = slots.clone();
                     trial[d].push(e);
-                    let (x, s) = excess(&build(&trial)?)?;
-                    let key = (x, s.1, s.0);
-                    let better = x < current || (x == current && s.1 < best.1 - 1e-12);
-                    if better && step.is_none_or(|(b, ..)| key < b) {
-                        step = Some((key, s, d, e));
+                    let s = score(&trial)?;
+                    let better = s.excess < best.excess
+                        || (s.excess == best.excess && s.ratio < best.ratio - 1e-12);
+                    if better && step.as_ref().is_none_or(|(t, ..)| key(&s) < key(t)) {
+                        step = Some((s, d, e));
                     }
                 }
             }
         }
-        let Some(((x, _, _), s, d, e)) = step else {
+        let Some((s, d, e)) = step else {
             break;
         };
         slots[d].push(e);
         best = s;
-        current = x;
         left -= 1;
     }
-    if over(best) {
+    if over(&best) {
         bail!(
             "no copies bring the max/mean load to the cap {}: {:.3} after {} of {replicas} \
              copies (from {:.3}); give more --replicas or a higher --max-load-factor",
             max_load_factor.unwrap_or(0.0),
-            best.1,
+            best.ratio,
             replicas - left,
-            start.1
+            start.ratio
         );
     }
     for _ in 0..left {
-        let mut step: Option<((f64, f64), usize, u32)> = None;
+        let mut step: Option<(Scored, usize, u32)> = None;
         for d in 0..num_devices {
             if slots[d].len() >= per_device {
                 continue;
@@ -150,13 +162,12 @@ pub fn replicate(
             for e in candidates(ids, k, &slots, d, e_n) {
                 let mut trial = slots.clone();
                 trial[d].push(e);
-                let m = build(&trial)?;
-                let s = score(&m)?;
-                if over(s) {
+                let s = score(&trial)?;
+                // Only a copy that lowers the sum (the cover is greedy, so one can raise it).
+                if over(&s) || s.ect >= best.ect - 1e-12 {
                     continue;
                 }
-                // Only a copy that lowers the sum (the cover is greedy, so one can raise it).
-                if s.0 < best.0 - 1e-12 && step.is_none_or(|(b, _, _)| s.0 < b.0) {
+                if step.as_ref().is_none_or(|(t, ..)| s.ect < t.ect) {
                     step = Some((s, d, e));
                 }
             }
@@ -179,8 +190,8 @@ pub fn replicate(
     let map = build(&slots)?;
     Ok(ReplicaOutcome {
         map,
-        start,
-        result: best,
+        start: (start.ect, start.ratio),
+        result: (best.ect, best.ratio),
     })
 }
 
@@ -221,7 +232,10 @@ mod tests {
         assert_eq!(out.result.0, 1.0);
         assert_eq!(out.map.slots_per_device(), 3);
         // Recounted from the map itself.
-        let st = out.map.stats(&ids, 2, &source, CopyRule::Cover).unwrap();
+        let st = out
+            .map
+            .stats(&ids, 2, &source, CopyRule::Cover, None)
+            .unwrap();
         assert_eq!(st.ect(), 1.0);
         assert!(replicate(&ids, 2, &source, &map, 2, 1, None).is_err());
     }
@@ -238,7 +252,10 @@ mod tests {
         assert_eq!(out.start.1, 2.0);
         assert_eq!(out.result.1, 1.0);
         assert!(out.map.devices_of(0).contains(&1));
-        let st = out.map.stats(&ids, 1, &source, CopyRule::Cover).unwrap();
+        let st = out
+            .map
+            .stats(&ids, 1, &source, CopyRule::Cover, None)
+            .unwrap();
         assert_eq!(st.pairs, vec![5, 5]);
         // All tokens from device 0: no copy moves load, so the cap is out of reach.
         let e = replicate(&ids, 1, &[0; 10], &map, 2, 2, Some(1.05)).unwrap_err();

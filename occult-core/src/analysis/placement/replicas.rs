@@ -242,43 +242,20 @@ impl ReplicaMap {
         }
     }
 
-    /// The sums of C_T (distinct devices) and, given `per_node` devices per node, of C_N
-    /// (distinct nodes, device d in node d / per_node; else 0) over the tokens of `ids`
-    /// (`[tokens, k]`, ids checked by the caller), all on device `source`, after `rule`'s
-    /// choice.
-    pub fn touched(
-        &self,
-        ids: &[u32],
-        k: usize,
-        source: u32,
-        rule: CopyRule,
-        per_node: Option<usize>,
-    ) -> (u64, u64) {
-        let (mut devices, mut nodes) = (0u64, 0u64);
-        let mut chosen = Vec::with_capacity(k);
-        for token in ids.chunks_exact(k.max(1)) {
-            self.choose(token, source, rule, &mut chosen);
-            chosen.sort_unstable();
-            chosen.dedup();
-            devices += chosen.len() as u64;
-            if let Some(g) = per_node.filter(|&g| g > 0) {
-                chosen.iter_mut().for_each(|d| *d /= g as u32);
-                chosen.dedup();
-                nodes += chosen.len() as u64;
-            }
-        }
-        (devices, nodes)
-    }
-
     /// E[C_T] and the devices' (row, expert) pairs over the tokens of `ids` (`[tokens, k]`),
-    /// token t on device `source[t]`, under `rule`.
+    /// token t on device `source[t]`, under `rule`; with `per_node` devices per node (device d
+    /// in node d / per_node), the sum of C_N too.
     pub fn stats(
         &self,
         ids: &[u32],
         k: usize,
         source: &[u32],
         rule: CopyRule,
+        per_node: Option<usize>,
     ) -> Result<ReplicaStats> {
+        if per_node == Some(0) {
+            bail!("a node holds at least one device");
+        }
         if k == 0 || !ids.len().is_multiple_of(k) || ids.len() / k != source.len() {
             bail!(
                 "{} ids are not {} tokens of top-{k}",
@@ -287,7 +264,7 @@ impl ReplicaMap {
             );
         }
         let mut pairs = vec![0u64; self.num_devices];
-        let mut touched = 0u64;
+        let (mut touched, mut nodes) = (0u64, 0u64);
         let mut devices = Vec::with_capacity(k);
         for (chosen, &s) in ids.chunks_exact(k).zip(source) {
             if let Some(&e) = chosen.iter().find(|&&e| e as usize >= self.num_experts) {
@@ -306,10 +283,17 @@ impl ReplicaMap {
             devices.sort_unstable();
             devices.dedup();
             touched += devices.len() as u64;
+            if let Some(g) = per_node {
+                // Sorted devices give sorted nodes.
+                devices.iter_mut().for_each(|d| *d /= g as u32);
+                devices.dedup();
+                nodes += devices.len() as u64;
+            }
         }
         Ok(ReplicaStats {
             tokens: source.len() as u64,
             devices_touched: touched,
+            nodes_touched: nodes,
             pairs,
         })
     }
@@ -341,6 +325,8 @@ pub struct ReplicaStats {
     pub tokens: u64,
     /// Sum of C_T (distinct devices per token, after the copy choice).
     pub devices_touched: u64,
+    /// Sum of C_N (distinct nodes per token) when a node size was given, else 0.
+    pub nodes_touched: u64,
     /// (token, expert) pairs each device computes.
     pub pairs: Vec<u64>,
 }
@@ -350,11 +336,9 @@ impl ReplicaStats {
         self.devices_touched as f64 / self.tokens.max(1) as f64
     }
 
-    /// The busiest device's pairs over the mean.
+    /// The busiest device's pairs over the mean (1 without pairs).
     pub fn max_load_ratio(&self) -> f64 {
-        let total: u64 = self.pairs.iter().sum();
-        let mean = total as f64 / self.pairs.len().max(1) as f64;
-        self.pairs.iter().copied().max().unwrap_or(0) as f64 / mean.max(1e-12)
+        crate::analysis::collab::max_over_mean(&self.pairs)
     }
 }
 
@@ -384,12 +368,12 @@ mod tests {
         m.choose(&[0, 1], 1, CopyRule::Cover, &mut out);
         assert_eq!(out, vec![1, 1]);
         let st = m
-            .stats(&[0, 3, /**/ 0, 1], 2, &[0, 1], CopyRule::Cover)
+            .stats(&[0, 3, /**/ 0, 1], 2, &[0, 1], CopyRule::Cover, None)
             .unwrap();
         assert_eq!(st.devices_touched, 2);
         assert_eq!(st.pairs, vec![0, 4]);
         let st = m
-            .stats(&[0, 3, /**/ 0, 1], 2, &[0, 1], CopyRule::Sglang)
+            .stats(&[0, 3, /**/ 0, 1], 2, &[0, 1], CopyRule::Sglang, None)
             .unwrap();
         assert_eq!(st.devices_touched, 3);
         assert_eq!(st.pairs, vec![1, 3]);
