@@ -11,6 +11,7 @@ use std::path::Path;
 fn small() -> DataSizes {
     DataSizes {
         pretrain_docs: 40,
+        pretrain_questions: 12,
         calibration_docs: 4,
         sentences: 6,
         instructions: 60,

@@ -395,15 +395,17 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::write(d.join("r.toml"), common::TINY_RECIPE).unwrap();
-    let run = || {
+    let run = |more: &[&str]| {
         std::process::Command::new(common::occult_bin())
             .args(["reproduce", "r.toml", "--out", "rep"])
+            .args(more)
             .env("OCCULT_CACHE", d.join("cache"))
             .current_dir(d)
             .output()
             .unwrap()
     };
-    let out = run();
+    // Two fine-tuning seeds: every fine-tuning twice, the differences pooled.
+    let out = run(&["--seeds", "2"]);
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{err}");
     assert!(err.contains("building the built-in model"), "{err}");
@@ -432,24 +434,37 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
     assert_eq!(f(7, "ecn_two_nodes"), 1.0);
     assert!(across(7) > 0.0 && across(7) < 1.0);
     // Seven fine-tunings (exact, two rules x two device counts, two rules x one node of the
-    // two), each with a held-out loss.
+    // two), each with a held-out loss, for seed 0 and then seed 1.
     let ft = r["finetune"].as_array().unwrap();
-    assert_eq!(ft.len(), 7);
+    assert_eq!(ft.len(), 2 * 7);
     assert!(ft
         .iter()
         .all(|x| x["held_out_loss"].as_f64().unwrap() > 0.0));
-    assert_eq!(ft[4]["mean_ect"].as_f64().unwrap(), 1.0);
-    for node in &ft[5..] {
-        assert_eq!(node["max_nodes"], 1, "{node}");
-        assert!(node["mean_ect"].as_f64().unwrap() <= 2.0, "{node}");
+    for (seed, runs) in ft.chunks(7).enumerate() {
+        assert!(runs.iter().all(|x| x["seed"] == seed), "{runs:?}");
+        assert_eq!(runs[4]["mean_ect"].as_f64().unwrap(), 1.0);
+        for node in &runs[5..] {
+            assert_eq!(node["max_nodes"], 1, "{node}");
+            assert!(node["mean_ect"].as_f64().unwrap() <= 2.0, "{node}");
+        }
     }
-    // Quality: 4 tasks x (start under 7 routings, standard fine-tuned under 7, 6 pruned).
+    // The seeds order the data differently: seed 1's first loss is not seed 0's.
+    assert_ne!(ft[0]["first_loss"], ft[7]["first_loss"]);
+    // Quality: 4 tasks x (start under 7 routings; per seed, standard fine-tuned under 7 and
+    // 6 pruned).
     let q = r["quality"].as_array().unwrap();
-    assert_eq!(q.len(), 4 * 20);
+    assert_eq!(q.len(), 4 * (7 + 2 * 13));
     assert!(q
         .iter()
         .all(|x| (0.0..=1.0).contains(&x["acc"].as_f64().unwrap())));
-    assert_eq!(q.iter().filter(|x| x["max_nodes"] == 1).count(), 4 * 6);
+    assert_eq!(
+        q.iter().filter(|x| x["max_nodes"] == 1).count(),
+        4 * (2 + 2 * 4)
+    );
+    assert_eq!(q.iter().filter(|x| x["seed"] == 1).count(), 4 * 13);
+    assert!(q
+        .iter()
+        .all(|x| (x["variant"] == "base") == x.get("seed").is_none()));
     // Each accuracy with its standard error and item count; paired differences for the 6
     // pruned servings of the start and the 6 pruned fine-tunings, each inside its interval.
     for x in q {
@@ -478,7 +493,29 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
             "{d}"
         );
         assert!(f("stderr") >= 0.0 && d["tasks"] == 4, "{d}");
+        // Pruned fine-tunings pool both seeds (the difference is their mean); the start's
+        // servings have none.
+        let per_seed: Vec<f64> = d["per_seed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        if d["comparison"] == "pruned fine-tuning" {
+            assert_eq!(d["seeds"], serde_json::json!([0, 1]), "{d}");
+            assert!(
+                (f("diff") - (per_seed[0] + per_seed[1]) / 2.0).abs() < 1e-12,
+                "{d}"
+            );
+            assert!(f("seed_sd") >= 0.0, "{d}");
+        } else {
+            assert_eq!(
+                (d["seeds"].as_array().unwrap().len(), per_seed.len()),
+                (0, 1)
+            );
+        }
     }
+    assert!(stdout.contains("ran 2 seeds"), "{stdout}");
     assert!(
         stdout.contains("### Differences, paired over the same items"),
         "{stdout}"
@@ -590,10 +627,18 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
         let bytes = std::fs::read(d.join("rep").join(png)).unwrap();
         assert_eq!(&bytes[1..4], b"PNG", "{png}");
     }
-    // The second run finds the model in the cache.
-    let again = run();
+    // The second run finds the model in the cache; with the recipe's one seed, one
+    // fine-tuning per routing.
+    let again = run(&[]);
     assert!(again.status.success());
     assert!(!String::from_utf8_lossy(&again.stderr).contains("building the built-in model"));
+    let r = read_json(&d.join("rep/results.json"));
+    assert_eq!(r["finetune"].as_array().unwrap().len(), 7);
+    assert_eq!(r["quality"].as_array().unwrap().len(), 4 * 20);
+    // No seeds is refused with the reason.
+    let none = run(&["--seeds", "0"]);
+    assert!(!none.status.success());
+    assert!(String::from_utf8_lossy(&none.stderr).contains("seeds = 0"));
 }
 
 #[test]

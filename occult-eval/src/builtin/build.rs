@@ -40,7 +40,7 @@ pub struct BuiltinRecipe {
 impl Default for BuiltinRecipe {
     fn default() -> Self {
         BuiltinRecipe {
-            version: 2,
+            version: 3,
             seed: 2025,
             sizes: DataSizes::default(),
             hidden: 64,
@@ -49,11 +49,20 @@ impl Default for BuiltinRecipe {
             experts: 64,
             top_k: 8,
             expert_intermediate: 32,
-            steps: 400,
+            steps: 800,
             batch_size: 16,
             seq_len: 128,
             lr: 3e-3,
         }
+    }
+}
+
+impl BuiltinRecipe {
+    /// A recipe from a TOML file of the fields to change (the rest default).
+    pub fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the recipe {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("in the recipe {}", path.display()))
     }
 }
 

@@ -28,7 +28,11 @@ use std::path::Path;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DataSizes {
+    /// Documents of plain sentences in the pre-training text.
     pub pretrain_docs: usize,
+    /// Questions answered in the Alpaca template, mixed into the pre-training text (the domains
+    /// in turn), so that the start answers in the format its tasks ask in.
+    pub pretrain_questions: usize,
     pub calibration_docs: usize,
     /// Sentences per document.
     pub sentences: usize,
@@ -42,11 +46,12 @@ impl Default for DataSizes {
     fn default() -> Self {
         DataSizes {
             pretrain_docs: 4000,
+            pretrain_questions: 8000,
             calibration_docs: 64,
             sentences: 8,
             instructions: 2000,
             held_out: 200,
-            task_items: 200,
+            task_items: 1000,
         }
     }
 }
@@ -59,7 +64,7 @@ pub fn task_name(d: Domain) -> String {
 /// The task file of a domain.
 pub fn task_toml(d: Domain) -> String {
     let about = match d {
-        Domain::Arithmetic => "sums and differences of numbers below 40",
+        Domain::Arithmetic => "sums and differences of numbers below 20",
         Domain::Facts => "where the people of the built-in world live, their jobs and pets",
         Domain::Grammar => "subject-verb agreement across a distracting noun",
         Domain::Code => "the value a three-line program prints",
@@ -143,12 +148,11 @@ fn fresh_items(
 pub fn write_data(dir: &Path, world: &World, sizes: DataSizes, seed: u64) -> Result<usize> {
     std::fs::create_dir_all(dir.join("instructions"))
         .with_context(|| format!("creating {}", dir.display()))?;
-    // Pre-training text: documents of sentences, and (three in ten) questions answered in the
-    // Alpaca template, so that the start already follows instructions, as chat-ready base
-    // models do.
+    // Pre-training text: documents of sentences, and questions answered in the Alpaca
+    // template, so that the start already follows instructions, as chat-ready base models do.
     let mut pretrain = documents(world, sizes.pretrain_docs, sizes.sentences, seed);
     let mut r = ChaCha8Rng::seed_from_u64(seed + 3);
-    for i in 0..sizes.pretrain_docs * 3 / 10 {
+    for i in 0..sizes.pretrain_questions {
         let it = item(world, Domain::ALL[i % Domain::ALL.len()], &mut r);
         pretrain.push(format!(
             "{}{}",

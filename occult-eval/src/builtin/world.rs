@@ -1,6 +1,6 @@
 //! The built-in model's little world and the four domains it speaks about, generated from a
 //! seed so that every machine makes the same text:
-//! - **arithmetic**: `7 plus 5 is 12 .`, `9 minus 4 is 5 .`;
+//! - **arithmetic**: `7 plus 5 is 12 .`, `9 minus 4 is 5 .` (operands below [`OPERANDS`]);
 //! - **facts**: a fixed world of people, each with a city, a job and a pet of some colour
 //!   (`anna lives in rome .`, `the pet of anna is a red cat .`);
 //! - **grammar**: subject-verb agreement across a distractor (`the dogs near the tree run .`);
@@ -53,8 +53,9 @@ pub const ADJECTIVES: [&str; 4] = ["old", "small", "tall", "happy"];
 /// Places of the grammar domain's distractor phrase.
 pub const PLACES: [&str; 6] = ["tree", "river", "house", "hill", "bridge", "wall"];
 pub const VARIABLES: [&str; 6] = ["x", "y", "z", "a", "b", "c"];
-/// Numbers run from 0 to this (exclusive) in every domain.
-pub const NUMBERS: u32 = 40;
+/// Operands of the arithmetic and code domains run from 0 to this (exclusive): 400 sums, small
+/// enough a table for the little model to learn in its build.
+pub const OPERANDS: u32 = 20;
 
 /// One person of the world.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -158,7 +159,7 @@ fn wrong<T: Clone + PartialEq>(r: &mut ChaCha8Rng, pool: &[T], right: &T, n: usi
 
 fn numbers(r: &mut ChaCha8Rng, right: u32, n: usize) -> Vec<String> {
     // Near misses: the answers a model that half-knows the sum would give.
-    let pool: Vec<u32> = (right.saturating_sub(4)..(right + 5).min(2 * NUMBERS)).collect();
+    let pool: Vec<u32> = (right.saturating_sub(4)..(right + 5).min(2 * OPERANDS)).collect();
     wrong(r, &pool, &right, n)
         .into_iter()
         .map(|x| x.to_string())
@@ -169,7 +170,7 @@ fn numbers(r: &mut ChaCha8Rng, right: u32, n: usize) -> Vec<String> {
 pub fn item(world: &World, domain: Domain, r: &mut ChaCha8Rng) -> Item {
     match domain {
         Domain::Arithmetic => {
-            let (a, b) = (r.random_range(0..NUMBERS), r.random_range(0..NUMBERS));
+            let (a, b) = (r.random_range(0..OPERANDS), r.random_range(0..OPERANDS));
             let (op, value) = if r.random_bool(0.5) || a < b {
                 ("plus", a + b)
             } else {
@@ -248,10 +249,7 @@ pub fn item(world: &World, domain: Domain, r: &mut ChaCha8Rng) -> Item {
         Domain::Code => {
             let names = VARIABLES;
             let (v1, v2) = (names[r.random_range(0..3)], names[3 + r.random_range(0..3)]);
-            let (a, b) = (
-                r.random_range(0..NUMBERS / 2),
-                r.random_range(0..NUMBERS / 2),
-            );
+            let (a, b) = (r.random_range(0..OPERANDS), r.random_range(0..OPERANDS));
             let value = a + b;
             let program = format!("let {v1} = {a} ; let {v2} = {v1} + {b} ; print {v2} ; #");
             let mut choices = vec![value.to_string()];

@@ -29,6 +29,11 @@ pub struct BuiltinArgs {
     /// Rebuild even if the cache holds it.
     #[arg(long)]
     pub force: bool,
+    /// A TOML file of recipe fields to change (the `[builtin]` table of a reproduce recipe:
+    /// `steps`, `hidden`, `[sizes]`, ...); the default recipe otherwise. A changed recipe is
+    /// cached in a folder of its own unless --dir is given.
+    #[arg(long)]
+    pub recipe: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -91,10 +96,14 @@ pub fn run(c: ModelCmd) -> Result<()> {
 }
 
 fn builtin(a: BuiltinArgs) -> Result<()> {
-    use crate::builtin::{default_dir, ensure, BuiltinRecipe};
-    let dir = a.dir.unwrap_or_else(default_dir);
+    use crate::builtin::{dir_for, ensure, BuiltinRecipe};
+    let recipe = match &a.recipe {
+        None => BuiltinRecipe::default(),
+        Some(path) => BuiltinRecipe::read(path)?,
+    };
+    let dir = a.dir.unwrap_or_else(|| dir_for(&recipe));
     let clock = std::time::Instant::now();
-    let b = ensure(&dir, &BuiltinRecipe::default(), a.force)?;
+    let b = ensure(&dir, &recipe, a.force)?;
     eprintln!(
         "built-in model ready in {:.1} s",
         clock.elapsed().as_secs_f64()

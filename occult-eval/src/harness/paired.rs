@@ -2,9 +2,10 @@
 //! mean accuracy over tasks (each task's mean, then the mean of the tasks, as the quality
 //! tables average), its standard error, and a percentile bootstrap 95% interval that resamples
 //! the items of each task with replacement, the same draws for both models (so what the two
-//! share, the items' difficulty, cancels).
+//! share, the items' difficulty, cancels). Over several seeds (fine-tuning runs scored on the
+//! same items) the difference is pooled: the seeds' mean, with the seeds drawn too.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -13,13 +14,16 @@ use serde::Serialize;
 /// a standard error from one seed to another.
 pub const RESAMPLES: usize = 2000;
 
-/// `a` minus `b` over the same items.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+/// `a` minus `b` over the same items, pooled over one or more seeds (fine-tuning runs).
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PairedDiff {
-    /// Mean over tasks of (task mean of a) - (task mean of b).
+    /// Mean over seeds of: the mean over tasks of (task mean of a) - (task mean of b).
     pub diff: f64,
-    /// Its standard error from the items' paired differences (each task's sample variance of
-    /// the per-item difference over its items, summed over tasks, over the tasks squared).
+    /// Its standard error. The items' part: each task's sample variance of the per-item
+    /// difference (averaged over seeds) over its items, summed over tasks, over the tasks
+    /// squared. With several seeds, plus the seeds' part: the variance of the seeds'
+    /// differences over the seed count (which counts the items' noise twice where it differs
+    /// from seed to seed, so it errs wide).
     pub stderr: f64,
     /// The bootstrap's 2.5% and 97.5% quantiles of the difference.
     pub lo: f64,
@@ -27,6 +31,11 @@ pub struct PairedDiff {
     pub tasks: usize,
     /// Items over all tasks.
     pub items: usize,
+    /// Each seed's difference, in seed order (one entry for one seed).
+    pub per_seed: Vec<f64>,
+    /// The sample standard deviation of `per_seed` (with two seeds or more).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed_sd: Option<f64>,
 }
 
 impl PairedDiff {
@@ -36,14 +45,129 @@ impl PairedDiff {
     }
 }
 
+/// Per task, per-item scores; one such set per model.
+pub type TaskScores = [Vec<f64>];
+
 /// The paired difference of `a` and `b`: per task, the two models' per-item scores on the same
 /// items in the same order. `resamples` bootstrap draws from `seed`.
 pub fn paired_difference(
-    a: &[Vec<f64>],
-    b: &[Vec<f64>],
+    a: &TaskScores,
+    b: &TaskScores,
     resamples: usize,
     seed: u64,
 ) -> Result<PairedDiff> {
+    pooled_difference(&[(a, b)], resamples, seed)
+}
+
+/// The paired difference pooled over seeds: `runs` holds, for each seed, the two models'
+/// scores on the same items (the same items for every seed). The difference is the seeds'
+/// mean; the bootstrap draws the seeds with replacement and, per task, the items with
+/// replacement (the same items for every seed drawn and both models), so its interval
+/// carries both the items' noise and the spread between fine-tuning runs. With one seed it is
+/// the plain paired bootstrap.
+pub fn pooled_difference(
+    runs: &[(&TaskScores, &TaskScores)],
+    resamples: usize,
+    seed: u64,
+) -> Result<PairedDiff> {
+    if runs.is_empty() {
+        bail!("paired scores need at least one seed");
+    }
+    // Per seed, per task, per item: a - b.
+    let mut diffs: Vec<Vec<Vec<f64>>> = Vec::with_capacity(runs.len());
+    for (s, (a, b)) in runs.iter().enumerate() {
+        diffs.push(item_differences(a, b).with_context(|| format!("seed {s}"))?);
+    }
+    let shape: Vec<usize> = diffs[0].iter().map(Vec::len).collect();
+    if let Some(s) = diffs
+        .iter()
+        .position(|d| d.iter().map(Vec::len).collect::<Vec<_>>() != shape)
+    {
+        bail!(
+            "seed {s} scores other items than seed 0 (items per task {:?} and {shape:?}); \
+             pooled differences need the same items for every seed",
+            diffs[s].iter().map(Vec::len).collect::<Vec<_>>()
+        );
+    }
+    let (seeds, tasks) = (diffs.len(), shape.len() as f64);
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let per_seed: Vec<f64> = diffs
+        .iter()
+        .map(|d| d.iter().map(|t| mean(t)).sum::<f64>() / tasks)
+        .collect();
+    let diff = mean(&per_seed);
+    // The items' part, from the seeds' mean difference on each item.
+    let items_var: f64 = (0..shape.len())
+        .map(|t| {
+            let n = shape[t];
+            if n < 2 {
+                return 0.0;
+            }
+            let d: Vec<f64> = (0..n)
+                .map(|i| diffs.iter().map(|s| s[t][i]).sum::<f64>() / seeds as f64)
+                .collect();
+            let m = mean(&d);
+            d.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n as f64 - 1.0) / n as f64
+        })
+        .sum::<f64>()
+        / (tasks * tasks);
+    let seed_sd = (seeds > 1).then(|| {
+        let v = per_seed.iter().map(|x| (x - diff).powi(2)).sum::<f64>() / (seeds as f64 - 1.0);
+        v.sqrt()
+    });
+    let seeds_var = seed_sd.map_or(0.0, |sd| sd * sd / seeds as f64);
+    let stderr = (items_var + seeds_var).sqrt();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut draws: Vec<f64> = (0..resamples.max(1))
+        .map(|_| {
+            // Each seed's difference on one draw of the items, then a draw of the seeds.
+            let mut on_items = vec![0.0; seeds];
+            let mut sums = vec![0.0; seeds];
+            for (t, &n) in shape.iter().enumerate() {
+                sums.fill(0.0);
+                for _ in 0..n {
+                    let i = rng.random_range(0..n);
+                    for (sum, d) in sums.iter_mut().zip(&diffs) {
+                        *sum += d[t][i];
+                    }
+                }
+                for (on, sum) in on_items.iter_mut().zip(&sums) {
+                    *on += sum / n as f64;
+                }
+            }
+            (0..seeds)
+                .map(|_| {
+                    on_items[if seeds > 1 {
+                        rng.random_range(0..seeds)
+                    } else {
+                        0
+                    }]
+                })
+                .sum::<f64>()
+                / (seeds as f64 * tasks)
+        })
+        .collect();
+    draws.sort_by(f64::total_cmp);
+    let quantile = |q: f64| {
+        let at = q * (draws.len() - 1) as f64;
+        let (i, f) = (at.floor() as usize, at - at.floor());
+        let next = draws[(i + 1).min(draws.len() - 1)];
+        draws[i] + f * (next - draws[i])
+    };
+    Ok(PairedDiff {
+        diff,
+        stderr,
+        lo: quantile(0.025),
+        hi: quantile(0.975),
+        tasks: shape.len(),
+        items: shape.iter().sum(),
+        per_seed,
+        seed_sd,
+    })
+}
+
+/// Per task, `a - b` item by item, refusing unequal items and scores that are not finite.
+fn item_differences(a: &TaskScores, b: &TaskScores) -> Result<Vec<Vec<f64>>> {
     if a.len() != b.len() || a.is_empty() {
         bail!(
             "paired scores need the same tasks on both sides ({} and {})",
@@ -65,49 +189,7 @@ pub fn paired_difference(
         }
         diffs.push(x.iter().zip(y).map(|(p, q)| p - q).collect());
     }
-    let tasks = diffs.len() as f64;
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    let diff = diffs.iter().map(|d| mean(d)).sum::<f64>() / tasks;
-    let var_sum: f64 = diffs
-        .iter()
-        .map(|d| {
-            let n = d.len() as f64;
-            if d.len() < 2 {
-                return 0.0;
-            }
-            let m = mean(d);
-            d.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0) / n
-        })
-        .sum();
-    let stderr = var_sum.sqrt() / tasks;
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut draws: Vec<f64> = (0..resamples.max(1))
-        .map(|_| {
-            diffs
-                .iter()
-                .map(|d| {
-                    let n = d.len();
-                    (0..n).map(|_| d[rng.random_range(0..n)]).sum::<f64>() / n as f64
-                })
-                .sum::<f64>()
-                / tasks
-        })
-        .collect();
-    draws.sort_by(f64::total_cmp);
-    let quantile = |q: f64| {
-        let at = q * (draws.len() - 1) as f64;
-        let (i, f) = (at.floor() as usize, at - at.floor());
-        let next = draws[(i + 1).min(draws.len() - 1)];
-        draws[i] + f * (next - draws[i])
-    };
-    Ok(PairedDiff {
-        diff,
-        stderr,
-        lo: quantile(0.025),
-        hi: quantile(0.975),
-        tasks: diffs.len(),
-        items: diffs.iter().map(Vec::len).sum(),
-    })
+    Ok(diffs)
 }
 
 #[cfg(test)]
@@ -122,6 +204,7 @@ mod tests {
         let zeros = vec![vec![0.0; 5], vec![0.0; 3]];
         let d = paired_difference(&ones, &zeros, 200, 1).unwrap();
         assert_eq!((d.diff, d.stderr, d.lo, d.hi), (1.0, 0.0, 1.0, 1.0));
+        assert_eq!((d.per_seed.clone(), d.seed_sd), (vec![1.0], None));
         assert_eq!((d.tasks, d.items), (2, 8));
         let same = paired_difference(&ones, &ones, 200, 1).unwrap();
         assert_eq!((same.diff, same.lo, same.hi), (0.0, 0.0, 0.0));
@@ -171,6 +254,34 @@ mod tests {
         // Unpaired, the two accuracies' own standard errors would give about 0.011 for the
         // difference; paired it is the spread of the few items where they disagree.
         assert!(d.stderr < 0.006, "{d:?}");
+    }
+
+    /// Pooled over seeds: seeds that agree give the one seed's difference and no spread;
+    /// seeds that disagree (one loses 0.2, the other nothing) give their mean,
+    /// the seeds' sd, and an interval that spans both (the seed draws alone give 0, -0.1 or
+    /// -0.2), which one seed's interval would not.
+    #[test]
+    fn pooling_over_seeds_carries_the_spread_between_runs() {
+        let a = vec![vec![1.0, 0.0, 1.0, 1.0, 0.0], vec![1.0; 5]];
+        let b = vec![vec![0.0, 0.0, 1.0, 1.0, 0.0], vec![1.0; 5]];
+        let one = paired_difference(&a, &b, 500, 5).unwrap();
+        let two = pooled_difference(&[(&a, &b), (&a, &b)], 500, 5).unwrap();
+        assert_eq!((two.diff, two.stderr), (one.diff, one.stderr));
+        assert_eq!(two.seed_sd, Some(0.0));
+        let plus = vec![vec![1.0; 5]];
+        let gain = vec![vec![1.0, 1.0, 1.0, 1.0, 0.0]];
+        let p = pooled_difference(&[(&gain, &plus), (&plus, &plus)], 2000, 6).unwrap();
+        assert!((p.diff + 0.1).abs() < 1e-12, "{p:?}");
+        assert_eq!(p.per_seed.len(), 2);
+        let sd = p.seed_sd.unwrap();
+        assert!((sd - 0.2 / 2f64.sqrt()).abs() < 1e-12, "{sd}");
+        assert!(p.lo <= -0.2 + 1e-12 && p.hi >= -1e-12, "{p:?}");
+        // The seeds' part is in the standard error: at least sd / sqrt(2).
+        assert!(p.stderr >= sd / 2f64.sqrt() - 1e-12, "{p:?}");
+        // Seeds must score the same items.
+        let short = vec![vec![1.0; 4], vec![1.0; 5]];
+        assert!(pooled_difference(&[(&a, &b), (&short, &short)], 10, 0).is_err());
+        assert!(pooled_difference(&[], 10, 0).is_err());
     }
 
     #[test]

@@ -2,56 +2,88 @@
 //! bootstrap 95% interval ([`crate::harness::paired`]): every pruned serving of the start
 //! against its exact serving (what pruning costs without fine-tuning), and every model
 //! fine-tuned under a pruned routing, served under it, against standard fine-tuning served
-//! exact (what fine-tuning under pruning keeps).
+//! exact (what fine-tuning under pruning keeps). With several fine-tuning seeds, each seed is
+//! paired with the same seed of standard fine-tuning and the differences are pooled.
 
 use super::results::{QualityDiff, QualityRow};
-use crate::harness::paired::{paired_difference, RESAMPLES};
+use crate::harness::paired::{pooled_difference, RESAMPLES};
 use anyhow::{Context, Result};
 
-/// The rows of (variant, served), by task name.
-fn scores<'a>(quality: &'a [QualityRow], variant: &str, served: &str) -> Vec<&'a QualityRow> {
+/// The rows of (variant, served) of one seed (`None`: a model not fine-tuned), by task name.
+fn scores<'a>(
+    quality: &'a [QualityRow],
+    variant: &str,
+    served: &str,
+    seed: Option<u64>,
+) -> Vec<&'a QualityRow> {
     let mut rows: Vec<&QualityRow> = quality
         .iter()
-        .filter(|r| r.variant == variant && r.served() == served)
+        .filter(|r| r.variant == variant && r.served() == served && r.seed == seed)
         .collect();
     rows.sort_by(|a, b| a.task.cmp(&b.task));
     rows
 }
 
-/// (variant, served) against (base variant, base served), over the tasks both have.
+/// (variant, served) against (base variant, base served), over the tasks both have, pooled
+/// over the seeds `variant` was fine-tuned with: each seed against the same seed of the base
+/// (or the one base when it was not fine-tuned).
 fn compare(
     quality: &[QualityRow],
     comparison: &str,
     (variant, served): (&str, &str),
     (base_variant, base_served): (&str, &str),
 ) -> Result<Option<QualityDiff>> {
-    let a = scores(quality, variant, served);
-    let b = scores(quality, base_variant, base_served);
-    let tasks: Vec<&str> = a
+    let mut seeds: Vec<Option<u64>> = quality
         .iter()
-        .map(|r| r.task.as_str())
-        .filter(|t| b.iter().any(|r| r.task == *t))
+        .filter(|r| r.variant == variant && r.served() == served)
+        .map(|r| r.seed)
         .collect();
-    if tasks.is_empty() {
+    seeds.sort();
+    seeds.dedup();
+    let mut runs: Vec<(Vec<Vec<f64>>, Vec<Vec<f64>>)> = Vec::new();
+    let mut used: Vec<u64> = Vec::new();
+    for seed in seeds {
+        let a = scores(quality, variant, served, seed);
+        let mut b = scores(quality, base_variant, base_served, seed);
+        if b.is_empty() {
+            b = scores(quality, base_variant, base_served, None);
+        }
+        let tasks: Vec<&str> = a
+            .iter()
+            .map(|r| r.task.as_str())
+            .filter(|t| b.iter().any(|r| r.task == *t))
+            .collect();
+        if tasks.is_empty() {
+            continue;
+        }
+        let pick = |rows: &[&QualityRow]| -> Vec<Vec<f64>> {
+            tasks
+                .iter()
+                .map(|t| {
+                    rows.iter()
+                        .find(|r| r.task == *t)
+                        .map_or(Vec::new(), |r| r.item_acc.clone())
+                })
+                .collect()
+        };
+        runs.push((pick(&a), pick(&b)));
+        used.extend(seed);
+    }
+    if runs.is_empty() {
         return Ok(None);
     }
-    let pick = |rows: &[&QualityRow]| -> Vec<Vec<f64>> {
-        tasks
-            .iter()
-            .map(|t| {
-                rows.iter()
-                    .find(|r| r.task == *t)
-                    .map_or(Vec::new(), |r| r.item_acc.clone())
-            })
-            .collect()
-    };
-    let difference = paired_difference(&pick(&a), &pick(&b), RESAMPLES, 0)
+    let pairs: Vec<(&[Vec<f64>], &[Vec<f64>])> = runs
+        .iter()
+        .map(|(a, b)| (a.as_slice(), b.as_slice()))
+        .collect();
+    let difference = pooled_difference(&pairs, RESAMPLES, 0)
         .with_context(|| format!("{variant} served {served} against {base_variant}"))?;
     Ok(Some(QualityDiff {
         comparison: comparison.into(),
         model: variant.into(),
         served: served.into(),
         against: (base_variant.into(), base_served.into()),
+        seeds: used,
         difference,
     }))
 }
@@ -94,6 +126,7 @@ mod tests {
         QualityRow {
             variant: variant.into(),
             fine_tuned,
+            seed: fine_tuned.then_some(0),
             max_devices: devices,
             max_nodes: None,
             rule: devices.map(|_| "router".to_string()),
@@ -127,5 +160,31 @@ mod tests {
         assert_eq!(d[1].model, "pruned-1-router");
         assert_eq!(d[1].against, ("exact".to_string(), "exact".to_string()));
         assert!((d[1].difference.diff + 0.25).abs() < 1e-12);
+    }
+
+    /// With two seeds each pruned fine-tuning is paired with standard fine-tuning of its own
+    /// seed (seed 0: -0.25, seed 1: +0.5; crossing the seeds would give other numbers) and the
+    /// two pooled; the start's pruned serving stays one unseeded comparison.
+    #[test]
+    fn seeds_pair_with_their_own_seed_and_pool() {
+        let seeded = |variant: &str, devices: Option<usize>, seed: u64, acc: &[f64]| QualityRow {
+            seed: Some(seed),
+            ..row(variant, true, devices, "a", acc)
+        };
+        let q = vec![
+            row("base", false, None, "a", &[1.0, 1.0, 0.0, 0.0]),
+            row("base", false, Some(1), "a", &[1.0, 0.0, 0.0, 0.0]),
+            seeded("exact", None, 0, &[1.0, 1.0, 1.0, 0.0]),
+            seeded("exact", None, 1, &[0.0, 0.0, 1.0, 0.0]),
+            seeded("pruned-1-router", Some(1), 0, &[1.0, 1.0, 0.0, 0.0]),
+            seeded("pruned-1-router", Some(1), 1, &[1.0, 1.0, 1.0, 0.0]),
+        ];
+        let d = quality_differences(&q).unwrap();
+        assert_eq!(d.len(), 2);
+        assert!(d[0].seeds.is_empty() && d[0].difference.per_seed.len() == 1);
+        assert_eq!(d[1].seeds, vec![0, 1]);
+        let x = &d[1].difference;
+        assert_eq!(x.per_seed, vec![-0.25, 0.5]);
+        assert!((x.diff - 0.125).abs() < 1e-12 && x.seed_sd.is_some());
     }
 }

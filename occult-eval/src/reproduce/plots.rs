@@ -317,13 +317,20 @@ pub fn draw_all(
             let Some(ect) = ect_of(n, &rule) else {
                 continue;
             };
-            let tasks = at.len().max(1) as f64;
-            let mean = at.iter().map(|r| r.acc).sum::<f64>() / tasks;
-            // The 95% interval of the mean over tasks: 1.96 of its standard error.
-            let se = at
+            // Over seeds too when there are several (each seed has every task).
+            let rows = at.len().max(1) as f64;
+            let mut seeds: Vec<Option<u64>> = at.iter().map(|r| r.seed).collect();
+            seeds.sort();
+            seeds.dedup();
+            let tasks = rows / seeds.len().max(1) as f64;
+            let mean = at.iter().map(|r| r.acc).sum::<f64>() / rows;
+            // The 95% interval of the mean over tasks: 1.96 of its standard error (one run's,
+            // the seeds' squared errors averaged).
+            let se = (at
                 .iter()
                 .map(|r| r.acc_stderr.unwrap_or(0.0).powi(2))
                 .sum::<f64>()
+                / seeds.len().max(1) as f64)
                 .sqrt()
                 / tasks;
             let names: Vec<String> = match &rule {

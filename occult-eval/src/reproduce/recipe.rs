@@ -174,6 +174,16 @@ pub struct QualityRecipe {
     /// Items per task (all when absent).
     pub limit: Option<usize>,
     pub num_fewshot: Option<usize>,
+    /// Fine-tuning runs per routing, seeds 0..N of the data order (1 when absent); the
+    /// differences are then pooled over them.
+    pub seeds: Option<usize>,
+}
+
+impl QualityRecipe {
+    /// Fine-tuning seeds per routing.
+    pub fn seeds(&self) -> usize {
+        self.seeds.unwrap_or(1)
+    }
 }
 
 /// The cluster projection (`occult project`) from the recipe's routing trace.
@@ -258,7 +268,8 @@ impl Recipe {
         Ok((r, origin))
     }
 
-    fn check(&self) -> Result<()> {
+    /// Checks the recipe as loading does (after a command line changed it).
+    pub fn check(&self) -> Result<()> {
         match (self.model.builtin, &self.model.path) {
             (true, Some(_)) => bail!("[model] gives both builtin = true and a path"),
             (false, None) => bail!("[model] needs builtin = true or a path"),
@@ -266,6 +277,9 @@ impl Recipe {
         }
         if !(self.comm_timeout.is_finite() && self.comm_timeout > 0.0) {
             bail!("comm_timeout must be a positive number of seconds");
+        }
+        if self.quality.seeds == Some(0) {
+            bail!("[quality] seeds = 0: at least one fine-tuning run per routing");
         }
         if self.devices < 2 {
             bail!(
@@ -352,6 +366,9 @@ mod tests {
             let err = format!("{:#}", r.check().unwrap_err());
             assert!(err.contains(needle), "{extra}: {err}");
         }
+        let text = base.replace("seeds = 1", "seeds = 0");
+        let r: Recipe = toml::from_str(&text).unwrap();
+        assert!(format!("{:#}", r.check().unwrap_err()).contains("seeds = 0"));
         let text = base.replace("decode_batches = [1, 4, 16]", "decode_batches = [0]");
         let r: Recipe = toml::from_str(&text).unwrap();
         assert!(format!("{:#}", r.check().unwrap_err()).contains("[speed]"));
@@ -370,6 +387,22 @@ mod tests {
             assert_eq!(r.devices, 4, "{}", p.display());
             n += 1;
         }
-        assert_eq!(n, 4, "builtin, olmoe, qwen-moe, deepseek-moe");
+        assert_eq!(n, 5, "builtin, builtin-full, olmoe, qwen-moe, deepseek-moe");
+        // The full recipe is the default one with three seeds.
+        let (full, _) = Recipe::load(Some(&dir_full())).unwrap();
+        let (default, _) = Recipe::load(None).unwrap();
+        assert_eq!((full.quality.seeds(), default.quality.seeds()), (3, 1));
+        let strip = |r: &Recipe| {
+            let mut r = r.clone();
+            r.name.clear();
+            r.quality.seeds = None;
+            serde_json::to_string(&r).unwrap()
+        };
+        assert_eq!(strip(&full), strip(&default));
+    }
+
+    fn dir_full() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../configs/reproduce/builtin-full.toml")
     }
 }

@@ -127,6 +127,7 @@ pub fn render(
         md += "\n## Fine-tuning from the same start\n\n";
         let mut t = Table::new(&[
             "routing",
+            "seed",
             "E[C_T]",
             "first loss",
             "last loss",
@@ -136,6 +137,7 @@ pub fn render(
         for f in finetunes {
             t.row(vec![
                 f.variant.clone(),
+                f.seed.to_string(),
                 format!("{:.3}", f.mean_ect),
                 format!("{:.4}", f.first_loss),
                 format!("{:.4}", f.last_loss),
@@ -150,12 +152,23 @@ pub fn render(
         let mut tasks: Vec<String> = quality.iter().map(|r| r.task.clone()).collect();
         tasks.sort();
         tasks.dedup();
-        let mut head = vec!["model".to_string(), "served".to_string()];
+        let mut head = vec![
+            "model".to_string(),
+            "served".to_string(),
+            "seeds".to_string(),
+        ];
         head.extend(tasks.iter().cloned());
         head.push("mean".into());
         let head_refs: Vec<&str> = head.iter().map(String::as_str).collect();
         let mut t = Table::new(&head_refs);
-        for ((variant, how), mean) in mean_acc(quality) {
+        for ((variant, how), _) in mean_acc(quality) {
+            let rows: Vec<&QualityRow> = quality
+                .iter()
+                .filter(|r| r.variant == variant && r.served() == how)
+                .collect();
+            let mut seeds: Vec<Option<u64>> = rows.iter().map(|r| r.seed).collect();
+            seeds.sort();
+            seeds.dedup();
             let mut row = vec![
                 if variant == "base" {
                     "start (no fine-tuning)".to_string()
@@ -163,18 +176,18 @@ pub fn render(
                     format!("fine-tuned {variant}")
                 },
                 how.clone(),
+                if variant == "base" {
+                    "-".into()
+                } else {
+                    seeds.len().to_string()
+                },
             ];
             for task in &tasks {
-                let acc = quality
-                    .iter()
-                    .find(|r| r.variant == variant && r.served() == how && &r.task == task)
-                    .map_or("-".into(), |r| match r.acc_stderr {
-                        Some(se) => format!("{:.3} ± {se:.3}", r.acc),
-                        None => format!("{:.3}", r.acc),
-                    });
-                row.push(acc);
+                let of_task: Vec<&QualityRow> =
+                    rows.iter().copied().filter(|r| &r.task == task).collect();
+                row.push(accuracy_cell(&of_task));
             }
-            row.push(format!("{mean:.3}"));
+            row.push(mean_cell(&rows, &seeds));
             t.row(row);
         }
         md += &t.render();
@@ -184,13 +197,66 @@ pub fn render(
             .map(|r| format!("{} {}", r.task, r.items))
             .collect();
         md += &format!(
-            "\nAccuracy ± its standard error; items per task: {}.\n",
+            "\nOne seed: accuracy ± its standard error over the items, and the mean over the \
+             tasks with its 95% interval (1.96 standard errors). Several seeds (fine-tuning \
+             runs with other data orders): the seeds' mean ± their standard deviation. Items \
+             per task: {}.\n",
             items.join(", ")
         );
         md += &quality_summary(quality);
         md += "\n![Mean accuracy against E[C_T]](quality_vs_ect.png)\n";
     }
     md
+}
+
+/// A task's accuracy: `acc ± se` for one run; `mean ± sd` over several seeds.
+fn accuracy_cell(rows: &[&QualityRow]) -> String {
+    match rows {
+        [] => "-".into(),
+        [r] => match r.acc_stderr {
+            Some(se) => format!("{:.3} ± {se:.3}", r.acc),
+            None => format!("{:.3}", r.acc),
+        },
+        _ => {
+            let accs: Vec<f64> = rows.iter().map(|r| r.acc).collect();
+            let (m, sd) = mean_sd(&accs);
+            format!("{m:.3} ± {sd:.3}")
+        }
+    }
+}
+
+/// The mean over tasks: with its 95% interval for one run, `mean ± sd` over several seeds.
+fn mean_cell(rows: &[&QualityRow], seeds: &[Option<u64>]) -> String {
+    let of_seed = |seed: Option<u64>| -> Vec<&QualityRow> {
+        rows.iter().copied().filter(|r| r.seed == seed).collect()
+    };
+    let means: Vec<f64> = seeds
+        .iter()
+        .map(|&s| {
+            let r = of_seed(s);
+            r.iter().map(|r| r.acc).sum::<f64>() / r.len().max(1) as f64
+        })
+        .collect();
+    if let [m] = means[..] {
+        let r = of_seed(seeds[0]);
+        let se = r
+            .iter()
+            .map(|r| r.acc_stderr.unwrap_or(0.0).powi(2))
+            .sum::<f64>()
+            .sqrt()
+            / r.len().max(1) as f64;
+        return format!("{m:.3} [{:.3}, {:.3}]", m - 1.96 * se, m + 1.96 * se);
+    }
+    let (m, sd) = mean_sd(&means);
+    format!("{m:.3} ± {sd:.3}")
+}
+
+/// The mean and the sample standard deviation (0 for one value).
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len().max(1) as f64;
+    let m = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (m, var.sqrt())
 }
 
 /// The speed table: per suite and size, each mode's measured and projected time, and their
@@ -315,16 +381,18 @@ fn pruned_lines(quality: &[QualityRow], keep: impl Fn(&QualityRow) -> bool) -> S
             pruned.push(pair);
         }
     }
-    // The paired 95% interval of a (model, served) difference, in words.
+    // A (model, served) difference in points, with its paired 95% interval when there is one
+    // (the same figure as the differences table), else the difference of the table's means.
     let diffs = super::differences::quality_differences(quality).unwrap_or_default();
-    let interval = |model: &str, how: &str| {
+    let points = |model: &str, how: &str, plain: f64| {
         diffs
             .iter()
             .find(|d| d.model == model && d.served == how)
-            .map_or(String::new(), |d| {
+            .map_or(format!("{:+.1} points", 100.0 * plain), |d| {
                 let x = &d.difference;
                 format!(
-                    " (95% interval [{:+.1}, {:+.1}])",
+                    "{:+.1} points (95% interval [{:+.1}, {:+.1}])",
+                    100.0 * x.diff,
                     100.0 * x.lo,
                     100.0 * x.hi
                 )
@@ -334,16 +402,14 @@ fn pruned_lines(quality: &[QualityRow], keep: impl Fn(&QualityRow) -> bool) -> S
         let mut parts = Vec::new();
         if let Some(p) = get("base", &how) {
             parts.push(format!(
-                "pruning without fine-tuning changes the start by {:+.1} points{}",
-                100.0 * (p - start),
-                interval("base", &how)
+                "pruning without fine-tuning changes the start by {}",
+                points("base", &how, p - start)
             ));
         }
         if let (Some(f), Some(std)) = (get(&variant, &how), get("exact", "exact")) {
             parts.push(format!(
-                "fine-tuning under it lands {:+.1} points from standard fine-tuning{}",
-                100.0 * (f - std),
-                interval(&variant, &how)
+                "fine-tuning under it lands {} from standard fine-tuning",
+                points(&variant, &how, f - std)
             ));
         }
         if !parts.is_empty() {
@@ -364,6 +430,7 @@ fn differences_section(diffs: &[super::results::QualityDiff]) -> String {
         "model",
         "served",
         "against",
+        "seeds",
         "difference (points)",
         "stderr",
         "95% interval",
@@ -383,6 +450,10 @@ fn differences_section(diffs: &[super::results::QualityDiff]) -> String {
                 "base" => format!("start, {}", d.against.1),
                 v => format!("fine-tuned {v}, {}", d.against.1),
             },
+            match x.seed_sd {
+                None => d.seeds.len().max(1).to_string(),
+                Some(sd) => format!("{} (sd {:.1})", d.seeds.len(), 100.0 * sd),
+            },
             format!("{:+.1}", 100.0 * x.diff),
             format!("{:.1}", 100.0 * x.stderr),
             format!("[{:+.1}, {:+.1}]", 100.0 * x.lo, 100.0 * x.hi),
@@ -398,6 +469,20 @@ fn differences_section(diffs: &[super::results::QualityDiff]) -> String {
         .iter()
         .map(|d| d.difference.stderr)
         .fold(0.0, f64::max);
+    let most_seeds = diffs.iter().map(|d| d.seeds.len()).max().unwrap_or(0);
+    let seeds_text = if most_seeds > 1 {
+        format!(
+            "Fine-tuned models ran {most_seeds} seeds (data orders); each seed is paired with \
+             standard fine-tuning of the same seed, the difference is the seeds' mean (sd: of \
+             the seeds' differences), and the bootstrap draws the seeds as well as the items, so \
+             the interval carries the spread between fine-tuning runs too (with few seeds it \
+             gauges that spread roughly). The start is not fine-tuned: its rows have no seeds."
+        )
+    } else {
+        "One seed: the spread of fine-tuning runs is not in these intervals (`--seeds N` \
+         repeats every fine-tuning)."
+            .to_string()
+    };
     format!(
         "\n### Differences, paired over the same items\n\nEach difference of mean accuracy \
          over the tasks is paired: both models answer the same items, and a bootstrap resamples \
@@ -405,8 +490,9 @@ fn differences_section(diffs: &[super::results::QualityDiff]) -> String {
          leaves out 0 says the difference is larger than the items' noise; one that holds 0 \
          does not say there is none, only that these items cannot tell it from noise (with a \
          standard error up to {:.1} points here, differences under about {:.1} points go \
-         unresolved). One seed: the spread of fine-tuning runs is not in these intervals.\n\n\
-         {}\nIntervals that leave out 0: {}.\n",
+         unresolved). An interval whose lower end is above -1 point says the model is \
+         non-inferior by 1 point; one that reaches below does not say it is inferior. \
+         {seeds_text}\n\n{}\nIntervals that leave out 0: {}.\n{}",
         100.0 * widest,
         200.0 * widest,
         t.render(),
@@ -414,7 +500,34 @@ fn differences_section(diffs: &[super::results::QualityDiff]) -> String {
             "none".to_string()
         } else {
             resolved.join("; ")
+        },
+        non_inferiority(diffs)
+    )
+}
+
+/// Which pruned fine-tunings are non-inferior to standard fine-tuning by 1 point (the lower
+/// end of the interval at or above -1 point), and which are not, in words.
+fn non_inferiority(diffs: &[super::results::QualityDiff]) -> String {
+    let (yes, no): (Vec<_>, Vec<_>) = diffs
+        .iter()
+        .filter(|d| d.comparison == "pruned fine-tuning")
+        .partition(|d| d.difference.lo >= -0.01);
+    if yes.is_empty() && no.is_empty() {
+        return String::new();
+    }
+    let list = |v: &[&super::results::QualityDiff]| -> String {
+        if v.is_empty() {
+            return "none".into();
         }
+        v.iter()
+            .map(|d| format!("{} (lower end {:+.1})", d.model, 100.0 * d.difference.lo))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    format!(
+        "Non-inferior to standard fine-tuning by 1 point: {}. Not shown non-inferior: {}.\n",
+        list(&yes),
+        list(&no)
     )
 }
 

@@ -50,6 +50,9 @@ pub struct QualityRow {
     /// `base`, or the routing the model was fine-tuned under.
     pub variant: String,
     pub fine_tuned: bool,
+    /// The fine-tuning seed (fine-tuned models only; `reproduce --seeds N` runs 0..N).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
     /// The routing it is served under: a device or a node limit, and the rule.
     pub max_devices: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -96,6 +99,8 @@ pub struct QualityDiff {
     pub served: String,
     /// What it is compared with: (variant, served).
     pub against: (String, String),
+    /// The fine-tuning seeds pooled (empty for the start, which is not fine-tuned).
+    pub seeds: Vec<u64>,
     #[serde(flatten)]
     pub difference: crate::harness::paired::PairedDiff,
 }
@@ -104,6 +109,8 @@ pub struct QualityDiff {
 #[derive(Clone, Debug, Serialize)]
 pub struct FinetuneRow {
     pub variant: String,
+    /// The fine-tuning seed: the order of the data.
+    pub seed: u64,
     pub max_devices: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_nodes: Option<usize>,

@@ -204,14 +204,23 @@ pub fn replica_stage(
     crate::bench::place::runs_on(trace, trace_file, recipe.devices, &cfg, replicas, &proj)
 }
 
-/// A fine-tuned model: the routing it was fine-tuned under and its folder.
+/// A fine-tuned model: the routing it was fine-tuned under, its seed and its folder.
 pub struct FineTuned {
     pub routing: Routing,
+    pub seed: u64,
     pub dir: PathBuf,
 }
 
-/// Fine-tuning from the same start under each routing; the models on every rank, their rows
-/// on rank 0.
+/// `routing`'s name, with `-seedS` for seeds other than 0.
+fn seeded_name(routing: Routing, seed: u64) -> String {
+    match seed {
+        0 => routing.name(),
+        s => format!("{}-seed{s}", routing.name()),
+    }
+}
+
+/// Fine-tuning from the same start under each routing, once per seed (the seed orders the
+/// data); the models on every rank, their rows on rank 0.
 pub fn finetune_stage(
     recipe: &Recipe,
     s: &Subject,
@@ -222,10 +231,12 @@ pub fn finetune_stage(
 ) -> Result<(Vec<FineTuned>, Vec<FinetuneRow>)> {
     let data = s.instructions.clone().expect("checked");
     let (mut models, mut rows) = (Vec::new(), Vec::new());
-    for &routing in routings {
-        let dir = out.join("finetune").join(routing.name());
+    let seeds = recipe.quality.seeds() as u64;
+    for (seed, &routing) in (0..seeds).flat_map(|s| routings.iter().map(move |r| (s, r))) {
+        let name = seeded_name(routing, seed);
+        let dir = out.join("finetune").join(&name);
         if ranks.root() {
-            eprintln!("  {}", routing.name());
+            eprintln!("  {name}");
         }
         let t = Instant::now();
         let job = FineTune {
@@ -236,22 +247,28 @@ pub fn finetune_stage(
             warmup: Some(recipe.finetune.steps / 10),
             overwrite: true,
             eval_data: s.held_out.clone(),
+            seed,
             ..FineTune::new(&data, &dir)
         };
         fine_tune(&routed_spec(&s.model, recipe, placed, routing), &job)
-            .with_context(|| format!("fine-tuning under {}", routing.name()))?;
+            .with_context(|| format!("fine-tuning under {name}"))?;
         ranks.sync()?;
         if ranks.root() {
             let _ = std::fs::remove_dir_all(dir.join("state"));
-            rows.push(finetune_row(&dir, routing, t.elapsed().as_secs_f64())?);
+            rows.push(finetune_row(
+                &dir,
+                routing,
+                seed,
+                t.elapsed().as_secs_f64(),
+            )?);
         }
-        models.push(FineTuned { routing, dir });
+        models.push(FineTuned { routing, seed, dir });
     }
     Ok((models, rows))
 }
 
 /// Quality on the tasks: the start served under every routing, the standard fine-tuned model
-/// likewise, and each pruned fine-tuned model under its own routing. Each evaluation's results
+/// likewise, and each pruned fine-tuned model under its own routing (every seed's). Each evaluation's results
 /// are written under `quality/`; the rows are rank 0's.
 pub fn quality_stage(
     recipe: &Recipe,
@@ -272,13 +289,17 @@ pub fn quality_stage(
         ..EvalJob::new(s.tasks.clone())
     };
     let task_inputs = job.inputs()?;
-    let mut evaluate_one = |variant: &str, model: &str, fine_tuned: bool, routing: Routing| {
+    let mut evaluate_one = |variant: &str, model: &str, seed: Option<u64>, routing: Routing| {
+        let label = match seed {
+            Some(s) if s > 0 => format!("{variant}-seed{s}"),
+            _ => variant.to_string(),
+        };
         let file = out
             .join("quality")
-            .join(format!("{variant}--served-{}.json", routing.name()));
+            .join(format!("{label}--served-{}.json", routing.name()));
         std::fs::create_dir_all(file.parent().expect("a folder"))?;
         if ranks.root() {
-            eprintln!("  {variant}, served {}", routing.name());
+            eprintln!("  {label}, served {}", routing.name());
         }
         let spec = routed_spec(model, recipe, placed, routing);
         let more: Vec<Option<&Path>> = task_inputs.iter().map(|p| Some(p.as_path())).collect();
@@ -288,7 +309,7 @@ pub fn quality_stage(
                 let Some(done) = done else { return Ok(()) };
                 done.write(&file, false)?;
                 done.check(job.tasks.len())?;
-                let rows = quality_rows(&done.report, &done.samples, variant, fine_tuned, routing)?;
+                let rows = quality_rows(&done.report, &done.samples, variant, seed, routing)?;
                 quality.extend(rows);
                 Ok(())
             })
@@ -296,17 +317,17 @@ pub fn quality_stage(
         scored
     };
     for &routing in routings {
-        evaluate_one("base", &s.model, false, routing)?;
+        evaluate_one("base", &s.model, None, routing)?;
     }
-    if let Some(standard) = finetuned.iter().find(|f| f.routing.prune.is_none()) {
+    for standard in finetuned.iter().filter(|f| f.routing.prune.is_none()) {
         let model = standard.dir.display().to_string();
         for &routing in routings {
-            evaluate_one("exact", &model, true, routing)?;
+            evaluate_one("exact", &model, Some(standard.seed), routing)?;
         }
     }
     for f in finetuned.iter().filter(|f| f.routing.prune.is_some()) {
         let model = f.dir.display().to_string();
-        evaluate_one(&f.routing.name(), &model, true, f.routing)?;
+        evaluate_one(&f.routing.name(), &model, Some(f.seed), f.routing)?;
     }
     Ok(quality)
 }
@@ -424,7 +445,7 @@ pub fn collaboration_trace(
     Ok(Some((f.routing, p.trace)))
 }
 
-pub fn finetune_row(dir: &Path, routing: Routing, seconds: f64) -> Result<FinetuneRow> {
+pub fn finetune_row(dir: &Path, routing: Routing, seed: u64, seconds: f64) -> Result<FinetuneRow> {
     let log = std::fs::read_to_string(dir.join("log.jsonl"))
         .with_context(|| format!("reading {}", dir.join("log.jsonl").display()))?;
     let lines: Vec<serde_json::Value> = log
@@ -437,6 +458,7 @@ pub fn finetune_row(dir: &Path, routing: Routing, seconds: f64) -> Result<Finetu
     let ects: Vec<f64> = lines.iter().map(|v| f(v, "mean_ect")).collect();
     Ok(FinetuneRow {
         variant: routing.name(),
+        seed,
         max_devices: routing.max_devices(),
         max_nodes: routing.max_nodes(),
         rule: routing.rule(),
@@ -453,7 +475,7 @@ pub fn quality_rows(
     report: &serde_json::Value,
     samples: &[(String, Vec<serde_json::Value>)],
     variant: &str,
-    fine_tuned: bool,
+    seed: Option<u64>,
     routing: Routing,
 ) -> Result<Vec<QualityRow>> {
     let results = report["results"]
@@ -477,7 +499,8 @@ pub fn quality_rows(
             items.sort_by_key(|&(d, _)| d);
             Ok(QualityRow {
                 variant: variant.to_string(),
-                fine_tuned,
+                fine_tuned: seed.is_some(),
+                seed,
                 max_devices: routing.max_devices(),
                 max_nodes: routing.max_nodes(),
                 rule: routing.rule(),

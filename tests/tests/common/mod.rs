@@ -250,6 +250,7 @@ batch_size = 8
 seq_len = 64
 [builtin.sizes]
 pretrain_docs = 100
+pretrain_questions = 30
 calibration_docs = 8
 sentences = 6
 instructions = 100
