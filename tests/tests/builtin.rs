@@ -2,6 +2,8 @@
 //! with its gold answer right, the instructions readable by occult-train, and no word of any
 //! text outside the tokenizer's vocabulary.
 
+mod common;
+
 use occult_eval::builtin::data::{task_name, write_data, DataSizes};
 use occult_eval::builtin::world::{Domain, World};
 use occult_eval::harness::data::{load, Source};
@@ -99,5 +101,82 @@ fn the_built_in_data_is_seeded_complete_and_covered_by_its_tokenizer() {
                 assert_eq!(right.trim(), want.to_string(), "{it:?}");
             }
         }
+    }
+}
+
+/// `occult model builtin --recipe FILE` builds the recipe the file changes (here the tests'
+/// tiny one), finds it in place the second time, and refuses an unknown field, naming it and
+/// the file.
+#[test]
+fn model_builtin_builds_the_recipe_of_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let tiny = common::TINY_RECIPE;
+    let table = &tiny[tiny.find("[builtin]\n").unwrap() + "[builtin]\n".len()..];
+    let table = &table[..table.find("[calibration]").unwrap()];
+    std::fs::write(
+        d.join("b.toml"),
+        table.replace("[builtin.sizes]", "[sizes]"),
+    )
+    .unwrap();
+    let args = ["model", "builtin", "--recipe", "b.toml", "--dir", "built"];
+    let out = common::occult(d, &args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        out.status.success() && err.contains("building the built-in model"),
+        "{err}"
+    );
+    let printed = String::from_utf8(out.stdout).unwrap();
+    assert!(printed.trim().ends_with("built/model"), "{printed}");
+    assert!(d.join("built/model/model.safetensors").is_file());
+    let recipe: serde_json::Value =
+        serde_json::from_str(&read(&d.join("built/recipe.json"))).unwrap();
+    assert_eq!(
+        (recipe["hidden"].as_u64(), recipe["steps"].as_u64()),
+        (Some(32), Some(20))
+    );
+    let again = common::occult(d, &args);
+    assert!(again.status.success());
+    assert!(!String::from_utf8_lossy(&again.stderr).contains("building"));
+    std::fs::write(d.join("bad.toml"), "stepz = 3\n").unwrap();
+    let err = common::occult_err(d, &["model", "builtin", "--recipe", "bad.toml"]);
+    assert!(err.contains("stepz") && err.contains("bad.toml"), "{err}");
+}
+
+/// Every domain's instructions come in both forms, the question (as the tasks ask) and
+/// completing the text: fine-tuning that saw one domain in one form only forgot how to answer
+/// its questions (code fell from 0.96 to 0.68 after 300 steps).
+#[test]
+fn every_domain_is_instructed_in_both_forms() {
+    let dir = tempfile::tempdir().unwrap();
+    write_data(dir.path(), &World::new(3), small(), 3).unwrap();
+    let lines: Vec<serde_json::Value> = read(&dir.path().join("instructions/train.jsonl"))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // (domain, a word only its texts have)
+    for (domain, word) in [
+        ("arithmetic", " plus "),
+        ("facts", " lives in"),
+        ("code", "print"),
+    ] {
+        let (mut asked, mut completed) = (0, 0);
+        for l in &lines {
+            let (ins, input) = (
+                l["instruction"].as_str().unwrap(),
+                l["input"].as_str().unwrap(),
+            );
+            if input.is_empty()
+                && (ins.contains(word) || domain == "facts" && ins.contains("where does"))
+            {
+                asked += 1;
+            } else if input.contains(word) {
+                completed += 1;
+            }
+        }
+        assert!(
+            asked > 0 && completed > 0,
+            "{domain}: {asked} asked, {completed} completed"
+        );
     }
 }

@@ -507,15 +507,31 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
                 (f("diff") - (per_seed[0] + per_seed[1]) / 2.0).abs() < 1e-12,
                 "{d}"
             );
-            assert!(f("seed_sd") >= 0.0, "{d}");
+            // Two seeds: the interval is at least Student's t (at its degrees of freedom, 12.7
+            // at 1) times the standard error either side, where the seeds disagree.
+            let sd = f("seed_sd");
+            assert!((sd - (per_seed[0] - per_seed[1]).abs() / 2f64.sqrt()).abs() < 1e-12);
+            if sd > 0.0 {
+                let t = occult_eval::harness::paired::t975(f("df"));
+                assert!(f("df") >= 1.0 && t > 1.96, "{d}");
+                assert!(f("hi") - f("lo") >= 2.0 * t * f("stderr") - 1e-12, "{d}");
+            }
         } else {
             assert_eq!(
                 (d["seeds"].as_array().unwrap().len(), per_seed.len()),
                 (0, 1)
             );
         }
+        // Items asking the same question again are one question of the bootstrap.
+        let q = d["questions"].as_u64().unwrap();
+        assert!(q >= 4 && q <= d["items"].as_u64().unwrap(), "{d}");
     }
     assert!(stdout.contains("ran 2 seeds"), "{stdout}");
+    assert!(stdout.contains("| seeds |"), "{stdout}");
+    assert!(
+        stdout.contains("Non-inferior to standard fine-tuning by 1 point (over 2 seeds)"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("### Differences, paired over the same items"),
         "{stdout}"

@@ -40,7 +40,7 @@ pub struct BuiltinRecipe {
 impl Default for BuiltinRecipe {
     fn default() -> Self {
         BuiltinRecipe {
-            version: 3,
+            version: 4,
             seed: 2025,
             sizes: DataSizes::default(),
             hidden: 64,

@@ -99,9 +99,11 @@ fn task_doc(it: &Item, r: &mut ChaCha8Rng) -> Value {
     json!({"context": it.context, "instruction": it.instruction, "choices": choices, "label": label})
 }
 
-/// An item as an instruction: the question form, or (every other one) completing the text.
+/// An item as an instruction: the question form, or (every other one of its domain)
+/// completing the text. `i` counts the items, the domains in turn, so each domain gets both
+/// forms.
 fn instruction(it: &Item, i: usize) -> Value {
-    if i.is_multiple_of(2) {
+    if (i / Domain::ALL.len()).is_multiple_of(2) {
         json!({"instruction": it.instruction, "input": "", "output": it.choices[0]})
     } else {
         json!({"instruction": "complete the text .", "input": it.context, "output": it.choices[0]})

@@ -19,23 +19,31 @@ pub const RESAMPLES: usize = 2000;
 pub struct PairedDiff {
     /// Mean over seeds of: the mean over tasks of (task mean of a) - (task mean of b).
     pub diff: f64,
-    /// Its standard error. The items' part: each task's sample variance of the per-item
-    /// difference (averaged over seeds) over its items, summed over tasks, over the tasks
-    /// squared. With several seeds, plus the seeds' part: the variance of the seeds'
-    /// differences over the seed count (which counts the items' noise twice where it differs
-    /// from seed to seed, so it errs wide).
+    /// Its standard error. The items' part: per task, the cluster-robust variance of the mean
+    /// per-item difference (averaged over seeds), items asking the same question forming one
+    /// cluster (each item its own when all differ: the sample variance over the items), summed
+    /// over tasks, over the tasks squared. With several seeds, plus the seeds' part: the
+    /// variance of the seeds' differences over the seed count (which counts the items' noise
+    /// twice where it differs from seed to seed, so it errs wide).
     pub stderr: f64,
-    /// The bootstrap's 2.5% and 97.5% quantiles of the difference.
+    /// The 95% interval: the bootstrap's 2.5% and 97.5% quantiles; with several seeds widened,
+    /// where it is narrower, to diff -/+ t x stderr (Student's t at `df`).
     pub lo: f64,
     pub hi: f64,
     pub tasks: usize,
     /// Items over all tasks.
     pub items: usize,
+    /// Distinct questions over all tasks (the clusters the bootstrap draws).
+    pub questions: usize,
     /// Each seed's difference, in seed order (one entry for one seed).
     pub per_seed: Vec<f64>,
     /// The sample standard deviation of `per_seed` (with two seeds or more).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seed_sd: Option<f64>,
+    /// The Welch-Satterthwaite degrees of freedom of `stderr` with several seeds (the items'
+    /// part counted as exact, the seeds' with seeds - 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub df: Option<f64>,
 }
 
 impl PairedDiff {
@@ -49,24 +57,101 @@ impl PairedDiff {
 pub type TaskScores = [Vec<f64>];
 
 /// The paired difference of `a` and `b`: per task, the two models' per-item scores on the same
-/// items in the same order. `resamples` bootstrap draws from `seed`.
+/// items in the same order, each item its own question. `resamples` bootstrap draws from
+/// `seed`.
 pub fn paired_difference(
     a: &TaskScores,
     b: &TaskScores,
     resamples: usize,
     seed: u64,
 ) -> Result<PairedDiff> {
-    pooled_difference(&[(a, b)], resamples, seed)
+    pooled_difference(&[(a, b)], None, resamples, seed)
+}
+
+/// Which question each item of a task asks, as indices 0..count in first-seen order.
+struct Clusters {
+    of_item: Vec<usize>,
+    count: usize,
+}
+
+impl Clusters {
+    fn of(keys: Option<&[u64]>, n: usize) -> Self {
+        let Some(keys) = keys else {
+            return Clusters {
+                of_item: (0..n).collect(),
+                count: n,
+            };
+        };
+        let mut index: std::collections::HashMap<u64, usize> = Default::default();
+        let of_item = keys
+            .iter()
+            .map(|k| {
+                let next = index.len();
+                *index.entry(*k).or_insert(next)
+            })
+            .collect();
+        Clusters {
+            of_item,
+            count: index.len(),
+        }
+    }
+
+    /// Per cluster, the sum of `values` over its items, and its item count.
+    fn sums(&self, values: &[f64]) -> (Vec<f64>, Vec<f64>) {
+        let (mut sum, mut n) = (vec![0.0; self.count], vec![0.0; self.count]);
+        for (&c, v) in self.of_item.iter().zip(values) {
+            sum[c] += v;
+            n[c] += 1.0;
+        }
+        (sum, n)
+    }
+}
+
+/// Student's t quantile at 0.975 with `df` degrees of freedom (the normal's past 1e6).
+pub fn t975(df: f64) -> f64 {
+    use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
+    if !df.is_finite() || df > 1e6 {
+        return Normal::standard().inverse_cdf(0.975);
+    }
+    StudentsT::new(0.0, 1.0, df.max(1.0))
+        .expect("positive degrees of freedom")
+        .inverse_cdf(0.975)
+}
+
+/// A standard error with an exact part `items_var` (a variance) and a part estimated from
+/// `per_seed` values (their variance over their count): the standard error, the
+/// Welch-Satterthwaite degrees of freedom (`None` with one seed) and the 95% half-width
+/// (1.96 standard errors with one seed, else Student's t at those degrees of freedom).
+pub fn seeded_error(items_var: f64, per_seed: &[f64]) -> (f64, Option<f64>, f64) {
+    let s = per_seed.len();
+    if s < 2 {
+        let se = items_var.sqrt();
+        return (se, None, t975(f64::INFINITY) * se);
+    }
+    let m = per_seed.iter().sum::<f64>() / s as f64;
+    let var = per_seed.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (s as f64 - 1.0);
+    let seeds_var = var / s as f64;
+    let total = items_var + seeds_var;
+    let df = if seeds_var > 0.0 {
+        total * total / (seeds_var * seeds_var / (s as f64 - 1.0))
+    } else {
+        f64::INFINITY
+    };
+    let se = total.sqrt();
+    (se, Some(df), t975(df) * se)
 }
 
 /// The paired difference pooled over seeds: `runs` holds, for each seed, the two models'
-/// scores on the same items (the same items for every seed). The difference is the seeds'
-/// mean; the bootstrap draws the seeds with replacement and, per task, the items with
-/// replacement (the same items for every seed drawn and both models), so its interval
-/// carries both the items' noise and the spread between fine-tuning runs. With one seed it is
-/// the plain paired bootstrap.
+/// scores on the same items (the same items for every seed). `questions` gives, per task, a
+/// key per item: items with the same key ask the same question (asked again with other wrong
+/// answers, say) and are drawn together; `None`, every item its own. The difference is the
+/// seeds' mean; the bootstrap draws the seeds with replacement and, per task, the questions
+/// with replacement (the same for every seed drawn and both models). With one seed it is the
+/// plain paired bootstrap; with several, a bootstrap of a few seeds understates their spread,
+/// so the interval is widened, where narrower, to Student's t times the standard error.
 pub fn pooled_difference(
     runs: &[(&TaskScores, &TaskScores)],
+    questions: Option<&[Vec<u64>]>,
     resamples: usize,
     seed: u64,
 ) -> Result<PairedDiff> {
@@ -89,6 +174,15 @@ pub fn pooled_difference(
             diffs[s].iter().map(Vec::len).collect::<Vec<_>>()
         );
     }
+    if let Some(q) = questions {
+        let given: Vec<usize> = q.iter().map(Vec::len).collect();
+        if given != shape {
+            bail!("question keys for {given:?} items per task, scores for {shape:?}");
+        }
+    }
+    let clusters: Vec<Clusters> = (0..shape.len())
+        .map(|t| Clusters::of(questions.map(|q| q[t].as_slice()), shape[t]))
+        .collect();
     let (seeds, tasks) = (diffs.len(), shape.len() as f64);
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     let per_seed: Vec<f64> = diffs
@@ -96,43 +190,62 @@ pub fn pooled_difference(
         .map(|d| d.iter().map(|t| mean(t)).sum::<f64>() / tasks)
         .collect();
     let diff = mean(&per_seed);
-    // The items' part, from the seeds' mean difference on each item.
-    let items_var: f64 = (0..shape.len())
-        .map(|t| {
-            let n = shape[t];
-            if n < 2 {
+    // The items' part, from the seeds' mean difference on each item, by question.
+    let items_sum: f64 = clusters
+        .iter()
+        .enumerate()
+        .map(|(t, c)| {
+            let n = shape[t] as f64;
+            if c.count < 2 {
                 return 0.0;
             }
-            let d: Vec<f64> = (0..n)
+            let d: Vec<f64> = (0..shape[t])
                 .map(|i| diffs.iter().map(|s| s[t][i]).sum::<f64>() / seeds as f64)
                 .collect();
             let m = mean(&d);
-            d.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n as f64 - 1.0) / n as f64
+            let (sum, count) = c.sums(&d);
+            let g = c.count as f64;
+            let spread: f64 = sum
+                .iter()
+                .zip(&count)
+                .map(|(s, k)| (s - k * m).powi(2))
+                .sum();
+            spread * g / (g - 1.0) / (n * n)
         })
-        .sum::<f64>()
-        / (tasks * tasks);
+        .sum();
+    let (mut stderr, df, half) = seeded_error(items_sum / (tasks * tasks), &per_seed);
+    if df.is_none_or(f64::is_infinite) {
+        // No spread between seeds: the same bits as the plain formula.
+        stderr = items_sum.sqrt() / tasks;
+    }
     let seed_sd = (seeds > 1).then(|| {
         let v = per_seed.iter().map(|x| (x - diff).powi(2)).sum::<f64>() / (seeds as f64 - 1.0);
         v.sqrt()
     });
-    let seeds_var = seed_sd.map_or(0.0, |sd| sd * sd / seeds as f64);
-    let stderr = (items_var + seeds_var).sqrt();
+    // Per task and seed, each question's sum of differences, and its item count.
+    let sums: Vec<Vec<(Vec<f64>, Vec<f64>)>> = clusters
+        .iter()
+        .enumerate()
+        .map(|(t, c)| diffs.iter().map(|d| c.sums(&d[t])).collect())
+        .collect();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut draws: Vec<f64> = (0..resamples.max(1))
         .map(|_| {
-            // Each seed's difference on one draw of the items, then a draw of the seeds.
+            // Each seed's difference on one draw of the questions, then a draw of the seeds.
             let mut on_items = vec![0.0; seeds];
-            let mut sums = vec![0.0; seeds];
-            for (t, &n) in shape.iter().enumerate() {
-                sums.fill(0.0);
-                for _ in 0..n {
-                    let i = rng.random_range(0..n);
-                    for (sum, d) in sums.iter_mut().zip(&diffs) {
-                        *sum += d[t][i];
+            let mut tot = vec![0.0; seeds];
+            for (t, c) in clusters.iter().enumerate() {
+                tot.fill(0.0);
+                let mut n = 0.0;
+                for _ in 0..c.count {
+                    let q = rng.random_range(0..c.count);
+                    n += sums[t][0].1[q];
+                    for (x, (sum, _)) in tot.iter_mut().zip(&sums[t]) {
+                        *x += sum[q];
                     }
                 }
-                for (on, sum) in on_items.iter_mut().zip(&sums) {
-                    *on += sum / n as f64;
+                for (on, x) in on_items.iter_mut().zip(&tot) {
+                    *on += x / n;
                 }
             }
             (0..seeds)
@@ -154,15 +267,22 @@ pub fn pooled_difference(
         let next = draws[(i + 1).min(draws.len() - 1)];
         draws[i] + f * (next - draws[i])
     };
+    let (mut lo, mut hi) = (quantile(0.025), quantile(0.975));
+    if seeds > 1 {
+        lo = lo.min(diff - half);
+        hi = hi.max(diff + half);
+    }
     Ok(PairedDiff {
         diff,
         stderr,
-        lo: quantile(0.025),
-        hi: quantile(0.975),
+        lo,
+        hi,
         tasks: shape.len(),
         items: shape.iter().sum(),
+        questions: clusters.iter().map(|c| c.count).sum(),
         per_seed,
         seed_sd,
+        df,
     })
 }
 
@@ -265,12 +385,12 @@ mod tests {
         let a = vec![vec![1.0, 0.0, 1.0, 1.0, 0.0], vec![1.0; 5]];
         let b = vec![vec![0.0, 0.0, 1.0, 1.0, 0.0], vec![1.0; 5]];
         let one = paired_difference(&a, &b, 500, 5).unwrap();
-        let two = pooled_difference(&[(&a, &b), (&a, &b)], 500, 5).unwrap();
+        let two = pooled_difference(&[(&a, &b), (&a, &b)], None, 500, 5).unwrap();
         assert_eq!((two.diff, two.stderr), (one.diff, one.stderr));
         assert_eq!(two.seed_sd, Some(0.0));
         let plus = vec![vec![1.0; 5]];
         let gain = vec![vec![1.0, 1.0, 1.0, 1.0, 0.0]];
-        let p = pooled_difference(&[(&gain, &plus), (&plus, &plus)], 2000, 6).unwrap();
+        let p = pooled_difference(&[(&gain, &plus), (&plus, &plus)], None, 2000, 6).unwrap();
         assert!((p.diff + 0.1).abs() < 1e-12, "{p:?}");
         assert_eq!(p.per_seed.len(), 2);
         let sd = p.seed_sd.unwrap();
@@ -280,8 +400,52 @@ mod tests {
         assert!(p.stderr >= sd / 2f64.sqrt() - 1e-12, "{p:?}");
         // Seeds must score the same items.
         let short = vec![vec![1.0; 4], vec![1.0; 5]];
-        assert!(pooled_difference(&[(&a, &b), (&short, &short)], 10, 0).is_err());
-        assert!(pooled_difference(&[], 10, 0).is_err());
+        assert!(pooled_difference(&[(&a, &b), (&short, &short)], None, 10, 0).is_err());
+        assert!(pooled_difference(&[], None, 10, 0).is_err());
+    }
+
+    /// Items that ask the same question again are drawn together: five questions each asked
+    /// twice (scored alike both times) give a standard error about sqrt 2 larger than ten
+    /// distinct items with the same scores would; keys that all differ change nothing.
+    #[test]
+    fn repeated_questions_are_one_cluster() {
+        let a = vec![vec![1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]];
+        let b = vec![vec![0.0; 10]];
+        let plain = paired_difference(&a, &b, 2000, 7).unwrap();
+        let distinct: Vec<Vec<u64>> = vec![(0..10).collect()];
+        let same = pooled_difference(&[(&a, &b)], Some(&distinct), 2000, 7).unwrap();
+        assert_eq!(plain, same);
+        let twice: Vec<Vec<u64>> = vec![vec![0, 0, 1, 1, 2, 2, 3, 3, 4, 4]];
+        let c = pooled_difference(&[(&a, &b)], Some(&twice), 2000, 7).unwrap();
+        assert_eq!((c.diff, c.questions, c.items), (plain.diff, 5, 10));
+        // Cluster-robust: 5/4 * sum over questions of (2 d_q - 2 m)^2 / 10^2, with d_q 1 on 3
+        // of 5 questions and m = 0.6: 5/4 * 4 * (3 * 0.16 + 2 * 0.36) / 100 = 0.06.
+        assert!((c.stderr - 0.06f64.sqrt()).abs() < 1e-12, "{c:?}");
+        assert!(c.stderr > 1.3 * plain.stderr, "{c:?} {plain:?}");
+        assert!(c.hi - c.lo > plain.hi - plain.lo);
+        let short: Vec<Vec<u64>> = vec![vec![0; 9]];
+        assert!(pooled_difference(&[(&a, &b)], Some(&short), 10, 0).is_err());
+    }
+
+    /// Three seeds that disagree (-0.1, 0, +0.1 on every item, no noise between items): the
+    /// interval holds at least Student's t with 2 degrees of freedom times sd / sqrt 3 (a
+    /// bootstrap of three seeds alone would give about +/-0.1).
+    #[test]
+    fn a_few_seeds_widen_the_interval_to_students_t() {
+        let base = vec![vec![0.0; 10]];
+        let run = |x: f64| vec![vec![x; 10]];
+        let (lo, mid, hi) = (run(-0.1), run(0.0), run(0.1));
+        let p =
+            pooled_difference(&[(&lo, &base), (&mid, &base), (&hi, &base)], None, 2000, 8).unwrap();
+        let t = t975(2.0);
+        assert!((t - 4.302653).abs() < 1e-5, "{t}");
+        assert_eq!(p.df, Some(2.0));
+        let half = t * 0.1 / 3f64.sqrt();
+        assert!(p.diff.abs() < 1e-12 && (p.stderr - 0.1 / 3f64.sqrt()).abs() < 1e-12);
+        assert!(p.lo <= -half + 1e-12 && p.hi >= half - 1e-12, "{p:?}");
+        assert!(!p.excludes_zero());
+        // One seed's interval is the bootstrap's: 1.96 is the normal quantile.
+        assert!((t975(f64::INFINITY) - 1.959964).abs() < 1e-5);
     }
 
     #[test]

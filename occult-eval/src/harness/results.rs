@@ -18,7 +18,8 @@ pub struct TaskResults {
     /// tasks only), `num_fewshot` and `speed`.
     pub results: Value,
     /// One line per item: `doc_id`, `target` (the gold index), `loglikelihoods` (one per
-    /// choice) and the item's value of every metric.
+    /// choice), `prompt_hash` (lm-eval's: the SHA-256 of the first request's context, the same
+    /// for items that ask the same question) and the item's value of every metric.
     pub samples: Vec<Value>,
 }
 
@@ -80,6 +81,16 @@ impl Figures {
     }
 }
 
+/// lm-eval's `prompt_hash` of an item: the hex SHA-256 of its first request's context.
+pub fn prompt_hash(it: &super::task::Item) -> String {
+    use sha2::{Digest, Sha256};
+    let context = it.contexts.first().map_or("", String::as_str);
+    Sha256::digest(context.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Aggregates one task's scores into its results entry and its samples lines.
 pub fn summarise(p: &Prepared, s: &Scored) -> TaskResults {
     let metrics = &p.spec.metrics;
@@ -92,7 +103,8 @@ pub fn summarise(p: &Prepared, s: &Scored) -> TaskResults {
         if let Some(g) = &it.group {
             by_group.entry(g.clone()).or_default().push(scores);
         }
-        let mut line = json!({"doc_id": it.doc_id, "target": it.gold, "loglikelihoods": lls});
+        let mut line = json!({"doc_id": it.doc_id, "target": it.gold, "loglikelihoods": lls,
+                              "prompt_hash": prompt_hash(it)});
         for m in Metric::ALL {
             line[m.key()] = json!(scores.get(m));
         }

@@ -7,7 +7,7 @@
 
 use super::results::{QualityDiff, QualityRow};
 use crate::harness::paired::{pooled_difference, RESAMPLES};
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 /// The rows of (variant, served) of one seed (`None`: a model not fine-tuned), by task name.
 fn scores<'a>(
@@ -41,12 +41,25 @@ fn compare(
     seeds.sort();
     seeds.dedup();
     let mut runs: Vec<(Vec<Vec<f64>>, Vec<Vec<f64>>)> = Vec::new();
+    let mut questions: Vec<Vec<u64>> = Vec::new();
     let mut used: Vec<u64> = Vec::new();
+    let base_seeded = quality
+        .iter()
+        .any(|r| r.variant == base_variant && r.served() == base_served && r.seed.is_some());
     for seed in seeds {
         let a = scores(quality, variant, served, seed);
-        let mut b = scores(quality, base_variant, base_served, seed);
+        // Each seed against the same seed of a fine-tuned base; the one start otherwise.
+        let b = if base_seeded {
+            scores(quality, base_variant, base_served, seed)
+        } else {
+            scores(quality, base_variant, base_served, None)
+        };
         if b.is_empty() {
-            b = scores(quality, base_variant, base_served, None);
+            bail!(
+                "{variant} (seed {}) served {served} has no {base_variant} served \
+                 {base_served} of the same seed to be paired with",
+                seed.map_or("none".into(), |s| s.to_string())
+            );
         }
         let tasks: Vec<&str> = a
             .iter()
@@ -56,17 +69,30 @@ fn compare(
         if tasks.is_empty() {
             continue;
         }
-        let pick = |rows: &[&QualityRow]| -> Vec<Vec<f64>> {
+        let pick = |rows: &[&QualityRow], what: fn(&QualityRow) -> Vec<f64>| -> Vec<Vec<f64>> {
             tasks
                 .iter()
                 .map(|t| {
                     rows.iter()
                         .find(|r| r.task == *t)
-                        .map_or(Vec::new(), |r| r.item_acc.clone())
+                        .map_or(Vec::new(), |r| what(r))
                 })
                 .collect()
         };
-        runs.push((pick(&a), pick(&b)));
+        runs.push((
+            pick(&a, |r| r.item_acc.clone()),
+            pick(&b, |r| r.item_acc.clone()),
+        ));
+        if questions.is_empty() {
+            questions = tasks
+                .iter()
+                .map(|t| {
+                    a.iter()
+                        .find(|r| r.task == *t)
+                        .map_or(Vec::new(), |r| r.item_question.clone())
+                })
+                .collect();
+        }
         used.extend(seed);
     }
     if runs.is_empty() {
@@ -76,7 +102,12 @@ fn compare(
         .iter()
         .map(|(a, b)| (a.as_slice(), b.as_slice()))
         .collect();
-    let difference = pooled_difference(&pairs, RESAMPLES, 0)
+    // Question keys where every item has one (the evaluation gives them), else none.
+    let keyed = questions
+        .iter()
+        .zip(&runs[0].0)
+        .all(|(q, s)| q.len() == s.len());
+    let difference = pooled_difference(&pairs, keyed.then_some(&questions[..]), RESAMPLES, 0)
         .with_context(|| format!("{variant} served {served} against {base_variant}"))?;
     Ok(Some(QualityDiff {
         comparison: comparison.into(),
@@ -136,6 +167,7 @@ mod tests {
             acc_norm: None,
             items: acc.len(),
             item_acc: acc.to_vec(),
+            item_question: Vec::new(),
         }
     }
 
@@ -186,5 +218,12 @@ mod tests {
         let x = &d[1].difference;
         assert_eq!(x.per_seed, vec![-0.25, 0.5]);
         assert!((x.diff - 0.125).abs() < 1e-12 && x.seed_sd.is_some());
+        // A seed whose standard fine-tuning is missing is refused, not dropped.
+        let lacking: Vec<QualityRow> = q
+            .into_iter()
+            .filter(|r| !(r.variant == "exact" && r.seed == Some(1)))
+            .collect();
+        let err = format!("{:#}", quality_differences(&lacking).unwrap_err());
+        assert!(err.contains("seed 1") && err.contains("same seed"), "{err}");
     }
 }

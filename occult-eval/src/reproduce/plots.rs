@@ -317,22 +317,12 @@ pub fn draw_all(
             let Some(ect) = ect_of(n, &rule) else {
                 continue;
             };
-            // Over seeds too when there are several (each seed has every task).
-            let rows = at.len().max(1) as f64;
+            // Over seeds too when there are several: the 95% interval of the report's table.
             let mut seeds: Vec<Option<u64>> = at.iter().map(|r| r.seed).collect();
             seeds.sort();
             seeds.dedup();
-            let tasks = rows / seeds.len().max(1) as f64;
-            let mean = at.iter().map(|r| r.acc).sum::<f64>() / rows;
-            // The 95% interval of the mean over tasks: 1.96 of its standard error (one run's,
-            // the seeds' squared errors averaged).
-            let se = (at
-                .iter()
-                .map(|r| r.acc_stderr.unwrap_or(0.0).powi(2))
-                .sum::<f64>()
-                / seeds.len().max(1) as f64)
-                .sqrt()
-                / tasks;
+            let rows: Vec<&QualityRow> = at.iter().map(|r| **r).collect();
+            let (mean, half, _) = super::report::mean_interval(&rows, &seeds);
             let names: Vec<String> = match &rule {
                 Some(r) => vec![format!("{model}, {r} rule")],
                 None => rules.iter().map(|r| format!("{model}, {r} rule")).collect(),
@@ -347,7 +337,7 @@ pub fn draw_all(
                 };
                 if !g.points.contains(&(ect, mean)) {
                     g.points.push((ect, mean));
-                    g.errors.push(1.96 * se);
+                    g.errors.push(half);
                 }
             }
         }

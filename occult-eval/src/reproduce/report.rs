@@ -197,10 +197,11 @@ pub fn render(
             .map(|r| format!("{} {}", r.task, r.items))
             .collect();
         md += &format!(
-            "\nOne seed: accuracy ± its standard error over the items, and the mean over the \
-             tasks with its 95% interval (1.96 standard errors). Several seeds (fine-tuning \
-             runs with other data orders): the seeds' mean ± their standard deviation. Items \
-             per task: {}.\n",
+            "\nOne run: accuracy ± its standard error over the items; several seeds \
+             (fine-tuning runs with other data orders): the seeds' mean ± their standard \
+             deviation. The mean over the tasks carries its 95% interval: 1.96 standard errors \
+             for one run; with seeds, Student's t over the items' and the seeds' parts (and the \
+             seeds' sd). Items per task: {}.\n",
             items.join(", ")
         );
         md += &quality_summary(quality);
@@ -225,30 +226,33 @@ fn accuracy_cell(rows: &[&QualityRow]) -> String {
     }
 }
 
-/// The mean over tasks: with its 95% interval for one run, `mean ± sd` over several seeds.
+/// The mean over tasks with its 95% interval: one run's from its items' standard errors;
+/// over several seeds also from the seeds' spread (Student's t), and their sd.
 fn mean_cell(rows: &[&QualityRow], seeds: &[Option<u64>]) -> String {
-    let of_seed = |seed: Option<u64>| -> Vec<&QualityRow> {
-        rows.iter().copied().filter(|r| r.seed == seed).collect()
-    };
-    let means: Vec<f64> = seeds
-        .iter()
-        .map(|&s| {
-            let r = of_seed(s);
-            r.iter().map(|r| r.acc).sum::<f64>() / r.len().max(1) as f64
-        })
-        .collect();
-    if let [m] = means[..] {
-        let r = of_seed(seeds[0]);
-        let se = r
-            .iter()
-            .map(|r| r.acc_stderr.unwrap_or(0.0).powi(2))
-            .sum::<f64>()
-            .sqrt()
-            / r.len().max(1) as f64;
-        return format!("{m:.3} [{:.3}, {:.3}]", m - 1.96 * se, m + 1.96 * se);
+    let (m, half, sd) = mean_interval(rows, seeds);
+    let interval = format!("{m:.3} [{:.3}, {:.3}]", m - half, m + half);
+    match sd {
+        Some(sd) => format!("{interval}, sd {sd:.3}"),
+        None => interval,
+    }
+}
+
+/// The mean accuracy over tasks (and seeds) of `rows`, the half-width of its 95% interval
+/// ([`crate::harness::paired::seeded_error`]: the items' part is one run's, the seeds' mean of
+/// their squared standard errors) and, with several seeds, the sd of the seeds' means.
+pub fn mean_interval(rows: &[&QualityRow], seeds: &[Option<u64>]) -> (f64, f64, Option<f64>) {
+    let mut means = Vec::new();
+    let mut items_var = 0.0;
+    for &seed in seeds {
+        let r: Vec<&&QualityRow> = rows.iter().filter(|r| r.seed == seed).collect();
+        let tasks = r.len().max(1) as f64;
+        means.push(r.iter().map(|r| r.acc).sum::<f64>() / tasks);
+        let var: f64 = r.iter().map(|r| r.acc_stderr.unwrap_or(0.0).powi(2)).sum();
+        items_var += var / (tasks * tasks) / seeds.len().max(1) as f64;
     }
     let (m, sd) = mean_sd(&means);
-    format!("{m:.3} ± {sd:.3}")
+    let (_, _, half) = crate::harness::paired::seeded_error(items_var, &means);
+    (m, half, (means.len() > 1).then_some(sd))
 }
 
 /// The mean and the sample standard deviation (0 for one value).
@@ -450,14 +454,18 @@ fn differences_section(diffs: &[super::results::QualityDiff]) -> String {
                 "base" => format!("start, {}", d.against.1),
                 v => format!("fine-tuned {v}, {}", d.against.1),
             },
-            match x.seed_sd {
-                None => d.seeds.len().max(1).to_string(),
-                Some(sd) => format!("{} (sd {:.1})", d.seeds.len(), 100.0 * sd),
+            match (d.seeds.len(), x.seed_sd) {
+                (0, _) => "-".to_string(),
+                (n, None) => n.to_string(),
+                (n, Some(sd)) => format!("{n} (sd {:.1})", 100.0 * sd),
             },
             format!("{:+.1}", 100.0 * x.diff),
             format!("{:.1}", 100.0 * x.stderr),
             format!("[{:+.1}, {:+.1}]", 100.0 * x.lo, 100.0 * x.hi),
-            format!("{} over {} tasks", x.items, x.tasks),
+            format!(
+                "{} ({} questions) over {} tasks",
+                x.items, x.questions, x.tasks
+            ),
         ]);
     }
     let resolved: Vec<String> = diffs
@@ -474,23 +482,28 @@ fn differences_section(diffs: &[super::results::QualityDiff]) -> String {
         format!(
             "Fine-tuned models ran {most_seeds} seeds (data orders); each seed is paired with \
              standard fine-tuning of the same seed, the difference is the seeds' mean (sd: of \
-             the seeds' differences), and the bootstrap draws the seeds as well as the items, so \
-             the interval carries the spread between fine-tuning runs too (with few seeds it \
-             gauges that spread roughly). The start is not fine-tuned: its rows have no seeds."
+             the seeds' differences), and the interval carries the spread between fine-tuning \
+             runs too: the bootstrap draws the seeds as well as the questions, and since a few \
+             seeds understate their spread, the interval is at least Student's t (at the \
+             Welch-Satterthwaite degrees of freedom) times the standard error. The start is \
+             not fine-tuned: its rows have no seeds."
         )
     } else {
-        "One seed: the spread of fine-tuning runs is not in these intervals (`--seeds N` \
+        "One seed: the spread of fine-tuning runs is not in these intervals, so what they \
+         say holds for these fine-tuning runs, not for fine-tuning in general (`--seeds N` \
          repeats every fine-tuning)."
             .to_string()
     };
     format!(
         "\n### Differences, paired over the same items\n\nEach difference of mean accuracy \
          over the tasks is paired: both models answer the same items, and a bootstrap resamples \
-         those items (2,000 draws, within each task) for its 95% interval. An interval that \
-         leaves out 0 says the difference is larger than the items' noise; one that holds 0 \
+         those items (2,000 draws, within each task; items that ask the same question again, \
+         with other wrong answers, are drawn together as one question) for its 95% interval. \
+         An interval that leaves out 0 says the difference is larger than the noise of the \
+         items (and of the seeds, with several); one that holds 0 \
          does not say there is none, only that these items cannot tell it from noise (with a \
          standard error up to {:.1} points here, differences under about {:.1} points go \
-         unresolved). An interval whose lower end is above -1 point says the model is \
+         unresolved). An interval whose lower end is at or above -1 point says the model is \
          non-inferior by 1 point; one that reaches below does not say it is inferior. \
          {seeds_text}\n\n{}\nIntervals that leave out 0: {}.\n{}",
         100.0 * widest,
@@ -524,8 +537,20 @@ fn non_inferiority(diffs: &[super::results::QualityDiff]) -> String {
             .collect::<Vec<_>>()
             .join("; ")
     };
+    let runs = diffs
+        .iter()
+        .filter(|d| d.comparison == "pruned fine-tuning")
+        .map(|d| d.seeds.len())
+        .max()
+        .unwrap_or(0);
     format!(
-        "Non-inferior to standard fine-tuning by 1 point: {}. Not shown non-inferior: {}.\n",
+        "Non-inferior to standard fine-tuning by 1 point ({}): {}. Not shown non-inferior: \
+         {}.\n",
+        if runs > 1 {
+            format!("over {runs} seeds")
+        } else {
+            "for this one fine-tuning run of each".to_string()
+        },
         list(&yes),
         list(&no)
     )

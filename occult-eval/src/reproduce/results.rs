@@ -68,6 +68,10 @@ pub struct QualityRow {
     /// Each item's `acc` (0 or 1), in `doc_id` order: what paired differences resample.
     #[serde(skip)]
     pub item_acc: Vec<f64>,
+    /// Each item's question (a hash of its prompt), in the same order: items asking the same
+    /// question again are one cluster of the paired bootstrap.
+    #[serde(skip)]
+    pub item_question: Vec<u64>,
 }
 
 impl QualityRow {

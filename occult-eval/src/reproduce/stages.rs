@@ -484,19 +484,25 @@ pub fn quality_rows(
     results
         .iter()
         .map(|(task, r)| {
-            // Each item's acc in doc_id order (the same order for every model).
-            let mut items: Vec<(u64, f64)> = samples
+            // Each item's acc and question in doc_id order (the same order for every model).
+            let mut items: Vec<(u64, f64, u64)> = samples
                 .iter()
                 .find(|(t, _)| t == task)
                 .and_then(|(_, lines)| {
                     lines
                         .iter()
-                        .map(|l| (l["doc_id"].as_u64().unwrap_or(0), l["acc"].as_f64()))
-                        .map(|(d, a)| a.map(|a| (d, a)))
+                        .map(|l| {
+                            let question = l["prompt_hash"]
+                                .as_str()
+                                .and_then(|h| u64::from_str_radix(h.get(..16)?, 16).ok());
+                            Some((l["doc_id"].as_u64()?, l["acc"].as_f64()?, question?))
+                        })
                         .collect::<Option<Vec<_>>>()
                 })
-                .with_context(|| format!("{task}: no per-item acc in the eval's samples"))?;
-            items.sort_by_key(|&(d, _)| d);
+                .with_context(|| {
+                    format!("{task}: no per-item acc and prompt_hash in the eval's samples")
+                })?;
+            items.sort_by_key(|&(d, _, _)| d);
             Ok(QualityRow {
                 variant: variant.to_string(),
                 fine_tuned: seed.is_some(),
@@ -509,7 +515,8 @@ pub fn quality_rows(
                 acc_stderr: r["acc_stderr"].as_f64(),
                 acc_norm: r["acc_norm"].as_f64(),
                 items: items.len(),
-                item_acc: items.into_iter().map(|(_, a)| a).collect(),
+                item_acc: items.iter().map(|&(_, a, _)| a).collect(),
+                item_question: items.iter().map(|&(_, _, q)| q).collect(),
             })
         })
         .collect()
