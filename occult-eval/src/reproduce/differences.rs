@@ -6,7 +6,10 @@
 //! paired with the same seed of standard fine-tuning and the differences are pooled.
 
 use super::results::{QualityDiff, QualityRow};
-use crate::harness::paired::{pooled_difference, RESAMPLES};
+use crate::harness::paired::{pooled_difference, TaskScores, RESAMPLES};
+
+/// Per task, each item's score.
+type Scores = Vec<Vec<f64>>;
 use anyhow::{bail, Context, Result};
 
 /// The rows of (variant, served) of one seed (`None`: a model not fine-tuned), by task name.
@@ -40,7 +43,8 @@ fn compare(
         .collect();
     seeds.sort();
     seeds.dedup();
-    let mut runs: Vec<(Vec<Vec<f64>>, Vec<Vec<f64>>)> = Vec::new();
+    // Per seed, both models' per-item scores by task.
+    let mut runs: Vec<(Scores, Scores)> = Vec::new();
     let mut questions: Vec<Vec<u64>> = Vec::new();
     let mut used: Vec<u64> = Vec::new();
     let base_seeded = quality
@@ -98,7 +102,7 @@ fn compare(
     if runs.is_empty() {
         return Ok(None);
     }
-    let pairs: Vec<(&[Vec<f64>], &[Vec<f64>])> = runs
+    let pairs: Vec<(&TaskScores, &TaskScores)> = runs
         .iter()
         .map(|(a, b)| (a.as_slice(), b.as_slice()))
         .collect();

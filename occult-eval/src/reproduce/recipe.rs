@@ -281,6 +281,13 @@ impl Recipe {
         if self.quality.seeds == Some(0) {
             bail!("[quality] seeds = 0: at least one fine-tuning run per routing");
         }
+        if self.finetune.skip && self.quality.seeds() > 1 {
+            bail!(
+                "[quality] seeds = {}: seeds repeat the fine-tuning, which [finetune] skip = true \
+                 leaves out",
+                self.quality.seeds()
+            );
+        }
         if self.devices < 2 {
             bail!(
                 "devices = {}: expert parallelism needs at least 2",
@@ -369,6 +376,10 @@ mod tests {
         let text = base.replace("seeds = 1", "seeds = 0");
         let r: Recipe = toml::from_str(&text).unwrap();
         assert!(format!("{:#}", r.check().unwrap_err()).contains("seeds = 0"));
+        let text = base.replace("seeds = 1", "seeds = 2") + "\n";
+        let mut r: Recipe = toml::from_str(&text).unwrap();
+        r.finetune.skip = true;
+        assert!(format!("{:#}", r.check().unwrap_err()).contains("skip = true"));
         let text = base.replace("decode_batches = [1, 4, 16]", "decode_batches = [0]");
         let r: Recipe = toml::from_str(&text).unwrap();
         assert!(format!("{:#}", r.check().unwrap_err()).contains("[speed]"));
