@@ -533,7 +533,7 @@ fn non_inferiority(diffs: &[super::results::QualityDiff]) -> String {
             return "none".into();
         }
         v.iter()
-            .map(|d| format!("{} (lower end {:+.1})", d.model, 100.0 * d.difference.lo))
+            .map(|d| format!("{} (lower end {:+.2})", d.model, 100.0 * d.difference.lo))
             .collect::<Vec<_>>()
             .join("; ")
     };
