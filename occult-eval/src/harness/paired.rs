@@ -68,43 +68,54 @@ pub fn paired_difference(
     pooled_difference(&[(a, b)], None, resamples, seed)
 }
 
-/// Which question each item of a task asks, as indices 0..count in first-seen order.
+/// Which question each item of a task asks, as indices 0..count in first-seen order, and
+/// how many items ask each.
 struct Clusters {
     of_item: Vec<usize>,
-    count: usize,
+    size: Vec<f64>,
 }
 
 impl Clusters {
     fn of(keys: Option<&[u64]>, n: usize) -> Self {
-        let Some(keys) = keys else {
-            return Clusters {
-                of_item: (0..n).collect(),
-                count: n,
-            };
+        let of_item: Vec<usize> = match keys {
+            None => (0..n).collect(),
+            Some(keys) => {
+                let mut index: std::collections::HashMap<u64, usize> = Default::default();
+                keys.iter()
+                    .map(|k| {
+                        let next = index.len();
+                        *index.entry(*k).or_insert(next)
+                    })
+                    .collect()
+            }
         };
-        let mut index: std::collections::HashMap<u64, usize> = Default::default();
-        let of_item = keys
-            .iter()
-            .map(|k| {
-                let next = index.len();
-                *index.entry(*k).or_insert(next)
-            })
-            .collect();
-        Clusters {
-            of_item,
-            count: index.len(),
+        let mut size = vec![0.0; of_item.iter().max().map_or(0, |&c| c + 1)];
+        for &c in &of_item {
+            size[c] += 1.0;
         }
+        Clusters { of_item, size }
     }
 
-    /// Per cluster, the sum of `values` over its items, and its item count.
-    fn sums(&self, values: &[f64]) -> (Vec<f64>, Vec<f64>) {
-        let (mut sum, mut n) = (vec![0.0; self.count], vec![0.0; self.count]);
+    fn count(&self) -> usize {
+        self.size.len()
+    }
+
+    /// Per cluster, the sum of `values` over its items.
+    fn sums(&self, values: &[f64]) -> Vec<f64> {
+        let mut sum = vec![0.0; self.count()];
         for (&c, v) in self.of_item.iter().zip(values) {
             sum[c] += v;
-            n[c] += 1.0;
         }
-        (sum, n)
+        sum
     }
+}
+
+/// The mean and the sample standard deviation of `v` (0 for one value).
+pub fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len().max(1) as f64;
+    let m = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (m, var.sqrt())
 }
 
 /// Student's t quantile at 0.975 with `df` degrees of freedom (the normal's past 1e6).
@@ -118,61 +129,80 @@ pub fn t975(df: f64) -> f64 {
         .inverse_cdf(0.975)
 }
 
-/// A standard error with an exact part `items_var` (a variance) and a part estimated from
-/// `per_seed` values (their variance over their count): the standard error, the
-/// Welch-Satterthwaite degrees of freedom (`None` with one seed) and the 95% half-width
-/// (1.96 standard errors with one seed, else Student's t at those degrees of freedom).
-pub fn seeded_error(items_var: f64, per_seed: &[f64]) -> (f64, Option<f64>, f64) {
-    let s = per_seed.len();
-    if s < 2 {
-        let se = items_var.sqrt();
-        return (se, None, t975(f64::INFINITY) * se);
+/// A standard error with an exact part `items_se` and a part from the `per_seed` values (their
+/// variance over their count): the standard error, the Welch-Satterthwaite degrees of freedom
+/// (`None` with one seed) and the 95% half-width (Student's t at those degrees of freedom;
+/// 1.96 standard errors with one seed or none between seeds).
+fn seeded_error(items_se: f64, per_seed: &[f64]) -> (f64, Option<f64>, f64) {
+    let s = per_seed.len() as f64;
+    if per_seed.len() < 2 {
+        return (items_se, None, t975(f64::INFINITY) * items_se);
     }
-    let m = per_seed.iter().sum::<f64>() / s as f64;
-    let var = per_seed.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (s as f64 - 1.0);
-    let seeds_var = var / s as f64;
-    let total = items_var + seeds_var;
+    let seeds_var = mean_sd(per_seed).1.powi(2) / s;
+    let se = items_se.hypot(seeds_var.sqrt());
+    let total = items_se * items_se + seeds_var;
     let df = if seeds_var > 0.0 {
-        total * total / (seeds_var * seeds_var / (s as f64 - 1.0))
+        total * total / (seeds_var * seeds_var / (s - 1.0))
     } else {
         f64::INFINITY
     };
-    let se = total.sqrt();
     (se, Some(df), t975(df) * se)
 }
 
 /// The paired difference pooled over seeds: `runs` holds, for each seed, the two models'
-/// scores on the same items (the same items for every seed). `questions` gives, per task, a
-/// key per item: items with the same key ask the same question (asked again with other wrong
-/// answers, say) and are drawn together; `None`, every item its own. The difference is the
-/// seeds' mean; the bootstrap draws the seeds with replacement and, per task, the questions
-/// with replacement (the same for every seed drawn and both models). With one seed it is the
-/// plain paired bootstrap; with several, a bootstrap of a few seeds understates their spread,
-/// so the interval is widened, where narrower, to Student's t times the standard error.
+/// scores on the same items (the same items for every seed); the figures of
+/// [`pooled_mean`] of their item-by-item differences.
 pub fn pooled_difference(
     runs: &[(&TaskScores, &TaskScores)],
     questions: Option<&[Vec<u64>]>,
     resamples: usize,
     seed: u64,
 ) -> Result<PairedDiff> {
-    if runs.is_empty() {
-        bail!("paired scores need at least one seed");
-    }
-    // Per seed, per task, per item: a - b.
     let mut diffs: Vec<Vec<Vec<f64>>> = Vec::with_capacity(runs.len());
     for (s, (a, b)) in runs.iter().enumerate() {
         diffs.push(item_differences(a, b).with_context(|| format!("seed {s}"))?);
     }
-    let shape: Vec<usize> = diffs[0].iter().map(Vec::len).collect();
-    if let Some(s) = diffs
+    let of_seeds: Vec<&TaskScores> = diffs.iter().map(Vec::as_slice).collect();
+    pooled_mean(&of_seeds, questions, resamples, seed)
+}
+
+/// The mean over tasks of per-item values (a model's scores, or two models' differences),
+/// pooled over seeds: `runs` holds each seed's values by task, on the same items. `questions`
+/// gives, per task, a key per item: items with the same key ask the same question (asked
+/// again with other wrong answers, say) and are drawn together; `None`, every item its own.
+/// The figure (`diff`) is the seeds' mean; the bootstrap draws the seeds with replacement and,
+/// per task, the questions with replacement (the same for every seed drawn). With one seed it
+/// is the plain bootstrap; with several, a bootstrap of a few seeds understates their spread,
+/// so the interval is widened, where narrower, to Student's t times the standard error.
+pub fn pooled_mean(
+    runs: &[&TaskScores],
+    questions: Option<&[Vec<u64>]>,
+    resamples: usize,
+    seed: u64,
+) -> Result<PairedDiff> {
+    let Some(first) = runs.first() else {
+        bail!("pooled figures need at least one seed");
+    };
+    let shape: Vec<usize> = first.iter().map(Vec::len).collect();
+    if shape.is_empty() || shape.contains(&0) {
+        bail!("pooled figures need tasks with items ({shape:?} items per task)");
+    }
+    if let Some(s) = runs
         .iter()
         .position(|d| d.iter().map(Vec::len).collect::<Vec<_>>() != shape)
     {
         bail!(
             "seed {s} scores other items than seed 0 (items per task {:?} and {shape:?}); \
-             pooled differences need the same items for every seed",
-            diffs[s].iter().map(Vec::len).collect::<Vec<_>>()
+             pooled figures need the same items for every seed",
+            runs[s].iter().map(Vec::len).collect::<Vec<_>>()
         );
+    }
+    if let Some((s, t)) = runs.iter().enumerate().find_map(|(s, d)| {
+        d.iter()
+            .position(|t| t.iter().any(|v| !v.is_finite()))
+            .map(|t| (s, t))
+    }) {
+        bail!("seed {s}, task {t}: a score is not finite");
     }
     if let Some(q) = questions {
         let given: Vec<usize> = q.iter().map(Vec::len).collect();
@@ -183,64 +213,56 @@ pub fn pooled_difference(
     let clusters: Vec<Clusters> = (0..shape.len())
         .map(|t| Clusters::of(questions.map(|q| q[t].as_slice()), shape[t]))
         .collect();
-    let (seeds, tasks) = (diffs.len(), shape.len() as f64);
+    let (seeds, tasks) = (runs.len(), shape.len() as f64);
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    let per_seed: Vec<f64> = diffs
+    let per_seed: Vec<f64> = runs
         .iter()
         .map(|d| d.iter().map(|t| mean(t)).sum::<f64>() / tasks)
         .collect();
-    let diff = mean(&per_seed);
-    // The items' part, from the seeds' mean difference on each item, by question.
+    let (diff, sd) = mean_sd(&per_seed);
+    // The items' part, from the seeds' mean value on each item, cluster-robust by question.
     let items_sum: f64 = clusters
         .iter()
         .enumerate()
         .map(|(t, c)| {
-            let n = shape[t] as f64;
-            if c.count < 2 {
+            let (n, g) = (shape[t] as f64, c.count() as f64);
+            if c.count() < 2 {
                 return 0.0;
             }
             let d: Vec<f64> = (0..shape[t])
-                .map(|i| diffs.iter().map(|s| s[t][i]).sum::<f64>() / seeds as f64)
+                .map(|i| runs.iter().map(|s| s[t][i]).sum::<f64>() / seeds as f64)
                 .collect();
             let m = mean(&d);
-            let (sum, count) = c.sums(&d);
-            let g = c.count as f64;
-            let spread: f64 = sum
+            let spread: f64 = c
+                .sums(&d)
                 .iter()
-                .zip(&count)
+                .zip(&c.size)
                 .map(|(s, k)| (s - k * m).powi(2))
                 .sum();
             spread * g / (g - 1.0) / (n * n)
         })
         .sum();
-    let (mut stderr, df, half) = seeded_error(items_sum / (tasks * tasks), &per_seed);
-    if df.is_none_or(f64::is_infinite) {
-        // No spread between seeds: the same bits as the plain formula.
-        stderr = items_sum.sqrt() / tasks;
-    }
-    let seed_sd = (seeds > 1).then(|| {
-        let v = per_seed.iter().map(|x| (x - diff).powi(2)).sum::<f64>() / (seeds as f64 - 1.0);
-        v.sqrt()
-    });
-    // Per task and seed, each question's sum of differences, and its item count.
-    let sums: Vec<Vec<(Vec<f64>, Vec<f64>)>> = clusters
+    let (stderr, df, half) = seeded_error(items_sum.sqrt() / tasks, &per_seed);
+    // Per task and seed, each question's sum of values.
+    let sums: Vec<Vec<Vec<f64>>> = clusters
         .iter()
         .enumerate()
-        .map(|(t, c)| diffs.iter().map(|d| c.sums(&d[t])).collect())
+        .map(|(t, c)| runs.iter().map(|d| c.sums(&d[t])).collect())
         .collect();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut on_items = vec![0.0; seeds];
+    let mut tot = vec![0.0; seeds];
     let mut draws: Vec<f64> = (0..resamples.max(1))
         .map(|_| {
-            // Each seed's difference on one draw of the questions, then a draw of the seeds.
-            let mut on_items = vec![0.0; seeds];
-            let mut tot = vec![0.0; seeds];
+            // Each seed's figure on one draw of the questions, then a draw of the seeds.
+            on_items.fill(0.0);
             for (t, c) in clusters.iter().enumerate() {
                 tot.fill(0.0);
                 let mut n = 0.0;
-                for _ in 0..c.count {
-                    let q = rng.random_range(0..c.count);
-                    n += sums[t][0].1[q];
-                    for (x, (sum, _)) in tot.iter_mut().zip(&sums[t]) {
+                for _ in 0..c.count() {
+                    let q = rng.random_range(0..c.count());
+                    n += c.size[q];
+                    for (x, sum) in tot.iter_mut().zip(&sums[t]) {
                         *x += sum[q];
                     }
                 }
@@ -279,14 +301,14 @@ pub fn pooled_difference(
         hi,
         tasks: shape.len(),
         items: shape.iter().sum(),
-        questions: clusters.iter().map(|c| c.count).sum(),
+        questions: clusters.iter().map(Clusters::count).sum(),
         per_seed,
-        seed_sd,
+        seed_sd: (seeds > 1).then_some(sd),
         df,
     })
 }
 
-/// Per task, `a - b` item by item, refusing unequal items and scores that are not finite.
+/// Per task, `a - b` item by item, refusing unequal items.
 fn item_differences(a: &TaskScores, b: &TaskScores) -> Result<Vec<Vec<f64>>> {
     if a.len() != b.len() || a.is_empty() {
         bail!(
@@ -303,9 +325,6 @@ fn item_differences(a: &TaskScores, b: &TaskScores) -> Result<Vec<Vec<f64>>> {
                 x.len(),
                 y.len()
             );
-        }
-        if x.iter().chain(y).any(|v| !v.is_finite()) {
-            bail!("task {t}: a score is not finite");
         }
         diffs.push(x.iter().zip(y).map(|(p, q)| p - q).collect());
     }
@@ -446,6 +465,18 @@ mod tests {
         assert!(!p.excludes_zero());
         // One seed's interval is the bootstrap's: 1.96 is the normal quantile.
         assert!((t975(f64::INFINITY) - 1.959964).abs() < 1e-5);
+    }
+
+    /// A model's own mean over tasks, hand-checked: task means 0.75 and 2/3 give 0.7083; the
+    /// standard error is sqrt(0.25 / 4 + (1/3) / 3) / 2 = 0.2083.
+    #[test]
+    fn a_mean_of_scores_is_hand_checked() {
+        let a = vec![vec![1.0, 0.0, 1.0, 1.0], vec![0.0, 1.0, 1.0]];
+        let m = pooled_mean(&[&a], None, 500, 3).unwrap();
+        assert!((m.diff - (0.75 + 2.0 / 3.0) / 2.0).abs() < 1e-12, "{m:?}");
+        assert!((m.stderr - 0.25f64.mul_add(0.25, 1.0 / 9.0).sqrt() / 2.0).abs() < 1e-12);
+        assert!(m.lo <= m.diff && m.diff <= m.hi && m.lo >= 0.0 && m.hi <= 1.0);
+        assert!(pooled_mean(&[&[vec![f64::INFINITY]]], None, 10, 0).is_err());
     }
 
     #[test]

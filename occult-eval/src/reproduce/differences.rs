@@ -5,12 +5,12 @@
 //! exact (what fine-tuning under pruning keeps). With several fine-tuning seeds, each seed is
 //! paired with the same seed of standard fine-tuning and the differences are pooled.
 
-use super::results::{QualityDiff, QualityRow};
+use super::results::{question_keys, seeds_of, QualityDiff, QualityRow};
 use crate::harness::paired::{pooled_difference, TaskScores, RESAMPLES};
+use anyhow::{bail, Context, Result};
 
 /// Per task, each item's score.
 type Scores = Vec<Vec<f64>>;
-use anyhow::{bail, Context, Result};
 
 /// The rows of (variant, served) of one seed (`None`: a model not fine-tuned), by task name.
 fn scores<'a>(
@@ -27,6 +27,14 @@ fn scores<'a>(
     rows
 }
 
+/// The rows of `x` whose task `y` has too.
+fn in_both<'a>(x: &[&'a QualityRow], y: &[&QualityRow]) -> Vec<&'a QualityRow> {
+    x.iter()
+        .copied()
+        .filter(|r| y.iter().any(|o| o.task == r.task))
+        .collect()
+}
+
 /// (variant, served) against (base variant, base served), over the tasks both have, pooled
 /// over the seeds `variant` was fine-tuned with: each seed against the same seed of the base
 /// (or the one base when it was not fine-tuned).
@@ -36,16 +44,14 @@ fn compare(
     (variant, served): (&str, &str),
     (base_variant, base_served): (&str, &str),
 ) -> Result<Option<QualityDiff>> {
-    let mut seeds: Vec<Option<u64>> = quality
-        .iter()
-        .filter(|r| r.variant == variant && r.served() == served)
-        .map(|r| r.seed)
-        .collect();
-    seeds.sort();
-    seeds.dedup();
+    let seeds = seeds_of(
+        quality
+            .iter()
+            .filter(|r| r.variant == variant && r.served() == served),
+    );
     // Per seed, both models' per-item scores by task.
     let mut runs: Vec<(Scores, Scores)> = Vec::new();
-    let mut questions: Vec<Vec<u64>> = Vec::new();
+    let mut questions: Option<Vec<Vec<u64>>> = None;
     let mut used: Vec<u64> = Vec::new();
     let base_seeded = quality
         .iter()
@@ -53,11 +59,12 @@ fn compare(
     for seed in seeds {
         let a = scores(quality, variant, served, seed);
         // Each seed against the same seed of a fine-tuned base; the one start otherwise.
-        let b = if base_seeded {
-            scores(quality, base_variant, base_served, seed)
-        } else {
-            scores(quality, base_variant, base_served, None)
-        };
+        let b = scores(
+            quality,
+            base_variant,
+            base_served,
+            seed.filter(|_| base_seeded),
+        );
         if b.is_empty() {
             bail!(
                 "{variant} (seed {}) served {served} has no {base_variant} served \
@@ -65,37 +72,15 @@ fn compare(
                 seed.map_or("none".into(), |s| s.to_string())
             );
         }
-        let tasks: Vec<&str> = a
-            .iter()
-            .map(|r| r.task.as_str())
-            .filter(|t| b.iter().any(|r| r.task == *t))
-            .collect();
-        if tasks.is_empty() {
+        // The tasks both have, in name order on both sides.
+        let (a, b) = (in_both(&a, &b), in_both(&b, &a));
+        if a.is_empty() {
             continue;
         }
-        let pick = |rows: &[&QualityRow], what: fn(&QualityRow) -> Vec<f64>| -> Vec<Vec<f64>> {
-            tasks
-                .iter()
-                .map(|t| {
-                    rows.iter()
-                        .find(|r| r.task == *t)
-                        .map_or(Vec::new(), |r| what(r))
-                })
-                .collect()
-        };
-        runs.push((
-            pick(&a, |r| r.item_acc.clone()),
-            pick(&b, |r| r.item_acc.clone()),
-        ));
-        if questions.is_empty() {
-            questions = tasks
-                .iter()
-                .map(|t| {
-                    a.iter()
-                        .find(|r| r.task == *t)
-                        .map_or(Vec::new(), |r| r.item_question.clone())
-                })
-                .collect();
+        let acc = |rows: &[&QualityRow]| rows.iter().map(|r| r.item_acc.clone()).collect();
+        runs.push((acc(&a), acc(&b)));
+        if runs.len() == 1 {
+            questions = question_keys(&a);
         }
         used.extend(seed);
     }
@@ -106,12 +91,7 @@ fn compare(
         .iter()
         .map(|(a, b)| (a.as_slice(), b.as_slice()))
         .collect();
-    // Question keys where every item has one (the evaluation gives them), else none.
-    let keyed = questions
-        .iter()
-        .zip(&runs[0].0)
-        .all(|(q, s)| q.len() == s.len());
-    let difference = pooled_difference(&pairs, keyed.then_some(&questions[..]), RESAMPLES, 0)
+    let difference = pooled_difference(&pairs, questions.as_deref(), RESAMPLES, 0)
         .with_context(|| format!("{variant} served {served} against {base_variant}"))?;
     Ok(Some(QualityDiff {
         comparison: comparison.into(),

@@ -33,11 +33,12 @@ fn colour(i: usize) -> RGBAColor {
     COLOURS[i % COLOURS.len()].to_rgba()
 }
 
-/// One named series of points, each with an optional half-width for a vertical error bar.
+/// One named series of points, each with an optional vertical error bar: how far it reaches
+/// below and above the point.
 struct Series {
     name: String,
     points: Vec<(f64, f64)>,
-    errors: Vec<f64>,
+    errors: Vec<(f64, f64)>,
 }
 
 impl Series {
@@ -135,8 +136,8 @@ fn lines(
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for s in series {
         for (i, &(x, y)) in s.points.iter().enumerate() {
-            let e = s.errors.get(i).copied().unwrap_or(0.0);
-            (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y - e), y1.max(y + e));
+            let (down, up) = s.errors.get(i).copied().unwrap_or((0.0, 0.0));
+            (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y - down), y1.max(y + up));
         }
     }
     if x0 > x1 {
@@ -184,9 +185,13 @@ fn lines(
                 .map(|&pt| Circle::new(pt, 4, color.filled())),
         )
         .map_err(err)?;
-        let bars = s.points.iter().zip(&s.errors).map(|(&(x, y), &e)| {
-            ErrorBar::new_vertical(x, y - e, y, y + e, color.stroke_width(2), 8)
-        });
+        let bars = s
+            .points
+            .iter()
+            .zip(&s.errors)
+            .map(|(&(x, y), &(down, up))| {
+                ErrorBar::new_vertical(x, y - down, y, y + up, color.stroke_width(2), 8)
+            });
         c.draw_series(bars).map_err(err)?;
     }
     c.configure_series_labels()
@@ -317,12 +322,12 @@ pub fn draw_all(
             let Some(ect) = ect_of(n, &rule) else {
                 continue;
             };
-            // Over seeds too when there are several: the 95% interval of the report's table.
-            let mut seeds: Vec<Option<u64>> = at.iter().map(|r| r.seed).collect();
-            seeds.sort();
-            seeds.dedup();
+            // The 95% interval of the report's table (over seeds too when there are several).
             let rows: Vec<&QualityRow> = at.iter().map(|r| **r).collect();
-            let (mean, half, _) = super::report::mean_interval(&rows, &seeds);
+            let Ok(p) = super::report::mean_interval(&rows) else {
+                continue;
+            };
+            let (mean, error) = (p.diff, (p.diff - p.lo, p.hi - p.diff));
             let names: Vec<String> = match &rule {
                 Some(r) => vec![format!("{model}, {r} rule")],
                 None => rules.iter().map(|r| format!("{model}, {r} rule")).collect(),
@@ -337,13 +342,13 @@ pub fn draw_all(
                 };
                 if !g.points.contains(&(ect, mean)) {
                     g.points.push((ect, mean));
-                    g.errors.push(half);
+                    g.errors.push(error);
                 }
             }
         }
     }
     for g in groups.iter_mut() {
-        let mut both: Vec<((f64, f64), f64)> = g
+        let mut both: Vec<((f64, f64), (f64, f64))> = g
             .points
             .iter()
             .copied()

@@ -6,6 +6,7 @@ use super::ladder::Step;
 use super::recipe::Recipe;
 use super::results::{FinetuneRow, QualityRow};
 use super::speed::SpeedRow;
+use crate::harness::paired::mean_sd;
 use crate::table::{count, fmt_opt, Table};
 use occult_core::analysis::trace::Trace;
 use occult_core::models::config::ModelConfig;
@@ -166,9 +167,7 @@ pub fn render(
                 .iter()
                 .filter(|r| r.variant == variant && r.served() == how)
                 .collect();
-            let mut seeds: Vec<Option<u64>> = rows.iter().map(|r| r.seed).collect();
-            seeds.sort();
-            seeds.dedup();
+            let seeds = super::results::seeds_of(rows.iter().copied());
             let mut row = vec![
                 if variant == "base" {
                     "start (no fine-tuning)".to_string()
@@ -187,7 +186,7 @@ pub fn render(
                     rows.iter().copied().filter(|r| &r.task == task).collect();
                 row.push(accuracy_cell(&of_task));
             }
-            row.push(mean_cell(&rows, &seeds));
+            row.push(mean_cell(&rows));
             t.row(row);
         }
         md += &t.render();
@@ -199,9 +198,10 @@ pub fn render(
         md += &format!(
             "\nOne run: accuracy ± its standard error over the items; several seeds \
              (fine-tuning runs with other data orders): the seeds' mean ± their standard \
-             deviation. The mean over the tasks carries its 95% interval: 1.96 standard errors \
-             for one run; with seeds, Student's t over the items' and the seeds' parts (and the \
-             seeds' sd). Items per task: {}.\n",
+             deviation. The mean over the tasks carries its 95% interval, drawn as the \
+             differences below are (questions asked again drawn together; with seeds, the \
+             seeds drawn too and at least Student's t), and the seeds' sd. Items per task: \
+             {}.\n",
             items.join(", ")
         );
         md += &quality_summary(quality);
@@ -226,41 +226,34 @@ fn accuracy_cell(rows: &[&QualityRow]) -> String {
     }
 }
 
-/// The mean over tasks with its 95% interval: one run's from its items' standard errors;
-/// over several seeds also from the seeds' spread (Student's t), and their sd.
-fn mean_cell(rows: &[&QualityRow], seeds: &[Option<u64>]) -> String {
-    let (m, half, sd) = mean_interval(rows, seeds);
-    let interval = format!("{m:.3} [{:.3}, {:.3}]", m - half, m + half);
-    match sd {
-        Some(sd) => format!("{interval}, sd {sd:.3}"),
-        None => interval,
+/// The mean over tasks with its 95% interval (and the seeds' sd with several), as
+/// [`mean_interval`] gives them; the plain mean where the rows carry no per-item scores.
+fn mean_cell(rows: &[&QualityRow]) -> String {
+    match mean_interval(rows) {
+        Ok(p) => {
+            let interval = format!("{:.3} [{:.3}, {:.3}]", p.diff, p.lo, p.hi);
+            match p.seed_sd {
+                Some(sd) => format!("{interval}, sd {sd:.3}"),
+                None => interval,
+            }
+        }
+        Err(_) => {
+            let accs: Vec<f64> = rows.iter().map(|r| r.acc).collect();
+            format!("{:.3}", mean_sd(&accs).0)
+        }
     }
 }
 
-/// The mean accuracy over tasks (and seeds) of `rows`, the half-width of its 95% interval
-/// ([`crate::harness::paired::seeded_error`]: the items' part is one run's, the seeds' mean of
-/// their squared standard errors) and, with several seeds, the sd of the seeds' means.
-pub fn mean_interval(rows: &[&QualityRow], seeds: &[Option<u64>]) -> (f64, f64, Option<f64>) {
-    let mut means = Vec::new();
-    let mut items_var = 0.0;
-    for &seed in seeds {
-        let r: Vec<&&QualityRow> = rows.iter().filter(|r| r.seed == seed).collect();
-        let tasks = r.len().max(1) as f64;
-        means.push(r.iter().map(|r| r.acc).sum::<f64>() / tasks);
-        let var: f64 = r.iter().map(|r| r.acc_stderr.unwrap_or(0.0).powi(2)).sum();
-        items_var += var / (tasks * tasks) / seeds.len().max(1) as f64;
-    }
-    let (m, sd) = mean_sd(&means);
-    let (_, _, half) = crate::harness::paired::seeded_error(items_var, &means);
-    (m, half, (means.len() > 1).then_some(sd))
-}
-
-/// The mean and the sample standard deviation (0 for one value).
-fn mean_sd(v: &[f64]) -> (f64, f64) {
-    let n = v.len().max(1) as f64;
-    let m = v.iter().sum::<f64>() / n;
-    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
-    (m, var.sqrt())
+/// The mean accuracy over tasks of `rows` (one model served one way, over its seeds) with its
+/// 95% interval: the same pooling as the paired differences
+/// ([`crate::harness::paired::pooled_mean`]: questions drawn together, seeds drawn, Student's
+/// t with several seeds); `diff` holds the mean.
+pub fn mean_interval(rows: &[&QualityRow]) -> anyhow::Result<crate::harness::paired::PairedDiff> {
+    use crate::harness::paired::{pooled_mean, TaskScores, RESAMPLES};
+    let seeds = super::results::seeds_of(rows.iter().copied());
+    let (scores, questions) = super::results::item_scores(rows, &seeds);
+    let runs: Vec<&TaskScores> = scores.iter().map(Vec::as_slice).collect();
+    pooled_mean(&runs, questions.as_deref(), RESAMPLES, 0)
 }
 
 /// The speed table: per suite and size, each mode's measured and projected time, and their

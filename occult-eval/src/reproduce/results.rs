@@ -91,6 +91,44 @@ impl QualityRow {
     }
 }
 
+/// The distinct seeds of `rows`, in order (`None`, a model not fine-tuned, first).
+pub fn seeds_of<'a>(rows: impl IntoIterator<Item = &'a QualityRow>) -> Vec<Option<u64>> {
+    let mut seeds: Vec<Option<u64>> = rows.into_iter().map(|r| r.seed).collect();
+    seeds.sort();
+    seeds.dedup();
+    seeds
+}
+
+/// Per task, each item's question key.
+pub type QuestionKeys = Vec<Vec<u64>>;
+
+/// The rows' question keys by task, where every item has one (the evaluation gives them);
+/// `None` otherwise (every item its own question).
+pub fn question_keys(rows: &[&QualityRow]) -> Option<QuestionKeys> {
+    rows.iter()
+        .all(|r| r.item_question.len() == r.item_acc.len())
+        .then(|| rows.iter().map(|r| r.item_question.clone()).collect())
+}
+
+/// Per seed (of `seeds`), the rows' per-item scores by task (in name order), and the first
+/// seed's question keys: what [`crate::harness::paired::pooled_mean`] takes.
+pub fn item_scores(
+    rows: &[&QualityRow],
+    seeds: &[Option<u64>],
+) -> (Vec<Vec<Vec<f64>>>, Option<QuestionKeys>) {
+    let of_seed = |seed: Option<u64>| -> Vec<&QualityRow> {
+        let mut r: Vec<&QualityRow> = rows.iter().copied().filter(|r| r.seed == seed).collect();
+        r.sort_by(|a, b| a.task.cmp(&b.task));
+        r
+    };
+    let scores = seeds
+        .iter()
+        .map(|&s| of_seed(s).iter().map(|r| r.item_acc.clone()).collect())
+        .collect();
+    let questions = seeds.first().and_then(|&s| question_keys(&of_seed(s)));
+    (scores, questions)
+}
+
 /// One paired difference of mean accuracy over the tasks, on the same items.
 #[derive(Clone, Debug, Serialize)]
 pub struct QualityDiff {
