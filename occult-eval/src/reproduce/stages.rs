@@ -211,11 +211,12 @@ pub struct FineTuned {
     pub dir: PathBuf,
 }
 
-/// `routing`'s name, with `-seedS` for seeds other than 0.
-fn seeded_name(routing: Routing, seed: u64) -> String {
+/// A folder or file name for `name` fine-tuned with `seed`: `-seedS` after it for seeds other
+/// than 0.
+fn seeded(name: &str, seed: u64) -> String {
     match seed {
-        0 => routing.name(),
-        s => format!("{}-seed{s}", routing.name()),
+        0 => name.to_string(),
+        s => format!("{name}-seed{s}"),
     }
 }
 
@@ -233,7 +234,7 @@ pub fn finetune_stage(
     let (mut models, mut rows) = (Vec::new(), Vec::new());
     let seeds = recipe.quality.seeds() as u64;
     for (seed, &routing) in (0..seeds).flat_map(|s| routings.iter().map(move |r| (s, r))) {
-        let name = seeded_name(routing, seed);
+        let name = seeded(&routing.name(), seed);
         let dir = out.join("finetune").join(&name);
         if ranks.root() {
             eprintln!("  {name}");
@@ -268,8 +269,8 @@ pub fn finetune_stage(
 }
 
 /// Quality on the tasks: the start served under every routing, the standard fine-tuned model
-/// likewise, and each pruned fine-tuned model under its own routing (every seed's). Each evaluation's results
-/// are written under `quality/`; the rows are rank 0's.
+/// likewise, and each pruned fine-tuned model under its own routing (every seed's). Each
+/// evaluation's results are written under `quality/`; the rows are rank 0's.
 pub fn quality_stage(
     recipe: &Recipe,
     s: &Subject,
@@ -290,10 +291,7 @@ pub fn quality_stage(
     };
     let task_inputs = job.inputs()?;
     let mut evaluate_one = |variant: &str, model: &str, seed: Option<u64>, routing: Routing| {
-        let label = match seed {
-            Some(s) if s > 0 => format!("{variant}-seed{s}"),
-            _ => variant.to_string(),
-        };
+        let label = seeded(variant, seed.unwrap_or(0));
         let file = out
             .join("quality")
             .join(format!("{label}--served-{}.json", routing.name()));
