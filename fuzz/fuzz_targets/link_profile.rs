@@ -1,7 +1,7 @@
 #![no_main]
 //! Fuzz target:  a link profile (TOML) for `occult project` and the shaped-link runs.
 use libfuzzer_sys::fuzz_target;
-use occult_core::analysis::links::LinkProfile;
+use occult_core::analysis::cost::links::LinkProfile;
 
 fuzz_target!(|data: &[u8]| {
     let path = occult_fuzz::put("links.toml", data);

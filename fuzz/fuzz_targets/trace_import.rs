@@ -2,7 +2,7 @@
 //! Fuzz target: routing arrays from other frameworks (`occult trace import`): the first byte
 //! picks the format (.npz, .npy, .safetensors, SGLang's .pt dump), the rest is the file.
 use libfuzzer_sys::fuzz_target;
-use occult_core::analysis::trace_import::{import, ImportOptions};
+use occult_core::interop::routing_import::{import, ImportOptions};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&pick, file)) = data.split_first() else {

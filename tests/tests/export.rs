@@ -17,8 +17,8 @@ use occult_core::ep::comm::local::run_local_with_timeout;
 use occult_core::ep::comm::{Communicator, PeerStats};
 use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::StepStats;
-use occult_core::export::checkpoint::shard_tensors;
-use occult_core::export::{export_checkpoint, Renumbering, RENUMBERING_FILE};
+use occult_core::interop::checkpoint::export::shard_tensors;
+use occult_core::interop::checkpoint::{export_checkpoint, Renumbering, RENUMBERING_FILE};
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup, RoutingRecorder};
 use occult_tests::data_parallel::{sequences, ARCHS};
@@ -400,7 +400,7 @@ fn digest(dir: &Path) -> String {
 /// A copy of a per-expert checkpoint (of any model type) with each MoE layer's experts fused
 /// as `gate_up_proj` `[E, 2I, H]` and `down_proj` `[E, H, I]`.
 fn fuse_any(src: &Path, dst: &Path) {
-    let layout = occult_core::export::ExpertLayout::read(src).unwrap();
+    let layout = occult_core::interop::checkpoint::ExpertLayout::read(src).unwrap();
     let mut all = all_tensors(src);
     for &l in &layout.moe_layers {
         let p = format!("model.layers.{l}.{}.experts", layout.block);
@@ -465,7 +465,7 @@ fn exports_are_the_checkpoints_transformers_ran_with_the_original_logits() {
                 )
             })
             .collect();
-        let layout_of = occult_core::export::ExpertLayout::read(&src).unwrap();
+        let layout_of = occult_core::interop::checkpoint::ExpertLayout::read(&src).unwrap();
         let ren = Renumbering::from_placement(&placement(&maps, d), layout_of.groups).unwrap();
         let out = t.path().join("exported");
         export_checkpoint(&src, &out, &ren, false, &|_, _| {}).unwrap();
@@ -478,7 +478,7 @@ fn exports_are_the_checkpoints_transformers_ran_with_the_original_logits() {
 #[test]
 fn a_placement_that_breaks_deepseek_v3s_expert_groups_is_refused() {
     let src = fixture("deepseek_v3");
-    let layout = occult_core::export::ExpertLayout::read(&src).unwrap();
+    let layout = occult_core::interop::checkpoint::ExpertLayout::read(&src).unwrap();
     assert_eq!(layout.moe_layers, vec![1, 2]);
     let groups = layout.groups.expect("n_group 4");
     assert_eq!((groups.n_group, groups.topk_group), (4, 2));

@@ -7,7 +7,7 @@
 mod common;
 
 use occult_core::analysis::trace::Trace;
-use occult_core::analysis::trace_import::{import, ImportOptions};
+use occult_core::interop::routing_import::{import, ImportOptions};
 use std::path::PathBuf;
 use std::process::Command;
 

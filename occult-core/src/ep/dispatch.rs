@@ -9,7 +9,7 @@
 //!   gate-weighted expert outputs before sending one row back (the pre-reduction).
 //!
 //! - **two-level** mode: the first leg ([`NodePlan`]) sends one row per (token, node) to the
-//!   node's proxy ([`crate::analysis::cluster::Cluster::proxy`]), carrying the token's expert
+//!   node's proxy ([`crate::analysis::cost::cluster::Cluster::proxy`]), carrying the token's expert
 //!   ids there; the proxy forwards each row inside its node ([`SendPlan::forwarded`]) as an
 //!   occult-mode row, one per device that needs it.
 //!
@@ -18,8 +18,8 @@
 //! The row counts are those of [`crate::analysis::collab`] (the plan is built with its
 //! [`DeviceCounter`]), which tests hold together.
 
-use crate::analysis::cluster::Cluster;
 use crate::analysis::collab::DeviceCounter;
+use crate::analysis::cost::cluster::Cluster;
 use crate::analysis::placement::experts_by_device;
 use crate::analysis::placement::replicas::{CopyRule, ReplicaMap};
 use crate::{bail, Result};

@@ -30,8 +30,8 @@ use super::dispatch::{ComputePlan, DispatchMode, ExpertLocations, NodePlan, Send
 use super::exchange::exchange_rows;
 use super::experts::MoeWeights;
 use super::router::{route, PruneSpec, Routed};
-use crate::analysis::cluster::Cluster;
 use crate::analysis::collab::total_devices;
+use crate::analysis::cost::cluster::Cluster;
 use crate::analysis::placement::devices_and_nodes;
 use crate::analysis::placement::replicas::{CopyRule, ReplicaMap};
 use crate::analysis::placement::validate_map;

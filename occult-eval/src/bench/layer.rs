@@ -12,7 +12,7 @@ use crate::context::Backend;
 use crate::table::Table;
 use anyhow::{bail, Result};
 use candle::{DType, Device, Tensor};
-use occult_core::analysis::links::{swiglu_flops, LinkProfile};
+use occult_core::analysis::cost::links::{swiglu_flops, LinkProfile};
 use occult_core::analysis::placement::{self, Method, SearchConfig};
 use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use occult_core::analysis::routing::RouterRule;

@@ -180,7 +180,7 @@ fn run_parallel(
     let link = a
         .link
         .as_deref()
-        .map(occult_core::analysis::links::LinkProfile::load)
+        .map(occult_core::analysis::cost::links::LinkProfile::load)
         .transpose()?;
     let bench = EpModelBench {
         devices: spec.devices,

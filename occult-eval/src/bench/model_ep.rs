@@ -10,7 +10,7 @@ use super::modes::{reference, summarise, Exchanges, ModeSummary, RankRun};
 use crate::context::{Backend, ModelSpec};
 use anyhow::{bail, Context, Result};
 use candle::{DType, Device, Tensor};
-use occult_core::analysis::links::{swiglu_flops, LinkProfile};
+use occult_core::analysis::cost::links::{swiglu_flops, LinkProfile};
 use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use occult_core::ep::dispatch::DispatchMode;

@@ -4,7 +4,7 @@
 //! times the slowest rank's, projected onto a link profile), the single-device reference's
 //! row, and the table with each mode's ratios to standard dispatch.
 
-use occult_core::analysis::links::{project_step, LinkProfile, Projection, RankStep};
+use occult_core::analysis::cost::links::{project_step, LinkProfile, Projection, RankStep};
 use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::ep::comm::Exchange;
 use occult_core::ep::dispatch::DispatchMode;

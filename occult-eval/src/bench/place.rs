@@ -7,14 +7,14 @@
 
 use crate::table::Table;
 use anyhow::Result;
-use occult_core::analysis::links::LinkProfile;
+use occult_core::analysis::cost::links::LinkProfile;
+use occult_core::analysis::cost::projection::LayerSizes;
+use occult_core::analysis::cost::replica_projection::{project_placement, PlacementTime};
+use occult_core::analysis::drivers::replica_trace::{replica_trace_stats, replicate_trace};
 use occult_core::analysis::place_trace;
 use occult_core::analysis::placement::eplb::EplbGroups;
 use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::analysis::placement::{Method, Placement, SearchConfig};
-use occult_core::analysis::projection::LayerSizes;
-use occult_core::analysis::replica_projection::{project_placement, PlacementTime};
-use occult_core::analysis::replica_trace::{replica_trace_stats, replicate_trace};
 use occult_core::analysis::trace::Trace;
 use serde::Serialize;
 use std::path::{Path, PathBuf};

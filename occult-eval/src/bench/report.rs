@@ -23,7 +23,7 @@ pub fn write_modes(
     model: Option<&str>,
     backend: crate::context::Backend,
     config: &impl serde::Serialize,
-    link: Option<&occult_core::analysis::links::LinkProfile>,
+    link: Option<&occult_core::analysis::cost::links::LinkProfile>,
     results: &[super::modes::ModeSummary],
 ) -> Result<()> {
     let mut v = serde_json::json!({

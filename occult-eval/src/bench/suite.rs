@@ -9,7 +9,7 @@ use super::modes::ModeSummary;
 use super::train::{self, TrainBench};
 use crate::context::ModelSpec;
 use anyhow::{bail, Context, Result};
-use occult_core::analysis::links::LinkProfile;
+use occult_core::analysis::cost::links::LinkProfile;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 

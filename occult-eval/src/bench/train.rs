@@ -9,7 +9,7 @@ use super::model_ep::{measure, mode_opts, with_copy_rules};
 use super::modes::{summarise, Exchanges, ModeSummary, RankRun};
 use crate::context::ModelSpec;
 use anyhow::{bail, Context, Result};
-use occult_core::analysis::links::{swiglu_flops, LinkProfile};
+use occult_core::analysis::cost::links::{swiglu_flops, LinkProfile};
 use occult_core::analysis::PruneLimit;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::Model;

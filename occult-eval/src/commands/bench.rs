@@ -284,7 +284,7 @@ fn train(a: TrainBenchArgs) -> Result<()> {
     let link = a
         .link
         .as_deref()
-        .map(occult_core::analysis::links::LinkProfile::load)
+        .map(occult_core::analysis::cost::links::LinkProfile::load)
         .transpose()?;
     let b = bench::train::TrainBench {
         devices: spec.devices,
@@ -344,7 +344,7 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
     let link = a
         .link
         .as_deref()
-        .map(occult_core::analysis::links::LinkProfile::load)
+        .map(occult_core::analysis::cost::links::LinkProfile::load)
         .transpose()?;
     let devices_per_node = bench::modes::node_size(a.devices_per_node, link.as_ref(), a.devices);
     let b = bench::layer::LayerBench {

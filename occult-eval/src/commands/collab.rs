@@ -5,9 +5,9 @@ use crate::rows::RowDtype;
 use crate::table::{count, fmt_opt, Table};
 use anyhow::{Context, Result};
 use clap::Args;
-use occult_core::analysis::links::LinkProfile;
+use occult_core::analysis::cost::links::LinkProfile;
+use occult_core::analysis::drivers::replica_trace::replica_trace_stats;
 use occult_core::analysis::placement::replicas::CopyRule;
-use occult_core::analysis::replica_trace::replica_trace_stats;
 use occult_core::analysis::{trace_node_stats, trace_stats, TraceNodeStats, TraceStats};
 use std::path::PathBuf;
 
@@ -213,7 +213,7 @@ pub fn render_nodes(s: &TraceNodeStats) -> String {
         "two-level intra/inter",
         "max/mean node rows in",
     ]);
-    let pair = |r: &occult_core::analysis::cluster::LevelRows| {
+    let pair = |r: &occult_core::analysis::cost::cluster::LevelRows| {
         format!("{} / {}", count(r.intra), count(r.inter))
     };
     for l in &s.layers {
@@ -228,7 +228,7 @@ pub fn render_nodes(s: &TraceNodeStats) -> String {
             format!("{:.3}", l.max_node_inter_ratio),
         ]);
     }
-    let sum = |f: &dyn Fn(&occult_core::analysis::cluster::NodeStats) -> u64| -> u64 {
+    let sum = |f: &dyn Fn(&occult_core::analysis::cost::cluster::NodeStats) -> u64| -> u64 {
         s.layers.iter().map(f).sum()
     };
     let (flat, two) = (sum(&|l| l.dedup.inter), sum(&|l| l.two_level.inter));

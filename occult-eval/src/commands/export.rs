@@ -6,7 +6,10 @@ use crate::progress::bar;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use occult_core::analysis::placement::Placement;
-use occult_core::export::{self, ExpertLayout, Renumbering, RENUMBERING_FILE};
+use occult_core::interop::checkpoint::{
+    export_checkpoint, ExpertLayout, Renumbering, RENUMBERING_FILE,
+};
+use occult_core::interop::sglang::location;
 use occult_core::models::checkpoint::resolve;
 use std::path::{Path, PathBuf};
 
@@ -94,7 +97,7 @@ fn checkpoint(a: CheckpointArgs) -> Result<()> {
         serde_json::to_value(crate::version::provenance())?,
     );
     let pb = bar(0, "bytes");
-    let summary = export::export_checkpoint(&dir, &a.output, &ren, a.overwrite, &|done, total| {
+    let summary = export_checkpoint(&dir, &a.output, &ren, a.overwrite, &|done, total| {
         pb.set_length(total);
         pb.set_position(done);
     })?;
@@ -127,15 +130,15 @@ fn sglang(a: SglangArgs) -> Result<()> {
     let dir = model_dir(&a.model, a.revision.as_deref())?;
     let layout = ExpertLayout::read(&dir)?;
     let placement = read_placement(&a.placement)?;
-    let v = export::sglang::location_file(&layout, &placement)?;
-    let text = export::sglang::to_text(&v);
+    let v = location::location_file(&layout, &placement)?;
+    let text = location::to_text(&v);
     occult_core::atomic::write_atomic(&a.output, |w| w.write_all(text.as_bytes()))?;
     eprintln!(
         "wrote {} ({} layers x {} physical experts); serve with --ep-size {} \
          --init-expert-location {}",
         a.output.display(),
         layout.num_layers,
-        v[export::sglang::KEY][0]
+        v[location::KEY][0]
             .as_array()
             .map_or(layout.num_experts, Vec::len),
         placement.num_devices,

@@ -4,12 +4,12 @@ use crate::progress::bar;
 use crate::table::{fmt_opt, Table};
 use anyhow::{Context, Result};
 use clap::Args;
-use occult_core::analysis::links::LinkProfile;
+use occult_core::analysis::cost::links::LinkProfile;
+use occult_core::analysis::drivers::replica_trace::replicate_trace;
 use occult_core::analysis::placement::eplb::EplbGroups;
 use occult_core::analysis::placement::{
     Method, NodeLevel, Placement, SearchConfig, DEFAULT_INTER_WEIGHT,
 };
-use occult_core::analysis::replica_trace::replicate_trace;
 use occult_core::analysis::{place_steps_per_layer, place_trace, PlaceInfo};
 use std::path::PathBuf;
 use std::time::Instant;

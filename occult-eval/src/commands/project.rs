@@ -1,14 +1,14 @@
 //! `occult project`: size a cluster before renting one. Projects the MoE layer and
 //! training-step time of standard, dedup-only, Occult and pruned Occult dispatch for D devices
 //! on machine profiles, from a real routing trace and modelled expert compute
-//! (`occult_core::analysis::projection`). The work is [`crate::jobs::project`].
+//! (`occult_core::analysis::cost::projection`). The work is [`crate::jobs::project`].
 
 use super::{load_trace, with_provenance, write_json};
 use crate::context::spec::model_config;
 use crate::jobs::project::{layer_sizes, load_profiles, project, render};
 use anyhow::{bail, Result};
 use clap::Args;
-use occult_core::analysis::projection::ProjectSettings;
+use occult_core::analysis::cost::projection::ProjectSettings;
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]

@@ -175,14 +175,14 @@ fn synth(a: SynthArgs) -> Result<()> {
 }
 
 fn import(a: ImportArgs) -> Result<()> {
-    use occult_core::analysis::trace_import::{import_all, ImportOptions};
+    use occult_core::interop::routing_import::{import_all, ImportOptions};
     let inputs: Vec<Option<&std::path::Path>> = a.files.iter().map(|f| Some(f.as_path())).collect();
     super::check_io(&inputs, &[Some(&a.output)])?;
     let num_experts = match (a.experts, &a.model) {
         (Some(e), _) => e,
         (None, Some(m)) => {
             let dir = occult_core::models::checkpoint::resolve(m, None)?.dir;
-            occult_core::export::ExpertLayout::read(&dir)?.num_experts
+            occult_core::interop::checkpoint::ExpertLayout::read(&dir)?.num_experts
         }
         (None, None) => anyhow::bail!("give --experts E or --model M"),
     };
@@ -212,7 +212,9 @@ fn import(a: ImportArgs) -> Result<()> {
 }
 
 fn remap(a: RemapArgs) -> Result<()> {
-    use occult_core::export::renumbering::{Renumbering, RENUMBERING_FILE, TRACE_NUMBERING_KEY};
+    use occult_core::interop::checkpoint::renumbering::{
+        Renumbering, RENUMBERING_FILE, TRACE_NUMBERING_KEY,
+    };
     let file = match (&a.model, &a.renumbering) {
         (Some(m), None) => m.join(RENUMBERING_FILE),
         (None, Some(r)) => r.clone(),

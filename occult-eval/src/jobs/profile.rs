@@ -178,7 +178,7 @@ pub fn profile(spec: &ModelSpec, job: &ProfileJob) -> Result<Option<Profiled>> {
 /// Marks a trace recorded on an exported (renumbered) checkpoint: its ids are the checkpoint's,
 /// and `occult trace remap --to original` maps them back to the original model's.
 pub fn mark_exported(trace: &mut Trace, model_dir: &std::path::Path) {
-    use occult_core::export::renumbering::{RENUMBERING_FILE, TRACE_NUMBERING_KEY};
+    use occult_core::interop::checkpoint::renumbering::{RENUMBERING_FILE, TRACE_NUMBERING_KEY};
     if model_dir.join(RENUMBERING_FILE).is_file() {
         trace.meta.extra.insert(
             TRACE_NUMBERING_KEY.into(),

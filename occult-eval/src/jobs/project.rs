@@ -1,13 +1,13 @@
 //! Projection: the MoE layer and training-step time of standard, dedup-only, Occult and pruned
 //! Occult dispatch for D devices on machine profiles, from a real routing trace and modelled
-//! expert compute (`occult_core::analysis::projection`), with the layer sizes read from a model
+//! expert compute (`occult_core::analysis::cost::projection`), with the layer sizes read from a model
 //! and the report as tables.
 
 use crate::progress::bar;
 use crate::table::Table;
 use anyhow::Result;
-use occult_core::analysis::links::LinkProfile;
-use occult_core::analysis::projection::{project_trace, ProjectReport, ProjectSettings};
+use occult_core::analysis::cost::links::LinkProfile;
+use occult_core::analysis::cost::projection::{project_trace, ProjectReport, ProjectSettings};
 use occult_core::analysis::trace::Trace;
 use occult_core::models::config::ModelConfig;
 

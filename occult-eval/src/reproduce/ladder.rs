@@ -3,7 +3,7 @@
 //! devices with each rule; exact rows, remote rows and bytes per step.
 
 use anyhow::Result;
-use occult_core::analysis::cluster::NodeStats;
+use occult_core::analysis::cost::cluster::NodeStats;
 use occult_core::analysis::placement::{Method, Placement, SearchConfig};
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::analysis::routing::RouterRule;

@@ -317,7 +317,7 @@ impl Recipe {
                 bail!("[projection] load_caps are factors of the mean load, at least 1");
             }
             for l in &p.links {
-                occult_core::analysis::links::LinkProfile::load(l)
+                occult_core::analysis::cost::links::LinkProfile::load(l)
                     .with_context(|| format!("[projection] links: {l}"))?;
             }
         }

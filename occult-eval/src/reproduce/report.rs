@@ -552,7 +552,7 @@ fn non_inferiority(diffs: &[super::results::QualityDiff]) -> String {
 /// The cluster projection: the headline speed-ups on the recipe's device count, then every
 /// table of `occult project`.
 pub fn projection_section(
-    p: &occult_core::analysis::projection::ProjectReport,
+    p: &occult_core::analysis::cost::projection::ProjectReport,
     r: &super::recipe::ProjectionRecipe,
     recipe_devices: usize,
 ) -> String {

@@ -177,7 +177,7 @@ pub struct Findings {
     pub quality: Vec<QualityRow>,
     /// Paired differences with bootstrap intervals (pruned servings and pruned fine-tunings).
     pub differences: Vec<QualityDiff>,
-    pub projection: Option<occult_core::analysis::projection::ProjectReport>,
+    pub projection: Option<occult_core::analysis::cost::projection::ProjectReport>,
     /// E[C_T] before and after pruned fine-tuning.
     pub collaboration: serde_json::Value,
     pub plots: Vec<std::path::PathBuf>,

@@ -9,7 +9,7 @@ use crate::bench::modes::ModeSummary;
 use crate::bench::train::{self, TrainBench};
 use crate::context::ModelSpec;
 use anyhow::Result;
-use occult_core::analysis::links::LinkProfile;
+use occult_core::analysis::cost::links::LinkProfile;
 use serde::{Deserialize, Serialize};
 
 /// What the speed stage measures.

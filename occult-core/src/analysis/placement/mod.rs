@@ -7,6 +7,7 @@
 //! A valid map is *balanced*: every device holds `floor(E/D)` or `ceil(E/D)` experts, so there
 //! are never more devices than experts.
 
+mod config;
 pub mod eplb;
 mod greedy;
 mod maps;
@@ -15,17 +16,18 @@ pub mod replica_search;
 pub mod replicas;
 mod search;
 
+pub use config::{NodeLevel, SearchConfig};
 pub use greedy::greedy;
 pub use maps::{
     capacities, check_sizes, contiguous, experts_by_device, random_balanced, validate_map,
 };
 pub use nodes::{
-    devices_and_nodes, node_progress_steps, node_search, two_level_cost, NodeLevel, NodeOutcome,
+    devices_and_nodes, node_progress_steps, node_search, two_level_cost, NodeOutcome,
     DEFAULT_INTER_WEIGHT,
 };
 pub use search::{
     progress_steps, random_balanced_within, search, search_with_progress, search_within_groups,
-    SearchConfig, SearchOutcome,
+    SearchOutcome,
 };
 
 use crate::analysis::collab::CoActivation;

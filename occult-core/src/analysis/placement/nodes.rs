@@ -19,12 +19,12 @@
 //! the contiguous one. A load limit applies to nodes in the first step and to devices in every
 //! candidate.
 
+use super::config::{NodeLevel, SearchConfig};
 use super::maps::{capacities, check_sizes, contiguous};
+use super::search::SearchOutcome;
 use super::search::{progress_steps, search_with_progress, search_within_groups};
-use super::{SearchConfig, SearchOutcome};
 use crate::analysis::collab::{CoActivation, DeviceCounter};
 use crate::{bail, Result};
-use serde::{Deserialize, Serialize};
 
 /// The inter-node row weight used when no link profile gives one: InfiniBand NDR against
 /// NVLink is about 4 (`configs/links/ib-ndr.toml`: 150 / 40 GB/s).
@@ -34,39 +34,6 @@ pub const DEFAULT_INTER_WEIGHT: f64 = 4.0;
 /// cannot be met within the nodes; then none.
 const LOOSER_LIMITS: usize = 8;
 const LOOSER_STEP: f64 = 1.1;
-
-/// The cluster a node-aware placement is for.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct NodeLevel {
-    /// G: devices per node (device d is in node d / G).
-    pub devices_per_node: usize,
-    /// w: the cost of a row across nodes, in rows inside one.
-    pub inter_weight: f64,
-}
-
-impl NodeLevel {
-    /// Checks G against D (G divides D) and the weight (finite, at least 1).
-    pub fn check(&self, num_devices: usize) -> Result<()> {
-        let g = self.devices_per_node;
-        if g == 0 || !num_devices.is_multiple_of(g) {
-            bail!("--devices-per-node {g} must divide the {num_devices} devices");
-        }
-        if !(self.inter_weight.is_finite() && self.inter_weight >= 1.0) {
-            bail!(
-                "the inter-node row weight must be a number >= 1, got {}",
-                self.inter_weight
-            );
-        }
-        Ok(())
-    }
-
-    /// The node of each device.
-    pub fn node_of_device(&self, num_devices: usize) -> Vec<u32> {
-        (0..num_devices)
-            .map(|d| (d / self.devices_per_node) as u32)
-            .collect()
-    }
-}
 
 /// Sums over the tokens of `ids` (`[tokens, k]`) of C_T and C_N under `map`.
 pub fn devices_and_nodes(

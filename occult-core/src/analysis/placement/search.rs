@@ -25,9 +25,9 @@
 //! each start is first repaired by swaps that cut the excess load, then only swaps that keep
 //! every device within the limit are taken.
 
+use super::config::SearchConfig;
 use super::greedy::greedy;
 use super::maps::{check_sizes, contiguous, random_balanced};
-use super::nodes::NodeLevel;
 use crate::analysis::collab::CoActivation;
 use crate::{bail, Result};
 use rand::SeedableRng;
@@ -44,29 +44,6 @@ pub const KL_TAIL: usize = 64;
 
 /// Most random starts a search takes.
 pub const MAX_RESTARTS: usize = 1024;
-
-/// Options of the search.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SearchConfig {
-    /// Random balanced starts, on top of the greedy and contiguous starts.
-    pub restarts: usize,
-    pub seed: u64,
-    /// Keep every device's (token, expert) load within this factor of the mean.
-    pub max_load_factor: Option<f64>,
-    /// Place for a cluster of nodes ([`super::nodes`]): fewest nodes per token first.
-    pub nodes: Option<NodeLevel>,
-}
-
-impl Default for SearchConfig {
-    fn default() -> Self {
-        SearchConfig {
-            restarts: 2,
-            seed: 0,
-            max_load_factor: None,
-            nodes: None,
-        }
-    }
-}
 
 /// What the search found.
 #[derive(Clone, Debug, PartialEq)]

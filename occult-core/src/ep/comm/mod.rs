@@ -19,7 +19,7 @@ use bytemuck::Pod;
 use serde::Serialize;
 use std::time::Duration;
 
-pub use crate::analysis::links::Exchange;
+pub use crate::analysis::cost::links::Exchange;
 
 /// What one rank sent to and received from one peer (itself included, as local traffic).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]

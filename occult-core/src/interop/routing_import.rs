@@ -1,4 +1,4 @@
-//! Routing recorded by other frameworks, read into an [`occult.trace.v1`](super::trace) trace:
+//! Routing recorded by other frameworks, read into an [`occult.trace.v1`](crate::analysis::trace) trace:
 //! plain arrays that any framework writes in a few lines (`.npz`, `.npy`, safetensors).
 //!
 //! Array names (in a `.npz` or safetensors file), either
@@ -10,31 +10,18 @@
 //!   alike.
 //!
 //! A `.npy` file holds one `topk_ids` array, `[layers, tokens, k]` or `[tokens, k]` (one layer).
-//! A `.pt` file is SGLang's per_token expert-distribution dump ([`super::sglang_dump`]).
+//! A `.pt` file is SGLang's per_token expert-distribution dump ([`super::sglang::dump`]).
 //!
 //! `-1` marks padding, as SGLang's recorder writes it: a row of `-1` (a padded token) is dropped,
 //! and so is a column of `-1` in every row of every layer (a top-k narrower than the buffer); a
 //! `-1` anywhere else is an error naming the layer and the row. Integers may be any width;
-//! floats f16, bf16 (safetensors), f32 or f64. Sizes are checked against the file before
-//! anything is allocated.
+//! floats f16, bf16 (safetensors), f32 or f64 ([`super::arrays`] reads them).
 
-use super::trace::{LayerTrace, Trace, TraceMeta};
+use super::arrays::{parse_npy, read_npz, read_safetensors, Array, Values};
+use crate::analysis::trace::{LayerTrace, Trace, TraceMeta};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
-
-/// One array: its shape and its values, as integers or as floats.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Array {
-    pub shape: Vec<usize>,
-    pub values: Values,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Values {
-    Ints(Vec<i64>),
-    Floats(Vec<f32>),
-}
 
 /// What the file does not say.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -63,7 +50,7 @@ pub fn import(path: &Path, opts: &ImportOptions) -> Result<Trace> {
             BTreeMap::from([("topk_ids".to_string(), a)])
         }
         "safetensors" => read_safetensors(&bytes).map_err(bad)?,
-        "pt" => super::sglang_dump::read_per_token_dump(&bytes).map_err(bad)?,
+        "pt" => super::sglang::dump::read_per_token_dump(&bytes).map_err(bad)?,
         other => {
             return Err(bad(format!(
                 "extension {other:?}: routing is read from .npz, .npy, .safetensors or SGLang's \
@@ -117,212 +104,6 @@ pub fn import_all(paths: &[std::path::PathBuf], opts: &ImportOptions) -> Result<
     }
     trace.validate("the imported routing")?;
     Ok(trace)
-}
-
-/// The arrays of a `.npz` file (a zip of `.npy` files, stored or deflated).
-pub fn read_npz(bytes: &[u8]) -> std::result::Result<BTreeMap<String, Array>, String> {
-    use std::io::Read;
-    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes))
-        .map_err(|e| format!("not a readable .npz (zip) file: {e}"))?;
-    let mut out = BTreeMap::new();
-    for i in 0..zip.len() {
-        let entry = zip.by_index(i).map_err(|e| format!("zip entry {i}: {e}"))?;
-        let name = entry
-            .name()
-            .map_err(|e| format!("zip entry {i}'s name: {e}"))?
-            .into_owned();
-        // Deflate expands at most about 1032x: a declared size past that is a lie.
-        // (The directory's sizes are not checked against the file by the zip reader.)
-        let limit = entry
-            .compressed_size()
-            .min(bytes.len() as u64)
-            .saturating_mul(1032)
-            .max(1 << 16);
-        if entry.size() > limit {
-            return Err(format!(
-                "{name}: declares {} bytes from {} compressed",
-                entry.size(),
-                entry.compressed_size()
-            ));
-        }
-        let mut data = Vec::with_capacity(entry.size().min(limit) as usize);
-        entry
-            .take(limit)
-            .read_to_end(&mut data)
-            .map_err(|e| format!("{name}: {e}"))?;
-        let array = parse_npy(&data).map_err(|e| format!("{name}: {e}"))?;
-        out.insert(
-            name.strip_suffix(".npy").unwrap_or(&name).to_string(),
-            array,
-        );
-    }
-    Ok(out)
-}
-
-/// One `.npy` array from its bytes (format versions 1 to 3, C order, little-endian).
-pub fn parse_npy(bytes: &[u8]) -> std::result::Result<Array, String> {
-    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
-        return Err("not a .npy array (no \\x93NUMPY magic)".into());
-    }
-    let (len, start): (usize, usize) = match bytes[6] {
-        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 if bytes.len() >= 12 => (
-            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
-            12,
-        ),
-        v => return Err(format!(".npy format version {v} is not read")),
-    };
-    let header = bytes
-        .get(start..start.saturating_add(len))
-        .ok_or("the .npy header runs past the end")?;
-    let header = std::str::from_utf8(header).map_err(|_| "the .npy header is not text")?;
-    let field = |key: &str| -> std::result::Result<&str, String> {
-        let at = header
-            .find(&format!("'{key}'"))
-            .ok_or(format!("the .npy header has no '{key}'"))?;
-        let rest = header[at + key.len() + 2..].trim_start();
-        Ok(rest.strip_prefix(':').unwrap_or(rest).trim_start())
-    };
-    if field("fortran_order")?.starts_with("True") {
-        return Err("Fortran-ordered arrays are not read (save with C order)".into());
-    }
-    let descr = field("descr")?;
-    let descr = descr
-        .strip_prefix('\'')
-        .and_then(|d| d.split('\'').next())
-        .ok_or("the .npy descr is not a quoted string")?;
-    let shape_text = field("shape")?;
-    let shape_text = shape_text
-        .strip_prefix('(')
-        .and_then(|s| s.split(')').next())
-        .ok_or("the .npy shape is not a tuple")?;
-    let shape = shape_text
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().map_err(|_| format!("shape entry {s:?}")))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let data = &bytes[start + len..];
-    decode(descr, shape, data)
-}
-
-/// Little-endian values of numpy type `descr` (`<i8`, `|u1`, `<f4`, ...).
-pub(crate) fn decode(
-    descr: &str,
-    shape: Vec<usize>,
-    data: &[u8],
-) -> std::result::Result<Array, String> {
-    let Some((order, kind)) = descr.get(..1).zip(descr.get(1..)) else {
-        return Err(format!("dtype {descr:?} is not read"));
-    };
-    if order == ">" {
-        return Err(format!("big-endian {descr} is not read"));
-    }
-    let size: usize = kind
-        .get(1..)
-        .and_then(|s| s.parse().ok())
-        .filter(|&s| match kind.as_bytes()[0] {
-            b'i' | b'u' => matches!(s, 1 | 2 | 4 | 8),
-            b'f' => matches!(s, 2 | 4 | 8),
-            _ => false,
-        })
-        .ok_or(format!("dtype {descr:?} is not read (integers or floats)"))?;
-    let n = shape
-        .iter()
-        .try_fold(1usize, |a, &b| a.checked_mul(b))
-        .filter(|n| n.checked_mul(size) == Some(data.len()))
-        .ok_or(format!(
-            "shape {shape:?} of {descr} needs other than the {} data bytes present",
-            data.len()
-        ))?;
-    let chunks = data.chunks_exact(size);
-    let values = match (kind.as_bytes()[0], size) {
-        (b'i', 1 | 2 | 4 | 8) => Values::Ints(chunks.map(sign_extend).collect()),
-        (b'u', 1 | 2 | 4 | 8) => Values::Ints(
-            chunks
-                .map(|c| {
-                    let mut b = [0u8; 8];
-                    b[..c.len()].copy_from_slice(c);
-                    i64::try_from(u64::from_le_bytes(b)).unwrap_or(i64::MAX)
-                })
-                .collect(),
-        ),
-        (b'f', 2) => Values::Floats(
-            chunks
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-        ),
-        (b'f', 4) => Values::Floats(
-            chunks
-                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect(),
-        ),
-        (b'f', 8) => Values::Floats(
-            chunks
-                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
-                .collect(),
-        ),
-        _ => return Err(format!("dtype {descr:?} is not read (integers or floats)")),
-    };
-    debug_assert_eq!(n, shape.iter().product::<usize>());
-    Ok(Array { shape, values })
-}
-
-fn sign_extend(c: &[u8]) -> i64 {
-    let mut b = if c[c.len() - 1] & 0x80 != 0 {
-        [0xffu8; 8]
-    } else {
-        [0u8; 8]
-    };
-    b[..c.len()].copy_from_slice(c);
-    i64::from_le_bytes(b)
-}
-
-/// The arrays of a safetensors file.
-pub fn read_safetensors(bytes: &[u8]) -> std::result::Result<BTreeMap<String, Array>, String> {
-    use safetensors::Dtype;
-    if let Some(name) = crate::input::duplicate_header_name(bytes) {
-        return Err(format!("the header names tensor {name:?} twice"));
-    }
-    let st = safetensors::SafeTensors::deserialize(bytes)
-        .map_err(|e| format!("not a readable safetensors file ({e})"))?;
-    let mut out = BTreeMap::new();
-    for (name, v) in st.tensors() {
-        let descr = match v.dtype() {
-            Dtype::I8 => "<i1",
-            Dtype::I16 => "<i2",
-            Dtype::I32 => "<i4",
-            Dtype::I64 => "<i8",
-            Dtype::U8 => "<u1",
-            Dtype::U16 => "<u2",
-            Dtype::U32 => "<u4",
-            Dtype::U64 => "<u8",
-            Dtype::F16 => "<f2",
-            Dtype::F32 => "<f4",
-            Dtype::F64 => "<f8",
-            Dtype::BF16 => {
-                let vals = v
-                    .data()
-                    .chunks_exact(2)
-                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                    .collect();
-                out.insert(
-                    name,
-                    Array {
-                        shape: v.shape().to_vec(),
-                        values: Values::Floats(vals),
-                    },
-                );
-                continue;
-            }
-            other => return Err(format!("{name}: dtype {other:?} is not read")),
-        };
-        out.insert(
-            name.clone(),
-            decode(descr, v.shape().to_vec(), v.data()).map_err(|e| format!("{name}: {e}"))?,
-        );
-    }
-    Ok(out)
 }
 
 /// One layer's arrays before padding is removed.
@@ -550,26 +331,7 @@ fn unpad(r: RawLayer, width: usize, k: usize, e: usize) -> std::result::Result<L
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A version-1 `.npy` file of `descr` values.
-    pub(crate) fn npy(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
-        let dims: Vec<String> = shape.iter().map(|s| s.to_string()).collect();
-        let tuple = if dims.len() == 1 {
-            format!("({},)", dims[0])
-        } else {
-            format!("({})", dims.join(", "))
-        };
-        let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {tuple}, }}");
-        while (10 + h.len() + 1) % 64 != 0 {
-            h.push(' ');
-        }
-        h.push('\n');
-        let mut out = b"\x93NUMPY\x01\x00".to_vec();
-        out.extend((h.len() as u16).to_le_bytes());
-        out.extend(h.as_bytes());
-        out.extend(data);
-        out
-    }
+    use crate::interop::arrays::tests::npy;
 
     fn i64s(v: &[i64]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -597,20 +359,6 @@ mod tests {
         assert_eq!(t.layers[0].topk_ids, vec![1, 2, 7, 0]);
         assert_eq!(t.layers[1].topk_ids, vec![3, 4, 5, 6, 0, 1]);
         t.validate("test").unwrap();
-    }
-
-    #[test]
-    fn every_integer_width_and_float_reads() {
-        let a = parse_npy(&npy("|u1", &[1, 2], &[3, 5])).unwrap();
-        assert_eq!(a.values, Values::Ints(vec![3, 5]));
-        let a = parse_npy(&npy("<i4", &[2], &[255, 255, 255, 255, 2, 0, 0, 0])).unwrap();
-        assert_eq!(a.values, Values::Ints(vec![-1, 2]));
-        let f: Vec<u8> = [0.5f32, -2.0]
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
-        let a = parse_npy(&npy("<f4", &[2], &f)).unwrap();
-        assert_eq!(a.values, Values::Floats(vec![0.5, -2.0]));
     }
 
     #[test]

@@ -17,9 +17,9 @@
 //! communication with compute are left out: these are projections, to be checked against a
 //! measured run (`occult bench`, `scripts/shaped_links.sh`).
 
-use crate::analysis::cluster::{Cluster, Dispatch, LevelTraffic};
 use crate::analysis::collab::DeviceCounter;
-use crate::analysis::links::{swiglu_flops, LinkProfile};
+use crate::analysis::cost::cluster::{Cluster, Dispatch, LevelTraffic};
+use crate::analysis::cost::links::{swiglu_flops, LinkProfile};
 use crate::analysis::placement::{Method, NodeLevel, Placement, SearchConfig};
 use crate::analysis::pruning::PruneRule;
 use crate::analysis::routing::RouterRule;

@@ -119,12 +119,18 @@ fn two() -> f64 {
 
 /// The profiles that ship with Occult, by name.
 pub const BUILT_IN: [(&str, &str); 3] = [
-    ("pcie4", include_str!("../../../configs/links/pcie4.toml")),
+    (
+        "pcie4",
+        include_str!("../../../../configs/links/pcie4.toml"),
+    ),
     (
         "nvlink-h100",
-        include_str!("../../../configs/links/nvlink-h100.toml"),
+        include_str!("../../../../configs/links/nvlink-h100.toml"),
     ),
-    ("ib-ndr", include_str!("../../../configs/links/ib-ndr.toml")),
+    (
+        "ib-ndr",
+        include_str!("../../../../configs/links/ib-ndr.toml"),
+    ),
 ];
 
 impl LinkProfile {

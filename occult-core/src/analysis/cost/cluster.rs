@@ -18,7 +18,7 @@
 //! the same traffic reversed and costs the same.
 
 use crate::analysis::collab::DeviceCounter;
-use crate::analysis::links::{Link, LinkProfile};
+use crate::analysis::cost::links::{Link, LinkProfile};
 use serde::Serialize;
 
 /// D devices in nodes of `per_node` (the last node may hold fewer).
@@ -277,7 +277,7 @@ pub fn node_stats(
 mod tests {
     use super::*;
 
-    use crate::analysis::links::tests::test_profile as profile;
+    use crate::analysis::cost::links::tests::test_profile as profile;
 
     #[test]
     fn proxies_fold_into_a_short_last_node() {

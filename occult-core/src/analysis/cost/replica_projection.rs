@@ -6,14 +6,14 @@
 //! on the link profile, and the slowest device's expert compute is added
 //! ([`layer_seconds`]).
 
-use crate::analysis::cluster::{Cluster, Dispatch, LevelTraffic};
 use crate::analysis::collab::{max_over_mean, DeviceCounter};
-use crate::analysis::links::LinkProfile;
+use crate::analysis::cost::cluster::{Cluster, Dispatch, LevelTraffic};
+use crate::analysis::cost::links::LinkProfile;
+use crate::analysis::cost::projection::{layer_seconds, token_order, LayerSizes};
+use crate::analysis::drivers::whole_trace::check_placement_fits;
 use crate::analysis::placement::replicas::CopyRule;
 use crate::analysis::placement::Placement;
-use crate::analysis::projection::{layer_seconds, token_order, LayerSizes};
 use crate::analysis::trace::Trace;
-use crate::analysis::whole_trace::check_placement_fits;
 use crate::{bail, Result};
 use serde::Serialize;
 
@@ -86,8 +86,8 @@ pub fn project_placement(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::cost::projection::{project_trace, ProjectSettings};
     use crate::analysis::placement::{contiguous, Method, SearchConfig};
-    use crate::analysis::projection::{project_trace, ProjectSettings};
     use crate::analysis::synth::{synth_trace, SynthConfig};
 
     /// On a partition, the projection of one placement equals `occult project`'s dedup row

@@ -1,9 +1,9 @@
 //! Whole-trace drivers behind the `occult collab`, `place` and `prune` commands: they apply the
-//! per-layer functions of [`super::collab`], [`super::placement`] and [`super::pruning`] to
+//! per-layer functions of [`crate::analysis::collab`], [`crate::analysis::placement`] and [`crate::analysis::pruning`] to
 //! every layer of a trace (layers in parallel) and gather the results.
 
-use crate::analysis::cluster::{node_stats, NodeStats};
 use crate::analysis::collab::{layer_stats, token_weighted_mean, total_devices, LayerStats};
+use crate::analysis::cost::cluster::{node_stats, NodeStats};
 use crate::analysis::placement::{
     self, LayerPlacement, Method, Placement, PlacementMetrics, SearchConfig,
 };

@@ -4,12 +4,12 @@
 //! Each token starts on its rank of the trace's source split, as in the other drivers.
 
 use crate::analysis::collab::token_weighted_mean;
+use crate::analysis::drivers::whole_trace::{check_placement_fits, source_split};
 use crate::analysis::placement::eplb::{eplb_map, EplbGroups};
 use crate::analysis::placement::replica_search::replicate;
 use crate::analysis::placement::replicas::{CopyRule, ReplicaMap, ReplicaStats};
 use crate::analysis::placement::{Method, Placement, PlacementMetrics, PLACEMENT_FORMAT_V2};
 use crate::analysis::trace::{LayerTrace, Trace};
-use crate::analysis::whole_trace::{check_placement_fits, source_split};
 use crate::{bail, Error, Result};
 use serde::Serialize;
 
@@ -163,9 +163,9 @@ pub fn replica_trace_stats(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::drivers::whole_trace::trace_node_stats;
     use crate::analysis::placement::SearchConfig;
     use crate::analysis::synth::{synth_trace, SynthConfig};
-    use crate::analysis::whole_trace::trace_node_stats;
 
     /// On a partition, E[C_N] after the copy rule's choice is the node statistics' (a separate
     /// count); with copies added it is still between 1 and the nodes, and never above E[C_T].

@@ -9,8 +9,8 @@
 //! among the families here, DeepSeek-V2/V3 (and Kimi-K2), Qwen2-MoE and Qwen3-MoE; not
 //! Mixtral, OLMoE or DeepSeek-MoE v1 ([`SGLANG_TYPES`]).
 
-use super::checkpoint::ExpertLayout;
 use crate::analysis::placement::{LayerPlacement, Placement, PLACEMENT_FORMAT};
+use crate::interop::checkpoint::ExpertLayout;
 use crate::{bail, Result};
 use serde_json::{json, Value};
 
@@ -45,12 +45,12 @@ pub fn location_file(layout: &ExpertLayout, placement: &Placement) -> Result<Val
     }
     // SGLang picks experts (groups included) on logical ids and only then maps them to physical
     // slots, so a placement need not keep DeepSeek's expert groups whole here.
-    let ren = super::Renumbering::from_placement(placement, None)?;
+    let ren = crate::interop::checkpoint::Renumbering::from_placement(placement, None)?;
     let ungrouped = ExpertLayout {
         groups: None,
         ..layout.clone()
     };
-    super::checkpoint::check_fits(&ungrouped, &ren)?;
+    crate::interop::checkpoint::export::check_fits(&ungrouped, &ren)?;
     let e = layout.num_experts as u32;
     let rows: Vec<Vec<u32>> = (0..layout.num_layers)
         .map(|l| match ren.layer(l) {
@@ -261,7 +261,7 @@ mod tests {
         assert_eq!(rows[0], vec![0, 1, 2, 3, 0, 1]);
         assert_eq!(rows[1], vec![0, 1, 2, 3, 0, 1]);
         assert_eq!(rows[2], vec![2, 0, 1, 3, 2, 1]);
-        let e = super::super::Renumbering::from_placement(&p, None)
+        let e = crate::interop::checkpoint::Renumbering::from_placement(&p, None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("cannot hold them"), "{e}");

@@ -1,6 +1,6 @@
 //! SGLang's expert-distribution dump in `per_token` mode (`--expert-distribution-recorder-mode
 //! per_token`, then `/dump_expert_distribution_record`; checked against sglang 0.5.23,
-//! `srt/eplb/expert_distribution.py`), read into routing arrays for [`super::trace_import`].
+//! `srt/eplb/expert_distribution.py`), read into routing arrays for [`crate::interop::routing_import`].
 //!
 //! Each rank writes `expert_distribution_recorder_{time}_{rank}.pt`, a `torch.save` of
 //! `{"records": [...], "last_physical_to_logical_map": int [layers, physical experts]}`. Each
@@ -12,7 +12,7 @@
 //! The pickle is parsed with candle's reader; tensor storage is read from the zip with its size
 //! checked against the entry before anything is allocated.
 
-use super::trace_import::{Array, Values};
+use crate::interop::arrays::{decode, Array, Values};
 use candle::pickle::{Object, Stack};
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -263,5 +263,5 @@ fn tensor(
             data.len()
         ));
     }
-    super::trace_import::decode(descr, shape, &data[start * size..need])
+    decode(descr, shape, &data[start * size..need])
 }

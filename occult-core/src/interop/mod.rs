@@ -1,0 +1,18 @@
+//! Other engines' files, both ways: what Occult writes for an engine to serve a placement, and
+//! what it reads of the routing an engine recorded. One folder per engine or convention, each
+//! holding both directions.
+//!
+//! | module | holds |
+//! |---|---|
+//! | [`arrays`] | arrays as frameworks write them (`.npy`, `.npz`, safetensors), read into plain values |
+//! | [`routing_import`] | routing arrays (or an engine's dump) read into an `occult.trace.v1` trace |
+//! | [`checkpoint`] | the renumbered checkpoint: contiguous expert sharding (vLLM, Megatron-Core, DeepSpeed) realises a placement |
+//! | [`sglang`] | SGLang: its `--init-expert-location` file (written) and its per-token routing dump (read) |
+//!
+//! A new engine's format goes in a folder of its own here (see the README's "Where a change
+//! goes"); [`crate::analysis`] stays free of every engine and of candle.
+
+pub mod arrays;
+pub mod checkpoint;
+pub mod routing_import;
+pub mod sglang;
