@@ -7,6 +7,7 @@ mod error;
 pub mod examples;
 pub mod grad_norm;
 pub mod heldout;
+pub mod log;
 pub mod optim;
 pub mod run;
 pub mod save;

@@ -5,8 +5,9 @@
 
 use crate::placements::random_maps;
 use candle::{DType, Device, Tensor, D};
+use occult_core::analysis::run_key::DispatchMode;
 use occult_core::ep::comm::Communicator;
-use occult_core::ep::dispatch::{DispatchMode, ExpertLocations};
+use occult_core::ep::dispatch::ExpertLocations;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
 use rand::{Rng, SeedableRng};

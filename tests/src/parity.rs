@@ -9,9 +9,9 @@ use occult_core::analysis::placement::replicas::{CopyRule, ReplicaMap};
 use occult_core::analysis::placement::{contiguous, random_balanced};
 use occult_core::analysis::pruning::{PruneLimit, PruneRule};
 use occult_core::analysis::routing::RouterRule;
+use occult_core::analysis::run_key::DispatchMode;
 use occult_core::analysis::similarity::SimilarityTable;
 use occult_core::ep::comm::{CommStats, Communicator};
-use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::experts::{SharedExperts, SwigluStack};
 use occult_core::ep::{
     reference_forward, EpMoe, EpSettings, MoeWeights, PruneSpec, Replicas, StepStats,

@@ -728,7 +728,7 @@ fn project_sizes_a_cluster_from_a_trace() {
             > 1.0
     );
     for dv in [4, 16] {
-        let s = at(dv, 512, "occult, pruned to 2")["layer_speedup"]
+        let s = at(dv, 512, "occult, pruned to 2 devices (router)")["layer_speedup"]
             .as_f64()
             .unwrap();
         assert!(s > at(dv, 512, "dedup")["layer_speedup"].as_f64().unwrap() && s > 1.0);
@@ -852,9 +852,17 @@ fn bench_layer_reports_the_contract_and_the_ratio() {
     // Pruning to 2 devices leaves C_T <= 2.
     let p = results
         .iter()
-        .find(|r| r["mode"].as_str().unwrap().starts_with("occult+prune2"))
+        .find(|r| r["mode"] == "occult, pruned to 2 devices (similarity)")
         .unwrap();
     assert!(p["ect"].as_f64().unwrap() <= 2.0);
+    // Each row carries its run's key, whose label is the row's `mode`.
+    assert_eq!(p["run"]["mode"], "occult");
+    assert_eq!(p["run"]["prune"]["devices"], 2);
+    assert_eq!(p["run"]["rule"], "similarity");
+    assert_eq!(
+        s["run"],
+        serde_json::json!({"mode": "standard", "prune": null, "rule": null, "copies": null})
+    );
 }
 
 /// Placing for nodes end to end: `place --link` (node size and row weight from the profile)

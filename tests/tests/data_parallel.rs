@@ -4,9 +4,9 @@
 //! D ranks on the union of their batches equal one device's on the whole batch. The same checks
 //! run under mpirun in `mpi.rs`.
 
+use occult_core::analysis::run_key::DispatchMode;
 use occult_core::ep::comm::local::run_local_with_timeout;
 use occult_core::ep::comm::Communicator;
-use occult_core::ep::dispatch::DispatchMode;
 use occult_tests::data_parallel::{check_gradients, check_logits, gradient_shares, open, ARCHS};
 use std::sync::Arc;
 use std::time::Duration;

@@ -12,10 +12,10 @@
 
 use candle::{DType, Device, Tensor};
 use occult_core::analysis::placement::{contiguous, LayerPlacement, Placement, PLACEMENT_FORMAT};
+use occult_core::analysis::run_key::DispatchMode;
 use occult_core::analysis::trace::Trace;
 use occult_core::ep::comm::local::run_local_with_timeout;
 use occult_core::ep::comm::{Communicator, PeerStats};
-use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::StepStats;
 use occult_core::interop::checkpoint::export::shard_tensors;
 use occult_core::interop::checkpoint::{export_checkpoint, Renumbering, RENUMBERING_FILE};

@@ -8,8 +8,8 @@
 #![cfg(feature = "cuda")]
 
 use candle::{DType, Device, Tensor};
+use occult_core::analysis::run_key::DispatchMode;
 use occult_core::ep::comm::Communicator;
-use occult_core::ep::dispatch::DispatchMode;
 use occult_core::models::config::ModelConfig;
 use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
 use occult_core::models::synth::SynthModel;

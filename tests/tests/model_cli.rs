@@ -636,7 +636,7 @@ fn bench_model_compares_the_expert_parallel_modes_on_the_same_prompts() {
             "reference (1 device)",
             "standard",
             "occult",
-            "occult, pruned to 2"
+            "occult, pruned to 2 devices (router)"
         ]
     );
     let get = |i: usize, k: &str| r[i][k].as_f64().unwrap();
@@ -684,7 +684,10 @@ fn bench_model_compares_the_expert_parallel_modes_on_the_same_prompts() {
     };
     // With the node size, the two-level exchange runs too, and the node limit in each exchange:
     // the same tokens and routing as the flat modes, one row per (token, node) across.
-    for name in ["occult, pruned to 1 node", "two-level, pruned to 1 node"] {
+    for name in [
+        "occult, pruned to 1 node (router)",
+        "two-level, pruned to 1 node (router)",
+    ] {
         let node = mode(name);
         assert!(node["ect"].as_f64().unwrap() <= 2.0, "{node}");
         assert_eq!(node["ecn"].as_f64(), Some(1.0), "{node}");

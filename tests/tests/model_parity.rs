@@ -8,9 +8,9 @@
 mod common;
 
 use candle::{Device, Tensor};
+use occult_core::analysis::run_key::DispatchMode;
 use occult_core::ep::comm::local::run_local;
 use occult_core::ep::comm::Communicator;
-use occult_core::ep::dispatch::DispatchMode;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
 use occult_eval::loglik;

@@ -4,9 +4,9 @@
 //! (Parity with transformers itself is in `model_parity.rs`.)
 
 use candle::{DType, Device, Tensor};
+use occult_core::analysis::run_key::DispatchMode;
 use occult_core::ep::comm::local::run_local;
 use occult_core::ep::comm::Communicator;
-use occult_core::ep::dispatch::DispatchMode;
 use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
 use occult_core::models::synth::SynthModel;
 use occult_core::models::weights::Weights;

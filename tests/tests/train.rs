@@ -1,9 +1,9 @@
 //! Fine-tuning building blocks across ranks: the global gradient norm of D ranks on the union of
 //! their batches equals one device's, and clipping by it scales every rank alike.
 
+use occult_core::analysis::run_key::DispatchMode;
 use occult_core::ep::comm::local::run_local_with_timeout;
 use occult_core::ep::comm::Communicator;
-use occult_core::ep::dispatch::DispatchMode;
 use occult_tests::data_parallel::{gradient_shares, open, rank_step, reference_step, setup};
 use occult_tests::storage::{relayout, relayout_sized, ExpertStorage};
 use occult_train::grad_norm::{clip_global_norm, global_norm};

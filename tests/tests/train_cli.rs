@@ -429,8 +429,8 @@ fn bench_train_compares_the_modes_on_the_same_steps() {
         [
             "standard",
             "occult",
-            "occult, pruned to 2",
-            "occult, pruned to 1"
+            "occult, pruned to 2 devices (router)",
+            "occult, pruned to 1 device (router)"
         ]
     );
     let get = |i: usize, k: &str| r[i][k].as_f64().unwrap();

@@ -3,6 +3,7 @@
 //! | module | holds |
 //! |---|---|
 //! | [`routing`] | router rules: softmax/sigmoid scores, top-k, renormalisation, group limits |
+//! | [`run_key`] | what a run is: the dispatch and MoE modes, a run's key and label, and the runs a benchmark makes |
 //! | [`trace`] | routing traces on disk (`occult.trace.v1`) |
 //! | [`synth`] | synthetic traces with latent expert clusters |
 //! | [`ranks`] | which source rank each token of a trace belongs to |
@@ -23,6 +24,7 @@ pub mod placement;
 pub mod pruning;
 pub mod ranks;
 pub mod routing;
+pub mod run_key;
 pub mod similarity;
 pub mod synth;
 pub mod trace;
@@ -35,4 +37,5 @@ pub use drivers::whole_trace::{
 pub use placement::{Method, Placement};
 pub use pruning::{PruneLimit, PruneRule, Pruner};
 pub use routing::RouterRule;
+pub use run_key::{DispatchMode, MoeMode, RunKey};
 pub use trace::Trace;

@@ -22,51 +22,11 @@ use crate::analysis::collab::DeviceCounter;
 use crate::analysis::cost::cluster::Cluster;
 use crate::analysis::placement::experts_by_device;
 use crate::analysis::placement::replicas::{CopyRule, ReplicaMap};
+use crate::analysis::run_key::DispatchMode;
 use crate::{bail, Result};
 
 /// Marks an unused slot in `row_slots`.
 pub const NO_SLOT: u32 = u32::MAX;
-
-/// How token rows travel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "lowercase")]
-pub enum DispatchMode {
-    /// One row per (token, expert).
-    Standard,
-    /// One row per (token, device), pre-reduced on the device.
-    Occult,
-    /// One row per (token, node) across nodes, to the node's proxy, which forwards it to each
-    /// device of its node that needs it; pre-reduced on the device, then at the proxy.
-    #[serde(rename = "two-level")]
-    TwoLevel,
-}
-
-impl DispatchMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            DispatchMode::Standard => "standard",
-            DispatchMode::Occult => "occult",
-            DispatchMode::TwoLevel => "two-level",
-        }
-    }
-
-    /// Rows carry the token's gate weights and come back pre-reduced.
-    pub fn pre_reduces(self) -> bool {
-        self != DispatchMode::Standard
-    }
-
-    /// The exchanges of one forward of the layer, in order: `true` for those that carry
-    /// hidden-state rows, `false` for index metadata.
-    pub fn forward_exchanges(self) -> &'static [bool] {
-        match self {
-            // Metadata, rows out, rows back.
-            DispatchMode::Standard | DispatchMode::Occult => &[false, true, true],
-            // Across: ids, rows; inside: metadata, rows; back inside, back across.
-            DispatchMode::TwoLevel => &[false, true, false, true, true, true],
-        }
-    }
-}
 
 /// Where each expert lives: its rank and its slot among the rank's local experts (ascending
 /// expert id), derived from a placement map.
@@ -640,7 +600,6 @@ mod tests {
         let cluster = Cluster {
             devices: 4,
             per_node: 2,
-            forward: true,
         };
         // Token 0 on experts 3 and 2 (node 1 only); token 1 on 0 and 3 (both nodes).
         let ids = [3, 2, /**/ 0, 3];

@@ -27,7 +27,7 @@ pub mod router;
 pub mod swiglu;
 
 pub use comm::Communicator;
-pub use dispatch::{ComputePlan, DispatchMode, ExpertLocations, NodePlan, SendPlan};
+pub use dispatch::{ComputePlan, ExpertLocations, NodePlan, SendPlan};
 pub use experts::MoeWeights;
 pub use moe::{residual_add, EpMoe, EpSettings, Replicas, StepStats};
 pub use reference::{reference_forward, reference_forward_routed};

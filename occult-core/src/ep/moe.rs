@@ -26,7 +26,7 @@
 //! shares the router and the expert weights with this layer, not the exchange or grouping.
 
 use super::comm::{all_to_all_v, Communicator};
-use super::dispatch::{ComputePlan, DispatchMode, ExpertLocations, NodePlan, SendPlan};
+use super::dispatch::{ComputePlan, ExpertLocations, NodePlan, SendPlan};
 use super::exchange::exchange_rows;
 use super::experts::MoeWeights;
 use super::router::{route, PruneSpec, Routed};
@@ -37,6 +37,7 @@ use crate::analysis::placement::replicas::{CopyRule, ReplicaMap};
 use crate::analysis::placement::validate_map;
 use crate::analysis::pruning::PruneLimit;
 use crate::analysis::routing::RouterRule;
+use crate::analysis::run_key::DispatchMode;
 use crate::{bail, Result};
 use candle::{DType, Device, Tensor};
 use serde::Serialize;
@@ -395,7 +396,6 @@ impl EpMoe {
         self.settings.devices_per_node.map(|g| Cluster {
             devices: self.locations.num_ranks,
             per_node: g,
-            forward: true,
         })
     }
 

@@ -5,7 +5,7 @@
 use crate::context::ModelSpec;
 use crate::harness::evaluate::{prepare, score_task};
 use crate::harness::scorer::ScoreOptions;
-use crate::jobs::eval::{prepare_options, work_fingerprint, EvalJob};
+use crate::jobs::eval::{prepare_options, work_bytes, EvalJob};
 use crate::table::Table;
 use anyhow::{Context, Result};
 use serde_json::json;
@@ -28,9 +28,7 @@ pub fn run(spec: &ModelSpec, job: &EvalJob, output: Option<&Path>) -> Result<()>
         batch: a.batch_size,
         add_bos: a.add_bos,
     };
-    let work = work_fingerprint(&prepared);
-    let Some(runs) = spec.run(&ck, |m| {
-        m.check_same_work("tasks or items", work)?;
+    let Some(runs) = spec.run_same(&ck, "tasks or items", work_bytes(&prepared), |m| {
         let mut out = Vec::new();
         for p in &prepared {
             let mut pair = Vec::new();

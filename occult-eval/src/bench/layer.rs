@@ -14,11 +14,11 @@ use anyhow::{bail, Result};
 use candle::{DType, Device, Tensor};
 use occult_core::analysis::cost::links::{swiglu_flops, LinkProfile};
 use occult_core::analysis::placement::{self, Method, SearchConfig};
-use occult_core::analysis::pruning::{PruneLimit, PruneRule};
+use occult_core::analysis::pruning::PruneRule;
 use occult_core::analysis::routing::RouterRule;
+use occult_core::analysis::run_key::{runs, DispatchMode, MoeMode, RunKey, RunPlan};
 use occult_core::analysis::similarity::SimilarityTable;
 use occult_core::ep::comm::Communicator;
-use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::experts::SwigluStack;
 use occult_core::ep::{reference_forward, route, EpMoe, EpSettings, MoeWeights, PruneSpec};
 use rand::seq::SliceRandom;
@@ -58,11 +58,10 @@ pub struct LayerBench {
     pub device: Device,
 }
 
-/// One mode's measurements on one rank.
+/// One run's measurements on one rank.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RankRecord {
-    pub mode: String,
-    pub dispatch: DispatchMode,
+    pub key: RunKey,
     pub run: RankRun,
 }
 
@@ -195,31 +194,30 @@ impl LayerBench {
         })
     }
 
-    /// The EP modes to run: (name, dispatch mode, pruning).
-    pub fn modes(&self, setup: &Setup) -> Vec<(String, DispatchMode, Option<PruneSpec>)> {
-        let mut m = vec![
-            ("standard".to_string(), DispatchMode::Standard, None),
-            ("occult".to_string(), DispatchMode::Occult, None),
-        ];
-        if self.devices_per_node.is_some_and(|g| g < self.devices) {
-            m.push(("two-level".to_string(), DispatchMode::TwoLevel, None));
-        }
-        if self.max_devices > 0 && self.max_devices < self.devices {
-            m.push((
-                format!(
-                    "occult+prune{}({})",
-                    self.max_devices,
-                    self.prune_rule.name()
-                ),
-                DispatchMode::Occult,
-                Some(PruneSpec {
-                    rule: self.prune_rule,
-                    limit: PruneLimit::Devices(self.max_devices),
-                    similarity: Some(setup.similarity.clone()),
-                }),
-            ));
-        }
-        m
+    /// The runs: standard, Occult, the two-level exchange across nodes and Occult pruned to
+    /// `max_devices` (the layer runs no replicas).
+    pub fn runs(&self) -> Vec<RunKey> {
+        runs(&RunPlan {
+            devices: self.devices,
+            devices_per_node: self.devices_per_node,
+            prune_devices: (self.max_devices > 0)
+                .then_some(self.max_devices)
+                .into_iter()
+                .collect(),
+            node_limit: None,
+            rule: self.prune_rule,
+            replicas: false,
+        })
+    }
+
+    /// The EP layer's dispatch and pruning of run `key`.
+    fn settings_of(&self, key: &RunKey, setup: &Setup) -> (DispatchMode, Option<PruneSpec>) {
+        let prune = key.prune.map(|limit| PruneSpec {
+            rule: key.rule.unwrap_or(self.prune_rule),
+            limit,
+            similarity: Some(setup.similarity.clone()),
+        });
+        (key.dispatch().unwrap_or(DispatchMode::Occult), prune)
     }
 
     /// Runs every EP mode on this rank (collective: every rank must call it).
@@ -233,7 +231,8 @@ impl LayerBench {
         )?)?;
         let full = self.weights_on_device(&setup.weights)?;
         let mut out = Vec::new();
-        for (name, mode, prune) in self.modes(setup) {
+        for key in self.runs() {
+            let (mode, prune) = self.settings_of(&key, setup);
             let settings = EpSettings {
                 rule: setup.rule.clone(),
                 device_of_expert: setup.map.clone(),
@@ -259,8 +258,7 @@ impl LayerBench {
             let stats = last.expect("steps >= 1");
             let flops = swiglu_flops(stats.pairs, h, self.intermediate);
             out.push(RankRecord {
-                mode: name,
-                dispatch: mode,
+                key,
                 run: RankRun {
                     rank: r,
                     seconds: seconds / self.steps as f64,
@@ -321,25 +319,25 @@ impl LayerBench {
         })
     }
 
-    /// Combines every rank's records into one summary per mode.
+    /// Combines every rank's records into one summary per run.
     pub fn combine(&self, records: &[RankRecord], link: Option<&LinkProfile>) -> Vec<ModeSummary> {
-        let mut modes: Vec<(String, DispatchMode)> = Vec::new();
+        let mut keys: Vec<RunKey> = Vec::new();
         for r in records {
-            if !modes.iter().any(|(m, _)| *m == r.mode) {
-                modes.push((r.mode.clone(), r.dispatch));
+            if !keys.contains(&r.key) {
+                keys.push(r.key);
             }
         }
-        modes
-            .into_iter()
-            .map(|(mode, dispatch)| {
+        keys.into_iter()
+            .map(|key| {
                 let runs: Vec<RankRun> = records
                     .iter()
-                    .filter(|r| r.mode == mode)
+                    .filter(|r| r.key == key)
                     .map(|r| r.run.clone())
                     .collect();
                 let tokens = runs.iter().map(|r| r.stats.tokens).sum();
+                let dispatch = key.dispatch().unwrap_or(DispatchMode::Occult);
                 summarise(
-                    &mode,
+                    key,
                     self.devices,
                     tokens,
                     &runs,
@@ -500,8 +498,8 @@ fn render(
             l.name, l.description, l.device_flops
         ));
     }
-    let find = |m: &str| results.iter().find(|r| r.mode == m);
-    if let (Some(s), Some(o)) = (find("standard"), find("occult")) {
+    let find = |m: MoeMode| results.iter().find(|r| r.key == RunKey::exact(m));
+    if let (Some(s), Some(o)) = (find(MoeMode::Standard), find(MoeMode::Occult)) {
         let ratio = |a: f64, b: f64| {
             if b > 0.0 {
                 format!("{:.3}", a / b)

@@ -10,7 +10,8 @@
 //! - [`kernels`]: the CPU linear kernels against candle's matmul;
 //! - [`eval`]: scoring with and without context reuse.
 //!
-//! Shared: [`modes`] (each rank's run, the one aggregator into a mode's summary, the table),
+//! Shared: [`modes`] (each rank's run, the one aggregator into a run's summary, the table),
+//! [`model_runs`] (a model benchmark's runs and how each is measured on the ranks),
 //! [`timing`] (paired, alternating repeats of two implementations) and [`report`] (the one
 //! JSON envelope).
 
@@ -19,6 +20,7 @@ pub mod kernels;
 pub mod layer;
 pub mod model;
 pub mod model_ep;
+pub mod model_runs;
 pub mod modes;
 pub mod peers;
 pub mod place;

@@ -6,17 +6,16 @@
 //! in each EP stage (summed over MoE layers), and with a link profile the projected prefill
 //! time and decode step time of that machine.
 
+use super::model_runs::{measure, plan, Measure};
 use super::modes::{reference, summarise, Exchanges, ModeSummary, RankRun};
 use crate::context::{Backend, ModelSpec};
 use anyhow::{bail, Context, Result};
 use candle::{DType, Device, Tensor};
 use occult_core::analysis::cost::links::{swiglu_flops, LinkProfile};
-use occult_core::analysis::placement::replicas::CopyRule;
-use occult_core::analysis::pruning::{PruneLimit, PruneRule};
-use occult_core::ep::dispatch::DispatchMode;
+use occult_core::analysis::pruning::PruneLimit;
+use occult_core::analysis::run_key::{DispatchMode, MoeMode};
 use occult_core::ep::StepStats;
 use occult_core::models::loader::Checkpoint;
-use occult_core::models::model::MoeMode;
 use occult_core::models::model::{Logits, Model};
 use serde::Serialize;
 use std::time::Instant;
@@ -58,6 +57,17 @@ fn prompt(b: &EpModelBench, vocab: usize, rank: usize) -> Vec<u32> {
         .collect()
 }
 
+/// The greedy next token of each sequence from the last position's logits `[B, 1, V]`, as
+/// the next input `[B, 1]`.
+fn greedy_next(logits: &Tensor) -> Result<Tensor> {
+    Ok(logits
+        .squeeze(1)?
+        .to_dtype(DType::F32)?
+        .argmax(candle::D::Minus1)?
+        .to_dtype(DType::U32)?
+        .unsqueeze(1)?)
+}
+
 /// Prefill then greedy decode of `ids` `[B, T]`: (prefill seconds, seconds per decode step).
 fn prefill_and_decode(m: &Model, ids: &[u32], batch: usize, steps: usize) -> Result<(f64, f64)> {
     let t = ids.len() / batch;
@@ -70,12 +80,7 @@ fn prefill_and_decode(m: &Model, ids: &[u32], batch: usize, steps: usize) -> Res
     let prefill_s = clock.elapsed().as_secs_f64();
     let clock = Instant::now();
     for _ in 0..steps {
-        let next = logits
-            .squeeze(1)?
-            .to_dtype(DType::F32)?
-            .argmax(candle::D::Minus1)?
-            .to_dtype(DType::U32)?;
-        logits = m.forward(&next.unsqueeze(1)?, Some(&mut cache), None, Logits::Last)?;
+        logits = m.forward(&greedy_next(&logits)?, Some(&mut cache), None, Logits::Last)?;
     }
     logits.device().synchronize()?;
     Ok((
@@ -117,12 +122,7 @@ fn rank_run(m: &Model, b: &EpModelBench, ck: &Checkpoint) -> Result<RankRun> {
         for _ in 0..b.decode_tokens {
             comm.reset_stats();
             let clock = Instant::now();
-            let next = last
-                .squeeze(1)?
-                .to_dtype(DType::F32)?
-                .argmax(candle::D::Minus1)?
-                .to_dtype(DType::U32)?;
-            last = m.forward(&next.unsqueeze(1)?, Some(&mut cache), None, Logits::Last)?;
+            last = m.forward(&greedy_next(&last)?, Some(&mut cache), None, Logits::Last)?;
             last.device().synchronize()?;
             decode_s += clock.elapsed().as_secs_f64();
             decode_stats = m.take_ep_stats();
@@ -148,39 +148,6 @@ fn rank_run(m: &Model, b: &EpModelBench, ck: &Checkpoint) -> Result<RankRun> {
     Ok(best)
 }
 
-/// The modes to run: (label, mode, pruning limit).
-fn modes(b: &EpModelBench) -> Vec<(String, MoeMode, Option<PruneLimit>)> {
-    let mut out = vec![
-        ("standard".to_string(), MoeMode::Standard, None),
-        ("occult".to_string(), MoeMode::Occult, None),
-    ];
-    if b.max_devices > 0 && b.max_devices < b.devices {
-        out.push((
-            format!("occult, pruned to {}", b.max_devices),
-            MoeMode::Occult,
-            Some(PruneLimit::Devices(b.max_devices)),
-        ));
-    }
-    if b.devices_per_node.is_some() {
-        out.push(("two-level".to_string(), MoeMode::TwoLevel, None));
-    }
-    if let Some(limit) = b.node_limit {
-        out.push((
-            format!("occult, pruned to {}", limit.label()),
-            MoeMode::Occult,
-            Some(limit),
-        ));
-        if b.devices_per_node.is_some() {
-            out.push((
-                format!("two-level, pruned to {}", limit.label()),
-                MoeMode::TwoLevel,
-                Some(limit),
-            ));
-        }
-    }
-    out
-}
-
 /// Runs every EP mode on D ranks (threads, or this process's rank under mpirun) and, on rank 0,
 /// the single-device reference; returns the results on rank 0 (`None` on other processes).
 pub fn run(
@@ -204,23 +171,30 @@ pub fn run(
         );
     }
     let mut results = Vec::new();
-    for (label, mode, prune, copy_rule) in with_copy_rules(opts, modes(b)) {
-        let mut o = mode_opts(opts, mode, prune);
-        o.copy_rule = copy_rule;
-        o.devices_per_node = o.devices_per_node.or(b.devices_per_node);
-        let work = occult_core::models::data_parallel::fingerprint(
-            serde_json::to_vec(b).unwrap_or_default(),
-        );
-        let runs = o.run(ck, |m| measure(m, work, &label, || rank_run(m, b, ck)))?;
-        if let Some(runs) = runs {
+    let prune_devices = (b.max_devices > 0).then_some(b.max_devices);
+    for key in plan(
+        opts,
+        b.devices,
+        b.devices_per_node,
+        prune_devices.into_iter().collect(),
+        b.node_limit,
+    ) {
+        let how = Measure {
+            key,
+            settings: b,
+            training: false,
+            devices_per_node: b.devices_per_node,
+        };
+        if let Some(runs) = measure(opts, ck, &how, |m| rank_run(m, b, ck))? {
             let tokens = b.devices * b.batch.max(1) * b.prompt_len;
+            let dispatch = key.dispatch().unwrap_or(DispatchMode::Occult);
             results.push(summarise(
-                &label,
+                key,
                 b.devices,
                 tokens,
                 &runs,
                 link,
-                Exchanges::model(mode.dispatch().unwrap_or(DispatchMode::Occult)),
+                Exchanges::model(dispatch),
             ));
         }
     }
@@ -253,53 +227,4 @@ pub fn run(
     let tokens = prompts * b.prompt_len;
     results.insert(0, reference(tokens, prefill_s, Some(step_s), None));
     Ok(Some(results))
-}
-
-/// The modes a bench runs, each with its copy rule: `modes` under the spec's rule, or under a
-/// placement with replicas [`super::modes::replica_modes`] (said on stderr).
-pub(crate) fn with_copy_rules(
-    opts: &ModelSpec,
-    modes: Vec<(String, MoeMode, Option<PruneLimit>)>,
-) -> Vec<(String, MoeMode, Option<PruneLimit>, CopyRule)> {
-    if !opts.placement.as_ref().is_some_and(|p| p.has_replicas()) {
-        let rule = opts.copy_rule;
-        return modes.into_iter().map(|(l, m, p)| (l, m, p, rule)).collect();
-    }
-    eprintln!(
-        "the placement has replicas: standard and occult dispatch with SGLang's copies, and \
-         occult with the cover rule's (pruned and two-level modes do not run replicas yet)"
-    );
-    super::modes::replica_modes()
-        .into_iter()
-        .map(|(l, m, rule)| (l, m, None, rule))
-        .collect()
-}
-
-/// The options of one mode: its dispatch and pruning (by the router rule when the similarity
-/// rule has no calibration).
-pub(crate) fn mode_opts(opts: &ModelSpec, mode: MoeMode, prune: Option<PruneLimit>) -> ModelSpec {
-    let mut o = opts.clone();
-    o.mode = Some(mode);
-    o.prune = prune;
-    if prune.is_some() && o.prune_rule == PruneRule::Similarity && o.calibration.is_none() {
-        o.prune_rule = PruneRule::Router;
-    }
-    o
-}
-
-/// A rank's part of one mode: the ranks check they run the same bench (`work`), rank 0 names
-/// the mode, each measures, and rank 0 gathers every rank's run.
-pub(crate) fn measure(
-    m: &Model,
-    work: u64,
-    label: &str,
-    rank_run: impl FnOnce() -> Result<RankRun>,
-) -> Result<Vec<RankRun>> {
-    m.check_same_work("bench settings", work)?;
-    let (rank, size) = m.rank_and_size();
-    if rank == 0 {
-        eprintln!("{label}: {size} ranks");
-    }
-    let mine = rank_run()?;
-    Ok(m.finish_and_gather(vec![mine])?)
 }

@@ -1,15 +1,14 @@
-//! One mode's figures over all ranks, for every expert-parallel benchmark (a layer, a model's
+//! One run's figures over all ranks, for every expert-parallel benchmark (a layer, a model's
 //! prefill and decode, a training step): each rank's measurements ([`RankRun`]), the one
-//! aggregator ([`summarise`]) that makes them a [`ModeSummary`] (traffic and E[C_T] summed,
-//! times the slowest rank's, projected onto a link profile), the single-device reference's
-//! row, and the table with each mode's ratios to standard dispatch.
+//! aggregator ([`summarise`]) that makes them a [`ModeSummary`] under the run's key
+//! (traffic and E[C_T] summed, times the slowest rank's, projected onto a link profile), the
+//! single-device reference's row, and the table with each run's ratios to standard dispatch.
+//! Which runs a benchmark makes is [`occult_core::analysis::run_key::runs`]'s answer.
 
 use occult_core::analysis::cost::links::{project_step, LinkProfile, Projection, RankStep};
-use occult_core::analysis::placement::replicas::CopyRule;
+use occult_core::analysis::run_key::{DispatchMode, MoeMode, RunKey};
 use occult_core::ep::comm::Exchange;
-use occult_core::ep::dispatch::DispatchMode;
 use occult_core::ep::StepStats;
-use occult_core::models::model::MoeMode;
 use serde::{Deserialize, Serialize};
 
 /// One rank's measurements of one mode.
@@ -77,21 +76,6 @@ impl Exchanges {
     }
 }
 
-/// The modes a benchmark runs under a placement with replicas, as (label, mode, copy rule):
-/// standard and Occult dispatch with SGLang's copies (what serving there gives), and Occult
-/// dispatch with the cover rule's. Pruning and the two-level exchange do not run replicas yet.
-pub fn replica_modes() -> Vec<(String, MoeMode, CopyRule)> {
-    vec![
-        ("standard".into(), MoeMode::Standard, CopyRule::Sglang),
-        (
-            "occult, sglang copies".into(),
-            MoeMode::Occult,
-            CopyRule::Sglang,
-        ),
-        ("occult".into(), MoeMode::Occult, CopyRule::Cover),
-    ]
-}
-
 /// The node size a benchmark of `devices` ranks runs the two-level exchange with: the one
 /// given (`--devices-per-node`), else the link profile's ranks per node when its link between
 /// nodes is the slower; `None` when that is one node.
@@ -131,9 +115,13 @@ pub struct ExpertRate {
     pub expert_flops_per_s: f64,
 }
 
-/// One mode's figures over all ranks.
+/// One run's figures over all ranks.
 #[derive(Clone, Debug, Serialize)]
 pub struct ModeSummary {
+    /// What the run is: its mode, pruning and copy rule.
+    #[serde(rename = "run")]
+    pub key: RunKey,
+    /// The key's label (its `Display`), for people and scripts.
     pub mode: String,
     pub devices: usize,
     /// Tokens of the step over all ranks.
@@ -173,11 +161,11 @@ fn ect<'a>(stats: impl Iterator<Item = &'a StepStats> + Clone) -> f64 {
     touched as f64 / stats.map(|s| s.tokens).sum::<usize>().max(1) as f64
 }
 
-/// One mode's summary from every rank's run of `tokens` tokens in all; `exchanges` says what
-/// the runs' exchanges are. Decode figures come with [`Exchanges::ModelForward`] and
+/// The summary of run `key` from every rank's run of `tokens` tokens in all; `exchanges` says
+/// what the runs' exchanges are. Decode figures come with [`Exchanges::ModelForward`] and
 /// [`Exchanges::Measured`], the experts' rate with [`Exchanges::LayerForward`].
 pub fn summarise(
-    label: &str,
+    key: RunKey,
     devices: usize,
     tokens: usize,
     runs: &[RankRun],
@@ -237,7 +225,8 @@ pub fn summarise(
             .map_or(0.0, |r| r.flops / r.stats.compute_s.max(1e-12)),
     });
     ModeSummary {
-        mode: label.to_string(),
+        key,
+        mode: key.to_string(),
         devices,
         tokens,
         rows_sent: runs.iter().map(|r| r.stats.rows_sent).sum(),
@@ -270,8 +259,10 @@ pub fn reference(
     decode_step_s: Option<f64>,
     expert_flops: Option<f64>,
 ) -> ModeSummary {
+    let key = RunKey::exact(MoeMode::Reference);
     ModeSummary {
-        mode: "reference (1 device)".into(),
+        key,
+        mode: key.to_string(),
         devices: 1,
         tokens,
         rows_sent: 0,
@@ -381,11 +372,11 @@ pub fn print(results: &[ModeSummary], projected: bool, what: &str) {
         table.row(row);
     }
     println!("{}", table.render());
-    // Each mode against standard dispatch, measured in this run beside the projection.
-    if let Some(s) = results.iter().find(|r| r.mode == "standard") {
+    // Each run against standard dispatch, measured in this run beside the projection.
+    if let Some(s) = results.iter().find(|r| r.key.is_baseline()) {
         for o in results
             .iter()
-            .filter(|r| r.devices > 1 && r.mode != "standard")
+            .filter(|r| r.devices > 1 && !r.key.is_baseline())
         {
             println!(
                 "{} / standard: rows {:.3}, remote bytes {:.3}, {what} time {:.3} (speed-up \

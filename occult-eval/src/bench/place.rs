@@ -1,4 +1,4 @@
-//! `occult bench place`: each placement method (contiguous, greedy, occult) timed on the same
+//! `occult bench place`: each placement method of `Method::ALL` (contiguous, greedy, occult) timed on the same
 //! traces and device counts in one run, with E[C_T] and the busiest device's load side by side.
 //! With `--replicas R`, also Occult under a 1.05 load cap and DeepSeek's EPLB with R redundant
 //! slots, its copies chosen by Occult's cover rule and by SGLang's static rule. Every row is
@@ -94,6 +94,58 @@ pub fn run(
 /// found.
 const LOOSER_CAPS: [f64; 4] = [1.1, 1.2, 1.35, 1.5];
 
+/// One trace on `d` devices, placed with `cfg` and projected with `proj`: what every step of
+/// [`runs_on`] works on.
+struct On<'a> {
+    trace: &'a Trace,
+    path: &'a Path,
+    d: usize,
+    cfg: &'a SearchConfig,
+    proj: &'a PlaceProjection,
+}
+
+impl On<'_> {
+    /// The run of `placed` (found in `seconds`) under `rule`, named `name`.
+    fn measured(
+        &self,
+        name: &str,
+        seconds: f64,
+        placed: &Placement,
+        rule: CopyRule,
+    ) -> Result<PlaceRun> {
+        measured(
+            self.trace, self.path, name, seconds, placed, rule, self.proj,
+        )
+    }
+
+    /// Places with method `m` under `cfg`: the placement and the seconds it took, `None` where
+    /// `cfg`'s load cap is one no balanced map meets on this trace (a finding, not a failure).
+    fn place(
+        &self,
+        name: &str,
+        m: Method,
+        cfg: &SearchConfig,
+    ) -> Result<Option<(Placement, f64, f64)>> {
+        let start = Instant::now();
+        match place_trace(self.trace, self.d, m, cfg, &|| {}) {
+            Ok((placed, infos)) => {
+                let from_placer = occult_core::analysis::collab::token_weighted_mean(
+                    infos.iter().map(|i| (i.ect, i.tokens)),
+                );
+                Ok(Some((placed, start.elapsed().as_secs_f64(), from_placer)))
+            }
+            Err(err) if cfg.max_load_factor.is_some() => {
+                eprintln!("{} D={} {name}: none ({err})", self.path.display(), self.d);
+                Ok(None)
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+}
+
+/// An Occult partition that copies are added to: its name, placement and load cap.
+type Partition = (String, Placement, Option<f64>);
+
 /// Every method's run on `trace` (read from `path`) on `d` devices; with `replicas`, also
 /// Occult under a 1.05 load cap, EPLB under both copy rules and Occult's partitions with copies.
 pub fn runs_on(
@@ -104,121 +156,149 @@ pub fn runs_on(
     replicas: usize,
     proj: &PlaceProjection,
 ) -> Result<Vec<PlaceRun>> {
-    let mut runs = Vec::new();
-    let measured = |name: &str, seconds: f64, placed: &Placement, rule: CopyRule| {
-        measured(trace, path, name, seconds, placed, rule, proj)
+    let on = On {
+        trace,
+        path,
+        d,
+        cfg,
+        proj,
     };
+    let (mut runs, mut partitions, base) = method_runs(&on, replicas > 0)?;
+    if replicas == 0 {
+        return Ok(runs);
+    }
+    // Without a partition within 1.05, the first looser cap one meets, for copies to balance.
+    if partitions.iter().all(|p| p.2.is_none()) {
+        if let Some((run, partition)) = looser_partition(&on)? {
+            runs.push(run);
+            partitions.push(partition);
+        }
+    }
+    let eplb_balance = match base {
+        Some(base) => {
+            let (eplb, balance) = eplb_runs(&on, &base, replicas)?;
+            runs.extend(eplb);
+            balance
+        }
+        None => return Ok(runs),
+    };
+    runs.extend(copies_runs(&on, &partitions, replicas, eplb_balance)?);
+    Ok(runs)
+}
+
+/// Each method of [`Method::ALL`] (and, for copies, Occult's under a 1.05 load cap): the runs,
+/// Occult's partitions, and the first other placement (for EPLB to start from).
+fn method_runs(
+    on: &On,
+    for_copies: bool,
+) -> Result<(Vec<PlaceRun>, Vec<Partition>, Option<Placement>)> {
     let capped = SearchConfig {
         max_load_factor: Some(1.05),
-        ..cfg.clone()
+        ..on.cfg.clone()
     };
-    let mut methods = vec![
-        ("contiguous", Method::Contiguous, cfg),
-        ("greedy", Method::Greedy, cfg),
-        ("occult", Method::Occult, cfg),
-    ];
-    if replicas > 0 {
-        methods.push(("occult, load cap 1.05", Method::Occult, &capped));
+    let mut methods: Vec<(String, Method, &SearchConfig)> = Method::ALL
+        .iter()
+        .map(|&m| (m.name().to_string(), m, on.cfg))
+        .collect();
+    if for_copies {
+        methods.push(("occult, load cap 1.05".into(), Method::Occult, &capped));
     }
-    // Occult's partitions (to add copies to, under their own cap) and one to start EPLB from.
-    let mut partitions: Vec<(String, Placement, Option<f64>)> = Vec::new();
-    let mut base = None;
+    let (mut runs, mut partitions, mut base) = (Vec::new(), Vec::new(), None);
     for (name, m, c) in methods {
-        let start = Instant::now();
-        let (placed, infos) = match place_trace(trace, d, m, c, &|| {}) {
-            Ok(done) => done,
-            // A load cap no balanced map meets on this trace is a finding, not a failure.
-            Err(err) if c.max_load_factor.is_some() => {
-                eprintln!("{} D={d} {name}: none ({err})", path.display());
-                continue;
-            }
-            Err(err) => return Err(err.into()),
+        let Some((placed, seconds, from_placer)) = on.place(&name, m, c)? else {
+            continue;
         };
-        let seconds = start.elapsed().as_secs_f64();
-        let run = measured(name, seconds, &placed, CopyRule::Cover)?;
+        let run = on.measured(&name, seconds, &placed, CopyRule::Cover)?;
         eprintln!(
-            "{} D={d} {}: {:.2} s, E[C_T] {:.3} (from the placer {:.3})",
-            run.trace,
-            run.method,
-            run.seconds,
-            run.ect,
-            occult_core::analysis::collab::token_weighted_mean(
-                infos.iter().map(|i| (i.ect, i.tokens))
-            )
+            "{} D={} {}: {:.2} s, E[C_T] {:.3} (from the placer {from_placer:.3})",
+            run.trace, on.d, run.method, run.seconds, run.ect,
         );
         runs.push(run);
         if m == Method::Occult {
-            partitions.push((name.to_string(), placed, c.max_load_factor));
+            partitions.push((name, placed, c.max_load_factor));
         } else if base.is_none() {
             base = Some(placed);
         }
     }
-    // Without a partition within 1.05, the first looser cap one meets, for copies to balance.
-    if replicas > 0 && partitions.iter().all(|p| p.2.is_none()) {
-        for cap in LOOSER_CAPS {
-            let c = SearchConfig {
-                max_load_factor: Some(cap),
-                ..cfg.clone()
-            };
-            let start = Instant::now();
-            if let Ok((placed, _)) = place_trace(trace, d, Method::Occult, &c, &|| {}) {
-                let name = format!("occult, load cap {cap}");
-                let seconds = start.elapsed().as_secs_f64();
-                runs.push(measured(&name, seconds, &placed, CopyRule::Cover)?);
-                partitions.push((name, placed, Some(cap)));
-                break;
+    Ok((runs, partitions, base))
+}
+
+/// Occult's partition under the first of [`LOOSER_CAPS`] that one meets.
+fn looser_partition(on: &On) -> Result<Option<(PlaceRun, Partition)>> {
+    for cap in LOOSER_CAPS {
+        let c = SearchConfig {
+            max_load_factor: Some(cap),
+            ..on.cfg.clone()
+        };
+        let name = format!("occult, load cap {cap}");
+        if let Some((placed, seconds, _)) = on.place(&name, Method::Occult, &c)? {
+            let run = on.measured(&name, seconds, &placed, CopyRule::Cover)?;
+            return Ok(Some((run, (name, placed, Some(cap)))));
+        }
+    }
+    Ok(None)
+}
+
+/// EPLB with `replicas` redundant slots (up to the next count that fills the devices evenly)
+/// from `base`, its copies chosen by the cover rule and by SGLang's: the runs, and the balance
+/// (max/mean load) under SGLang's.
+fn eplb_runs(on: &On, base: &Placement, replicas: usize) -> Result<(Vec<PlaceRun>, f64)> {
+    let (e, d) = (on.trace.meta.num_experts, on.d);
+    let r = (replicas..)
+        .find(|r| (e + r).is_multiple_of(d))
+        .expect("exists");
+    let start = Instant::now();
+    let eplb = replicate_trace(on.trace, base, Method::Eplb, r, None, EplbGroups::GLOBAL)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let (mut runs, mut balance) = (Vec::new(), 1.0);
+    for rule in [CopyRule::Cover, CopyRule::Sglang] {
+        let name = format!("eplb R={r}, {} rule", rule.name());
+        let run = on.measured(&name, seconds, &eplb, rule)?;
+        eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
+        balance = run.max_load_ratio;
+        runs.push(run);
+    }
+    Ok((runs, balance))
+}
+
+/// Occult's partitions with copies added where they save the most devices (R up to a multiple
+/// of D), within the partition's own load cap; and each capped partition balanced by its copies
+/// to a cap of 1.05 and to EPLB's balance (under SGLang's rule) plus 0.02.
+fn copies_runs(
+    on: &On,
+    partitions: &[Partition],
+    replicas: usize,
+    eplb_balance: f64,
+) -> Result<Vec<PlaceRun>> {
+    let d = on.d;
+    let r = (replicas..).find(|r| r.is_multiple_of(d)).expect("exists");
+    let tight = ((eplb_balance + 0.02) * 1000.0).floor() / 1000.0;
+    let mut jobs: Vec<(String, &Placement, Option<f64>)> = Vec::new();
+    for (name, placed, cap) in partitions {
+        jobs.push((format!("{name} + R={r} copies"), placed, *cap));
+        if let Some(c) = cap {
+            for to in [1.05, tight].into_iter().filter(|&to| to < c - 1e-9) {
+                let name = format!("{name} + R={r} copies, load cap {to}");
+                jobs.push((name, placed, Some(to)));
             }
         }
     }
-    if let (true, Some(base)) = (replicas > 0, base) {
-        let e = trace.meta.num_experts;
-        // Up to the next count that fills the devices evenly.
-        let r = (replicas..)
-            .find(|r| (e + r).is_multiple_of(d))
-            .expect("exists");
+    let mut runs = Vec::new();
+    for (name, placed, cap) in jobs {
         let start = Instant::now();
-        let eplb = replicate_trace(trace, &base, Method::Eplb, r, None, EplbGroups::GLOBAL)?;
-        let seconds = start.elapsed().as_secs_f64();
-        let mut eplb_balance = 1.0;
-        for (rule_name, rule) in [("cover", CopyRule::Cover), ("sglang", CopyRule::Sglang)] {
-            let name = format!("eplb R={r}, {rule_name} rule");
-            let run = measured(&name, seconds, &eplb, rule)?;
-            eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
-            eplb_balance = run.max_load_ratio;
-            runs.push(run);
-        }
-        // Occult's partitions with copies added where they save the most devices (R up to a
-        // multiple of D), within the partition's own load cap; and the uncapped partition
-        // balanced by its copies to a cap of 1.05 and to EPLB's balance (under SGLang's rule)
-        // plus 0.02.
-        let r = (replicas..).find(|r| r.is_multiple_of(d)).expect("exists");
-        let tight = ((eplb_balance + 0.02) * 1000.0).floor() / 1000.0;
-        let mut jobs: Vec<(String, &Placement, Option<f64>)> = Vec::new();
-        for (name, placed, cap) in &partitions {
-            jobs.push((format!("{name} + R={r} copies"), placed, *cap));
-            if let Some(c) = cap {
-                for to in [1.05, tight].into_iter().filter(|&to| to < c - 1e-9) {
-                    let name = format!("{name} + R={r} copies, load cap {to}");
-                    jobs.push((name, placed, Some(to)));
+        let copies =
+            match replicate_trace(on.trace, placed, Method::Occult, r, cap, EplbGroups::GLOBAL) {
+                Ok(c) => c,
+                Err(err) if cap.is_some() => {
+                    eprintln!("{} D={d} {name}: none ({err})", on.path.display());
+                    continue;
                 }
-            }
-        }
-        for (name, placed, cap) in jobs {
-            let start = Instant::now();
-            let copies =
-                match replicate_trace(trace, placed, Method::Occult, r, cap, EplbGroups::GLOBAL) {
-                    Ok(c) => c,
-                    Err(err) if cap.is_some() => {
-                        eprintln!("{} D={d} {name}: none ({err})", path.display());
-                        continue;
-                    }
-                    Err(err) => return Err(err.into()),
-                };
-            let seconds = start.elapsed().as_secs_f64();
-            let run = measured(&name, seconds, &copies, CopyRule::Cover)?;
-            eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
-            runs.push(run);
-        }
+                Err(err) => return Err(err.into()),
+            };
+        let seconds = start.elapsed().as_secs_f64();
+        let run = on.measured(&name, seconds, &copies, CopyRule::Cover)?;
+        eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
+        runs.push(run);
     }
     Ok(runs)
 }

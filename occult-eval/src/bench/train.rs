@@ -5,7 +5,7 @@
 //! (forward and backward exchanges, gradient reduction), E[C_T], the EP stages' times, and
 //! with a link profile its projection (the exchanges as measured, in f32).
 
-use super::model_ep::{measure, mode_opts, with_copy_rules};
+use super::model_runs::{measure, plan, Measure};
 use super::modes::{summarise, Exchanges, ModeSummary, RankRun};
 use crate::context::ModelSpec;
 use anyhow::{bail, Context, Result};
@@ -13,7 +13,6 @@ use occult_core::analysis::cost::links::{swiglu_flops, LinkProfile};
 use occult_core::analysis::PruneLimit;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::Model;
-use occult_core::models::model::MoeMode;
 use occult_train::examples::Example;
 use occult_train::optim::{AdamW, AdamWConfig};
 use occult_train::step::{train_step, StepSettings};
@@ -112,47 +111,23 @@ pub fn run(
         );
     }
     ck.weights.set_trainable_only(ck.cfg.moe_prefixes());
-    let mut modes = vec![
-        ("standard".to_string(), MoeMode::Standard, None),
-        ("occult".to_string(), MoeMode::Occult, None),
-    ];
-    for n in [2, 1] {
-        if n < b.devices {
-            let limit = PruneLimit::Devices(n);
-            modes.push((
-                format!("occult, pruned to {n}"),
-                MoeMode::Occult,
-                Some(limit),
-            ));
-        }
-    }
-    // Across nodes, the two-level exchange runs as one more mode; a node limit asked for
-    // (`--max-nodes`) as one more, in each exchange.
+    // Across nodes, the two-level exchange runs too; a node limit asked for (`--max-nodes`)
+    // runs in each exchange.
     let nodes = super::modes::node_size(opts.devices_per_node, link, b.devices);
-    if nodes.is_some() {
-        modes.push(("two-level".to_string(), MoeMode::TwoLevel, None));
-    }
-    if let Some(limit @ PruneLimit::Nodes { .. }) = opts.prune {
-        let label = format!("occult, pruned to {}", limit.label());
-        modes.push((label, MoeMode::Occult, Some(limit)));
-        if nodes.is_some() {
-            let label = format!("two-level, pruned to {}", limit.label());
-            modes.push((label, MoeMode::TwoLevel, Some(limit)));
-        }
-    }
-    let work =
-        occult_core::models::data_parallel::fingerprint(serde_json::to_vec(b).unwrap_or_default());
+    let node_limit = opts.prune.filter(|l| matches!(l, PruneLimit::Nodes { .. }));
     let mut results = Vec::new();
-    for (label, mode, prune, copy_rule) in with_copy_rules(opts, modes) {
-        let mut o = mode_opts(opts, mode, prune);
-        o.copy_rule = copy_rule;
-        o.devices_per_node = o.devices_per_node.or(nodes);
-        let ck = &*ck;
-        let runs = o.run_training(ck, |m| measure(m, work, &label, || rank_run(m, b, ck)))?;
-        if let Some(runs) = runs {
+    let ck = &*ck;
+    for key in plan(opts, b.devices, nodes, vec![2, 1], node_limit) {
+        let how = Measure {
+            key,
+            settings: b,
+            training: true,
+            devices_per_node: nodes,
+        };
+        if let Some(runs) = measure(opts, ck, &how, |m| rank_run(m, b, ck))? {
             let tokens = b.devices * b.batch_per_rank * b.seq_len;
             results.push(summarise(
-                &label,
+                key,
                 b.devices,
                 tokens,
                 &runs,

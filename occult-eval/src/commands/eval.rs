@@ -96,7 +96,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
         eprintln!("routing of the evaluated text -> {}", path.display());
     }
     if !a.quiet {
-        println!("{}", done.table.render());
+        println!("{}", done.table().render());
     }
     if let Some(out) = &a.output {
         done.write(out, a.log_samples)?;

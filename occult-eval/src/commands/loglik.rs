@@ -25,9 +25,8 @@ pub fn run(a: LoglikArgs) -> Result<()> {
     let ck = spec.open()?;
     let enc = encode(ck.tokenizer()?, &a.context, &a.continuation, a.add_bos)?;
     // One request: the first rank scores it, the others take part in its exchanges.
-    let work = occult_core::models::data_parallel::fingerprint(format!("{enc:?}").into_bytes());
-    let scores = spec.run(&ck, |m| {
-        m.check_same_work("request", work)?;
+    let work = format!("{enc:?}").into_bytes();
+    let scores = spec.run_same(&ck, "request", work, |m| {
         let mine = m
             .shard(1)
             .map(|_| score(m, &enc))

@@ -34,15 +34,9 @@ pub fn run(a: LossArgs) -> Result<()> {
     let spec = a.model.spec()?;
     let ck = spec.open()?;
     let data = load_examples(&ck, &a.data, seq_len(&ck, a.seq_len), a.add_bos)?;
-    let work = occult_core::models::data_parallel::fingerprint(
-        format!(
-            "{:?}",
-            data.examples.iter().map(|e| &e.ids).collect::<Vec<_>>()
-        )
-        .into_bytes(),
-    );
-    let scored = spec.run(&ck, |m| {
-        m.check_same_work("held-out data", work)?;
+    let ids: Vec<&Vec<u32>> = data.examples.iter().map(|e| &e.ids).collect();
+    let work = format!("{ids:?}").into_bytes();
+    let scored = spec.run_same(&ck, "held-out data", work, |m| {
         Ok(heldout_loss(m, &data.examples, a.batch_size)?)
     })?;
     if let Some(h) = scored {

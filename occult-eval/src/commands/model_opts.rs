@@ -7,7 +7,7 @@ use crate::context::{Backend, ModelSpec};
 use anyhow::Result;
 use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::analysis::pruning::{PruneLimit, PruneRule};
-use occult_core::models::model::MoeMode;
+use occult_core::analysis::run_key::MoeMode;
 use std::path::PathBuf;
 
 /// Which model to load and how to run it.
@@ -123,6 +123,7 @@ impl ModelOpts {
             devices_per_node: self.limit.devices_per_node,
             prune_rule: self.prune_rule,
             calibration: self.calibration.clone(),
+            calibration_trace: None,
             max_memory: self.max_memory,
             copy_rule: self.copy_rule,
         }

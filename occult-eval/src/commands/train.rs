@@ -117,7 +117,8 @@ impl TrainArgs {
 }
 
 pub fn run(a: TrainArgs) -> Result<()> {
-    fine_tune(&a.model.spec()?, &a.job())
+    fine_tune(&a.model.spec()?, &a.job())?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -5,13 +5,14 @@
 use super::spec::ModelSpec;
 use anyhow::{bail, Context, Result};
 use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::run_key::MoeMode;
 use occult_core::analysis::similarity::SimilarityTable;
 use occult_core::analysis::trace::Trace;
 use occult_core::ep::{PruneSpec, Replicas};
 use occult_core::models::loader::Checkpoint;
-use occult_core::models::model::MoeMode;
 use occult_core::models::model::MoeSetup;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 impl ModelSpec {
     /// The placement in words for errors: its file, or "the placement".
@@ -24,7 +25,6 @@ impl ModelSpec {
     /// The MoE setup this asks for, checked against the model.
     pub fn setup(&self, ck: &Checkpoint) -> Result<MoeSetup> {
         let cfg = &ck.cfg;
-        let e = cfg.moe.num_experts;
         let mode = self.mode();
         if self.devices == 0 {
             bail!("--devices must be at least 1");
@@ -33,41 +33,73 @@ impl ModelSpec {
             bail!("--mode reference runs on one device; use --mode occult or standard with --devices {}", self.devices);
         }
         let moe_layers: Vec<usize> = (0..cfg.num_layers).filter(|&l| cfg.moe_layers[l]).collect();
-        let mut replicas = BTreeMap::new();
-        let (maps, num_devices) = match &self.placement {
-            Some(pl) => {
-                let name = self.placement_name();
-                if pl.num_experts != e {
-                    bail!(
-                        "{name}: the placement is for {} experts, the model has {e}",
-                        pl.num_experts
-                    );
-                }
-                if mode != MoeMode::Reference && pl.num_devices != self.devices {
-                    bail!(
-                        "{name}: the placement is for {} devices, the run has --devices {}",
-                        pl.num_devices,
-                        self.devices
-                    );
-                }
-                let mut maps = BTreeMap::new();
-                for &l in &moe_layers {
-                    pl.covers(l).with_context(|| name.clone())?;
-                    if pl.layers.iter().any(|x| x.layer == l && x.slots.is_some()) {
-                        let map = pl.replica_map(l).with_context(|| name.clone())?;
-                        let rule = self.copy_rule;
-                        replicas.insert(l, Replicas { map, rule });
-                    } else {
-                        maps.insert(l, pl.layer(l).with_context(|| name.clone())?.to_vec());
-                    }
-                }
-                (maps, pl.num_devices)
-            }
-            None => {
-                occult_core::analysis::placement::check_sizes(e, self.devices)?;
-                (BTreeMap::new(), self.devices)
-            }
+        let placed = self.placed(ck, mode, &moe_layers)?;
+        self.check_nodes(mode)?;
+        if self.prune.is_some() && placed.num_devices == 1 {
+            bail!(
+                "--max-devices and --max-nodes prune across devices: give --devices D > 1, or a \
+                 --placement to prune the one-device reference as that placement would"
+            );
+        }
+        if self.calibration.is_some() && self.prune_rule != PruneRule::Similarity {
+            eprintln!("note: --calibration is only used by --prune-rule similarity");
+        }
+        Ok(MoeSetup {
+            mode: mode.dispatch(),
+            maps: placed.maps,
+            num_devices: placed.num_devices,
+            prune: self.prune_specs(ck, &moe_layers)?,
+            devices_per_node: self.devices_per_node,
+            replicas: placed.replicas,
+        })
+    }
+
+    /// Each MoE layer's map (or its replicas, with the copy rule) from the placement, checked
+    /// against the model and the run; contiguous blocks on the run's devices without one.
+    fn placed(&self, ck: &Checkpoint, mode: MoeMode, moe_layers: &[usize]) -> Result<Placed> {
+        let e = ck.cfg.moe.num_experts;
+        let Some(pl) = &self.placement else {
+            occult_core::analysis::placement::check_sizes(e, self.devices)?;
+            return Ok(Placed {
+                maps: BTreeMap::new(),
+                num_devices: self.devices,
+                replicas: BTreeMap::new(),
+            });
         };
+        let name = self.placement_name();
+        if pl.num_experts != e {
+            bail!(
+                "{name}: the placement is for {} experts, the model has {e}",
+                pl.num_experts
+            );
+        }
+        if mode != MoeMode::Reference && pl.num_devices != self.devices {
+            bail!(
+                "{name}: the placement is for {} devices, the run has --devices {}",
+                pl.num_devices,
+                self.devices
+            );
+        }
+        let (mut maps, mut replicas) = (BTreeMap::new(), BTreeMap::new());
+        for &l in moe_layers {
+            pl.covers(l).with_context(|| name.clone())?;
+            if pl.layers.iter().any(|x| x.layer == l && x.slots.is_some()) {
+                let map = pl.replica_map(l).with_context(|| name.clone())?;
+                let rule = self.copy_rule;
+                replicas.insert(l, Replicas { map, rule });
+            } else {
+                maps.insert(l, pl.layer(l).with_context(|| name.clone())?.to_vec());
+            }
+        }
+        Ok(Placed {
+            maps,
+            num_devices: pl.num_devices,
+            replicas,
+        })
+    }
+
+    /// Checks the node size against the devices, and that the two-level exchange has one.
+    fn check_nodes(&self, mode: MoeMode) -> Result<()> {
         if let Some(g) = self.devices_per_node {
             if g == 0 || (mode != MoeMode::Reference && g > self.devices) {
                 bail!(
@@ -85,62 +117,78 @@ impl ModelSpec {
                  are one host; under mpirun with --backend mpi the ranks of one host form a node)"
             );
         }
-        if self.prune.is_some() && num_devices == 1 {
-            bail!(
-                "--max-devices and --max-nodes prune across devices: give --devices D > 1, or a \
-                 --placement to prune the one-device reference as that placement would"
+        Ok(())
+    }
+
+    /// The calibration trace the similarity rule's tables come from: the one in memory, else
+    /// the file read; `None` without a calibration.
+    fn calibration_trace(&self) -> Result<Option<Arc<Trace>>> {
+        match (&self.calibration_trace, &self.calibration) {
+            (Some(t), _) => Ok(Some(t.clone())),
+            (None, Some(p)) => Ok(Some(Arc::new(Trace::read(p)?))),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Each MoE layer's pruning: the limit and rule, with the similarity rule's table from the
+    /// calibration trace's router logits of that layer.
+    fn prune_specs(
+        &self,
+        ck: &Checkpoint,
+        moe_layers: &[usize],
+    ) -> Result<BTreeMap<usize, PruneSpec>> {
+        let mut prune = BTreeMap::new();
+        let Some(limit) = self.prune else {
+            return Ok(prune);
+        };
+        let e = ck.cfg.moe.num_experts;
+        let rule = self.prune_rule;
+        let calib = match rule {
+            PruneRule::Similarity => Some(self.calibration_trace()?.context(
+                "--prune-rule similarity needs --calibration TRACE (router logits from `occult profile`)",
+            )?),
+            PruneRule::Router => None,
+        };
+        let source = self.calibration.as_ref().map_or_else(
+            || "the calibration trace".into(),
+            |p| p.display().to_string(),
+        );
+        for &l in moe_layers {
+            let similarity = match &calib {
+                Some(t) => {
+                    let lt = t
+                        .layer(l)
+                        .with_context(|| format!("{source}: no routing for MoE layer {l}"))?;
+                    let logits = lt
+                        .router_logits
+                        .as_ref()
+                        .with_context(|| format!("{source}: layer {l} has no router logits"))?;
+                    if t.meta.num_experts != e {
+                        bail!(
+                            "{source}: the trace is for {} experts, the model has {e}",
+                            t.meta.num_experts
+                        );
+                    }
+                    Some(SimilarityTable::from_logits(logits, e)?)
+                }
+                None => None,
+            };
+            prune.insert(
+                l,
+                PruneSpec {
+                    rule,
+                    limit,
+                    similarity,
+                },
             );
         }
-        if self.calibration.is_some() && self.prune_rule != PruneRule::Similarity {
-            eprintln!("note: --calibration is only used by --prune-rule similarity");
-        }
-        let mut prune = BTreeMap::new();
-        if let Some(limit) = self.prune {
-            let rule = self.prune_rule;
-            let calib = match (&self.calibration, rule) {
-                (Some(p), _) => Some((p, Trace::read(p)?)),
-                (None, PruneRule::Similarity) => bail!(
-                    "--prune-rule similarity needs --calibration TRACE (router logits from `occult profile`)"
-                ),
-                (None, PruneRule::Router) => None,
-            };
-            for &l in &moe_layers {
-                let similarity = match &calib {
-                    Some((p, t)) if rule == PruneRule::Similarity => {
-                        let lt = t.layer(l).with_context(|| {
-                            format!("{}: no routing for MoE layer {l}", p.display())
-                        })?;
-                        let logits = lt.router_logits.as_ref().with_context(|| {
-                            format!("{}: layer {l} has no router logits", p.display())
-                        })?;
-                        if t.meta.num_experts != e {
-                            bail!(
-                                "{}: the trace is for {} experts, the model has {e}",
-                                p.display(),
-                                t.meta.num_experts
-                            );
-                        }
-                        Some(SimilarityTable::from_logits(logits, e)?)
-                    }
-                    _ => None,
-                };
-                prune.insert(
-                    l,
-                    PruneSpec {
-                        rule,
-                        limit,
-                        similarity,
-                    },
-                );
-            }
-        }
-        Ok(MoeSetup {
-            mode: mode.dispatch(),
-            maps,
-            num_devices,
-            prune,
-            devices_per_node: self.devices_per_node,
-            replicas,
-        })
+        Ok(prune)
     }
+}
+
+/// The placement's part of a MoE setup.
+struct Placed {
+    maps: BTreeMap<usize, Vec<u32>>,
+    num_devices: usize,
+    replicas: BTreeMap<usize, Replicas>,
 }

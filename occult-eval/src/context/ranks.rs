@@ -7,6 +7,7 @@ use super::spec::ModelSpec;
 use anyhow::{bail, Context, Result};
 use occult_core::ep::comm::local::run_local_with_timeout;
 use occult_core::ep::comm::Communicator;
+use occult_core::models::data_parallel::fingerprint;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::{DenseParts, Model};
 use std::sync::Arc;
@@ -30,6 +31,46 @@ impl ModelSpec {
         F: Fn(&Model) -> Result<T> + Sync,
     {
         self.run_with(ck, false, f)
+    }
+
+    /// [`ModelSpec::run`] in lockstep: before `f`, the ranks check that they hold the same
+    /// `what` (a digest of `work`, its bytes), since each process of an `mpirun` job reads its
+    /// own inputs.
+    pub fn run_same<T, F>(
+        &self,
+        ck: &Checkpoint,
+        what: &str,
+        work: impl IntoIterator<Item = u8>,
+        f: F,
+    ) -> Result<Option<T>>
+    where
+        T: Send,
+        F: Fn(&Model) -> Result<T> + Sync,
+    {
+        let work = fingerprint(work);
+        self.run(ck, |m| {
+            m.check_same_work(what, work)?;
+            f(m)
+        })
+    }
+
+    /// [`ModelSpec::run_same`] for training (see [`ModelSpec::run_training`]).
+    pub fn run_training_same<T, F>(
+        &self,
+        ck: &Checkpoint,
+        what: &str,
+        work: impl IntoIterator<Item = u8>,
+        f: F,
+    ) -> Result<Option<T>>
+    where
+        T: Send,
+        F: Fn(&Model) -> Result<T> + Sync,
+    {
+        let work = fingerprint(work);
+        self.run_training(ck, |m| {
+            m.check_same_work(what, work)?;
+            f(m)
+        })
     }
 
     /// [`ModelSpec::run`] for training: every rank loads its own copy of the dense weights

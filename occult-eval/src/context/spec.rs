@@ -8,11 +8,13 @@ use candle::Device;
 use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::analysis::placement::Placement;
 use occult_core::analysis::pruning::{PruneLimit, PruneRule};
+use occult_core::analysis::run_key::{MoeMode, RunKey};
+use occult_core::analysis::trace::Trace;
 use occult_core::models::config::ModelConfig;
 use occult_core::models::loader::{parse_dtype, Checkpoint};
 use occult_core::models::memory;
-use occult_core::models::model::MoeMode;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Which model to load and how to run it.
 #[derive(Clone, Debug)]
@@ -42,8 +44,10 @@ pub struct ModelSpec {
     /// the row counts within and across nodes; under MPI the ranks of one host by default.
     pub devices_per_node: Option<usize>,
     pub prune_rule: PruneRule,
-    /// A trace with router logits to build the similarity rule's tables.
+    /// A trace with router logits to build the similarity rule's tables (its file).
     pub calibration: Option<PathBuf>,
+    /// The same trace already in memory (read from `calibration` when `None`).
+    pub calibration_trace: Option<Arc<Trace>>,
     /// The most memory the model may need (bytes); the memory available by default.
     pub max_memory: Option<u64>,
     /// Under a placement with replicas: which copy of an expert a token uses.
@@ -76,6 +80,7 @@ impl ModelSpec {
             devices_per_node: None,
             prune_rule: PruneRule::Router,
             calibration: None,
+            calibration_trace: None,
             max_memory: None,
             copy_rule: CopyRule::Cover,
         }
@@ -109,6 +114,33 @@ impl ModelSpec {
         self.placement = file.map(Placement::read).transpose()?;
         self.placement_file = file.map(Path::to_path_buf);
         Ok(self)
+    }
+
+    /// This spec running `key`: its mode, pruning and copy rule.
+    pub fn for_run(&self, key: &RunKey) -> ModelSpec {
+        let mut o = self.clone();
+        o.mode = Some(key.mode);
+        o.prune = key.prune;
+        if let Some(rule) = key.rule {
+            o.prune_rule = rule;
+        }
+        if let Some(copies) = key.copies {
+            o.copy_rule = copies;
+        }
+        o
+    }
+
+    /// The pruning rule runs can take: the spec's, or the router-score rule where the
+    /// similarity rule has no calibration trace to build its tables from.
+    pub fn runnable_prune_rule(&self) -> PruneRule {
+        match self.prune_rule {
+            PruneRule::Similarity
+                if self.calibration.is_none() && self.calibration_trace.is_none() =>
+            {
+                PruneRule::Router
+            }
+            rule => rule,
+        }
     }
 
     /// The effective mode.

@@ -6,27 +6,100 @@
 use super::evaluate::{Prepared, Scored};
 use super::metrics::{mean_stderr, pooled, Estimate, ItemScores};
 use super::task::Metric;
+use serde::Serialize;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
-/// One task's results.
+/// One item's scores: what its line of `samples_TASK.jsonl` holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub doc_id: usize,
+    /// The gold choice's index.
+    pub target: usize,
+    /// One per choice, in choice order.
+    pub loglikelihoods: Vec<f64>,
+    /// lm-eval's: the SHA-256 of the first request's context, the same for items that ask the
+    /// same question.
+    pub prompt_hash: String,
+    /// The item's value of every metric.
+    pub scores: ItemScores,
+}
+
+impl Sample {
+    /// The samples line: `doc_id`, `target`, `loglikelihoods`, `prompt_hash` and each metric's
+    /// value by its key.
+    pub fn to_json(&self) -> Value {
+        let mut line = json!({"doc_id": self.doc_id, "target": self.target,
+                              "loglikelihoods": self.loglikelihoods,
+                              "prompt_hash": self.prompt_hash});
+        for m in Metric::ALL {
+            line[m.key()] = json!(self.scores.get(m));
+        }
+        line
+    }
+
+    /// The question key of the paired bootstrap: the hash's first 64 bits.
+    pub fn question(&self) -> Option<u64> {
+        u64::from_str_radix(self.prompt_hash.get(..16)?, 16).ok()
+    }
+}
+
+/// How fast a task was scored.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Speed {
+    pub seconds: f64,
+    pub items_per_s: f64,
+    pub forward_tokens: u64,
+    pub forward_tokens_per_item: f64,
+    pub forward_passes: u64,
+}
+
+/// One task's results, typed: its figures (each metric's value and standard error over the
+/// task, pooled over its groups when it has them), its groups' and categories' figures, the
+/// few-shot count and speed, and every item's sample. [`TaskResults::to_json`] gives the task's
+/// entry in the results JSON.
 #[derive(Clone, Debug)]
 pub struct TaskResults {
+    /// The metrics the task reports (the samples carry every metric).
+    pub metrics: Vec<Metric>,
+    pub figures: Figures,
+    /// Each group and category as `TASK_NAME`, in name order (grouped tasks only).
+    pub subtasks: BTreeMap<String, Figures>,
+    pub num_fewshot: usize,
+    pub speed: Speed,
+    pub samples: Vec<Sample>,
+}
+
+impl TaskResults {
+    /// Metric `m`'s estimate over the task.
+    pub fn get(&self, m: Metric) -> Estimate {
+        self.figures.get(m)
+    }
+
     /// The task's entry in the results JSON: for each of the task's metrics its value (`KEY`,
     /// see [`Metric::key`]) and standard error (`KEY_stderr`, `null` for a single item), `n`,
-    /// `subtasks` (each group and category as `TASK_NAME`, with the same figures; grouped
-    /// tasks only), `num_fewshot` and `speed`.
-    pub results: Value,
-    /// One line per item: `doc_id`, `target` (the gold index), `loglikelihoods` (one per
-    /// choice), `prompt_hash` (lm-eval's: the SHA-256 of the first request's context, the same
-    /// for items that ask the same question) and the item's value of every metric.
-    pub samples: Vec<Value>,
+    /// `subtasks` (grouped tasks only, with the same figures), `num_fewshot` and `speed`.
+    pub fn to_json(&self) -> Value {
+        let mut o = self.figures.to_json(&self.metrics);
+        if !self.subtasks.is_empty() {
+            let subs: Map<String, Value> = self
+                .subtasks
+                .iter()
+                .map(|(name, f)| (name.clone(), Value::Object(f.to_json(&self.metrics))))
+                .collect();
+            o.insert("subtasks".into(), Value::Object(subs));
+        }
+        o.insert("num_fewshot".into(), json!(self.num_fewshot));
+        o.insert("speed".into(), json!(self.speed));
+        Value::Object(o)
+    }
 }
 
 /// Every metric's estimate over a task, group or category, and its size.
-struct Figures {
+#[derive(Clone, Debug, PartialEq)]
+pub struct Figures {
     estimates: Vec<(Metric, Estimate)>,
-    n: usize,
+    pub n: usize,
 }
 
 impl Figures {
@@ -60,7 +133,8 @@ impl Figures {
         }
     }
 
-    fn get(&self, m: Metric) -> Estimate {
+    /// Metric `m`'s estimate (every metric is estimated).
+    pub fn get(&self, m: Metric) -> Estimate {
         self.estimates
             .iter()
             .find(|(k, _)| *k == m)
@@ -91,86 +165,86 @@ pub fn prompt_hash(it: &super::task::Item) -> String {
         .collect()
 }
 
-/// Aggregates one task's scores into its results entry and its samples lines.
+/// Aggregates one task's scores into its results.
 pub fn summarise(p: &Prepared, s: &Scored) -> TaskResults {
-    let metrics = &p.spec.metrics;
-    let mut all = Vec::with_capacity(p.items.len());
+    let samples: Vec<Sample> = p
+        .items
+        .iter()
+        .zip(&s.lls)
+        .map(|(it, lls)| Sample {
+            doc_id: it.doc_id,
+            target: it.gold,
+            loglikelihoods: lls.clone(),
+            prompt_hash: prompt_hash(it),
+            scores: ItemScores::of(lls, &it.choice_chars, it.gold),
+        })
+        .collect();
     let mut by_group: BTreeMap<String, Vec<ItemScores>> = BTreeMap::new();
-    let mut samples = Vec::with_capacity(p.items.len());
-    for (it, lls) in p.items.iter().zip(&s.lls) {
-        let scores = ItemScores::of(lls, &it.choice_chars, it.gold);
-        all.push(scores);
+    for (it, sample) in p.items.iter().zip(&samples) {
         if let Some(g) = &it.group {
-            by_group.entry(g.clone()).or_default().push(scores);
+            by_group.entry(g.clone()).or_default().push(sample.scores);
         }
-        let mut line = json!({"doc_id": it.doc_id, "target": it.gold, "loglikelihoods": lls,
-                              "prompt_hash": prompt_hash(it)});
-        for m in Metric::ALL {
-            line[m.key()] = json!(scores.get(m));
-        }
-        samples.push(line);
     }
-    let mut o = if by_group.is_empty() {
-        Figures::mean(&all).to_json(metrics)
+    let (figures, subtasks) = if by_group.is_empty() {
+        let all: Vec<ItemScores> = samples.iter().map(|x| x.scores).collect();
+        (Figures::mean(&all), BTreeMap::new())
     } else {
-        // Groups: each subtask's mean, then the size-weighted pool.
-        let mut subs = Map::new();
-        let groups: Vec<(&String, Figures)> = by_group
-            .iter()
-            .map(|(g, items)| (g, Figures::mean(items)))
-            .collect();
-        for (g, f) in &groups {
-            subs.insert(
-                format!("{}_{g}", p.spec.name),
-                Value::Object(f.to_json(metrics)),
-            );
-        }
-        // Categories pool their groups; the task pools the categories and any group in no
-        // category, as the harness's nested groups do.
-        let cats = &p.spec.data.categories;
-        let mut parts: Vec<Figures> = Vec::new();
-        for (cat, members) in cats {
-            let inside: Vec<&Figures> = groups
-                .iter()
-                .filter(|(g, _)| members.contains(g))
-                .map(|(_, f)| f)
-                .collect();
-            if inside.is_empty() {
-                continue;
-            }
-            let f = Figures::pool(&inside);
-            subs.insert(
-                format!("{}_{cat}", p.spec.name),
-                Value::Object(f.to_json(metrics)),
-            );
-            parts.push(f);
-        }
-        let mut parts: Vec<&Figures> = parts.iter().collect();
-        parts.extend(
-            groups
-                .iter()
-                .filter(|(g, _)| !cats.values().any(|m| m.contains(g)))
-                .map(|(_, f)| f),
-        );
-        let mut o = Figures::pool(&parts).to_json(metrics);
-        o.insert("subtasks".into(), Value::Object(subs));
-        o
+        pool_groups(p, &by_group)
     };
-    o.insert("num_fewshot".into(), json!(p.shots));
-    o.insert(
-        "speed".into(),
-        json!({
-            "seconds": s.seconds,
-            "items_per_s": p.items.len() as f64 / s.seconds.max(1e-9),
-            "forward_tokens": s.forward_tokens,
-            "forward_tokens_per_item": s.forward_tokens as f64 / p.items.len() as f64,
-            "forward_passes": s.forward_passes,
-        }),
-    );
     TaskResults {
-        results: Value::Object(o),
+        metrics: p.spec.metrics.clone(),
+        figures,
+        subtasks,
+        num_fewshot: p.shots,
+        speed: Speed {
+            seconds: s.seconds,
+            items_per_s: p.items.len() as f64 / s.seconds.max(1e-9),
+            forward_tokens: s.forward_tokens,
+            forward_tokens_per_item: s.forward_tokens as f64 / p.items.len() as f64,
+            forward_passes: s.forward_passes,
+        },
         samples,
     }
+}
+
+/// A grouped task's figures: each group's mean, each category pooling its groups, and the task
+/// pooling the categories and any group in no category, as the harness's nested groups do;
+/// with every group and category as a subtask `TASK_NAME`.
+fn pool_groups(
+    p: &Prepared,
+    by_group: &BTreeMap<String, Vec<ItemScores>>,
+) -> (Figures, BTreeMap<String, Figures>) {
+    let mut subtasks = BTreeMap::new();
+    let groups: Vec<(&String, Figures)> = by_group
+        .iter()
+        .map(|(g, items)| (g, Figures::mean(items)))
+        .collect();
+    for (g, f) in &groups {
+        subtasks.insert(format!("{}_{g}", p.spec.name), f.clone());
+    }
+    let cats = &p.spec.data.categories;
+    let mut parts: Vec<Figures> = Vec::new();
+    for (cat, members) in cats {
+        let inside: Vec<&Figures> = groups
+            .iter()
+            .filter(|(g, _)| members.contains(g))
+            .map(|(_, f)| f)
+            .collect();
+        if inside.is_empty() {
+            continue;
+        }
+        let f = Figures::pool(&inside);
+        subtasks.insert(format!("{}_{cat}", p.spec.name), f.clone());
+        parts.push(f);
+    }
+    let mut parts: Vec<&Figures> = parts.iter().collect();
+    parts.extend(
+        groups
+            .iter()
+            .filter(|(g, _)| !cats.values().any(|m| m.contains(g)))
+            .map(|(_, f)| f),
+    );
+    (Figures::pool(&parts), subtasks)
 }
 
 #[cfg(test)]
@@ -227,8 +301,9 @@ gold = "answer"
             forward_passes: 2,
             seconds: 1.0,
         };
-        let r = summarise(&p, &s);
-        let subs = r.results["subtasks"].as_object().unwrap();
+        let typed = summarise(&p, &s);
+        let r = typed.to_json();
+        let subs = r["subtasks"].as_object().unwrap();
         let keys: Vec<&str> = subs.keys().map(String::as_str).collect();
         assert_eq!(
             keys,
@@ -243,12 +318,15 @@ gold = "answer"
         assert_eq!(subs["quiz_science"]["n"], json!(4));
         assert_eq!(subs["quiz_history"]["acc_stderr"], Value::Null);
         // Only the task's metrics are reported; the samples carry every metric.
-        assert!(r.results.get("acc_norm").is_none());
-        assert_eq!(r.results["acc"], json!(0.6));
-        assert_eq!(r.results["n"], json!(5));
-        assert_eq!(r.samples.len(), 5);
-        assert_eq!(r.samples[1]["acc"], json!(0.0));
-        assert_eq!(r.samples[1]["acc_norm"], json!(0.0));
-        assert_eq!(r.results["speed"]["forward_tokens_per_item"], json!(2.0));
+        assert!(r.get("acc_norm").is_none());
+        assert_eq!(r["acc"], json!(0.6));
+        assert_eq!(typed.get(Metric::Acc).value, 0.6);
+        assert_eq!(r["n"], json!(5));
+        assert_eq!(typed.samples.len(), 5);
+        let line = typed.samples[1].to_json();
+        assert_eq!(line["acc"], json!(0.0));
+        assert_eq!(line["acc_norm"], json!(0.0));
+        assert_eq!(line["doc_id"], json!(1));
+        assert_eq!(r["speed"]["forward_tokens_per_item"], json!(2.0));
     }
 }

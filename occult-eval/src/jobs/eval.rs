@@ -12,11 +12,15 @@ use crate::harness::results::{summarise, TaskResults};
 use crate::harness::scorer::ScoreOptions;
 use crate::table::Table;
 use anyhow::{bail, Result};
+use occult_core::analysis::pruning::PruneRule;
+use occult_core::analysis::run_key::MoeMode;
 use occult_core::analysis::trace::Trace;
 use occult_core::models::model::RoutingRecorder;
+use serde::Serialize;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::path::PathBuf;
 
 /// What to evaluate, and how.
 #[derive(Clone, Debug)]
@@ -75,36 +79,91 @@ impl EvalJob {
     }
 }
 
-/// What an evaluation gives: the results JSON (`results`, `errors`, `config`), the table, each
-/// task's per-item samples and the recorded routing.
+/// What an evaluation gives, typed: each scored task's results (figures and per-item samples),
+/// the tasks that failed and why, the run's configuration and the recorded routing. The
+/// results JSON ([`Evaluated::report`]) and the samples lines are made from it where they are
+/// written.
 #[derive(Debug)]
 pub struct Evaluated {
-    pub report: serde_json::Value,
-    pub table: Table,
-    pub samples: Vec<(String, Vec<serde_json::Value>)>,
+    /// Each scored task's results, in the order the tasks were given.
+    pub tasks: Vec<(String, TaskResults)>,
     pub errors: BTreeMap<String, String>,
+    pub config: EvalConfig,
     pub routing: Option<Trace>,
 }
 
+/// The configuration an evaluation ran with, as its results JSON records it (`config`).
+#[derive(Clone, Debug, Serialize)]
+pub struct EvalConfig {
+    pub model: String,
+    pub tasks: Vec<String>,
+    pub num_fewshot: Option<usize>,
+    pub limit: Option<usize>,
+    pub batch_size: usize,
+    pub context_reuse: bool,
+    pub seed: u64,
+    pub add_bos: bool,
+    pub devices: usize,
+    pub mode: MoeMode,
+    pub placement: Option<PathBuf>,
+    pub max_devices: Option<usize>,
+    pub prune_limit: Option<String>,
+    pub prune_rule: Option<PruneRule>,
+    pub dtype: String,
+}
+
 impl Evaluated {
+    /// The results JSON: `results` (each task's entry), `errors` and `config`.
+    pub fn report(&self) -> serde_json::Value {
+        let results: serde_json::Map<String, serde_json::Value> = self
+            .tasks
+            .iter()
+            .map(|(name, t)| (name.clone(), t.to_json()))
+            .collect();
+        json!({"results": results, "errors": self.errors, "config": self.config})
+    }
+
+    /// Task `name`'s results, if it was scored.
+    pub fn task(&self, name: &str) -> Option<&TaskResults> {
+        self.tasks.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+
+    /// The table: each task's metrics with their standard errors, and its items per second.
+    pub fn table(&self) -> Table {
+        let mut table = Table::new(&["task", "n", "shots", "metric", "value", "stderr", "items/s"]);
+        for (name, t) in &self.tasks {
+            for &m in &t.metrics {
+                let e = t.get(m);
+                table.row(vec![
+                    name.clone(),
+                    t.samples.len().to_string(),
+                    t.num_fewshot.to_string(),
+                    m.key().into(),
+                    format!("{:.4}", e.value),
+                    e.stderr.map_or("N/A".into(), |x| format!("{x:.4}")),
+                    format!("{:.2}", t.speed.items_per_s),
+                ]);
+            }
+        }
+        table
+    }
+
     /// Writes the results JSON (with provenance) to `out`, and each task's samples as
     /// `samples_TASK.jsonl` beside it when `log_samples`. With no task scored there are no
     /// results to write; the errors say why.
     pub fn write(&self, out: &Path, log_samples: bool) -> Result<()> {
-        let scored = self.report["results"]
-            .as_object()
-            .is_some_and(|r| !r.is_empty());
-        if !scored {
+        if self.tasks.is_empty() {
             return Ok(());
         }
-        crate::output::write_json(out, &crate::output::with_provenance(self.report.clone()))?;
+        crate::output::write_json(out, &crate::output::with_provenance(self.report()))?;
         if log_samples {
             let dir = out.parent().unwrap_or(Path::new("."));
-            for (task, samples) in &self.samples {
+            for (task, t) in &self.tasks {
                 let path = dir.join(format!("samples_{task}.jsonl"));
                 occult_core::atomic::write_atomic(&path, |w| {
-                    for s in samples {
-                        serde_json::to_writer(&mut *w, s).map_err(std::io::Error::other)?;
+                    for s in &t.samples {
+                        serde_json::to_writer(&mut *w, &s.to_json())
+                            .map_err(std::io::Error::other)?;
                         w.write_all(b"\n")?;
                     }
                     Ok(())
@@ -175,9 +234,8 @@ pub fn evaluate(spec: &ModelSpec, job: &EvalJob) -> Result<Option<Evaluated>> {
         add_bos: a.add_bos,
     };
     let record = a.record_routing;
-    let work = work_fingerprint(&prepared);
-    let Some((scored, routing)) = spec.run(&ck, |m| {
-        m.check_same_work("tasks or items", work)?;
+    let work = work_bytes(&prepared);
+    let Some((scored, routing)) = spec.run_same(&ck, "tasks or items", work, |m| {
         // Rank 0 shows the progress of its share.
         let mine: usize = prepared.iter().map(|p| m.shard(p.items.len()).len()).sum();
         let bar = crate::progress::rank_bar(m.rank_and_size().0, mine as u64, "items");
@@ -203,72 +261,44 @@ pub fn evaluate(spec: &ModelSpec, job: &EvalJob) -> Result<Option<Evaluated>> {
             true,
         )
     });
-    let mut results = serde_json::Map::new();
-    let mut table = Table::new(&["task", "n", "shots", "metric", "value", "stderr", "items/s"]);
-    let mut all_samples = Vec::new();
+    let mut tasks = Vec::new();
     for (p, s) in prepared.iter().zip(scored) {
-        let s = match s {
-            Ok(s) => s,
+        match s {
+            Ok(s) => tasks.push((p.spec.name.clone(), summarise(p, &s))),
             Err(e) => {
                 eprintln!("error: task {}: {e}", p.spec.name);
                 errors.insert(p.spec.name.clone(), e);
-                continue;
             }
-        };
-        let TaskResults {
-            results: r,
-            samples,
-        } = summarise(p, &s);
-        for &m in &p.spec.metrics {
-            let key = m.key();
-            table.row(vec![
-                p.spec.name.clone(),
-                p.items.len().to_string(),
-                p.shots.to_string(),
-                key.into(),
-                format!("{:.4}", r[key].as_f64().unwrap_or(f64::NAN)),
-                r[m.stderr_key()]
-                    .as_f64()
-                    .map_or("N/A".into(), |x| format!("{x:.4}")),
-                format!("{:.2}", r["speed"]["items_per_s"].as_f64().unwrap_or(0.0)),
-            ]);
         }
-        results.insert(p.spec.name.clone(), r);
-        all_samples.push((p.spec.name.clone(), samples));
     }
-    let report = json!({
-        "results": results,
-        "errors": errors,
-        "config": {
-            "model": ck.name,
-            "tasks": a.tasks,
-            "num_fewshot": a.num_fewshot,
-            "limit": a.limit,
-            "batch_size": opts.batch,
-            "context_reuse": opts.reuse_context,
-            "seed": a.seed,
-            "add_bos": a.add_bos,
-            "devices": spec.devices,
-            "mode": spec.mode(),
-            "placement": spec.placement_file,
-            "max_devices": spec.max_devices(),
-            "prune_limit": spec.prune.map(|l| l.label()),
-            "prune_rule": spec.prune.map(|_| spec.prune_rule),
-            "dtype": spec.dtype,
-        },
-    });
+    let config = EvalConfig {
+        model: ck.name.clone(),
+        tasks: a.tasks.clone(),
+        num_fewshot: a.num_fewshot,
+        limit: a.limit,
+        batch_size: opts.batch,
+        context_reuse: opts.reuse_context,
+        seed: a.seed,
+        add_bos: a.add_bos,
+        devices: spec.devices,
+        mode: spec.mode(),
+        placement: spec.placement_file.clone(),
+        max_devices: spec.max_devices(),
+        prune_limit: spec.prune.map(|l| l.label()),
+        prune_rule: spec.prune.map(|_| spec.prune_rule),
+        dtype: spec.dtype.clone(),
+    };
     Ok(Some(Evaluated {
-        report,
-        table,
-        samples: all_samples,
+        tasks,
         errors,
+        config,
         routing,
     }))
 }
 
 /// What ranks must agree on before they score: each task's name and its items' documents and
 /// requests.
-pub(crate) fn work_fingerprint(prepared: &[Prepared]) -> u64 {
+pub(crate) fn work_bytes(prepared: &[Prepared]) -> Vec<u8> {
     let mut text = String::new();
     for p in prepared {
         text.push_str(&p.spec.name);
@@ -277,5 +307,5 @@ pub(crate) fn work_fingerprint(prepared: &[Prepared]) -> u64 {
             text.push_str(&it.continuations.join("|"));
         }
     }
-    occult_core::models::data_parallel::fingerprint(text.into_bytes())
+    text.into_bytes()
 }

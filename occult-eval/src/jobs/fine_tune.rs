@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use occult_core::models::loader::Checkpoint;
 use occult_train::dataset::{build, read_records, Dataset};
 use occult_train::heldout::heldout_loss;
+use occult_train::log::{read_log, StepRecord};
 use occult_train::run::{has_saved_state, holds_a_run, saved_step, train, Job, TrainConfig};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -127,24 +128,13 @@ pub(crate) fn load_examples(
     Ok(set)
 }
 
-/// Runs `job` on `spec`'s ranks (rank 0 writes the log and the model).
-pub fn fine_tune(spec: &ModelSpec, job: &FineTune) -> Result<()> {
+/// Runs `job` on `spec`'s ranks (rank 0 writes the log and the model). Returns the run's log,
+/// every step from the first (those a resumed run kept, then its own), on rank 0; `None` on the
+/// other processes of an `mpirun` job.
+pub fn fine_tune(spec: &ModelSpec, job: &FineTune) -> Result<Option<Vec<StepRecord>>> {
     let a = job;
     refuse_out_over_model(&a.out, &spec.model)?;
-    let cfg = TrainConfig {
-        steps: a.steps,
-        batch_size: a.batch_size,
-        grad_accum: a.grad_accum,
-        lr: a.lr,
-        warmup: a.warmup.unwrap_or(a.steps * 3 / 100),
-        min_lr_ratio: a.min_lr_ratio,
-        weight_decay: a.weight_decay,
-        max_grad_norm: Some(a.max_grad_norm),
-        seed: a.seed,
-        aux_loss: a.aux_loss,
-        save_every: a.save_every,
-    };
-    cfg.validate()?;
+    let cfg = train_config(a)?;
     if a.out.exists() && !a.out.is_dir() {
         bail!("--out {} is not a folder", a.out.display());
     }
@@ -158,94 +148,24 @@ pub fn fine_tune(spec: &ModelSpec, job: &FineTune) -> Result<()> {
     if a.eval_every == Some(0) {
         bail!("--eval-every must be at least 1");
     }
-    // What else the run depends on: a resumed run must bring the same.
-    let print = |bytes: Vec<u8>| {
-        format!(
-            "{:016x}",
-            occult_core::models::data_parallel::fingerprint(bytes)
-        )
-    };
-    // A placement read from a file is the file's bytes (as runs have always recorded it); one
-    // given as a value, its JSON.
-    let placement = match (&spec.placement_file, &spec.placement) {
-        (Some(f), _) => Some(print(occult_core::input::read_bytes(f)?)),
-        (None, Some(p)) => Some(print(serde_json::to_vec(p)?)),
-        (None, None) => None,
-    };
-    let calibration = match &spec.calibration {
-        Some(p) => Some(print(occult_core::input::read_bytes(p)?)),
-        None => None,
-    };
-    let settings = serde_json::json!({
-        "placement": placement,
-        "mode": spec.mode(),
-        "max_devices": spec.max_devices(),
-        "prune_limit": spec.prune.map(|l| l.label()),
-        "prune_rule": spec.prune.map(|_| spec.prune_rule),
-        "calibration": calibration,
-        "seq_len": seq_len(&ck, a.seq_len),
-        "add_bos": a.add_bos,
-        "dtype": spec.dtype,
-        "train": a.train,
-    });
-    let start = if a.resume {
-        saved_step(&a.out, &cfg, &ck.name, &a.data, spec.devices, &settings)?
-    } else {
-        if holds_a_run(&a.out) && !a.overwrite && !has_saved_state(&a.out) {
-            bail!(
-                "{} holds a run that saved no state (it stopped before its first save): give \
-                 --overwrite to start afresh, or another --out",
-                a.out.display()
-            );
-        }
-        if holds_a_run(&a.out) && !a.overwrite {
-            bail!(
-                "{} holds another run: give --resume to continue it, --overwrite to start \
-                 afresh, or another --out",
-                a.out.display()
-            );
-        }
-        if a.overwrite {
-            // Start afresh: the other run's state and log go (the model is replaced at the
-            // first save).
-            let state = a.out.join("state");
-            if state.exists() {
-                std::fs::remove_dir_all(&state)
-                    .with_context(|| format!("removing {}", state.display()))?;
-            }
-            let log = a.out.join("log.jsonl");
-            if log.exists() {
-                std::fs::remove_file(&log)
-                    .with_context(|| format!("removing {}", log.display()))?;
-            }
-        }
-        0
-    };
+    let settings = run_settings(spec, a, &ck)?;
+    let start = start_step(spec, a, &cfg, &ck.name, &settings)?;
+    let log_path = a.out.join("log.jsonl");
     let until = a.stop_at.unwrap_or(cfg.steps).min(cfg.steps);
     if start >= until {
         eprintln!(
             "the run in {} is at step {start}: nothing to do",
             a.out.display()
         );
-        return Ok(());
+        return Ok(Some(read_log(&log_path)?));
     }
     let created = !a.out.exists();
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let log_path = a.out.join("log.jsonl");
     // The log keeps the steps before the resumed one.
-    let kept: Vec<String> = std::fs::read_to_string(&log_path)
-        .map(|t| {
-            t.lines()
-                .filter(|l| {
-                    serde_json::from_str::<serde_json::Value>(l)
-                        .ok()
-                        .and_then(|v| v["step"].as_u64())
-                        .is_some_and(|s| s < start && a.resume)
-                })
-                .map(String::from)
-                .collect()
-        })
-        .unwrap_or_default();
+    let kept: Vec<StepRecord> = read_log(&log_path)?
+        .into_iter()
+        .filter(|r| a.resume && r.step < start)
+        .collect();
     match a.train {
         TrainWhat::Moe => ck.weights.set_trainable_only(ck.cfg.moe_prefixes()),
         TrainWhat::All => ck.weights.set_trainable(true),
@@ -269,77 +189,193 @@ pub fn fine_tune(spec: &ModelSpec, job: &FineTune) -> Result<()> {
         cfg.steps,
         spec.devices
     );
-    let ran = spec.run_training(&ck, |m| {
+    let steps = Steps {
+        run: &run,
+        start,
+        until,
+        held_out: held_out.as_ref(),
+        job: a,
+        log_path: &log_path,
+        kept: &kept,
+    };
+    let ran = spec.run_training(&ck, |m| steps.run_on(m));
+    if ran.is_err() && created && !a.out.join("state").exists() {
+        // A run that failed before saving anything leaves no folder behind (a saved state
+        // stays, for --resume).
+        let _ = std::fs::remove_dir_all(&a.out);
+    }
+    let log = ran?;
+    eprintln!(
+        "fine-tuned model, log.jsonl and state -> {}",
+        a.out.display()
+    );
+    Ok(log)
+}
+
+/// The loop's settings from the job, checked.
+fn train_config(a: &FineTune) -> Result<TrainConfig> {
+    let cfg = TrainConfig {
+        steps: a.steps,
+        batch_size: a.batch_size,
+        grad_accum: a.grad_accum,
+        lr: a.lr,
+        warmup: a.warmup.unwrap_or(a.steps * 3 / 100),
+        min_lr_ratio: a.min_lr_ratio,
+        weight_decay: a.weight_decay,
+        max_grad_norm: Some(a.max_grad_norm),
+        seed: a.seed,
+        aux_loss: a.aux_loss,
+        save_every: a.save_every,
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// What else the run depends on, which a resumed run must bring the same: the placement (a
+/// file's bytes, as runs have always recorded it; one given as a value, its JSON), the mode,
+/// pruning, the calibration trace, the sequence length, BOS, dtype and what trains.
+fn run_settings(spec: &ModelSpec, a: &FineTune, ck: &Checkpoint) -> Result<serde_json::Value> {
+    let print = |bytes: Vec<u8>| {
+        format!(
+            "{:016x}",
+            occult_core::models::data_parallel::fingerprint(bytes)
+        )
+    };
+    let placement = match (&spec.placement_file, &spec.placement) {
+        (Some(f), _) => Some(print(occult_core::input::read_bytes(f)?)),
+        (None, Some(p)) => Some(print(serde_json::to_vec(p)?)),
+        (None, None) => None,
+    };
+    let calibration = match &spec.calibration {
+        Some(p) => Some(print(occult_core::input::read_bytes(p)?)),
+        None => None,
+    };
+    Ok(serde_json::json!({
+        "placement": placement,
+        "mode": spec.mode(),
+        "max_devices": spec.max_devices(),
+        "prune_limit": spec.prune.map(|l| l.label()),
+        "prune_rule": spec.prune.map(|_| spec.prune_rule),
+        "calibration": calibration,
+        "seq_len": seq_len(ck, a.seq_len),
+        "add_bos": a.add_bos,
+        "dtype": spec.dtype,
+        "train": a.train,
+    }))
+}
+
+/// The step the run starts from: the saved one with `--resume`; else 0, refusing an `--out`
+/// that holds another run unless `--overwrite`, whose state and log then go (the model is
+/// replaced at the first save).
+fn start_step(
+    spec: &ModelSpec,
+    a: &FineTune,
+    cfg: &TrainConfig,
+    model: &str,
+    settings: &serde_json::Value,
+) -> Result<u64> {
+    if a.resume {
+        return Ok(saved_step(
+            &a.out,
+            cfg,
+            model,
+            &a.data,
+            spec.devices,
+            settings,
+        )?);
+    }
+    if holds_a_run(&a.out) && !a.overwrite && !has_saved_state(&a.out) {
+        bail!(
+            "{} holds a run that saved no state (it stopped before its first save): give \
+             --overwrite to start afresh, or another --out",
+            a.out.display()
+        );
+    }
+    if holds_a_run(&a.out) && !a.overwrite {
+        bail!(
+            "{} holds another run: give --resume to continue it, --overwrite to start \
+             afresh, or another --out",
+            a.out.display()
+        );
+    }
+    if a.overwrite {
+        let state = a.out.join("state");
+        if state.exists() {
+            std::fs::remove_dir_all(&state)
+                .with_context(|| format!("removing {}", state.display()))?;
+        }
+        let log = a.out.join("log.jsonl");
+        if log.exists() {
+            std::fs::remove_file(&log).with_context(|| format!("removing {}", log.display()))?;
+        }
+    }
+    Ok(0)
+}
+
+/// The steps one run takes on every rank, and where rank 0 logs them.
+struct Steps<'a> {
+    run: &'a Job<'a>,
+    start: u64,
+    until: u64,
+    held_out: Option<&'a Dataset>,
+    job: &'a FineTune,
+    log_path: &'a Path,
+    /// The records before `start` that the log keeps.
+    kept: &'a [StepRecord],
+}
+
+impl Steps<'_> {
+    /// This rank's part of the run: the loop, with a progress bar and, on rank 0, a line of
+    /// the log per step (the kept records first). Returns rank 0's whole log.
+    fn run_on(&self, m: &occult_core::models::model::Model) -> Result<Vec<StepRecord>> {
+        let a = self.job;
         let rank = m.rank_and_size().0;
-        let bar = crate::progress::rank_bar(rank, until - start, "steps");
+        let bar = crate::progress::rank_bar(rank, self.until - self.start, "steps");
+        let mut records: Vec<StepRecord> = self.kept.to_vec();
         let mut log = if rank == 0 {
             // The kept lines replace the log whole, then the new steps are appended.
-            occult_core::atomic::write_atomic(&log_path, |w| {
-                for l in &kept {
-                    writeln!(w, "{l}")?;
+            occult_core::atomic::write_atomic(self.log_path, |w| {
+                for r in self.kept {
+                    writeln!(w, "{}", r.line())?;
                 }
                 Ok(())
             })?;
             Some(
                 std::fs::OpenOptions::new()
                     .append(true)
-                    .open(&log_path)
-                    .with_context(|| format!("writing {}", log_path.display()))?,
+                    .open(self.log_path)
+                    .with_context(|| format!("writing {}", self.log_path.display()))?,
             )
         } else {
             None
         };
-        train(m, &run, start, until, &mut |step, r| {
-            let seconds = r.seconds;
+        train(m, self.run, self.start, self.until, &mut |step, r| {
             let done = step + 1;
-            let eval_loss = match &held_out {
-                Some(h) if done == until || a.eval_every.is_some_and(|n| done % n == 0) => {
+            let eval_loss = match self.held_out {
+                Some(h) if done == self.until || a.eval_every.is_some_and(|n| done % n == 0) => {
                     Some(heldout_loss(m, &h.examples, a.batch_size)?.loss)
                 }
                 _ => None,
             };
+            let record = StepRecord::of(step, r, eval_loss);
             if let Some(f) = log.as_mut() {
-                let line = serde_json::json!({
-                    "step": step, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
-                    "tokens": r.tokens, "targets": r.targets,
-                    "tokens_per_s": r.tokens as f64 / seconds.max(1e-9),
-                    "ect": r.ect_by_layer, "mean_ect": r.ect,
-                });
-                let mut line = line;
-                if let Some(aux) = r.aux_loss {
-                    line["aux_loss"] = aux.into();
-                }
-                if let Some(e) = eval_loss {
-                    line["eval_loss"] = e.into();
-                }
-                writeln!(f, "{line}").map_err(|e| occult_train::Error::Invalid(e.to_string()))?;
+                writeln!(f, "{}", record.line())
+                    .map_err(|e| occult_train::Error::Invalid(e.to_string()))?;
             }
             bar.set_message(format!(
                 "loss {:.4}  {:.0} tok/s  E[C_T] {:.2}",
-                r.loss,
-                r.tokens as f64 / seconds.max(1e-9),
-                r.ect
+                r.loss, record.tokens_per_s, r.ect
             ));
             if let (Some(e), 0) = (eval_loss, rank) {
                 bar.println(format!("step {done}: held-out loss {e:.4}"));
             }
             bar.inc(1);
+            records.push(record);
             Ok(())
         })?;
         bar.finish_and_clear();
-        Ok(())
-    });
-    if ran.is_err() && created && !a.out.join("state").exists() {
-        // A run that failed before saving anything leaves no folder behind (a saved state
-        // stays, for --resume).
-        let _ = std::fs::remove_dir_all(&a.out);
+        Ok(records)
     }
-    ran?;
-    eprintln!(
-        "fine-tuned model, log.jsonl and state -> {}",
-        a.out.display()
-    );
-    Ok(())
 }
 
 /// Refuses an `--out` folder that is the input model's folder or lies inside it: the

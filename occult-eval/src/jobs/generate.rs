@@ -175,11 +175,8 @@ pub fn generate(
         }
         encoded.push((prompt, limit));
     }
-    let work = occult_core::models::data_parallel::fingerprint(
-        format!("{encoded:?} {} {} {}", a.seed, a.temperature, a.top_p).into_bytes(),
-    );
-    let Some(results) = spec.run(&ck, |m| {
-        m.check_same_work("prompts or sampling flags", work)?;
+    let work = format!("{encoded:?} {} {} {}", a.seed, a.temperature, a.top_p).into_bytes();
+    let Some(results) = spec.run_same(&ck, "prompts or sampling flags", work, |m| {
         let mut mine = Vec::new();
         for i in m.shard(encoded.len()) {
             let (prompt, limit) = &encoded[i];

@@ -134,11 +134,8 @@ pub fn profile(spec: &ModelSpec, job: &ProfileJob) -> Result<Option<Profiled>> {
         bail!("{}: the documents hold no tokens", a.data.display());
     }
     let cfg = ck.cfg.clone();
-    let work = occult_core::models::data_parallel::fingerprint(
-        windows.iter().flatten().flat_map(|x| x.to_le_bytes()),
-    );
-    let Some(rec) = spec.run(&ck, |m| {
-        m.check_same_work("calibration windows", work)?;
+    let work = windows.iter().flatten().flat_map(|x| x.to_le_bytes());
+    let Some(rec) = spec.run_same(&ck, "calibration windows", work, |m| {
         let share = &windows[m.shard(windows.len())];
         let mine = share.iter().map(Vec::len).sum::<usize>() as u64;
         let bar = crate::progress::rank_bar(m.rank_and_size().0, mine, "tokens");

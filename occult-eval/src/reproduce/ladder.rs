@@ -1,12 +1,14 @@
 //! The E[C_T] table of the paper on a routing trace: standard k-copy dispatch, Occult's
-//! deduplicated dispatch, then greedy (the paper's) and our placement, then pruning to fewer
-//! devices with each rule; exact rows, remote rows and bytes per step.
+//! deduplicated dispatch, then each placement method of [`Method::ALL`] after the contiguous
+//! one (greedy, the paper's, and ours), then pruning to fewer devices with each rule; exact
+//! rows, remote rows and bytes per step.
 
 use anyhow::Result;
 use occult_core::analysis::cost::cluster::NodeStats;
 use occult_core::analysis::placement::{Method, Placement, SearchConfig};
 use occult_core::analysis::pruning::PruneRule;
 use occult_core::analysis::routing::RouterRule;
+use occult_core::analysis::run_key::DispatchMode;
 use occult_core::analysis::trace::Trace;
 use occult_core::analysis::{place_trace, prune_trace, trace_node_stats, trace_stats, TraceStats};
 use serde::Serialize;
@@ -16,6 +18,8 @@ use std::time::Instant;
 #[derive(Clone, Debug, Serialize)]
 pub struct Step {
     pub step: String,
+    /// How rows travel: `standard` (k copies) for the first step, `occult` for the others.
+    pub dispatch: DispatchMode,
     pub placement: String,
     /// Pruned to this many devices, if pruned.
     pub max_devices: Option<usize>,
@@ -46,26 +50,41 @@ pub struct LadderSettings<'a> {
     pub router: &'a RouterRule,
 }
 
-/// The three placements of the table.
+/// The placements of the table: one per method of [`Method::ALL`], in its order.
 #[derive(Clone, Debug)]
 pub struct Placements {
-    /// Expert e on device e / (E / D): what frameworks do without profiling.
-    pub contiguous: Placement,
-    /// The paper's Algorithm 1.
-    pub greedy: Placement,
-    /// Ours: the swap search.
-    pub ours: Placement,
+    by_method: Vec<(Method, Placement)>,
+    /// Seconds each method's placement took.
+    seconds: Vec<f64>,
 }
 
 impl Placements {
     /// Each with its method, in the table's order.
     pub fn iter(&self) -> impl Iterator<Item = (Method, &Placement)> {
-        [
-            (Method::Contiguous, &self.contiguous),
-            (Method::Greedy, &self.greedy),
-            (Method::Occult, &self.ours),
-        ]
-        .into_iter()
+        self.by_method.iter().map(|(m, p)| (*m, p))
+    }
+
+    /// The placement of method `m` (every method of [`Method::ALL`] has one).
+    pub fn get(&self, m: Method) -> &Placement {
+        self.iter()
+            .find(|&(x, _)| x == m)
+            .map(|(_, p)| p)
+            .expect("every method of Method::ALL is placed")
+    }
+
+    /// Ours: the swap search, which every stage after the table serves under.
+    pub fn ours(&self) -> &Placement {
+        self.get(Method::Occult)
+    }
+}
+
+/// The step of the table that shows method `m`'s placement under Occult's dispatch.
+fn placement_step(m: Method) -> &'static str {
+    match m {
+        Method::Contiguous => "dedup only (Occult dispatch)",
+        Method::Greedy => "+ paper-greedy placement",
+        Method::Occult => "+ our placement",
+        Method::Eplb => "+ EPLB placement",
     }
 }
 
@@ -77,24 +96,22 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
         max_load_factor: None,
         nodes: None,
     };
-    let mut search_secs = Vec::new();
-    let mut place = |m: Method| -> Result<Placement> {
+    let mut placements = Placements {
+        by_method: Vec::new(),
+        seconds: Vec::new(),
+    };
+    for m in Method::ALL {
         let t = Instant::now();
         let (p, _) = place_trace(trace, s.devices, m, &cfg, &|| {})?;
-        search_secs.push(t.elapsed().as_secs_f64());
-        Ok(p)
-    };
-    let placements = Placements {
-        contiguous: place(Method::Contiguous)?,
-        greedy: place(Method::Greedy)?,
-        ours: place(Method::Occult)?,
-    };
+        placements.seconds.push(t.elapsed().as_secs_f64());
+        placements.by_method.push((m, p));
+    }
     let tokens: usize = trace.layers.iter().map(|l| l.tokens).sum();
     let per_tok = |x: u64| x as f64 / tokens.max(1) as f64;
     let sum = |st: &TraceStats, f: fn(&occult_core::analysis::collab::LayerStats) -> u64| {
         st.layers.iter().map(f).sum::<u64>()
     };
-    let contiguous = trace_stats(trace, &placements.contiguous, s.row_bytes, true)?;
+    let contiguous = trace_stats(trace, placements.get(Method::Contiguous), s.row_bytes, true)?;
     let base_bytes = sum(&contiguous, |l| l.remote_rows_standard) * s.row_bytes;
     // Two nodes of D / 2: E[C_N] and the rows across them (standard's and two-level's).
     let two_nodes = |t: &Trace, p: &Placement| -> Result<Option<(f64, u64, u64)>> {
@@ -118,6 +135,7 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
         let remote = sum(st, |l| l.remote_rows_occult);
         Step {
             step: name.into(),
+            dispatch: DispatchMode::Occult,
             placement: placement.into(),
             max_devices: prune.map(|p| p.0),
             rule: prune.map(|p| p.1.name().to_string()),
@@ -132,10 +150,11 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
             inter_rows_per_token_two_nodes: nodes.map(|n| per_tok(n.2)),
         }
     };
-    let contiguous_nodes = two_nodes(trace, &placements.contiguous)?;
+    let contiguous_nodes = two_nodes(trace, placements.get(Method::Contiguous))?;
     let mut steps = vec![Step {
         step: "standard dispatch (k copies)".into(),
-        placement: "contiguous".into(),
+        dispatch: DispatchMode::Standard,
+        placement: Method::Contiguous.name().into(),
         max_devices: None,
         rule: None,
         ect: contiguous.mean_ect,
@@ -148,17 +167,12 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
         ecn_two_nodes: contiguous_nodes.map(|n| n.0),
         inter_rows_per_token_two_nodes: contiguous_nodes.map(|n| per_tok(n.1)),
     }];
-    for ((m, p), secs) in placements.iter().zip(&search_secs) {
+    for ((m, p), secs) in placements.iter().zip(&placements.seconds) {
         let st = trace_stats(trace, p, s.row_bytes, true)?;
-        let name = match m {
-            Method::Contiguous => "dedup only (Occult dispatch)",
-            Method::Greedy => "+ paper-greedy placement",
-            Method::Occult => "+ our placement",
-            Method::Eplb => "+ EPLB placement",
-        };
+        let name = placement_step(m);
         steps.push(step(name, m.name(), &st, two_nodes(trace, p)?, None, *secs));
     }
-    let best = &placements.ours;
+    let best = placements.ours();
     for &n in s.prune_devices {
         for &rule in s.rules {
             let t = Instant::now();
@@ -168,7 +182,7 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
             let secs = t.elapsed().as_secs_f64();
             steps.push(step(
                 &name,
-                "occult",
+                Method::Occult.name(),
                 &st,
                 two_nodes(&pruned, best)?,
                 Some((n, rule, report.changed_fraction)),

@@ -50,7 +50,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     let s = subject(recipe, ranks.mpi())?;
     let cfg = crate::context::spec::model_config(&s.model)?;
     progress.stage("routing profile on the calibration text");
-    let trace = profile_stage(recipe, &s, &ranks, out)?;
+    let trace = std::sync::Arc::new(profile_stage(recipe, &s, &ranks, out)?);
     progress.stage("placements and the E[C_T] table");
     let (steps, placements, placed) = placement_stage(recipe, &cfg, &trace, &ranks, out)?;
     let (speed, shaped) = speed_stage(recipe, &s, &placed, &ranks, out, &mut progress)?;
@@ -82,23 +82,35 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     let mut plots = plots::draw_all(out, &steps, &speed, &quality)?;
     let collaboration = match collab_trace {
         Some((routing, after)) => {
-            let (value, plot) =
-                collaboration(recipe, &cfg, &trace, &after, &placements.ours, routing, out)?;
+            let (shift, plot) = collaboration(
+                recipe,
+                &cfg,
+                &trace,
+                &after,
+                placements.ours(),
+                routing,
+                out,
+            )?;
             plots.push(plot);
-            value
+            Some(shift)
         }
-        None => serde_json::Value::Null,
+        None => None,
+    };
+    let correlation = results::Correlation {
+        measured: speed::ect_time_correlation(&speed, true),
+        projected: speed::ect_time_correlation(&speed, false),
     };
     let found = Findings {
         steps,
         replicas,
-        speed,
-        shaped,
         finetunes,
         quality,
         differences,
+        speed,
         projection,
+        shaped,
         collaboration,
+        correlation,
         plots,
     };
     let seconds = progress.clock.elapsed().as_secs_f64();
@@ -118,25 +130,11 @@ fn write_outputs(
     out: &Path,
 ) -> Result<()> {
     let md = report::full(recipe, origin, cfg, trace, f, seconds);
-    let results = with_provenance(serde_json::json!({
-        "config": {"recipe": recipe, "recipe_source": origin, "model": s.model,
-                   "builtin": s.builtin},
-        "ect_table": f.steps,
-        "placements_with_replicas": f.replicas,
-        "finetune": f.finetunes,
-        "quality": f.quality,
-        "quality_differences": f.differences,
-        "speed": f.speed,
-        "projection": f.projection,
-        "shaped": f.shaped,
-        "collaboration": f.collaboration,
-        "correlation": {
-            "measured": speed::ect_time_correlation(&f.speed, true),
-            "projected": speed::ect_time_correlation(&f.speed, false),
-        },
-        "plots": f.plots.iter().map(|p| p.file_name().map(|n| n.to_string_lossy().to_string())).collect::<Vec<_>>(),
-        "seconds": seconds,
-    }));
+    let mut results = serde_json::to_value(f)?;
+    results["config"] = serde_json::json!({"recipe": recipe, "recipe_source": origin,
+        "model": s.model, "builtin": s.builtin});
+    results["seconds"] = seconds.into();
+    let results = with_provenance(results);
     write_json(&out.join("results.json"), &results)?;
     occult_core::atomic::write_atomic(&out.join("report.md"), |w| {
         std::io::Write::write_all(w, md.as_bytes())

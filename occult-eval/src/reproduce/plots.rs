@@ -9,6 +9,8 @@ use super::ladder::Step;
 use super::results::QualityRow;
 use super::speed::SpeedRow;
 use anyhow::{anyhow, Result};
+use occult_core::analysis::placement::Method;
+use occult_core::analysis::run_key::{DispatchMode, MoeMode, RunKey};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
@@ -87,7 +89,7 @@ pub fn ect_bars(path: &Path, steps: &[Step]) -> Result<()> {
             (Some(d), Some(r)) => format!("prune {d} ({})", &r[..3]),
             _ => {
                 s.placement.clone()
-                    + if s.step.starts_with("standard") {
+                    + if s.dispatch == DispatchMode::Standard {
                         " k-copy"
                     } else {
                         ""
@@ -216,53 +218,7 @@ pub fn draw_all(
     let p = out.join("ect.png");
     ect_bars(&p, steps)?;
     written.push(p);
-    // Each mode's prefill speed-up over standard dispatch at each size: measured locally,
-    // measured over shaped links, and projected onto the local suite's link profile.
-    let mut series: Vec<Series> = Vec::new();
-    for (suite, kind) in [("prefill", "local"), ("prefill, shaped", "shaped links")] {
-        let rows: Vec<&SpeedRow> = speed.iter().filter(|r| r.suite == suite).collect();
-        let mut modes: Vec<&str> = Vec::new();
-        for r in &rows {
-            if !modes.contains(&r.mode.as_str()) {
-                modes.push(r.mode.as_str());
-            }
-        }
-        for mode in modes
-            .into_iter()
-            .filter(|m| *m != "standard" && !m.starts_with("reference"))
-        {
-            let speedup = |projected: bool| -> Vec<(f64, f64)> {
-                let time = |r: &SpeedRow| {
-                    if projected {
-                        r.projected_seconds
-                    } else {
-                        Some(r.seconds)
-                    }
-                };
-                rows.iter()
-                    .filter(|r| r.mode == mode)
-                    .filter_map(|r| {
-                        let std = rows
-                            .iter()
-                            .find(|s| s.mode == "standard" && s.tokens == r.tokens)?;
-                        Some((r.tokens as f64, time(std)? / time(r)?.max(1e-12)))
-                    })
-                    .collect()
-            };
-            series.push(Series::plain(
-                format!("{mode}, measured ({kind})"),
-                speedup(false),
-            ));
-            if kind == "local" {
-                let link = rows.first().map_or("", |r| r.link.as_str());
-                series.push(Series::plain(
-                    format!("{mode}, projected ({link})"),
-                    speedup(true),
-                ));
-            }
-        }
-    }
-    series.retain(|s| !s.points.is_empty());
+    let series = speedup_series(speed);
     if !series.is_empty() {
         let p = out.join("speedup_vs_tokens.png");
         let axes = ("tokens over all ranks", "speed-up over standard dispatch");
@@ -275,20 +231,87 @@ pub fn draw_all(
         )?;
         written.push(p);
     }
-    // Mean accuracy against the E[C_T] of the routing served.
+    let groups = quality_series(steps, quality);
+    if !groups.is_empty() {
+        let p = out.join("quality_vs_ect.png");
+        let axes = (
+            "E[C_T] of the routing served",
+            "mean accuracy (95% interval)",
+        );
+        lines(&p, "Mean task accuracy against E[C_T]", axes, &groups, true)?;
+        written.push(p);
+    }
+    Ok(written)
+}
+
+/// Each run's prefill speed-up over standard dispatch at each size: measured locally, measured
+/// over shaped links, and projected onto the local suite's link profile (series with points
+/// only).
+fn speedup_series(speed: &[SpeedRow]) -> Vec<Series> {
+    let mut series: Vec<Series> = Vec::new();
+    for (suite, kind) in [("prefill", "local"), ("prefill, shaped", "shaped links")] {
+        let rows: Vec<&SpeedRow> = speed.iter().filter(|r| r.suite == suite).collect();
+        let mut keys: Vec<RunKey> = Vec::new();
+        for r in &rows {
+            if !keys.contains(&r.key) {
+                keys.push(r.key);
+            }
+        }
+        let compared = keys
+            .into_iter()
+            .filter(|k| !k.is_baseline() && k.mode != MoeMode::Reference);
+        for key in compared {
+            let speedup = |projected: bool| -> Vec<(f64, f64)> {
+                let time = |r: &SpeedRow| {
+                    if projected {
+                        r.projected_seconds
+                    } else {
+                        Some(r.seconds)
+                    }
+                };
+                rows.iter()
+                    .filter(|r| r.key == key)
+                    .filter_map(|r| {
+                        let std = rows
+                            .iter()
+                            .find(|s| s.key.is_baseline() && s.tokens == r.tokens)?;
+                        Some((r.tokens as f64, time(std)? / time(r)?.max(1e-12)))
+                    })
+                    .collect()
+            };
+            series.push(Series::plain(
+                format!("{key}, measured ({kind})"),
+                speedup(false),
+            ));
+            if kind == "local" {
+                let link = rows.first().map_or("", |r| r.link.as_str());
+                series.push(Series::plain(
+                    format!("{key}, projected ({link})"),
+                    speedup(true),
+                ));
+            }
+        }
+    }
+    series.retain(|s| !s.points.is_empty());
+    series
+}
+
+/// Mean accuracy against the E[C_T] of the routing served, with the report's 95% intervals:
+/// one series per (model, rule): the start, standard and pruned fine-tuning, each pruned
+/// serving drawn with its rule's series; exact serving belongs to every rule's series. Node
+/// limits have no E[C_T] row of their own in the table and are not drawn.
+fn quality_series(steps: &[Step], quality: &[QualityRow]) -> Vec<Series> {
     let ect_of = |n: Option<usize>, rule: &Option<String>| -> Option<f64> {
         match n {
             None => steps
                 .iter()
-                .find(|s| s.placement == "occult" && s.max_devices.is_none()),
+                .find(|s| s.placement == Method::Occult.name() && s.max_devices.is_none()),
             Some(n) => steps
                 .iter()
                 .find(|s| s.max_devices == Some(n) && s.rule.as_ref() == rule.as_ref()),
         }
         .map(|s| s.ect)
     };
-    // One series per (model, rule): the start, standard and pruned fine-tuning, each pruned
-    // serving drawn with its rule's series; exact serving belongs to every rule's series.
     let mut groups: Vec<Series> = Vec::new();
     let rules: Vec<String> = {
         let mut r: Vec<String> = quality.iter().filter_map(|r| r.rule.clone()).collect();
@@ -304,7 +327,6 @@ pub fn draw_all(
         } else {
             "pruned fine-tuning"
         };
-        // Node limits have no E[C_T] row of their own in the table: not drawn.
         let rows: Vec<&QualityRow> = quality
             .iter()
             .filter(|r| r.variant == variant && r.max_nodes.is_none())
@@ -315,16 +337,16 @@ pub fn draw_all(
             .collect();
         served.dedup();
         for (n, rule) in served {
-            let at: Vec<&&QualityRow> = rows
+            let at: Vec<&QualityRow> = rows
                 .iter()
+                .copied()
                 .filter(|r| r.max_devices == n && r.rule == rule)
                 .collect();
             let Some(ect) = ect_of(n, &rule) else {
                 continue;
             };
             // The 95% interval of the report's table (over seeds too when there are several).
-            let rows: Vec<&QualityRow> = at.iter().map(|r| **r).collect();
-            let Ok(p) = super::report::mean_interval(&rows) else {
+            let Ok(p) = super::report::mean_interval(&at) else {
                 continue;
             };
             let (mean, error) = (p.diff, (p.diff - p.lo, p.hi - p.diff));
@@ -333,17 +355,7 @@ pub fn draw_all(
                 None => rules.iter().map(|r| format!("{model}, {r} rule")).collect(),
             };
             for name in names {
-                let g = match groups.iter_mut().position(|g| g.name == name) {
-                    Some(i) => &mut groups[i],
-                    None => {
-                        groups.push(Series::plain(name, Vec::new()));
-                        groups.last_mut().expect("just pushed")
-                    }
-                };
-                if !g.points.contains(&(ect, mean)) {
-                    g.points.push((ect, mean));
-                    g.errors.push(error);
-                }
+                add_point(&mut groups, name, (ect, mean), error);
             }
         }
     }
@@ -358,16 +370,22 @@ pub fn draw_all(
         (g.points, g.errors) = both.into_iter().unzip();
     }
     groups.retain(|g| !g.points.is_empty());
-    if !groups.is_empty() {
-        let p = out.join("quality_vs_ect.png");
-        let axes = (
-            "E[C_T] of the routing served",
-            "mean accuracy (95% interval)",
-        );
-        lines(&p, "Mean task accuracy against E[C_T]", axes, &groups, true)?;
-        written.push(p);
+    groups
+}
+
+/// Adds `point` with its error bar to the series named `name` (made when new), once.
+fn add_point(groups: &mut Vec<Series>, name: String, point: (f64, f64), error: (f64, f64)) {
+    let g = match groups.iter().position(|g| g.name == name) {
+        Some(i) => &mut groups[i],
+        None => {
+            groups.push(Series::plain(name, Vec::new()));
+            groups.last_mut().expect("just pushed")
+        }
+    };
+    if !g.points.contains(&point) {
+        g.points.push(point);
+        g.errors.push(error);
     }
-    Ok(written)
 }
 
 /// Co-activation of experts in one layer: `m[i][j]` = tokens that chose both `i` and `j`

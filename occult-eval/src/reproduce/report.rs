@@ -8,6 +8,7 @@ use super::results::{FinetuneRow, QualityRow};
 use super::speed::SpeedRow;
 use crate::harness::paired::mean_sd;
 use crate::table::{count, fmt_opt, Table};
+use occult_core::analysis::run_key::{DispatchMode, MoeMode, RunKey};
 use occult_core::analysis::trace::Trace;
 use occult_core::models::config::ModelConfig;
 use std::collections::BTreeMap;
@@ -282,7 +283,7 @@ fn speed_table(speed: &[SpeedRow]) -> String {
     for r in speed {
         let base = speed
             .iter()
-            .find(|b| b.suite == r.suite && b.tokens == r.tokens && b.mode == "standard");
+            .find(|b| b.suite == r.suite && b.tokens == r.tokens && b.key.is_baseline());
         t.row(vec![
             r.suite.clone(),
             r.tokens.to_string(),
@@ -324,12 +325,12 @@ fn speed_headlines(speed: &[SpeedRow]) -> String {
         let rows: Vec<&SpeedRow> = speed.iter().filter(|r| r.suite == suite).collect();
         let tokens = rows.iter().map(|r| r.tokens).max().unwrap_or(0);
         let at: Vec<&&SpeedRow> = rows.iter().filter(|r| r.tokens == tokens).collect();
-        let Some(base) = at.iter().find(|r| r.mode == "standard") else {
+        let Some(base) = at.iter().find(|r| r.key.is_baseline()) else {
             continue;
         };
         let parts: Vec<String> = at
             .iter()
-            .filter(|r| r.mode.starts_with("occult") || r.mode.starts_with("two-level"))
+            .filter(|r| r.key.pre_reduces())
             .map(|r| {
                 let projected = match (base.projected_seconds, r.projected_seconds) {
                     (Some(b), Some(x)) if x > 0.0 => format!(", {:.2}x projected", b / x),
@@ -577,7 +578,11 @@ pub fn projection_section(
     } else {
         p.rows.first().map(|m| m.devices)
     };
-    for m in p.rows.iter().filter(|m| m.mode != "standard") {
+    for m in p
+        .rows
+        .iter()
+        .filter(|m| m.dispatch != DispatchMode::Standard)
+    {
         if Some(m.tokens_per_device) == tokens && Some(m.devices) == devices {
             md += &format!(
                 "- {}, D = {}, {}: layer {:.2}x, training step {:.2}x.\n",
@@ -687,7 +692,7 @@ fn nodes_section(
         for r in &shaped {
             let base = shaped
                 .iter()
-                .find(|b| b.suite == r.suite && b.mode == "standard");
+                .find(|b| b.suite == r.suite && b.key.is_baseline());
             t.row(vec![
                 r.suite.clone(),
                 r.mode.clone(),
@@ -703,13 +708,13 @@ fn nodes_section(
         }
         md += &t.render();
         for suite in ["prefill", "train"] {
-            let find = |mode: &str| {
+            let find = |mode: MoeMode| {
                 shaped
                     .iter()
-                    .find(|r| r.suite.starts_with(suite) && r.mode == mode)
+                    .find(|r| r.suite.starts_with(suite) && r.key == RunKey::exact(mode))
                     .map(|r| r.seconds)
             };
-            if let (Some(flat), Some(two)) = (find("occult"), find("two-level")) {
+            if let (Some(flat), Some(two)) = (find(MoeMode::Occult), find(MoeMode::TwoLevel)) {
                 md += &format!(
                     "\n- {suite}: the two-level exchange {:.2}x the flat one, measured.",
                     flat / two.max(1e-12)
@@ -750,7 +755,7 @@ pub fn full(
         seconds,
     );
     md += &differences_section(&f.differences);
-    if let Some(why) = f.shaped["reason"].as_str() {
+    if let Some(why) = f.shaped.as_ref().and_then(|s| s.reason.as_deref()) {
         md += &format!(
             "\nThe shaped-link measurement (scripts/shaped_links.sh) did not run: {why}.\n"
         );
@@ -760,14 +765,13 @@ pub fn full(
     if let Some(p) = &f.projection {
         md += &projection_section(p, &recipe.projection, recipe.devices);
     }
-    let c = &f.collaboration;
-    if let (Some(b), Some(a)) = (c["ect_before"].as_f64(), c["ect_after"].as_f64()) {
+    if let Some(c) = &f.collaboration {
         md += &format!(
             "\n## Collaboration before and after pruned fine-tuning\n\nThe routing the model \
              chooses on its own (unpruned) on the calibration text, under our placement: E[C_T] \
-             {b:.3} at the start, {a:.3} after {} fine-tuning. Co-activation of the first MoE \
+             {:.3} at the start, {:.3} after {} fine-tuning. Co-activation of the first MoE \
              layer's experts, grouped by device:\n\n![Collaboration](collaboration.png)\n",
-            c["variant"].as_str().unwrap_or_default()
+            c.ect_before, c.ect_after, c.variant
         );
     }
     md

@@ -164,21 +164,84 @@ pub struct FinetuneRow {
     pub seconds: f64,
 }
 
-/// What the stages found, as the report and `results.json` give it.
+/// Whether the shaped-link run ran: at which rate, or why not.
+#[derive(Clone, Debug, Serialize)]
+pub struct ShapedOutcome {
+    pub ran: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl ShapedOutcome {
+    pub fn ran(rate: &str) -> Self {
+        ShapedOutcome {
+            ran: true,
+            rate: Some(rate.to_string()),
+            reason: None,
+        }
+    }
+
+    pub fn skipped(reason: String) -> Self {
+        ShapedOutcome {
+            ran: false,
+            rate: None,
+            reason: Some(reason),
+        }
+    }
+}
+
+/// E[C_T] before and after pruned fine-tuning: the routing the fine-tuned model chooses on its
+/// own (unpruned) on the calibration text, under our placement.
+#[derive(Clone, Debug, Serialize)]
+pub struct CollaborationShift {
+    /// The routing the model was fine-tuned under.
+    pub variant: String,
+    pub ect_before: f64,
+    pub ect_after: f64,
+}
+
+/// Pearson's correlation of E[C_T] with time over the Occult rows of the speed table.
+#[derive(Clone, Debug, Serialize)]
+pub struct Correlation {
+    pub measured: Option<f64>,
+    pub projected: Option<f64>,
+}
+
+/// What the stages found, as the report gives it and as `results.json` holds it (its keys are
+/// the serde names here).
+#[derive(Serialize)]
 pub struct Findings {
+    #[serde(rename = "ect_table")]
     pub steps: Vec<super::ladder::Step>,
     /// The placements section: partitions, EPLB and ours with replicas, on the recipe's
     /// devices.
+    #[serde(rename = "placements_with_replicas")]
     pub replicas: Vec<crate::bench::place::PlaceRun>,
-    pub speed: Vec<super::speed::SpeedRow>,
-    /// Whether the shaped-link run ran, and why not.
-    pub shaped: serde_json::Value,
+    #[serde(rename = "finetune")]
     pub finetunes: Vec<FinetuneRow>,
     pub quality: Vec<QualityRow>,
     /// Paired differences with bootstrap intervals (pruned servings and pruned fine-tunings).
+    #[serde(rename = "quality_differences")]
     pub differences: Vec<QualityDiff>,
+    pub speed: Vec<super::speed::SpeedRow>,
     pub projection: Option<occult_core::analysis::cost::projection::ProjectReport>,
+    /// Whether the shaped-link run ran, and why not (`None`: the speed stage or the shaped
+    /// run is skipped by the recipe).
+    pub shaped: Option<ShapedOutcome>,
     /// E[C_T] before and after pruned fine-tuning.
-    pub collaboration: serde_json::Value,
+    pub collaboration: Option<CollaborationShift>,
+    pub correlation: Correlation,
+    /// The plots written, as file names.
+    #[serde(serialize_with = "file_names")]
     pub plots: Vec<std::path::PathBuf>,
+}
+
+fn file_names<S: serde::Serializer>(paths: &[std::path::PathBuf], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(
+        paths
+            .iter()
+            .map(|p| p.file_name().map(|n| n.to_string_lossy().to_string())),
+    )
 }

@@ -6,6 +6,7 @@
 
 use super::speed::SpeedRow;
 use anyhow::{bail, Context, Result};
+use occult_core::analysis::run_key::RunKey;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -200,27 +201,45 @@ fn run_level(
     Ok(rows)
 }
 
-/// The EP modes of a bench's JSON (`results`) as speed rows.
+/// What the speed rows take of a bench's JSON: each run's figures.
+#[derive(Deserialize)]
+struct BenchFile {
+    results: Vec<BenchRow>,
+}
+
+#[derive(Deserialize)]
+struct BenchRow {
+    run: RunKey,
+    devices: usize,
+    tokens: usize,
+    ect: f64,
+    rows_sent: usize,
+    bytes_sent: u64,
+    seconds: f64,
+    projected_seconds: Option<f64>,
+}
+
+/// The EP runs of a bench's JSON (`results`) as speed rows.
 fn read_rows(path: &Path, suite: &str, link: &str) -> Result<Vec<SpeedRow>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text)?;
-    let results = v["results"]
-        .as_array()
-        .with_context(|| format!("no results in {}", path.display()))?;
-    Ok(results
-        .iter()
-        .filter(|r| r["devices"].as_u64() > Some(1))
+    let file: BenchFile = serde_json::from_str(&text)
+        .with_context(|| format!("reading the bench results {}", path.display()))?;
+    Ok(file
+        .results
+        .into_iter()
+        .filter(|r| r.devices > 1)
         .map(|r| SpeedRow {
             suite: suite.into(),
-            mode: r["mode"].as_str().unwrap_or_default().into(),
-            devices: r["devices"].as_u64().unwrap_or(0) as usize,
-            tokens: r["tokens"].as_u64().unwrap_or(0) as usize,
-            ect: r["ect"].as_f64().unwrap_or(f64::NAN),
-            rows_sent: r["rows_sent"].as_u64().unwrap_or(0) as usize,
-            bytes_sent: r["bytes_sent"].as_u64().unwrap_or(0),
-            seconds: r["seconds"].as_f64().unwrap_or(f64::NAN),
-            projected_seconds: r["projected_seconds"].as_f64(),
+            key: r.run,
+            mode: r.run.to_string(),
+            devices: r.devices,
+            tokens: r.tokens,
+            ect: r.ect,
+            rows_sent: r.rows_sent,
+            bytes_sent: r.bytes_sent,
+            seconds: r.seconds,
+            projected_seconds: r.projected_seconds,
             link: link.into(),
         })
         .collect())

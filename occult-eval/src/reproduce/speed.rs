@@ -10,6 +10,7 @@ use crate::bench::train::{self, TrainBench};
 use crate::context::ModelSpec;
 use anyhow::Result;
 use occult_core::analysis::cost::links::LinkProfile;
+use occult_core::analysis::run_key::{MoeMode, RunKey};
 use serde::{Deserialize, Serialize};
 
 /// What the speed stage measures.
@@ -56,6 +57,10 @@ impl Default for SpeedRecipe {
 pub struct SpeedRow {
     /// `prefill` (the whole model), `layers` (its MoE layers), `decode` or `train`.
     pub suite: String,
+    /// What ran: its mode, pruning and copy rule.
+    #[serde(rename = "run")]
+    pub key: RunKey,
+    /// The key's label.
     pub mode: String,
     pub devices: usize,
     /// Tokens over all ranks (decode: one per sequence).
@@ -73,6 +78,7 @@ pub struct SpeedRow {
 fn row(suite: &str, r: &ModeSummary, link: &str) -> SpeedRow {
     SpeedRow {
         suite: suite.into(),
+        key: r.key,
         mode: r.mode.clone(),
         devices: r.devices,
         tokens: r.tokens,
@@ -156,7 +162,7 @@ pub fn speed(opts: &ModelSpec, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
 }
 
 /// Pearson's correlation of E[C_T] with time over the Occult-dispatch rows (exact and pruned,
-/// which differ only in E[C_T]) of each suite and size, pooled after dividing each time by its
+/// which differ only in E[C_T]; flat, not two-level) of each suite and size, pooled after dividing each time by its
 /// group's mean; `measured` picks measured or projected times. `None` with fewer than 3 points.
 pub fn ect_time_correlation(rows: &[SpeedRow], measured: bool) -> Option<f64> {
     let mut pts: Vec<(f64, f64)> = Vec::new();
@@ -170,7 +176,7 @@ pub fn ect_time_correlation(rows: &[SpeedRow], measured: bool) -> Option<f64> {
     for (suite, tokens) in groups {
         let g: Vec<(f64, f64)> = rows
             .iter()
-            .filter(|r| r.suite == suite && r.tokens == tokens && r.mode.starts_with("occult"))
+            .filter(|r| r.suite == suite && r.tokens == tokens && r.key.mode == MoeMode::Occult)
             .filter_map(|r| {
                 let t = if measured {
                     Some(r.seconds)

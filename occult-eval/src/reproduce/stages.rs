@@ -6,22 +6,26 @@ use super::ladder::{ect_ladder, LadderSettings, Placements, Step};
 use super::plots;
 use super::ranks::{Progress, Ranks};
 use super::recipe::{self, Recipe};
-use super::results::{FinetuneRow, QualityRow, Routing};
+use super::results::{CollaborationShift, FinetuneRow, QualityRow, Routing, ShapedOutcome};
 use super::shaped;
 use super::speed::{self, SpeedRow};
 use super::subject::Subject;
 use crate::context::ModelSpec;
-use crate::jobs::eval::{evaluate, EvalJob};
+use crate::harness::results::TaskResults;
+use crate::harness::task::Metric;
+use crate::jobs::eval::{evaluate, EvalJob, Evaluated};
 use crate::jobs::fine_tune::{fine_tune, FineTune};
 use crate::jobs::profile::{profile, ProfileJob};
 use anyhow::{Context, Result};
 use occult_core::analysis::cost::projection::{ProjectReport, ProjectSettings};
 use occult_core::analysis::placement::Placement;
 use occult_core::analysis::pruning::{PruneLimit, PruneRule};
+use occult_core::analysis::run_key::MoeMode;
 use occult_core::analysis::trace::Trace;
 use occult_core::models::config::ModelConfig;
-use occult_core::models::model::MoeMode;
+use occult_train::log::StepRecord;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The model on the recipe's ranks in Occult dispatch, without a placement.
@@ -52,6 +56,7 @@ pub fn routed_spec(model: &str, r: &Recipe, placement: &Placed, routing: Routing
         o.prune_rule = rule;
         if rule == PruneRule::Similarity {
             o.calibration = Some(placement.trace_file.clone());
+            o.calibration_trace = Some(placement.trace.clone());
         }
     }
     o
@@ -63,6 +68,8 @@ pub struct Placed {
     pub placement: Placement,
     pub file: PathBuf,
     pub trace_file: PathBuf,
+    /// The calibration trace, in memory (the similarity rule's tables come from it).
+    pub trace: Arc<Trace>,
 }
 
 /// The routing profile on the calibration text, on the recipe's ranks (one device locally);
@@ -95,7 +102,7 @@ pub fn profile_stage(recipe: &Recipe, s: &Subject, ranks: &Ranks, out: &Path) ->
 pub fn placement_stage(
     recipe: &Recipe,
     cfg: &ModelConfig,
-    trace: &Trace,
+    trace: &Arc<Trace>,
     ranks: &Ranks,
     out: &Path,
 ) -> Result<(Vec<Step>, Option<Placements>, Placed)> {
@@ -121,18 +128,19 @@ pub fn placement_stage(
     } else {
         (Vec::new(), None)
     };
-    let ours = placements.as_ref().map(|p| p.ours.clone());
+    let ours = placements.as_ref().map(|p| p.ours().clone());
     let placement = ranks.share(ours, &file, |p| Ok(Placement::read(p)?))?;
     let placed = Placed {
         placement,
         file,
         trace_file: out.join("trace.safetensors"),
+        trace: trace.clone(),
     };
     Ok((steps, placements, placed))
 }
 
 /// The speed stage (measured and projected), then again over shaped links where the machine
-/// allows; the shaped run's outcome as JSON (`ran`, and why not).
+/// allows; the shaped run's outcome (`None` where the recipe skips it).
 pub fn speed_stage(
     recipe: &Recipe,
     s: &Subject,
@@ -140,17 +148,15 @@ pub fn speed_stage(
     ranks: &Ranks,
     out: &Path,
     progress: &mut Progress,
-) -> Result<(Vec<SpeedRow>, serde_json::Value)> {
-    let mut speed = Vec::new();
-    let mut shaped = serde_json::Value::Null;
+) -> Result<(Vec<SpeedRow>, Option<ShapedOutcome>)> {
     if recipe.speed.skip {
-        return Ok((speed, shaped));
+        return Ok((Vec::new(), None));
     }
     progress.stage("speed: prefill, decode and a training step, measured and projected");
     let spec = routed_spec(&s.model, recipe, placed, Routing { prune: None });
-    speed = speed::speed(&spec, &recipe.speed)?;
+    let mut speed = speed::speed(&spec, &recipe.speed)?;
     if recipe.shaped.skip {
-        return Ok((speed, shaped));
+        return Ok((speed, None));
     }
     progress.stage("speed over shaped links (measured)");
     let why = if ranks.mpi() {
@@ -158,10 +164,10 @@ pub fn speed_stage(
     } else {
         shaped::unavailable(&shaped::script())
     };
-    shaped = match why {
+    let shaped = match why {
         Some(why) => {
             eprintln!("  skipped: {why}");
-            serde_json::json!({"ran": false, "reason": why})
+            ShapedOutcome::skipped(why)
         }
         // A machine that refuses namespaces or shaping costs this stage, not the run.
         None => match shaped::run(
@@ -174,15 +180,15 @@ pub fn speed_stage(
         ) {
             Ok(rows) => {
                 speed.extend(rows);
-                serde_json::json!({"ran": true, "rate": recipe.shaped.rate})
+                ShapedOutcome::ran(&recipe.shaped.rate)
             }
             Err(e) => {
                 eprintln!("  failed: {e:#}");
-                serde_json::json!({"ran": false, "reason": format!("{e:#}")})
+                ShapedOutcome::skipped(format!("{e:#}"))
             }
         },
     };
-    Ok((speed, shaped))
+    Ok((speed, Some(shaped)))
 }
 
 /// The placements section: every placement method on the recipe's devices, with E / 8
@@ -251,17 +257,16 @@ pub fn finetune_stage(
             seed,
             ..FineTune::new(&data, &dir)
         };
-        fine_tune(&routed_spec(&s.model, recipe, placed, routing), &job)
+        let log = fine_tune(&routed_spec(&s.model, recipe, placed, routing), &job)
             .with_context(|| format!("fine-tuning under {name}"))?;
         ranks.sync()?;
-        if ranks.root() {
+        if let (true, Some(log)) = (ranks.root(), log) {
             let _ = std::fs::remove_dir_all(dir.join("state"));
-            rows.push(finetune_row(
-                &dir,
-                routing,
-                seed,
-                t.elapsed().as_secs_f64(),
-            )?);
+            let seconds = t.elapsed().as_secs_f64();
+            rows.push(
+                finetune_row(&log, routing, seed, seconds)
+                    .with_context(|| format!("fine-tuning under {name}"))?,
+            );
         }
         models.push(FineTuned { routing, seed, dir });
     }
@@ -307,7 +312,7 @@ pub fn quality_stage(
                 let Some(done) = done else { return Ok(()) };
                 done.write(&file, false)?;
                 done.check(job.tasks.len())?;
-                let rows = quality_rows(&done.report, &done.samples, variant, seed, routing)?;
+                let rows = quality_rows(&done, variant, seed, routing)?;
                 quality.extend(rows);
                 Ok(())
             })
@@ -356,7 +361,7 @@ pub fn collaboration(
     best: &Placement,
     routing: Routing,
     out: &Path,
-) -> Result<(serde_json::Value, PathBuf)> {
+) -> Result<(CollaborationShift, PathBuf)> {
     let row = cfg.hidden_size as u64 * 2;
     let before_ect = occult_core::analysis::trace_stats(trace, best, row, true)?.mean_ect;
     let after_ect = occult_core::analysis::trace_stats(after, best, row, true)?.mean_ect;
@@ -375,9 +380,12 @@ pub fn collaboration(
     );
     let t_after = format!("after {} fine-tuning ({after_ect:.3})", routing.name());
     plots::heatmaps(&p, [(&t_before, &b), (&t_after, &a)], recipe.devices)?;
-    let value = serde_json::json!({"variant": routing.name(),
-        "ect_before": before_ect, "ect_after": after_ect});
-    Ok((value, p))
+    let shift = CollaborationShift {
+        variant: routing.name(),
+        ect_before: before_ect,
+        ect_after: after_ect,
+    };
+    Ok((shift, p))
 }
 
 /// The projection stage: `occult project` on the profiled trace.
@@ -443,64 +451,53 @@ pub fn collaboration_trace(
     Ok(Some((f.routing, p.trace)))
 }
 
-pub fn finetune_row(dir: &Path, routing: Routing, seed: u64, seconds: f64) -> Result<FinetuneRow> {
-    let log = std::fs::read_to_string(dir.join("log.jsonl"))
-        .with_context(|| format!("reading {}", dir.join("log.jsonl").display()))?;
-    let lines: Vec<serde_json::Value> = log
-        .lines()
-        .map(serde_json::from_str)
-        .collect::<std::result::Result<_, _>>()?;
-    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
-    let first = lines.first().context("an empty training log")?;
-    let last = lines.last().context("an empty training log")?;
-    let ects: Vec<f64> = lines.iter().map(|v| f(v, "mean_ect")).collect();
+/// A fine-tuning run's row: its first and last losses, its last held-out loss and its mean
+/// E[C_T] over steps, from its log.
+pub fn finetune_row(
+    log: &[StepRecord],
+    routing: Routing,
+    seed: u64,
+    seconds: f64,
+) -> Result<FinetuneRow> {
+    let (Some(first), Some(last)) = (log.first(), log.last()) else {
+        anyhow::bail!("the run logged no steps");
+    };
     Ok(FinetuneRow {
         variant: routing.name(),
         seed,
         max_devices: routing.max_devices(),
         max_nodes: routing.max_nodes(),
         rule: routing.rule(),
-        first_loss: f(first, "loss"),
-        last_loss: f(last, "loss"),
-        held_out_loss: last["eval_loss"].as_f64(),
-        mean_ect: ects.iter().sum::<f64>() / ects.len().max(1) as f64,
+        first_loss: first.loss,
+        last_loss: last.loss,
+        held_out_loss: last.eval_loss,
+        mean_ect: log.iter().map(|r| r.mean_ect).sum::<f64>() / log.len() as f64,
         seconds,
     })
 }
 
-/// The quality rows of one evaluation's results JSON.
+/// The quality rows of one evaluation, by task name: each task's accuracy with its standard
+/// error, and each item's score and question in `doc_id` order (the same order for every
+/// model).
 pub fn quality_rows(
-    report: &serde_json::Value,
-    samples: &[(String, Vec<serde_json::Value>)],
+    done: &Evaluated,
     variant: &str,
     seed: Option<u64>,
     routing: Routing,
 ) -> Result<Vec<QualityRow>> {
-    let results = report["results"]
-        .as_object()
-        .context("no `results` in the eval output")?;
-    results
-        .iter()
-        .map(|(task, r)| {
-            // Each item's acc and question in doc_id order (the same order for every model).
-            let mut items: Vec<(u64, f64, u64)> = samples
+    let mut tasks: Vec<&(String, TaskResults)> = done.tasks.iter().collect();
+    tasks.sort_by(|a, b| a.0.cmp(&b.0));
+    tasks
+        .into_iter()
+        .map(|(task, t)| {
+            let mut items: Vec<(usize, f64, u64)> = t
+                .samples
                 .iter()
-                .find(|(t, _)| t == task)
-                .and_then(|(_, lines)| {
-                    lines
-                        .iter()
-                        .map(|l| {
-                            let question = l["prompt_hash"]
-                                .as_str()
-                                .and_then(|h| u64::from_str_radix(h.get(..16)?, 16).ok());
-                            Some((l["doc_id"].as_u64()?, l["acc"].as_f64()?, question?))
-                        })
-                        .collect::<Option<Vec<_>>>()
-                })
-                .with_context(|| {
-                    format!("{task}: no per-item acc and prompt_hash in the eval's samples")
-                })?;
+                .map(|s| Some((s.doc_id, s.scores.acc, s.question()?)))
+                .collect::<Option<Vec<_>>>()
+                .with_context(|| format!("{task}: an item without its prompt_hash"))?;
             items.sort_by_key(|&(d, _, _)| d);
+            let acc = t.get(Metric::Acc);
             Ok(QualityRow {
                 variant: variant.to_string(),
                 fine_tuned: seed.is_some(),
@@ -509,9 +506,12 @@ pub fn quality_rows(
                 max_nodes: routing.max_nodes(),
                 rule: routing.rule(),
                 task: task.clone(),
-                acc: r["acc"].as_f64().unwrap_or(f64::NAN),
-                acc_stderr: r["acc_stderr"].as_f64(),
-                acc_norm: r["acc_norm"].as_f64(),
+                acc: acc.value,
+                acc_stderr: acc.stderr,
+                acc_norm: t
+                    .metrics
+                    .contains(&Metric::AccNorm)
+                    .then(|| t.get(Metric::AccNorm).value),
                 items: items.len(),
                 item_acc: items.iter().map(|&(_, a, _)| a).collect(),
                 item_question: items.iter().map(|&(_, _, q)| q).collect(),

@@ -6,9 +6,9 @@
 //! forward|backward` makes rank R exit there in the first gradient step, so that the others
 //! must fail rather than hang (`--timeout S`, default 20).
 
+use occult_core::analysis::run_key::DispatchMode;
 use occult_core::ep::comm::mpi::MpiComm;
 use occult_core::ep::comm::Communicator;
-use occult_core::ep::dispatch::DispatchMode;
 use occult_tests::data_parallel::{
     check_gradients, check_logits, gradient_shares, open, Die, ARCHS,
 };

@@ -60,13 +60,13 @@ fn main() {
         let e = [8, 16, 64][seed as usize % 3].max(d);
         let mut case = Case::random_with(&mut rng, seed, d, e);
         if let Some(g) = nodes {
-            case.mode = occult_core::ep::DispatchMode::TwoLevel;
+            case.mode = occult_core::analysis::run_key::DispatchMode::TwoLevel;
             case.devices_per_node = Some(g);
             case.replicas = None;
         }
         if replicas {
             use occult_core::analysis::placement::replicas::CopyRule;
-            use occult_core::ep::DispatchMode;
+            use occult_core::analysis::run_key::DispatchMode;
             if case.mode == DispatchMode::TwoLevel {
                 case.mode = DispatchMode::Occult;
             }

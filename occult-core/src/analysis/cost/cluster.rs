@@ -2,14 +2,15 @@
 //!
 //! A cluster is D devices in nodes of G (the link profile's `ranks_per_node`). A token starts
 //! on its source device and its rows go where its experts are:
-//! - **copies** (standard dispatch): one row per chosen expert, each sent straight to its
-//!   device, across the node boundary when the device is in another node;
-//! - **dedup** (DeepEP's dispatch, and Occult's): one row per distinct device. When the
-//!   cluster forwards (its inter-node link is slower than the intra-node one), a token's rows
-//!   to another node cross the boundary once: to the device with the source's local index there
-//!   (its *proxy*), which forwards the row over the intra-node link to each other device of
-//!   that node that needs it, as DeepEP does across RDMA. Otherwise each row goes straight to
-//!   its device.
+//! - [`DispatchMode::Standard`]: one row per chosen expert, each sent straight to its device,
+//!   across the node boundary when the device is in another node;
+//! - [`DispatchMode::Occult`] (deduplicated, as DeepEP's dispatch): one row per distinct device,
+//!   each sent straight to its device;
+//! - [`DispatchMode::TwoLevel`]: one row per distinct device inside the node, and one per
+//!   remote node across: a token's rows to another node cross the boundary once, to the device
+//!   with the source's local index there (its *proxy*), which forwards the row over the
+//!   intra-node link to each other device of that node that needs it, as DeepEP does across
+//!   RDMA. [`occult_exchange`] says which of the last two a machine runs Occult's rows in.
 //!
 //! A rank's time in an exchange is, per level, the larger of its send and receive time (bytes
 //! over bandwidth, plus one latency per non-empty message); the two levels use different
@@ -19,6 +20,7 @@
 
 use crate::analysis::collab::DeviceCounter;
 use crate::analysis::cost::links::{Link, LinkProfile};
+use crate::analysis::run_key::DispatchMode;
 use serde::Serialize;
 
 /// D devices in nodes of `per_node` (the last node may hold fewer).
@@ -26,18 +28,14 @@ use serde::Serialize;
 pub struct Cluster {
     pub devices: usize,
     pub per_node: usize,
-    /// Deduplicated rows cross a node boundary once and are forwarded inside the node.
-    pub forward: bool,
 }
 
 impl Cluster {
-    /// D devices of the machine `profile` describes; it forwards when its inter-node link is
-    /// slower than the intra-node one.
+    /// D devices of the machine `profile` describes.
     pub fn on(devices: usize, profile: &LinkProfile) -> Self {
         Cluster {
             devices,
             per_node: profile.ranks_per_node,
-            forward: profile.inter.bandwidth < profile.intra.bandwidth,
         }
     }
 
@@ -54,14 +52,15 @@ impl Cluster {
     }
 }
 
-/// How rows are sent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Dispatch {
-    /// One row per chosen expert, straight to its device.
-    Copies,
-    /// One row per device within the node, one per remote node across, forwarded there.
-    Dedup,
+/// The exchange Occult's deduplicated rows take on `devices` devices of the machine `profile`
+/// describes: the two-level one where they span nodes joined by a link slower than the one
+/// inside a node, else the flat one.
+pub fn occult_exchange(profile: &LinkProfile, devices: usize) -> DispatchMode {
+    if devices > profile.ranks_per_node && profile.inter.bandwidth < profile.intra.bandwidth {
+        DispatchMode::TwoLevel
+    } else {
+        DispatchMode::Occult
+    }
 }
 
 /// Rows over each link level of one dispatch, and the expert work it causes.
@@ -101,7 +100,7 @@ impl LevelTraffic {
         source: usize,
         ids: &[u32],
         device_of_expert: &[u32],
-        dispatch: Dispatch,
+        dispatch: DispatchMode,
         counter: &mut DeviceCounter,
     ) {
         let c = self.cluster;
@@ -117,11 +116,11 @@ impl LevelTraffic {
                 continue;
             }
             match dispatch {
-                Dispatch::Copies if c.node(p) == here => self.intra[source * d_n + p] += n,
-                Dispatch::Copies => self.inter[source * d_n + p] += n,
-                Dispatch::Dedup if c.node(p) == here => self.intra[source * d_n + p] += 1,
-                Dispatch::Dedup if !c.forward => self.inter[source * d_n + p] += 1,
-                Dispatch::Dedup => {
+                DispatchMode::Standard if c.node(p) == here => self.intra[source * d_n + p] += n,
+                DispatchMode::Standard => self.inter[source * d_n + p] += n,
+                _ if c.node(p) == here => self.intra[source * d_n + p] += 1,
+                DispatchMode::Occult => self.inter[source * d_n + p] += 1,
+                DispatchMode::TwoLevel => {
                     let node = c.node(p);
                     let q = c.proxy(source, node);
                     if !remote_nodes.contains(&node) {
@@ -235,23 +234,40 @@ pub fn node_stats(
     devices_per_node: usize,
     source: impl Fn(usize) -> usize,
 ) -> NodeStats {
-    let cluster = |forward| Cluster {
+    let cluster = Cluster {
         devices: num_devices,
         per_node: devices_per_node,
-        forward,
     };
-    let mut standard = LevelTraffic::new(cluster(true));
-    let mut dedup = LevelTraffic::new(cluster(false));
-    let mut two_level = LevelTraffic::new(cluster(true));
+    let mut standard = LevelTraffic::new(cluster);
+    let mut dedup = LevelTraffic::new(cluster);
+    let mut two_level = LevelTraffic::new(cluster);
     let nodes = num_devices.div_ceil(devices_per_node);
     let mut hist = vec![0u64; k.min(nodes) + 1];
     let mut counter = DeviceCounter::new(num_devices);
     for (t, row) in ids.chunks_exact(k).enumerate() {
         let src = source(t);
-        standard.add_token(src, row, device_of_expert, Dispatch::Copies, &mut counter);
-        dedup.add_token(src, row, device_of_expert, Dispatch::Dedup, &mut counter);
+        standard.add_token(
+            src,
+            row,
+            device_of_expert,
+            DispatchMode::Standard,
+            &mut counter,
+        );
+        dedup.add_token(
+            src,
+            row,
+            device_of_expert,
+            DispatchMode::Occult,
+            &mut counter,
+        );
         let before = two_level.nodes_touched;
-        two_level.add_token(src, row, device_of_expert, Dispatch::Dedup, &mut counter);
+        two_level.add_token(
+            src,
+            row,
+            device_of_expert,
+            DispatchMode::TwoLevel,
+            &mut counter,
+        );
         hist[(two_level.nodes_touched - before) as usize] += 1;
     }
     let mut node_inter_rows = vec![0u64; nodes];
@@ -284,7 +300,6 @@ mod tests {
         let c = Cluster {
             devices: 5,
             per_node: 2,
-            forward: true,
         };
         assert_eq!(c.proxy(3, 0), 1);
         assert_eq!(c.proxy(0, 1), 2);
@@ -297,18 +312,19 @@ mod tests {
     #[test]
     fn hand_counted_rows_and_time() {
         let c = Cluster::on(4, &profile());
-        assert!(c.forward);
+        assert_eq!(occult_exchange(&profile(), 4), DispatchMode::TwoLevel);
+        assert_eq!(occult_exchange(&profile(), 2), DispatchMode::Occult);
         let map = [0u32, 1, 2, 3];
         let ids = [0u32, 1, 2, 3, 3];
         let mut counter = DeviceCounter::new(4);
         let mut copies = LevelTraffic::new(c);
-        copies.add_token(0, &ids, &map, Dispatch::Copies, &mut counter);
+        copies.add_token(0, &ids, &map, DispatchMode::Standard, &mut counter);
         assert_eq!(copies.intra[1], 1);
         assert_eq!((copies.inter[2], copies.inter[3]), (1, 2));
         assert_eq!(copies.pairs, vec![1, 1, 1, 2]);
         assert_eq!(copies.rows_per_token(), (1.0, 3.0));
         let mut dedup = LevelTraffic::new(c);
-        dedup.add_token(0, &ids, &map, Dispatch::Dedup, &mut counter);
+        dedup.add_token(0, &ids, &map, DispatchMode::TwoLevel, &mut counter);
         // One row crosses to node 1's proxy (device 2), which forwards one to device 3.
         assert_eq!(dedup.intra[1], 1);
         assert_eq!(dedup.inter[2], 1);
@@ -324,11 +340,8 @@ mod tests {
         let inter0 = 100.0 / 1e8 + 1e-5;
         assert!((dedup.exchange_seconds(&p, 100.0) - inter0).abs() < 1e-15);
         // Without forwarding, each remote device gets its own row across.
-        let mut direct = LevelTraffic::new(Cluster {
-            forward: false,
-            ..c
-        });
-        direct.add_token(0, &ids, &map, Dispatch::Dedup, &mut counter);
+        let mut direct = LevelTraffic::new(c);
+        direct.add_token(0, &ids, &map, DispatchMode::Occult, &mut counter);
         assert_eq!((direct.inter[2], direct.inter[3]), (1, 1));
         assert_eq!(direct.rows_per_token(), (1.0, 2.0));
     }
@@ -401,12 +414,11 @@ mod tests {
         let cluster = Cluster {
             devices: d,
             per_node: 8,
-            forward: true,
         };
         let mut counter = DeviceCounter::new(d);
         for (dispatch, want) in [
-            (Dispatch::Copies, &stats.link_rows_standard),
-            (Dispatch::Dedup, &stats.link_rows_occult),
+            (DispatchMode::Standard, &stats.link_rows_standard),
+            (DispatchMode::TwoLevel, &stats.link_rows_occult),
         ] {
             let mut t = LevelTraffic::new(cluster);
             for tok in 0..l.tokens {
@@ -433,12 +445,11 @@ mod tests {
         let c = Cluster {
             devices: 4,
             per_node: 8,
-            forward: true,
         };
         let map = [0u32, 0, 1, 1, 2, 2, 3, 3];
         let mut counter = DeviceCounter::new(4);
         let mut t = LevelTraffic::new(c);
-        t.add_token(1, &[0, 1, 2, 4], &map, Dispatch::Dedup, &mut counter);
+        t.add_token(1, &[0, 1, 2, 4], &map, DispatchMode::TwoLevel, &mut counter);
         assert_eq!(t.rows_per_token(), (2.0, 0.0));
         assert_eq!(t.ect(), 3.0);
     }

@@ -18,11 +18,12 @@
 //! measured run (`occult bench`, `scripts/shaped_links.sh`).
 
 use crate::analysis::collab::DeviceCounter;
-use crate::analysis::cost::cluster::{Cluster, Dispatch, LevelTraffic};
+use crate::analysis::cost::cluster::{occult_exchange, Cluster, LevelTraffic};
 use crate::analysis::cost::links::{swiglu_flops, LinkProfile};
 use crate::analysis::placement::{Method, NodeLevel, Placement, SearchConfig};
 use crate::analysis::pruning::PruneRule;
 use crate::analysis::routing::RouterRule;
+use crate::analysis::run_key::DispatchMode;
 use crate::analysis::trace::Trace;
 use crate::analysis::{place_trace, prune_trace};
 use crate::{bail, Result};
@@ -58,12 +59,16 @@ pub struct ModeProjection {
     pub devices: usize,
     pub nodes: usize,
     pub tokens_per_device: usize,
-    /// `standard`, `dedup`, `occult`, `occult, pruned to N`.
+    /// `standard`, `dedup` (Occult's dispatch on the contiguous placement), `occult`, `occult,
+    /// pruned to N devices (router)` (the run key's label) and `occult, node-aware`.
     pub mode: String,
     pub placement: String,
     /// The load cap Occult's placement was searched under (`None`: uncapped).
     pub load_cap: Option<f64>,
-    pub dispatch: Dispatch,
+    /// The exchange the mode's rows take: `standard` (one row per token and expert), `occult`
+    /// (one per token and device) or `two-level` (Occult's rows on a machine whose link
+    /// between nodes is the slower: one per token and remote node across).
+    pub dispatch: DispatchMode,
     pub ect: f64,
     /// E[C_N]: distinct nodes per token.
     pub ecn: f64,
@@ -107,7 +112,7 @@ pub struct ProjectReport {
 struct Variant<'a> {
     mode: String,
     placement: &'a Placement,
-    dispatch: Dispatch,
+    dispatch: DispatchMode,
     trace: &'a Trace,
     cap: Option<f64>,
 }
@@ -231,7 +236,7 @@ pub fn project_trace(
                 if cap.is_none() {
                     skipped.push(Skipped {
                         devices: d,
-                        mode: format!("occult, pruned to {n}"),
+                        mode: pruned_label(n),
                         reason: why,
                     });
                 }
@@ -274,8 +279,9 @@ pub fn project_trace(
         for &t in &s.tokens_per_device {
             for p in profiles {
                 let cluster = Cluster::on(d, p);
+                let exchange = occult_exchange(p, d);
                 let first = rows.len();
-                let fixed = [("standard", Dispatch::Copies), ("dedup", Dispatch::Dedup)];
+                let fixed = [("standard", DispatchMode::Standard), ("dedup", exchange)];
                 for (mode, dispatch) in fixed {
                     let v = Variant {
                         mode: mode.into(),
@@ -292,7 +298,7 @@ pub fn project_trace(
                     let v = Variant {
                         mode: "occult".into(),
                         placement: &c.placement,
-                        dispatch: Dispatch::Dedup,
+                        dispatch: exchange,
                         trace,
                         cap: c.cap,
                     };
@@ -305,9 +311,9 @@ pub fn project_trace(
                     rows.push(m);
                     for (n, pruned) in &c.pruned {
                         let v = Variant {
-                            mode: format!("occult, pruned to {n}"),
+                            mode: pruned_label(*n),
                             placement: &c.placement,
-                            dispatch: Dispatch::Dedup,
+                            dispatch: exchange,
                             trace: pruned,
                             cap: c.cap,
                         };
@@ -333,7 +339,7 @@ pub fn project_trace(
                         let v = Variant {
                             mode: "occult, node-aware".into(),
                             placement: &c.placement,
-                            dispatch: Dispatch::Dedup,
+                            dispatch: exchange,
                             trace,
                             cap: c.cap,
                         };
@@ -361,6 +367,13 @@ pub fn project_trace(
         rows,
         skipped,
     })
+}
+
+/// The label of Occult's rows pruned to `n` devices by the router-score rule: the run key's.
+fn pruned_label(n: usize) -> String {
+    use crate::analysis::pruning::PruneLimit;
+    use crate::analysis::run_key::{MoeMode, RunKey};
+    RunKey::pruned(MoeMode::Occult, PruneLimit::Devices(n), PruneRule::Router).to_string()
 }
 
 /// Each layer's tokens in a seeded shuffle: device s of a projection takes the tokens
@@ -505,7 +518,7 @@ mod tests {
         let mut groups: Vec<Vec<&ModeProjection>> = Vec::new();
         for row in &r.rows {
             match groups.last_mut() {
-                Some(g) if row.mode != "standard" => g.push(row),
+                Some(g) if row.dispatch != DispatchMode::Standard => g.push(row),
                 _ => groups.push(vec![row]),
             }
         }
@@ -518,6 +531,16 @@ mod tests {
                 assert!(nodes.ecn <= dedup.ecn, "{} > {}", nodes.ecn, dedup.ecn);
             }
             assert_eq!(std.mode, "standard");
+            // Occult's rows take the two-level exchange where nodes are joined by slower links.
+            let exchange = match std.profile.as_str() {
+                "ib-ndr" if std.devices > 8 => DispatchMode::TwoLevel,
+                _ => DispatchMode::Occult,
+            };
+            assert!(
+                chunk[1..].iter().all(|m| m.dispatch == exchange),
+                "{}",
+                std.profile
+            );
             // Same placement: dedup sends fewer rows at the same E[C_T] and compute.
             assert!((std.ect - dedup.ect).abs() < 1e-12);
             assert!(

@@ -7,7 +7,7 @@
 //! ([`layer_seconds`]).
 
 use crate::analysis::collab::{max_over_mean, DeviceCounter};
-use crate::analysis::cost::cluster::{Cluster, Dispatch, LevelTraffic};
+use crate::analysis::cost::cluster::{occult_exchange, Cluster, LevelTraffic};
 use crate::analysis::cost::links::LinkProfile;
 use crate::analysis::cost::projection::{layer_seconds, token_order, LayerSizes};
 use crate::analysis::drivers::whole_trace::check_placement_fits;
@@ -51,6 +51,7 @@ pub fn project_placement(
     let k = trace.meta.top_k;
     let d = placement.num_devices;
     let cluster = Cluster::on(d, profile);
+    let exchange = occult_exchange(profile, d);
     let order = token_order(trace, seed);
     // Each token's experts at their k positions, on the devices the rule picks.
     let positions: Vec<u32> = (0..k as u32).collect();
@@ -64,7 +65,7 @@ pub fn project_placement(
             for j in 0..tokens_per_device {
                 let tok = order[(src * tokens_per_device + j) % order.len()];
                 map.choose(l.ids(tok, k), src as u32, rule, &mut chosen);
-                t.add_token(src, &positions, &chosen, Dispatch::Dedup, &mut counter);
+                t.add_token(src, &positions, &chosen, exchange, &mut counter);
             }
         }
         traffic.push(t);

@@ -29,6 +29,15 @@ pub enum CopyRule {
     Sglang,
 }
 
+impl CopyRule {
+    pub fn name(self) -> &'static str {
+        match self {
+            CopyRule::Cover => "cover",
+            CopyRule::Sglang => "sglang",
+        }
+    }
+}
+
 /// E + R physical slots on D devices, `slots_per_device` each: slot p is on device
 /// `p / slots_per_device` and holds expert `slot_expert[p]`.
 #[derive(Clone, Debug, PartialEq)]

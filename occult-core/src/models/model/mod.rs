@@ -13,7 +13,7 @@
 //! |---|---|
 //! | `decoder` | [`Model`] and its layers, and the state its forwards keep |
 //! | `dense` | [`DenseParts`], what every rank holds in full, read from a checkpoint |
-//! | `moe` | [`MoeMode`] and [`MoeSetup`], how MoE blocks compute, and [`MoeExec`], what each runs |
+//! | `moe` | [`MoeSetup`], how MoE blocks compute, and [`MoeExec`], what each runs |
 //! | `assemble` | [`Model::assemble`]: one rank's model from its dense parts and experts |
 //! | `same_layout` | the check that every rank assembles the same model, and [`fingerprint`] |
 //! | `params` | the model's tensors by checkpoint name, tagged as routed experts or not |
@@ -40,6 +40,6 @@ pub use cache::KvCache;
 pub use decoder::{Layer, Mlp, Model};
 pub use dense::{DenseLayer, DenseMlp, DenseParts};
 pub use forward::Logits;
-pub use moe::{MoeBlock, MoeExec, MoeMode, MoeSetup};
+pub use moe::{MoeBlock, MoeExec, MoeSetup};
 pub use recorder::{LayerRouting, RouterTap, RoutingRecorder};
 pub use same_layout::fingerprint;

@@ -1,46 +1,12 @@
-//! How a model's MoE blocks compute: the mode ([`MoeMode`]), the setup a model is assembled
-//! with ([`MoeSetup`]: the mode, each layer's placement and pruning) and what each MoE block
+//! How a model's MoE blocks compute: the setup a model is assembled
+//! with ([`MoeSetup`]: the dispatch mode, each layer's placement and pruning) and what each MoE block
 //! runs ([`MoeExec`]: the single-device reference or this rank's part of the expert-parallel
 //! layer).
 
 use crate::analysis::routing::RouterRule;
-use crate::ep::{DispatchMode, EpMoe, MoeWeights, PruneSpec, Replicas};
-use serde::{Deserialize, Serialize};
+use crate::analysis::run_key::DispatchMode;
+use crate::ep::{EpMoe, MoeWeights, PruneSpec, Replicas};
 use std::collections::BTreeMap;
-
-/// How MoE blocks compute: the one-device reference loop, or expert parallelism with standard
-/// or Occult dispatch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "lowercase")]
-pub enum MoeMode {
-    /// The single-device reference (a plain loop over experts).
-    Reference,
-    /// Expert parallelism, one row per (token, expert).
-    Standard,
-    /// Expert parallelism, one row per (token, device), pre-reduced on the device.
-    Occult,
-    /// Expert parallelism across nodes: one row per (token, node) to the node's proxy, which
-    /// forwards it inside the node; pre-reduced on the device and at the proxy.
-    #[serde(rename = "two-level")]
-    TwoLevel,
-}
-
-impl MoeMode {
-    /// The EP layer's dispatch mode, `None` for the reference (as [`MoeSetup::mode`] holds it).
-    pub fn dispatch(self) -> Option<DispatchMode> {
-        match self {
-            MoeMode::Reference => None,
-            MoeMode::Standard => Some(DispatchMode::Standard),
-            MoeMode::Occult => Some(DispatchMode::Occult),
-            MoeMode::TwoLevel => Some(DispatchMode::TwoLevel),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        self.dispatch().map_or("reference", DispatchMode::name)
-    }
-}
 
 /// How MoE blocks run: the mode, the placement of each MoE layer's experts, and pruning.
 #[derive(Clone, Debug)]
@@ -100,45 +66,4 @@ pub struct MoeBlock {
     pub layer: usize,
     pub rule: RouterRule,
     pub exec: MoeExec,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn moe_modes_name_their_dispatch() {
-        assert_eq!(MoeMode::Reference.dispatch(), None);
-        assert_eq!(MoeMode::Standard.dispatch(), Some(DispatchMode::Standard));
-        assert_eq!(MoeMode::Occult.dispatch(), Some(DispatchMode::Occult));
-        assert_eq!(MoeMode::TwoLevel.dispatch(), Some(DispatchMode::TwoLevel));
-        for (m, name) in [
-            (MoeMode::Reference, "reference"),
-            (MoeMode::Standard, "standard"),
-            (MoeMode::Occult, "occult"),
-            (MoeMode::TwoLevel, "two-level"),
-        ] {
-            assert_eq!(m.name(), name);
-            assert_eq!(serde_json::to_value(m).unwrap(), name);
-        }
-    }
-
-    /// The command-line names of the core's enums are their serde names (`--features clap`).
-    #[cfg(feature = "clap")]
-    #[test]
-    fn command_line_names_are_the_serde_names() {
-        use crate::analysis::placement::Method;
-        use crate::analysis::pruning::PruneRule;
-        use clap::ValueEnum;
-        fn check<T: ValueEnum + Serialize>() {
-            for v in T::value_variants() {
-                let name = v.to_possible_value().unwrap().get_name().to_string();
-                assert_eq!(serde_json::to_value(v).unwrap(), name);
-            }
-        }
-        check::<Method>();
-        check::<PruneRule>();
-        check::<DispatchMode>();
-        check::<MoeMode>();
-    }
 }
