@@ -6,7 +6,6 @@ pub mod commands;
 pub mod context;
 pub mod harness;
 pub mod jobs;
-pub mod loglik;
 pub mod output;
 pub mod progress;
 pub mod reproduce;

@@ -13,7 +13,7 @@ use occult_core::ep::comm::local::run_local;
 use occult_core::ep::comm::Communicator;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup};
-use occult_eval::loglik;
+use occult_eval::harness::loglik;
 use occult_tests::placements::random_maps;
 use serde_json::Value;
 use std::collections::BTreeMap;

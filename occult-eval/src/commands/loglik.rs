@@ -2,7 +2,7 @@
 //! lm-evaluation-harness scores it; JSON on stdout.
 
 use super::model_opts::ModelOpts;
-use crate::loglik::{encode, score};
+use crate::harness::loglik::{encode, score};
 use anyhow::Result;
 
 #[derive(clap::Args, Debug)]

@@ -4,6 +4,8 @@
 //!   metrics they report (each metric's name and JSON key);
 //! - [`template`] and [`preprocess`]: prompts, and the per-task document rules;
 //! - [`data`]: documents from JSONL/JSON files or folders, and the built-in samples;
+//! - [`loglik`]: one request's log-likelihood by the harness's rule (tokenising the context
+//!   and continuation, the input window, the score and `is_greedy`);
 //! - [`scorer`]: log-likelihoods of the requests, with or without context reuse;
 //! - [`evaluate`]: the steps of a task's evaluation: its items prepared, then scored;
 //! - [`metrics`]: `acc`, `acc_norm` of an item, means with standard errors, pooled groups;
@@ -13,6 +15,7 @@
 
 pub mod data;
 pub mod evaluate;
+pub mod loglik;
 pub mod metrics;
 pub mod paired;
 pub mod preprocess;

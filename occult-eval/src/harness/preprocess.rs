@@ -10,7 +10,7 @@
 //!   question), `choices_pre` and `answer_pre` (the last question's options and answer).
 
 use anyhow::{bail, Context, Result};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 /// The preprocessors a task file may name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -75,150 +75,177 @@ pub fn apply(p: Preprocess, doc: &Value) -> Result<Value> {
     };
     match p {
         Preprocess::None => {}
-        Preprocess::Hellaswag => {
-            let ctx = format!(
-                "{}: {} {}",
-                field(doc, "activity_label")?,
-                field(doc, "ctx_a")?,
-                capitalize(field(doc, "ctx_b")?)
-            );
-            obj.insert("query".into(), json!(hellaswag_pre(&ctx)));
-            let endings = doc
-                .get("endings")
-                .and_then(Value::as_array)
-                .context("no list field `endings`")?;
-            let pre: Vec<String> = endings
-                .iter()
-                .map(|e| e.as_str().map(hellaswag_pre))
-                .collect::<Option<_>>()
-                .context("`endings` holds a non-string")?;
-            obj.insert("endings_pre".into(), json!(pre));
-        }
-        Preprocess::Winogrande => {
-            let s = field(doc, "sentence")?;
-            let i = s.find('_').context("`sentence` has no `_` blank")?;
-            let contexts = [
-                format!("{}{}", &s[..i], field(doc, "option1")?),
-                format!("{}{}", &s[..i], field(doc, "option2")?),
-            ];
-            obj.insert("contexts".into(), json!(contexts));
-            obj.insert("target".into(), json!(s[i + 1..].trim()));
-        }
-        Preprocess::Copa => {
-            let premise = field(doc, "premise")?.trim();
-            let connector = match field(doc, "question")? {
-                "cause" => "because",
-                "effect" => "therefore",
-                q => bail!("`question` is {q:?}, not \"cause\" or \"effect\""),
-            };
-            let mut cut = premise.chars();
-            cut.next_back();
-            obj.insert(
-                "text".into(),
-                json!(format!("{} {connector}", cut.as_str())),
-            );
-            let lower_first = |s: &str| {
-                let mut c = s.chars();
-                match c.next() {
-                    Some(f) => f.to_lowercase().chain(c).collect::<String>(),
-                    None => String::new(),
-                }
-            };
-            let choices = [
-                format!(" {}", lower_first(field(doc, "choice1")?)),
-                format!(" {}", lower_first(field(doc, "choice2")?)),
-            ];
-            obj.insert("choices_pre".into(), json!(choices));
-        }
-        Preprocess::Wsc => {
-            let text = field(doc, "text")?;
-            let span2 = field(doc, "span2_text")?;
-            let span1 = field(doc, "span1_text")?;
-            let index = doc
-                .get("span2_index")
-                .and_then(Value::as_u64)
-                .context("no integer field `span2_index`")? as usize;
-            // Word indices, as the hub stores them; `post` slices characters after `pre`.
-            let pre = text
-                .split_whitespace()
-                .take(index)
-                .collect::<Vec<_>>()
-                .join(" ");
-            let skip = pre.chars().count() + span2.chars().count() + 1;
-            let post: String = text.chars().skip(skip).collect();
-            let passage = detokenize(&format!("{pre} *{span2}*{post}"));
-            obj.insert(
-                "text_pre".into(),
-                json!(format!(
-                    "Passage: {passage}\nQuestion: In the passage above, does the pronoun \
-                     \"*{span2}*\" refer to \"*{span1}*\"?\nAnswer:"
-                )),
-            );
-        }
-        Preprocess::Mathqa => {
-            let choices = mathqa_options(field(doc, "options")?);
-            obj.insert("choices_pre".into(), json!(choices));
-        }
-        Preprocess::Race => {
-            let problems = python_literal(field(doc, "problems")?)
-                .context("`problems` is not a Python literal list")?;
-            let problems = problems
-                .as_array()
-                .filter(|a| !a.is_empty())
-                .context("`problems` is not a non-empty list")?;
-            let answer_of = |p: &Value| -> Result<(usize, String)> {
-                let letter = p
-                    .get("answer")
-                    .and_then(Value::as_str)
-                    .context("a problem has no `answer`")?;
-                let i = ["A", "B", "C", "D", "E"]
-                    .iter()
-                    .position(|l| *l == letter)
-                    .with_context(|| format!("answer {letter:?} is not A-E"))?;
-                let opt = p
-                    .get("options")
-                    .and_then(|o| o.get(i))
-                    .and_then(Value::as_str)
-                    .with_context(|| format!("no option {letter}"))?;
-                Ok((i, opt.to_string()))
-            };
-            let question = |p: &Value| -> Result<String> {
-                p.get("question")
-                    .and_then(Value::as_str)
-                    .map(String::from)
-                    .context("a problem has no `question`")
-            };
-            let mut text = format!("Article: {}\n\n", field(doc, "article")?);
-            let (last, earlier) = problems.split_last().expect("non-empty");
-            for p in earlier {
-                let q = question(p)?;
-                let (_, answer) = answer_of(p)?;
-                if q.ends_with("  _  .") {
-                    // A fill-in question: the harness keeps all but its last five characters
-                    // (`question[:-5]`, code points) and appends the answer.
-                    let n = q.chars().count();
-                    let head: String = q.chars().take(n - 5).collect();
-                    text.push_str(&format!("{head}{answer}\n"));
-                } else {
-                    text.push_str(&format!("Question: {q}\nAnswer: {answer}\n"));
-                }
-            }
-            text.push_str(&question(last)?);
-            let options: Vec<String> = (0..4)
-                .map(|i| {
-                    last.get("options")
-                        .and_then(|o| o.get(i))
-                        .and_then(Value::as_str)
-                        .map(String::from)
-                        .with_context(|| format!("the last problem has no option {i}"))
-                })
-                .collect::<Result<_>>()?;
-            obj.insert("text_pre".into(), json!(text));
-            obj.insert("choices_pre".into(), json!(options));
-            obj.insert("answer_pre".into(), json!(answer_of(last)?.0));
-        }
+        Preprocess::Hellaswag => hellaswag(doc, obj)?,
+        Preprocess::Winogrande => winogrande(doc, obj)?,
+        Preprocess::Copa => copa(doc, obj)?,
+        Preprocess::Wsc => wsc(doc, obj)?,
+        Preprocess::Mathqa => mathqa(doc, obj)?,
+        Preprocess::Race => race(doc, obj)?,
     }
     Ok(d)
+}
+
+/// HellaSwag: `query` (the activity label, both contexts, cleaned) and `endings_pre`.
+fn hellaswag(doc: &Value, obj: &mut Map<String, Value>) -> Result<()> {
+    let ctx = format!(
+        "{}: {} {}",
+        field(doc, "activity_label")?,
+        field(doc, "ctx_a")?,
+        capitalize(field(doc, "ctx_b")?)
+    );
+    obj.insert("query".into(), json!(hellaswag_pre(&ctx)));
+    let endings = doc
+        .get("endings")
+        .and_then(Value::as_array)
+        .context("no list field `endings`")?;
+    let pre: Vec<String> = endings
+        .iter()
+        .map(|e| e.as_str().map(hellaswag_pre))
+        .collect::<Option<_>>()
+        .context("`endings` holds a non-string")?;
+    obj.insert("endings_pre".into(), json!(pre));
+    Ok(())
+}
+
+/// Winogrande: a context per option (the sentence up to the blank, with the option) and
+/// `target` (the rest of the sentence).
+fn winogrande(doc: &Value, obj: &mut Map<String, Value>) -> Result<()> {
+    let s = field(doc, "sentence")?;
+    let i = s.find('_').context("`sentence` has no `_` blank")?;
+    let contexts = [
+        format!("{}{}", &s[..i], field(doc, "option1")?),
+        format!("{}{}", &s[..i], field(doc, "option2")?),
+    ];
+    obj.insert("contexts".into(), json!(contexts));
+    obj.insert("target".into(), json!(s[i + 1..].trim()));
+    Ok(())
+}
+
+/// COPA: `text` (the premise with its connector) and `choices_pre` (each choice lower-cased
+/// first, after a space).
+fn copa(doc: &Value, obj: &mut Map<String, Value>) -> Result<()> {
+    let premise = field(doc, "premise")?.trim();
+    let connector = match field(doc, "question")? {
+        "cause" => "because",
+        "effect" => "therefore",
+        q => bail!("`question` is {q:?}, not \"cause\" or \"effect\""),
+    };
+    let mut cut = premise.chars();
+    cut.next_back();
+    obj.insert(
+        "text".into(),
+        json!(format!("{} {connector}", cut.as_str())),
+    );
+    let lower_first = |s: &str| {
+        let mut c = s.chars();
+        match c.next() {
+            Some(f) => f.to_lowercase().chain(c).collect::<String>(),
+            None => String::new(),
+        }
+    };
+    let choices = [
+        format!(" {}", lower_first(field(doc, "choice1")?)),
+        format!(" {}", lower_first(field(doc, "choice2")?)),
+    ];
+    obj.insert("choices_pre".into(), json!(choices));
+    Ok(())
+}
+
+/// WSC: `text_pre`, the passage with the pronoun marked and the question.
+fn wsc(doc: &Value, obj: &mut Map<String, Value>) -> Result<()> {
+    let text = field(doc, "text")?;
+    let span2 = field(doc, "span2_text")?;
+    let span1 = field(doc, "span1_text")?;
+    let index = doc
+        .get("span2_index")
+        .and_then(Value::as_u64)
+        .context("no integer field `span2_index`")? as usize;
+    // Word indices, as the hub stores them; `post` slices characters after `pre`.
+    let pre = text
+        .split_whitespace()
+        .take(index)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let skip = pre.chars().count() + span2.chars().count() + 1;
+    let post: String = text.chars().skip(skip).collect();
+    let passage = detokenize(&format!("{pre} *{span2}*{post}"));
+    obj.insert(
+        "text_pre".into(),
+        json!(format!(
+            "Passage: {passage}\nQuestion: In the passage above, does the pronoun \
+             \"*{span2}*\" refer to \"*{span1}*\"?\nAnswer:"
+        )),
+    );
+    Ok(())
+}
+
+/// MathQA: `choices_pre`, the options split.
+fn mathqa(doc: &Value, obj: &mut Map<String, Value>) -> Result<()> {
+    let choices = mathqa_options(field(doc, "options")?);
+    obj.insert("choices_pre".into(), json!(choices));
+    Ok(())
+}
+
+/// RACE: `text_pre` (the article and every problem but the last, answered, then the last
+/// question), `choices_pre` and `answer_pre` of the last problem.
+fn race(doc: &Value, obj: &mut Map<String, Value>) -> Result<()> {
+    let problems = python_literal(field(doc, "problems")?)
+        .context("`problems` is not a Python literal list")?;
+    let problems = problems
+        .as_array()
+        .filter(|a| !a.is_empty())
+        .context("`problems` is not a non-empty list")?;
+    let answer_of = |p: &Value| -> Result<(usize, String)> {
+        let letter = p
+            .get("answer")
+            .and_then(Value::as_str)
+            .context("a problem has no `answer`")?;
+        let i = ["A", "B", "C", "D", "E"]
+            .iter()
+            .position(|l| *l == letter)
+            .with_context(|| format!("answer {letter:?} is not A-E"))?;
+        let opt = p
+            .get("options")
+            .and_then(|o| o.get(i))
+            .and_then(Value::as_str)
+            .with_context(|| format!("no option {letter}"))?;
+        Ok((i, opt.to_string()))
+    };
+    let question = |p: &Value| -> Result<String> {
+        p.get("question")
+            .and_then(Value::as_str)
+            .map(String::from)
+            .context("a problem has no `question`")
+    };
+    let mut text = format!("Article: {}\n\n", field(doc, "article")?);
+    let (last, earlier) = problems.split_last().expect("non-empty");
+    for p in earlier {
+        let q = question(p)?;
+        let (_, answer) = answer_of(p)?;
+        if q.ends_with("  _  .") {
+            // A fill-in question: the harness keeps all but its last five characters
+            // (`question[:-5]`, code points) and appends the answer.
+            let n = q.chars().count();
+            let head: String = q.chars().take(n - 5).collect();
+            text.push_str(&format!("{head}{answer}\n"));
+        } else {
+            text.push_str(&format!("Question: {q}\nAnswer: {answer}\n"));
+        }
+    }
+    text.push_str(&question(last)?);
+    let options: Vec<String> = (0..4)
+        .map(|i| {
+            last.get("options")
+                .and_then(|o| o.get(i))
+                .and_then(Value::as_str)
+                .map(String::from)
+                .with_context(|| format!("the last problem has no option {i}"))
+        })
+        .collect::<Result<_>>()?;
+    obj.insert("text_pre".into(), json!(text));
+    obj.insert("choices_pre".into(), json!(options));
+    obj.insert("answer_pre".into(), json!(answer_of(last)?.0));
+    Ok(())
 }
 
 /// The harness's `general_detokenize`.

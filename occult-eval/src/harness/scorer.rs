@@ -1,5 +1,5 @@
 //! Scoring items' requests with a model, by lm-evaluation-harness's log-likelihood rule
-//! ([`crate::loglik`]), two ways that give the same scores:
+//! ([`super::loglik`]), two ways that give the same scores:
 //! - **plain**: every request is its own sequence, context and continuation; requests are
 //!   right-padded into batches of `batch` sequences (padding comes after every real token, so
 //!   causal attention never sees it);
@@ -8,8 +8,8 @@
 //!
 //! Both count the tokens they feed the model, so the saving is measured, not assumed.
 
+use super::loglik::{encode, input_window, score_from_logits, Encoded};
 use super::task::Item;
-use crate::loglik::{encode, input_window, score_from_logits, Encoded};
 use anyhow::{Context, Result};
 use candle::{DType, Device, Tensor};
 use occult_core::models::model::{Logits, Model, RoutingRecorder};

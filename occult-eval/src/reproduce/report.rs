@@ -4,7 +4,7 @@
 
 use super::ladder::Step;
 use super::recipe::Recipe;
-use super::results::{FinetuneRow, QualityRow};
+use super::results::{Correlation, FinetuneRow, QualityRow};
 use super::speed::SpeedRow;
 use crate::harness::paired::mean_sd;
 use crate::table::{count, fmt_opt, Table};
@@ -35,19 +35,10 @@ pub fn mean_acc(quality: &[QualityRow]) -> Vec<((String, String), f64)> {
         .collect()
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn render(
-    recipe: &Recipe,
-    origin: &str,
-    cfg: &ModelConfig,
-    trace: &Trace,
-    steps: &[Step],
-    speed: &[SpeedRow],
-    finetunes: &[FinetuneRow],
-    quality: &[QualityRow],
-    seconds: f64,
-) -> String {
-    let mut md = format!(
+/// The report's title line: the recipe, the model, its devices and calibration, and the run's
+/// time.
+fn header(recipe: &Recipe, origin: &str, cfg: &ModelConfig, trace: &Trace, seconds: f64) -> String {
+    format!(
         "# occult reproduce: {}\n\nRecipe: {origin}. Model: {} ({} layers, hidden {}, {} experts, \
          top-{}), on {} devices. Calibration: {} tokens per MoE layer. Whole run: {seconds:.0} s.\n\n",
         recipe.name,
@@ -62,9 +53,16 @@ pub fn render(
         cfg.moe.top_k,
         recipe.devices,
         trace.layers.first().map_or(0, |l| l.tokens),
+    )
+}
+
+/// The E[C_T] table: each step's devices per token, rows and bytes, with two nodes' E[C_N],
+/// and what the placements cut in words.
+fn ect_section(recipe: &Recipe, steps: &[Step]) -> String {
+    let mut md = String::from(
+        "## E[C_T]: devices each token's experts span, and what crosses links\n\n\
+         ![E[C_T] per step](ect.png)\n\n",
     );
-    md += "## E[C_T]: devices each token's experts span, and what crosses links\n\n\
-           ![E[C_T] per step](ect.png)\n\n";
     let mut t = Table::new(&[
         "step",
         "placement",
@@ -113,102 +111,117 @@ pub fn render(
             greedy.ect,
         );
     }
-    if !speed.is_empty() {
-        md += &speed_table(speed);
-        md += &speed_headlines(speed);
-        let fmt = |c: Option<f64>| c.map_or("-".into(), |c| format!("{c:.2}"));
-        md += &format!(
+    md
+}
+
+/// The speed table, its headlines and the correlation of E[C_T] with time.
+fn speed_section(speed: &[SpeedRow], correlation: &Correlation) -> String {
+    if speed.is_empty() {
+        return String::new();
+    }
+    let fmt = |c: Option<f64>| c.map_or("-".into(), |c| format!("{c:.2}"));
+    speed_table(speed)
+        + &speed_headlines(speed)
+        + &format!(
             "\nCorrelation of E[C_T] with time over the Occult rows (exact and pruned, each time \
              over its suite's mean): {} measured, {} projected.\n",
-            fmt(super::speed::ect_time_correlation(speed, true)),
-            fmt(super::speed::ect_time_correlation(speed, false)),
-        );
-        md += "\n![Prefill speed-up over standard dispatch](speedup_vs_tokens.png)\n";
+            fmt(correlation.measured),
+            fmt(correlation.projected),
+        )
+        + "\n![Prefill speed-up over standard dispatch](speedup_vs_tokens.png)\n"
+}
+
+/// Each fine-tuning run: its routing, seed, E[C_T] and losses.
+fn finetune_section(finetunes: &[FinetuneRow]) -> String {
+    if finetunes.is_empty() {
+        return String::new();
     }
-    if !finetunes.is_empty() {
-        md += "\n## Fine-tuning from the same start\n\n";
-        let mut t = Table::new(&[
-            "routing",
-            "seed",
-            "E[C_T]",
-            "first loss",
-            "last loss",
-            "held-out loss",
-            "seconds",
+    let mut t = Table::new(&[
+        "routing",
+        "seed",
+        "E[C_T]",
+        "first loss",
+        "last loss",
+        "held-out loss",
+        "seconds",
+    ]);
+    for f in finetunes {
+        t.row(vec![
+            f.variant.clone(),
+            f.seed.to_string(),
+            format!("{:.3}", f.mean_ect),
+            format!("{:.4}", f.first_loss),
+            format!("{:.4}", f.last_loss),
+            f.held_out_loss.map_or("-".into(), |l| format!("{l:.4}")),
+            format!("{:.0}", f.seconds),
         ]);
-        for f in finetunes {
-            t.row(vec![
-                f.variant.clone(),
-                f.seed.to_string(),
-                format!("{:.3}", f.mean_ect),
-                format!("{:.4}", f.first_loss),
-                format!("{:.4}", f.last_loss),
-                f.held_out_loss.map_or("-".into(), |l| format!("{l:.4}")),
-                format!("{:.0}", f.seconds),
-            ]);
-        }
-        md += &t.render();
     }
-    if !quality.is_empty() {
-        md += "\n## Quality (accuracy on the tasks)\n\n";
-        let mut tasks: Vec<String> = quality.iter().map(|r| r.task.clone()).collect();
-        tasks.sort();
-        tasks.dedup();
-        let mut head = vec![
-            "model".to_string(),
-            "served".to_string(),
-            "seeds".to_string(),
-        ];
-        head.extend(tasks.iter().cloned());
-        head.push("mean".into());
-        let head_refs: Vec<&str> = head.iter().map(String::as_str).collect();
-        let mut t = Table::new(&head_refs);
-        for ((variant, how), _) in mean_acc(quality) {
-            let rows: Vec<&QualityRow> = quality
-                .iter()
-                .filter(|r| r.variant == variant && r.served() == how)
-                .collect();
-            let seeds = super::results::seeds_of(rows.iter().copied());
-            let mut row = vec![
-                if variant == "base" {
-                    "start (no fine-tuning)".to_string()
-                } else {
-                    format!("fine-tuned {variant}")
-                },
-                how.clone(),
-                if variant == "base" {
-                    "-".into()
-                } else {
-                    seeds.len().to_string()
-                },
-            ];
-            for task in &tasks {
-                let of_task: Vec<&QualityRow> =
-                    rows.iter().copied().filter(|r| &r.task == task).collect();
-                row.push(accuracy_cell(&of_task));
-            }
-            row.push(mean_cell(&rows));
-            t.row(row);
-        }
-        md += &t.render();
-        let items: Vec<String> = tasks
+    "\n## Fine-tuning from the same start\n\n".to_string() + &t.render()
+}
+
+/// The quality table (each model and serving: every task's accuracy and the mean with its
+/// interval), what its cells are, and the paper's claims checked in words.
+fn quality_section(quality: &[QualityRow]) -> String {
+    if quality.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("\n## Quality (accuracy on the tasks)\n\n");
+    let mut tasks: Vec<String> = quality.iter().map(|r| r.task.clone()).collect();
+    tasks.sort();
+    tasks.dedup();
+    let mut head = vec![
+        "model".to_string(),
+        "served".to_string(),
+        "seeds".to_string(),
+    ];
+    head.extend(tasks.iter().cloned());
+    head.push("mean".into());
+    let head_refs: Vec<&str> = head.iter().map(String::as_str).collect();
+    let mut t = Table::new(&head_refs);
+    for ((variant, how), _) in mean_acc(quality) {
+        let rows: Vec<&QualityRow> = quality
             .iter()
-            .filter_map(|t| quality.iter().find(|r| &r.task == t))
-            .map(|r| format!("{} {}", r.task, r.items))
+            .filter(|r| r.variant == variant && r.served() == how)
             .collect();
-        md += &format!(
-            "\nOne run: accuracy ± its standard error over the items; several seeds \
-             (fine-tuning runs with other data orders): the seeds' mean ± their standard \
-             deviation. The mean over the tasks carries its 95% interval, drawn as the \
-             differences below are (questions asked again drawn together; with seeds, the \
-             seeds drawn too and at least Student's t), and the seeds' sd. Items per task: \
-             {}.\n",
-            items.join(", ")
-        );
-        md += &quality_summary(quality);
-        md += "\n![Mean accuracy against E[C_T]](quality_vs_ect.png)\n";
+        let seeds = super::results::seeds_of(rows.iter().copied());
+        let mut row = vec![
+            if variant == "base" {
+                "start (no fine-tuning)".to_string()
+            } else {
+                format!("fine-tuned {variant}")
+            },
+            how.clone(),
+            if variant == "base" {
+                "-".into()
+            } else {
+                seeds.len().to_string()
+            },
+        ];
+        for task in &tasks {
+            let of_task: Vec<&QualityRow> =
+                rows.iter().copied().filter(|r| &r.task == task).collect();
+            row.push(accuracy_cell(&of_task));
+        }
+        row.push(mean_cell(&rows));
+        t.row(row);
     }
-    md
+    md += &t.render();
+    let items: Vec<String> = tasks
+        .iter()
+        .filter_map(|t| quality.iter().find(|r| &r.task == t))
+        .map(|r| format!("{} {}", r.task, r.items))
+        .collect();
+    md += &format!(
+        "\nOne run: accuracy ± its standard error over the items; several seeds \
+         (fine-tuning runs with other data orders): the seeds' mean ± their standard \
+         deviation. The mean over the tasks carries its 95% interval, drawn as the \
+         differences below are (questions asked again drawn together; with seeds, the \
+         seeds drawn too and at least Student's t), and the seeds' sd. Items per task: \
+         {}.\n",
+        items.join(", ")
+    );
+    md += &quality_summary(quality);
+    md + "\n![Mean accuracy against E[C_T]](quality_vs_ect.png)\n"
 }
 
 /// A task's accuracy: `acc ± se` for one run; `mean ± sd` over several seeds.
@@ -743,17 +756,11 @@ pub fn full(
     f: &super::results::Findings,
     seconds: f64,
 ) -> String {
-    let mut md = render(
-        recipe,
-        origin,
-        cfg,
-        trace,
-        &f.steps,
-        &f.speed,
-        &f.finetunes,
-        &f.quality,
-        seconds,
-    );
+    let mut md = header(recipe, origin, cfg, trace, seconds);
+    md += &ect_section(recipe, &f.steps);
+    md += &speed_section(&f.speed, &f.correlation);
+    md += &finetune_section(&f.finetunes);
+    md += &quality_section(&f.quality);
     md += &differences_section(&f.differences);
     if let Some(why) = f.shaped.as_ref().and_then(|s| s.reason.as_deref()) {
         md += &format!(

@@ -1,4 +1,6 @@
-//! Dispatch traffic on a cluster of nodes, at two levels, and its projected time.
+//! Dispatch traffic on a cluster of nodes, at two levels, and its projected time; E[C_N] and
+//! the rows within and across nodes of one layer ([`node_stats`]) and of a trace
+//! ([`trace_node_stats`]).
 //!
 //! A cluster is D devices in nodes of G (the link profile's `ranks_per_node`). A token starts
 //! on its source device and its rows go where its experts are:
@@ -18,9 +20,13 @@
 //! takes the larger of the two. The exchange lasts as long as its slowest rank. The combine is
 //! the same traffic reversed and costs the same.
 
-use crate::analysis::collab::DeviceCounter;
+use crate::analysis::collab::{token_weighted_mean, DeviceCounter};
 use crate::analysis::cost::links::{Link, LinkProfile};
+use crate::analysis::drivers::whole_trace::per_layer;
+use crate::analysis::placement::Placement;
 use crate::analysis::run_key::DispatchMode;
+use crate::analysis::trace::Trace;
+use crate::{bail, Result};
 use serde::Serialize;
 
 /// D devices in nodes of `per_node` (the last node may hold fewer).
@@ -287,6 +293,42 @@ pub fn node_stats(
         max_node_inter_ratio: crate::analysis::collab::max_over_mean(&node_inter_rows),
         node_inter_rows,
     }
+}
+
+/// Two-level statistics of every layer of a trace under a placement.
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceNodeStats {
+    pub devices_per_node: usize,
+    pub nodes: usize,
+    /// E[C_N] over all (layer, token) pairs.
+    pub mean_ecn: f64,
+    pub layers: Vec<NodeStats>,
+}
+
+/// Computes [`TraceNodeStats`] for nodes of `devices_per_node` (device d in node d / G); the
+/// tokens' sources are split as [`trace_stats`](crate::analysis::trace_stats) splits them.
+pub fn trace_node_stats(
+    trace: &Trace,
+    placement: &Placement,
+    devices_per_node: usize,
+    resplit: bool,
+) -> Result<TraceNodeStats> {
+    let d = placement.num_devices;
+    if devices_per_node == 0 {
+        bail!("a node holds at least one device");
+    }
+    let k = trace.meta.top_k;
+    let layers = per_layer(trace, placement, resplit, |l, map, split| {
+        node_stats(l.layer, &l.topk_ids, k, map, d, devices_per_node, |t| {
+            split.rank_of(t)
+        })
+    })?;
+    Ok(TraceNodeStats {
+        devices_per_node,
+        nodes: d.div_ceil(devices_per_node),
+        mean_ecn: token_weighted_mean(layers.iter().map(|s| (s.ecn, s.tokens))),
+        layers,
+    })
 }
 
 #[cfg(test)]

@@ -20,12 +20,12 @@
 use crate::analysis::collab::DeviceCounter;
 use crate::analysis::cost::cluster::{occult_exchange, Cluster, LevelTraffic};
 use crate::analysis::cost::links::{swiglu_flops, LinkProfile};
+use crate::analysis::drivers::whole_trace::{place_trace, prune_trace};
 use crate::analysis::placement::{Method, NodeLevel, Placement, SearchConfig};
 use crate::analysis::pruning::PruneRule;
 use crate::analysis::routing::RouterRule;
 use crate::analysis::run_key::DispatchMode;
 use crate::analysis::trace::Trace;
-use crate::analysis::{place_trace, prune_trace};
 use crate::{bail, Result};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;

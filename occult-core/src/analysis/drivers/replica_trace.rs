@@ -163,7 +163,7 @@ pub fn replica_trace_stats(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::drivers::whole_trace::trace_node_stats;
+    use crate::analysis::cost::cluster::trace_node_stats;
     use crate::analysis::placement::SearchConfig;
     use crate::analysis::synth::{synth_trace, SynthConfig};
 

@@ -3,7 +3,6 @@
 //! every layer of a trace (layers in parallel) and gather the results.
 
 use crate::analysis::collab::{layer_stats, token_weighted_mean, total_devices, LayerStats};
-use crate::analysis::cost::cluster::{node_stats, NodeStats};
 use crate::analysis::placement::{
     self, LayerPlacement, Method, Placement, PlacementMetrics, SearchConfig,
 };
@@ -50,7 +49,7 @@ pub fn check_placement_fits(trace: &Trace, p: &Placement) -> Result<()> {
 
 /// `f(layer, its map, its source split)` for every layer of a trace that `placement` fits, in
 /// parallel.
-fn per_layer<T: Send>(
+pub(crate) fn per_layer<T: Send>(
     trace: &Trace,
     placement: &Placement,
     resplit: bool,
@@ -101,42 +100,6 @@ pub fn trace_stats(
         row_bytes,
         mean_ect: token_weighted_mean(layers.iter().map(|s| (s.ect, s.tokens))),
         uniform_ect: crate::analysis::collab::uniform_ect(trace.meta.num_experts, k, d),
-        layers,
-    })
-}
-
-/// Two-level statistics of every layer of a trace under a placement.
-#[derive(Clone, Debug, Serialize)]
-pub struct TraceNodeStats {
-    pub devices_per_node: usize,
-    pub nodes: usize,
-    /// E[C_N] over all (layer, token) pairs.
-    pub mean_ecn: f64,
-    pub layers: Vec<NodeStats>,
-}
-
-/// Computes [`TraceNodeStats`] for nodes of `devices_per_node` (device d in node d / G); the
-/// tokens' sources are split as [`trace_stats`] splits them.
-pub fn trace_node_stats(
-    trace: &Trace,
-    placement: &Placement,
-    devices_per_node: usize,
-    resplit: bool,
-) -> Result<TraceNodeStats> {
-    let d = placement.num_devices;
-    if devices_per_node == 0 {
-        bail!("a node holds at least one device");
-    }
-    let k = trace.meta.top_k;
-    let layers = per_layer(trace, placement, resplit, |l, map, split| {
-        node_stats(l.layer, &l.topk_ids, k, map, d, devices_per_node, |t| {
-            split.rank_of(t)
-        })
-    })?;
-    Ok(TraceNodeStats {
-        devices_per_node,
-        nodes: d.div_ceil(devices_per_node),
-        mean_ecn: token_weighted_mean(layers.iter().map(|s| (s.ecn, s.tokens))),
         layers,
     })
 }

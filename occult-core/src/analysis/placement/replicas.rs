@@ -120,7 +120,7 @@ impl ReplicaMap {
 
     /// A partition (one slot per expert, as an `occult.placement.v1` map) as a replica map.
     pub fn from_partition(device_of_expert: &[u32], num_devices: usize) -> Result<Self> {
-        let by_device = super::experts_by_device(device_of_expert, num_devices);
+        let by_device = super::maps::experts_by_device(device_of_expert, num_devices);
         let per_device = by_device.iter().map(Vec::len).max().unwrap_or(0);
         if by_device.iter().any(|l| l.len() != per_device) {
             bail!("a partition with unequal devices has no equal slots per device");
