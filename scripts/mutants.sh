@@ -29,7 +29,7 @@ GROUPS_TABLE=$(
     cat <<'EOF'
 dispatch|occult-core/src/ep/dispatch.rs|occult-core,occult-tests|--lib --test=ep_layer --test=models --test=data_parallel|120
 pre_reduce|occult-core/src/ep/pre_reduce.rs|occult-core,occult-tests|--lib --test=ep_layer --test=models|120
-links|occult-core/src/analysis/links.rs|occult-core,occult-tests|--lib|60
+links|occult-core/src/analysis/cost/links.rs|occult-core,occult-tests|--lib|60
 search|occult-core/src/analysis/placement/search.rs|occult-core,occult-tests|--lib --test=properties|30
 optim|occult-train/src/optim.rs|occult-train,occult-tests,occult-eval|--lib --test=train --test=train_cli --test=help|120
 run|occult-train/src/run.rs|occult-train,occult-tests,occult-eval|--lib --test=train --test=train_cli --test=help|120

@@ -9,6 +9,7 @@
 //! | [`swiglu`] | SwiGLU MLPs: stacked experts ([`SwigluStack`]) and shared experts | compute |
 //! | [`experts`] | a layer's weights ([`MoeWeights`]) and the grouped compute of stacked experts over received rows | compute |
 //! | [`experts_infer`] | the grouped compute's inference path on CPU: the same sums on slices, without a graph | compute |
+//! | [`pre_reduce`] | the pre-reduction of a row's experts' outputs with its gate weights, as one op (a CUDA kernel on a GPU) | compute |
 //! | [`moe`] | the EP layer: settings, the named stages, per-step statistics | all |
 //! | [`reference`] | the plain single-device MoE forward: the oracle every EP mode must match | - |
 //!

@@ -16,7 +16,8 @@
 //!
 //! The inference paths that own their buffers (the experts', attention's and RoPE's on CPU) call
 //! the same kernels on slices through [`linear_rows`], take their buffers from [`scratch`], and
-//! do their element-wise math (`exp`, softmax, SiLU, bf16 rounding) in [`vmath`].
+//! do their element-wise math (`exp`, softmax, SiLU, bf16 rounding) in [`vmath`]. [`bench`]
+//! times the kernels against candle's matmul (`occult bench kernels`).
 
 mod amx;
 pub mod bench;

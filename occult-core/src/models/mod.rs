@@ -24,7 +24,10 @@
 //! - the decoder: [`layers`] (norms, RoPE, masks), [`attention`] (with its KV cache), [`model`];
 //!   at inference on CPU (nothing on the graph), [`attention_infer`] (attention's core) and
 //!   [`rope_infer`] (RoPE with Qwen3's per-head norms) run on slices instead of candle's
-//!   tensor ops.
+//!   tensor ops;
+//! - running: [`data_parallel`] (D ranks in step, each with its own tokens, and the digests
+//!   they compare before a run) and [`memory`] (the guard that refuses a model that will not
+//!   fit, before its weights are read).
 
 pub mod attention;
 pub mod attention_infer;

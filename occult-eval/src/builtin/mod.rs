@@ -2,6 +2,10 @@
 //! (64 experts, top-8), pre-trained from scratch by occult-train on text the project generates
 //! about four domains, with calibration text, Alpaca-format instructions and one
 //! multiple-choice task per domain. Built on first use and cached.
+//!
+//! [`world`] is the closed world the text talks about, [`data`] the text, instructions and task
+//! items made of it, [`vocab`] the tokenizer's vocabulary, and [`build`] the recipe, the
+//! cache and the build itself.
 
 pub mod build;
 pub mod data;

@@ -1,4 +1,24 @@
-//! One module per `occult` command, plus the helpers they share.
+//! One module per `occult` command, plus the helpers they share: flags, progress and printing;
+//! the work is one call into the library.
+//!
+//! | module | command |
+//! |---|---|
+//! | [`trace`] | `occult trace synth`, `import`, `remap` |
+//! | [`collab`] | `occult collab` |
+//! | [`place`] | `occult place` |
+//! | [`prune`] | `occult prune` |
+//! | [`project`] | `occult project` |
+//! | [`export`] | `occult export checkpoint`, `sglang` |
+//! | [`profile`] | `occult profile` |
+//! | [`generate`] | `occult generate` |
+//! | [`loglik`] | `occult loglik` |
+//! | [`eval`] | `occult eval` |
+//! | [`loss`] | `occult loss` |
+//! | [`train`] | `occult train` |
+//! | [`model`] | `occult model synth`, `info`, `check`, `builtin` |
+//! | [`bench`] | `occult bench` (every suite) |
+//! | [`reproduce`] | `occult reproduce` |
+//! | [`model_opts`] | the model flags every model command shares, turned into a `ModelSpec` |
 
 pub mod bench;
 pub mod collab;

@@ -8,6 +8,17 @@
 //! Writes `report.md`, `results.json` and the plots in the output folder, with every
 //! intermediate file (trace, placements, fine-tuned models, task results) beside them.
 //!
+//! | module | holds |
+//! |---|---|
+//! | [`recipe`] | the recipe (`configs/reproduce/*.toml`), its sections and checks |
+//! | [`ladder`] | the E[C_T] table and the placements of every method |
+//! | [`speed`] | the speed stage: prefill, decode and a training step, measured and projected |
+//! | [`shaped`] | the speed stage again over tc-shaped links (MPI processes) |
+//! | [`results`] | what the stages hand on: routings, rows, and the [`Findings`] of the run |
+//! | [`differences`] | the paired differences of quality, with their intervals |
+//! | [`report`] | `report.md` |
+//! | [`plots`] | the PNG plots |
+//!
 //! The pipeline is [`run`]: one function per stage, each taking and returning typed values
 //! (the trace, the [`Placements`], the fine-tuned models, the quality rows). Each stage calls
 //! the same entry points as the command of its name ([`crate::jobs`] for `profile`, `train`,

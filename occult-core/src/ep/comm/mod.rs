@@ -3,7 +3,9 @@
 //! Backends: [`local`] (ranks as threads in one process, the default); with the `mpi` feature,
 //! [`mpi`] (one process per rank under `mpirun`); with the `nccl` feature, `nccl` (one process
 //! per GPU). Every backend counts exactly what it moves: rows, bytes and messages per peer, and
-//! the time spent inside collectives.
+//! the time spent inside collectives. [`watchdog`] ends a process whose collective a peer never
+//! joins (so the launcher stops the others instead of all of them hanging), and [`id_file`]
+//! hands NCCL's unique id to every process through a shared file.
 
 pub mod id_file;
 pub mod local;
