@@ -93,7 +93,7 @@ pub fn node_size(
 }
 
 /// A decode step's figures (model benchmarks).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DecodeSummary {
     /// The slowest rank's decode step (one token for each of its sequences).
     pub decode_ms_per_token: f64,
@@ -106,7 +106,7 @@ pub struct DecodeSummary {
 }
 
 /// The experts' compute rate (layer benchmark).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ExpertRate {
     /// The experts' FLOPs (every rank's pairs).
     pub expert_flops: f64,
@@ -115,8 +115,8 @@ pub struct ExpertRate {
     pub expert_flops_per_s: f64,
 }
 
-/// One run's figures over all ranks.
-#[derive(Clone, Debug, Serialize)]
+/// One run's figures over all ranks (as a bench's JSON holds it, and reads back).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModeSummary {
     /// What the run is: its mode, pruning and copy rule.
     #[serde(rename = "run")]

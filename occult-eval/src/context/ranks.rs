@@ -47,11 +47,7 @@ impl ModelSpec {
         T: Send,
         F: Fn(&Model) -> Result<T> + Sync,
     {
-        let work = fingerprint(work);
-        self.run(ck, |m| {
-            m.check_same_work(what, work)?;
-            f(m)
-        })
+        self.run_same_with(ck, false, what, work, f)
     }
 
     /// [`ModelSpec::run_same`] for training (see [`ModelSpec::run_training`]).
@@ -66,8 +62,23 @@ impl ModelSpec {
         T: Send,
         F: Fn(&Model) -> Result<T> + Sync,
     {
+        self.run_same_with(ck, true, what, work, f)
+    }
+
+    fn run_same_with<T, F>(
+        &self,
+        ck: &Checkpoint,
+        own_dense: bool,
+        what: &str,
+        work: impl IntoIterator<Item = u8>,
+        f: F,
+    ) -> Result<Option<T>>
+    where
+        T: Send,
+        F: Fn(&Model) -> Result<T> + Sync,
+    {
         let work = fingerprint(work);
-        self.run_training(ck, |m| {
+        self.run_with(ck, own_dense, |m| {
             m.check_same_work(what, work)?;
             f(m)
         })

@@ -5,8 +5,8 @@
 //! real slow links, not projected. Otherwise the stage says which requirement is missing.
 
 use super::speed::SpeedRow;
+use crate::bench::modes::ModeSummary;
 use anyhow::{bail, Context, Result};
-use occult_core::analysis::run_key::RunKey;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -201,22 +201,10 @@ fn run_level(
     Ok(rows)
 }
 
-/// What the speed rows take of a bench's JSON: each run's figures.
+/// A bench's JSON: each run's figures.
 #[derive(Deserialize)]
 struct BenchFile {
-    results: Vec<BenchRow>,
-}
-
-#[derive(Deserialize)]
-struct BenchRow {
-    run: RunKey,
-    devices: usize,
-    tokens: usize,
-    ect: f64,
-    rows_sent: usize,
-    bytes_sent: u64,
-    seconds: f64,
-    projected_seconds: Option<f64>,
+    results: Vec<ModeSummary>,
 }
 
 /// The EP runs of a bench's JSON (`results`) as speed rows.
@@ -227,20 +215,8 @@ fn read_rows(path: &Path, suite: &str, link: &str) -> Result<Vec<SpeedRow>> {
         .with_context(|| format!("reading the bench results {}", path.display()))?;
     Ok(file
         .results
-        .into_iter()
+        .iter()
         .filter(|r| r.devices > 1)
-        .map(|r| SpeedRow {
-            suite: suite.into(),
-            key: r.run,
-            mode: r.run.to_string(),
-            devices: r.devices,
-            tokens: r.tokens,
-            ect: r.ect,
-            rows_sent: r.rows_sent,
-            bytes_sent: r.bytes_sent,
-            seconds: r.seconds,
-            projected_seconds: r.projected_seconds,
-            link: link.into(),
-        })
+        .map(|r| super::speed::row(suite, r, link))
         .collect())
 }

@@ -75,7 +75,8 @@ pub struct SpeedRow {
     pub link: String,
 }
 
-fn row(suite: &str, r: &ModeSummary, link: &str) -> SpeedRow {
+/// The speed row of run `r` of suite `suite`, projected on `link`.
+pub(crate) fn row(suite: &str, r: &ModeSummary, link: &str) -> SpeedRow {
     SpeedRow {
         suite: suite.into(),
         key: r.key,

@@ -211,7 +211,7 @@ pub struct RankStep<'a> {
 }
 
 /// A projected step and its parts.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Projection {
     /// The slowest rank's expert compute.
     pub compute_s: f64,
