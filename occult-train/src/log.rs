@@ -1,6 +1,7 @@
 //! The training log, `log.jsonl`: one [`StepRecord`] per optimiser step, written a line at a
-//! time as the run goes ([`StepRecord::line`]) and read back typed ([`read_log`]): by a resumed
-//! run, which keeps the steps before the one it resumes from, and by whoever reports on a run.
+//! time as the run goes ([`StepRecord::line`]) and read back typed ([`read_log`]) by whoever
+//! reports on a run; a resumed run keeps the lines before the step it resumes from as they
+//! were written ([`read_lines`]).
 
 use crate::step::StepReport;
 use crate::{Error, Result};
@@ -61,28 +62,42 @@ impl StepRecord {
     }
 }
 
-/// The records of the log at `path`, in file order. A line that is not a record (the tail of a
-/// run killed while writing it) is left out, and said on stderr; a missing log has none.
-pub fn read_log(path: &Path) -> Result<Vec<StepRecord>> {
+/// One line of a log as written: its text, and its record where it reads as one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogLine {
+    pub text: String,
+    pub record: Option<StepRecord>,
+}
+
+/// The lines of the log at `path`, in file order (a missing log has none). A line that is not
+/// a record (the tail of a run killed while writing it) has no `record`.
+pub fn read_lines(path: &Path) -> Result<Vec<LogLine>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(Error::Invalid(format!("reading {}: {e}", path.display()))),
     };
-    let mut records = Vec::new();
-    for (i, line) in text
+    Ok(text
         .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        match serde_json::from_str::<StepRecord>(line) {
-            Ok(r) => records.push(r),
-            Err(e) => eprintln!(
-                "note: {} line {}: not a step record ({e}); left out",
-                path.display(),
-                i + 1
-            ),
-        }
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| LogLine {
+            text: l.to_string(),
+            record: serde_json::from_str(l).ok(),
+        })
+        .collect())
+}
+
+/// The records of the log at `path`, in file order. A line that is not a record is left out,
+/// and said on stderr; a missing log has none.
+pub fn read_log(path: &Path) -> Result<Vec<StepRecord>> {
+    let lines = read_lines(path)?;
+    let records: Vec<StepRecord> = lines.iter().filter_map(|l| l.record.clone()).collect();
+    if records.len() < lines.len() {
+        eprintln!(
+            "note: {}: {} line(s) are not step records; left out",
+            path.display(),
+            lines.len() - records.len()
+        );
     }
     Ok(records)
 }
@@ -113,9 +128,18 @@ mod tests {
         );
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log.jsonl");
-        // A torn last line is left out; the records before it read back exactly.
-        std::fs::write(&path, format!("{line}\n{line}\n{{\"step\": 4, \"lo")).unwrap();
-        assert_eq!(read_log(&path).unwrap(), vec![r.clone(), r]);
+        // A torn last line is left out; the records before it read back exactly, and every
+        // line's text is kept as written.
+        let torn = "{\"step\": 4, \"lo";
+        std::fs::write(&path, format!("{line}\n{line}\n{torn}")).unwrap();
+        assert_eq!(read_log(&path).unwrap(), vec![r.clone(), r.clone()]);
+        let lines = read_lines(&path).unwrap();
+        assert_eq!(lines[0].text, line);
+        assert_eq!(lines[0].record, Some(r));
+        assert_eq!(
+            (lines[2].text.as_str(), lines[2].record.is_none()),
+            (torn, true)
+        );
         assert!(read_log(&dir.path().join("none.jsonl")).unwrap().is_empty());
     }
 }

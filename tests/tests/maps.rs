@@ -5,10 +5,12 @@
 //! - Every folder under `occult-*/src` appears as `NAME/` in the README's `## Layout` block and
 //!   in its crate's README.
 //! - Every `pub mod NAME;` is named in its parent's map: for a crate root (`lib.rs`) the
-//!   crate's README, as `NAME/`, `NAME.rs` or `` `NAME` ``; for any other file its `//!` doc,
-//!   as `` `NAME` `` or ``[`NAME`]``.
+//!   `## Map` of the crate's README, as `NAME/`, `NAME.rs` or `` `NAME` ``; for any other file
+//!   its `//!` doc, as a link ``[`NAME`]``.
+//! - No map names a module that is gone: each row of a map's table (``| [`NAME`] |`` in a
+//!   `//!` doc, ``| `NAME` |`` in a crate README's `## Map`) is a module its file declares.
 //! - Every path in a code span of the README's `## Where a change goes` (a span with a `/` or
-//!   a file extension, no spaces; `NAME` and other runs of capitals stand for any name) names
+//!   a file extension, no spaces; the placeholder `NAME` stands for any name) names
 //!   a file or folder of the repository: from its root, or the tail of one (an entry names
 //!   the folder, then files inside it).
 
@@ -74,11 +76,49 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The modules a file declares public (`pub mod NAME;`, attributes aside).
-fn pub_mods(text: &str) -> Vec<String> {
+/// The modules a file declares public (`pub mod NAME;`), each with whether a `#[cfg(...)]`
+/// gates it (its map then names it in plain code, since a link to it would break without the
+/// feature).
+fn pub_mods(text: &str) -> Vec<(String, bool)> {
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let name = l.strip_prefix("pub mod ")?.strip_suffix(';')?;
+            let gated = i > 0 && lines[i - 1].starts_with("#[cfg(");
+            Some((name.to_string(), gated))
+        })
+        .collect()
+}
+
+/// Every module a file declares, public or not.
+fn mods(text: &str) -> Vec<String> {
     text.lines()
-        .filter_map(|l| l.trim().strip_prefix("pub mod "))
+        .map(|l| l.trim())
+        .map(|l| l.strip_prefix("pub ").unwrap_or(l))
+        .filter_map(|l| l.strip_prefix("mod "))
         .filter_map(|rest| rest.strip_suffix(';'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The modules a map's table rows name: ``| [`NAME`] |`` (a `//!` map) or ``| `NAME` |`` (a
+/// crate README's).
+fn table_rows(map: &str, readme: bool) -> Vec<String> {
+    let (open, close) = if readme {
+        ("| `", "` |")
+    } else {
+        ("| [`", "`] |")
+    };
+    map.lines()
+        .map(str::trim_start)
+        .filter_map(|l| l.strip_prefix(open))
+        .filter_map(|l| l.split_once(close).map(|(name, _)| name))
+        .filter(|name| {
+            name.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        })
         .map(str::to_string)
         .collect()
 }
@@ -121,19 +161,32 @@ fn missing_from_maps(root: &Path) -> Vec<String> {
             let rel = file.strip_prefix(root).unwrap().display().to_string();
             let is_root = file == src.join("lib.rs");
             let map = if is_root {
-                crate_readme.clone()
+                section(&crate_readme, "Map").to_string()
             } else {
                 inner_doc(&text)
             };
-            for m in pub_mods(&text) {
-                let named = [format!("`{m}`"), format!("[`{m}`]")]
-                    .iter()
-                    .chain(&if is_root {
-                        vec![format!("{m}/"), format!("{m}.rs")]
-                    } else {
-                        vec![]
-                    })
-                    .any(|w| map.contains(w.as_str()));
+            let declared = mods(&text);
+            for row in table_rows(&map, is_root) {
+                if !declared.contains(&row) {
+                    fails.push(format!(
+                        "{}: the map's row `{row}` is not a module of {rel}",
+                        if is_root {
+                            format!("{krate}/README.md")
+                        } else {
+                            rel.clone()
+                        }
+                    ));
+                }
+            }
+            for (m, gated) in pub_mods(&text) {
+                let forms = if is_root {
+                    vec![format!("`{m}`"), format!("{m}/"), format!("{m}.rs")]
+                } else if gated {
+                    vec![format!("[`{m}`]"), format!("`{m}`")]
+                } else {
+                    vec![format!("[`{m}`]")]
+                };
+                let named = forms.iter().any(|w| map.contains(w.as_str()));
                 if !named {
                     let whose = if is_root {
                         format!("{krate}/README.md")
@@ -149,14 +202,14 @@ fn missing_from_maps(root: &Path) -> Vec<String> {
 }
 
 /// Every file and folder of the repository, as its path components from the root (build
-/// output and git's folder left out).
+/// output, in any folder named `target`, and git's folder left out).
 fn repo_paths(root: &Path) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     let mut todo = vec![(root.to_path_buf(), Vec::<String>::new())];
     while let Some((dir, comps)) = todo.pop() {
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            if comps.is_empty() && (name == "target" || name == ".git") {
+            if name == "target" || name == ".git" {
                 continue;
             }
             let mut here = comps.clone();
@@ -218,25 +271,9 @@ fn path_spans(text: &str) -> Vec<String> {
     out
 }
 
-/// `span` with each run of two or more capitals (a placeholder such as `NAME`) as `*`.
+/// `span` with the placeholder `NAME` as `*`.
 fn placeholders_as_wildcards(span: &str) -> String {
-    let chars: Vec<char> = span.chars().collect();
-    let mut out = String::new();
-    let mut i = 0;
-    while i < chars.len() {
-        let run = chars[i..]
-            .iter()
-            .take_while(|c| c.is_ascii_uppercase())
-            .count();
-        if run >= 2 {
-            out.push('*');
-            i += run;
-        } else {
-            out.push(chars[i]);
-            i += 1;
-        }
-    }
-    out
+    span.replace("NAME", "*")
 }
 
 /// The paths the "Where a change goes" of `readme` names that do not exist in the repository
@@ -301,6 +338,13 @@ fn a_map_that_falls_behind_fails() {
     let fails = missing_from_maps(c);
     assert!(
         fails.len() == 1 && fails[0].contains("`pub mod fresh;`"),
+        "{fails:?}"
+    );
+    // A row of a map's table for a module that is gone.
+    std::fs::write(&m, text.replace("pub mod synth;", "")).unwrap();
+    let fails = missing_from_maps(c);
+    assert!(
+        fails.len() == 1 && fails[0].contains("row `synth`"),
         "{fails:?}"
     );
     std::fs::write(&m, &text).unwrap();

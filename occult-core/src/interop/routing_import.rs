@@ -1,5 +1,6 @@
-//! Routing recorded by other frameworks, read into an [`occult.trace.v1`](crate::analysis::trace) trace:
-//! plain arrays that any framework writes in a few lines (`.npz`, `.npy`, safetensors).
+//! Routing recorded by other frameworks, read into an
+//! [`occult.trace.v1`](crate::analysis::trace) trace: plain arrays that any framework writes in
+//! a few lines (`.npz`, `.npy`, safetensors).
 //!
 //! Array names (in a `.npz` or safetensors file), either
 //! - per layer: `layers.{L}.topk_ids` (integers `[tokens, k]`, best first), optionally

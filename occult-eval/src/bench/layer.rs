@@ -7,7 +7,7 @@
 //! one centroid each) so that routing has the locality real MoE routers show; experts are
 //! placed from a calibration batch routed by the same router.
 
-use super::modes::{reference, summarise, Exchanges, ModeSummary, RankRun};
+use super::modes::{ep_dispatch, reference, summarise, Exchanges, ModeSummary, RankRun};
 use crate::context::Backend;
 use crate::table::Table;
 use anyhow::{bail, Result};
@@ -217,7 +217,7 @@ impl LayerBench {
             limit,
             similarity: Some(setup.similarity.clone()),
         });
-        (key.dispatch().unwrap_or(DispatchMode::Occult), prune)
+        (ep_dispatch(key), prune)
     }
 
     /// Runs every EP mode on this rank (collective: every rank must call it).
@@ -335,7 +335,7 @@ impl LayerBench {
                     .map(|r| r.run.clone())
                     .collect();
                 let tokens = runs.iter().map(|r| r.stats.tokens).sum();
-                let dispatch = key.dispatch().unwrap_or(DispatchMode::Occult);
+                let dispatch = ep_dispatch(&key);
                 summarise(
                     key,
                     self.devices,

@@ -7,13 +7,13 @@
 //! time and decode step time of that machine.
 
 use super::model_runs::{measure, plan, Measure};
-use super::modes::{reference, summarise, Exchanges, ModeSummary, RankRun};
+use super::modes::{ep_dispatch, reference, summarise, Exchanges, ModeSummary, RankRun};
 use crate::context::{Backend, ModelSpec};
 use anyhow::{bail, Context, Result};
 use candle::{DType, Device, Tensor};
 use occult_core::analysis::cost::links::{swiglu_flops, LinkProfile};
 use occult_core::analysis::pruning::PruneLimit;
-use occult_core::analysis::run_key::{DispatchMode, MoeMode};
+use occult_core::analysis::run_key::MoeMode;
 use occult_core::ep::StepStats;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::{Logits, Model};
@@ -187,7 +187,7 @@ pub fn run(
         };
         if let Some(runs) = measure(opts, ck, &how, |m| rank_run(m, b, ck))? {
             let tokens = b.devices * b.batch.max(1) * b.prompt_len;
-            let dispatch = key.dispatch().unwrap_or(DispatchMode::Occult);
+            let dispatch = ep_dispatch(&key);
             results.push(summarise(
                 key,
                 b.devices,

@@ -76,6 +76,13 @@ impl Exchanges {
     }
 }
 
+/// The dispatch of an expert-parallel benchmark run (every run of
+/// [`occult_core::analysis::run_key::runs`] is one).
+pub fn ep_dispatch(key: &RunKey) -> DispatchMode {
+    key.dispatch()
+        .expect("a benchmark's runs are expert-parallel, never the reference")
+}
+
 /// The node size a benchmark of `devices` ranks runs the two-level exchange with: the one
 /// given (`--devices-per-node`), else the link profile's ranks per node when its link between
 /// nodes is the slower; `None` when that is one node.
@@ -85,10 +92,7 @@ pub fn node_size(
     devices: usize,
 ) -> Option<usize> {
     given
-        .or_else(|| {
-            link.filter(|p| p.inter.bandwidth < p.intra.bandwidth)
-                .map(|p| p.ranks_per_node)
-        })
+        .or_else(|| link.filter(|p| p.nodes_slower()).map(|p| p.ranks_per_node))
         .filter(|&g| g >= 1 && g < devices)
 }
 

@@ -1,8 +1,8 @@
-//! `occult bench place`: each placement method of `Method::ALL` (contiguous, greedy, occult) timed on the same
-//! traces and device counts in one run, with E[C_T] and the busiest device's load side by side.
-//! With `--replicas R`, also Occult under a 1.05 load cap and DeepSeek's EPLB with R redundant
-//! slots, its copies chosen by Occult's cover rule and by SGLang's static rule. Every row is
-//! also projected onto machines ([`PlaceProjection`]): the layer time of its one-row-per-device
+//! `occult bench place`: each placement method of `Method::ALL` (contiguous, greedy, occult)
+//! timed on the same traces and device counts in one run, with E[C_T] and the busiest
+//! device's load side by side. With `--replicas R`, also Occult under a 1.05 load cap and
+//! DeepSeek's EPLB with R redundant slots, its copies chosen by Occult's cover rule and by
+//! SGLang's static rule. Every row is also projected onto machines ([`PlaceProjection`]): the layer time of its one-row-per-device
 //! exchange and its slowest device's expert compute.
 
 use crate::table::Table;
@@ -118,13 +118,15 @@ impl On<'_> {
         )
     }
 
-    /// Places with method `m` under `cfg`: the placement and the seconds it took, `None` where
-    /// `cfg`'s load cap is one no balanced map meets on this trace (a finding, not a failure).
+    /// Places with method `m` under `cfg`: the placement, the seconds it took and E[C_T] as the
+    /// placer found it; `None` where `cfg`'s load cap is one no balanced map meets on this trace
+    /// (a finding, not a failure; said on stderr when `say_none`).
     fn place(
         &self,
         name: &str,
         m: Method,
         cfg: &SearchConfig,
+        say_none: bool,
     ) -> Result<Option<(Placement, f64, f64)>> {
         let start = Instant::now();
         match place_trace(self.trace, self.d, m, cfg, &|| {}) {
@@ -135,7 +137,9 @@ impl On<'_> {
                 Ok(Some((placed, start.elapsed().as_secs_f64(), from_placer)))
             }
             Err(err) if cfg.max_load_factor.is_some() => {
-                eprintln!("{} D={} {name}: none ({err})", self.path.display(), self.d);
+                if say_none {
+                    eprintln!("{} D={} {name}: none ({err})", self.path.display(), self.d);
+                }
                 Ok(None)
             }
             Err(err) => Err(err.into()),
@@ -205,7 +209,7 @@ fn method_runs(
     }
     let (mut runs, mut partitions, mut base) = (Vec::new(), Vec::new(), None);
     for (name, m, c) in methods {
-        let Some((placed, seconds, from_placer)) = on.place(&name, m, c)? else {
+        let Some((placed, seconds, from_placer)) = on.place(&name, m, c, true)? else {
             continue;
         };
         let run = on.measured(&name, seconds, &placed, CopyRule::Cover)?;
@@ -231,7 +235,7 @@ fn looser_partition(on: &On) -> Result<Option<(PlaceRun, Partition)>> {
             ..on.cfg.clone()
         };
         let name = format!("occult, load cap {cap}");
-        if let Some((placed, seconds, _)) = on.place(&name, Method::Occult, &c)? {
+        if let Some((placed, seconds, _)) = on.place(&name, Method::Occult, &c, false)? {
             let run = on.measured(&name, seconds, &placed, CopyRule::Cover)?;
             return Ok(Some((run, (name, placed, Some(cap)))));
         }

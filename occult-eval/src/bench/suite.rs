@@ -252,7 +252,7 @@ pub fn render(s: &Suite, points: &[Point]) -> String {
                 (r.seconds, r.projected_seconds)
             }
         };
-        let base = p.results.iter().find(|r| r.mode == "standard").map(time);
+        let base = p.results.iter().find(|r| r.key.is_baseline()).map(time);
         for r in &p.results {
             let (measured, projected) = time(r);
             let (ect, bytes) = if decode {

@@ -99,7 +99,7 @@ impl TaskResults {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Figures {
     estimates: Vec<(Metric, Estimate)>,
-    pub n: usize,
+    n: usize,
 }
 
 impl Figures {

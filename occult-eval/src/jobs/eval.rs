@@ -123,11 +123,6 @@ impl Evaluated {
         json!({"results": results, "errors": self.errors, "config": self.config})
     }
 
-    /// Task `name`'s results, if it was scored.
-    pub fn task(&self, name: &str) -> Option<&TaskResults> {
-        self.tasks.iter().find(|(n, _)| n == name).map(|(_, t)| t)
-    }
-
     /// The table: each task's metrics with their standard errors, and its items per second.
     pub fn table(&self) -> Table {
         let mut table = Table::new(&["task", "n", "shots", "metric", "value", "stderr", "items/s"]);

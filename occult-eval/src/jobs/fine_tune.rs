@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use occult_core::models::loader::Checkpoint;
 use occult_train::dataset::{build, read_records, Dataset};
 use occult_train::heldout::heldout_loss;
-use occult_train::log::{read_log, StepRecord};
+use occult_train::log::{read_lines, read_log, LogLine, StepRecord};
 use occult_train::run::{has_saved_state, holds_a_run, saved_step, train, Job, TrainConfig};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -130,7 +130,8 @@ pub(crate) fn load_examples(
 
 /// Runs `job` on `spec`'s ranks (rank 0 writes the log and the model). Returns the run's log,
 /// every step from the first (those a resumed run kept, then its own), on rank 0; `None` on the
-/// other processes of an `mpirun` job.
+/// other processes of an `mpirun` job, except where the run has nothing left to do (then the
+/// log as every process reads it).
 pub fn fine_tune(spec: &ModelSpec, job: &FineTune) -> Result<Option<Vec<StepRecord>>> {
     let a = job;
     refuse_out_over_model(&a.out, &spec.model)?;
@@ -161,10 +162,10 @@ pub fn fine_tune(spec: &ModelSpec, job: &FineTune) -> Result<Option<Vec<StepReco
     }
     let created = !a.out.exists();
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    // The log keeps the steps before the resumed one.
-    let kept: Vec<StepRecord> = read_log(&log_path)?
+    // The log keeps the steps before the resumed one, as they were written.
+    let kept: Vec<LogLine> = read_lines(&log_path)?
         .into_iter()
-        .filter(|r| a.resume && r.step < start)
+        .filter(|l| a.resume && l.record.as_ref().is_some_and(|r| r.step < start))
         .collect();
     match a.train {
         TrainWhat::Moe => ck.weights.set_trainable_only(ck.cfg.moe_prefixes()),
@@ -246,9 +247,11 @@ fn run_settings(spec: &ModelSpec, a: &FineTune, ck: &Checkpoint) -> Result<serde
         (None, Some(p)) => Some(print(serde_json::to_vec(p)?)),
         (None, None) => None,
     };
-    let calibration = match &spec.calibration {
-        Some(p) => Some(print(occult_core::input::read_bytes(p)?)),
-        None => None,
+    // The calibration trace: its file's bytes; one held only in memory, its routing.
+    let calibration = match (&spec.calibration, &spec.calibration_trace) {
+        (Some(p), _) => Some(print(occult_core::input::read_bytes(p)?)),
+        (None, Some(t)) => Some(print(trace_bytes(t))),
+        (None, None) => None,
     };
     Ok(serde_json::json!({
         "placement": placement,
@@ -262,6 +265,19 @@ fn run_settings(spec: &ModelSpec, a: &FineTune, ck: &Checkpoint) -> Result<serde
         "dtype": spec.dtype,
         "train": a.train,
     }))
+}
+
+/// A trace's routing as bytes, for a fingerprint: each layer's index, ids and router logits.
+fn trace_bytes(t: &occult_core::analysis::trace::Trace) -> Vec<u8> {
+    let mut out = Vec::new();
+    for l in &t.layers {
+        out.extend((l.layer as u64).to_le_bytes());
+        out.extend(l.topk_ids.iter().flat_map(|x| x.to_le_bytes()));
+        for x in l.router_logits.iter().flatten() {
+            out.extend(x.to_le_bytes());
+        }
+    }
+    out
 }
 
 /// The step the run starts from: the saved one with `--resume`; else 0, refusing an `--out`
@@ -320,8 +336,8 @@ struct Steps<'a> {
     held_out: Option<&'a Dataset>,
     job: &'a FineTune,
     log_path: &'a Path,
-    /// The records before `start` that the log keeps.
-    kept: &'a [StepRecord],
+    /// The lines before `start` that the log keeps.
+    kept: &'a [LogLine],
 }
 
 impl Steps<'_> {
@@ -331,12 +347,13 @@ impl Steps<'_> {
         let a = self.job;
         let rank = m.rank_and_size().0;
         let bar = crate::progress::rank_bar(rank, self.until - self.start, "steps");
-        let mut records: Vec<StepRecord> = self.kept.to_vec();
+        let mut records: Vec<StepRecord> =
+            self.kept.iter().filter_map(|l| l.record.clone()).collect();
         let mut log = if rank == 0 {
             // The kept lines replace the log whole, then the new steps are appended.
             occult_core::atomic::write_atomic(self.log_path, |w| {
-                for r in self.kept {
-                    writeln!(w, "{}", r.line())?;
+                for l in self.kept {
+                    writeln!(w, "{}", l.text)?;
                 }
                 Ok(())
             })?;

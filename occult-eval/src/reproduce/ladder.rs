@@ -53,15 +53,14 @@ pub struct LadderSettings<'a> {
 /// The placements of the table: one per method of [`Method::ALL`], in its order.
 #[derive(Clone, Debug)]
 pub struct Placements {
-    by_method: Vec<(Method, Placement)>,
-    /// Seconds each method's placement took.
-    seconds: Vec<f64>,
+    /// Each method's placement, and the seconds it took.
+    by_method: Vec<(Method, Placement, f64)>,
 }
 
 impl Placements {
     /// Each with its method, in the table's order.
     pub fn iter(&self) -> impl Iterator<Item = (Method, &Placement)> {
-        self.by_method.iter().map(|(m, p)| (*m, p))
+        self.by_method.iter().map(|(m, p, _)| (*m, p))
     }
 
     /// The placement of method `m` (every method of [`Method::ALL`] has one).
@@ -98,13 +97,11 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
     };
     let mut placements = Placements {
         by_method: Vec::new(),
-        seconds: Vec::new(),
     };
     for m in Method::ALL {
         let t = Instant::now();
         let (p, _) = place_trace(trace, s.devices, m, &cfg, &|| {})?;
-        placements.seconds.push(t.elapsed().as_secs_f64());
-        placements.by_method.push((m, p));
+        placements.by_method.push((m, p, t.elapsed().as_secs_f64()));
     }
     let tokens: usize = trace.layers.iter().map(|l| l.tokens).sum();
     let per_tok = |x: u64| x as f64 / tokens.max(1) as f64;
@@ -167,9 +164,9 @@ pub fn ect_ladder(trace: &Trace, s: &LadderSettings) -> Result<(Vec<Step>, Place
         ecn_two_nodes: contiguous_nodes.map(|n| n.0),
         inter_rows_per_token_two_nodes: contiguous_nodes.map(|n| per_tok(n.1)),
     }];
-    for ((m, p), secs) in placements.iter().zip(&placements.seconds) {
+    for (m, p, secs) in &placements.by_method {
         let st = trace_stats(trace, p, s.row_bytes, true)?;
-        let name = placement_step(m);
+        let name = placement_step(*m);
         steps.push(step(name, m.name(), &st, two_nodes(trace, p)?, None, *secs));
     }
     let best = placements.ours();

@@ -8,7 +8,7 @@ use super::results::{Correlation, FinetuneRow, QualityRow};
 use super::speed::SpeedRow;
 use crate::harness::paired::mean_sd;
 use crate::table::{count, fmt_opt, Table};
-use occult_core::analysis::run_key::{DispatchMode, MoeMode, RunKey};
+use occult_core::analysis::run_key::{DispatchMode, MoeMode};
 use occult_core::analysis::trace::Trace;
 use occult_core::models::config::ModelConfig;
 use std::collections::BTreeMap;
@@ -724,7 +724,9 @@ fn nodes_section(
             let find = |mode: MoeMode| {
                 shaped
                     .iter()
-                    .find(|r| r.suite.starts_with(suite) && r.key == RunKey::exact(mode))
+                    .find(|r| {
+                        r.suite.starts_with(suite) && r.key.mode == mode && r.key.prune.is_none()
+                    })
                     .map(|r| r.seconds)
             };
             if let (Some(flat), Some(two)) = (find(MoeMode::Occult), find(MoeMode::TwoLevel)) {

@@ -163,8 +163,8 @@ pub fn speed(opts: &ModelSpec, s: &SpeedRecipe) -> Result<Vec<SpeedRow>> {
 }
 
 /// Pearson's correlation of E[C_T] with time over the Occult-dispatch rows (exact and pruned,
-/// which differ only in E[C_T]; flat, not two-level) of each suite and size, pooled after dividing each time by its
-/// group's mean; `measured` picks measured or projected times. `None` with fewer than 3 points.
+/// which differ only in E[C_T]; flat, not two-level) of each suite and size, pooled after
+/// dividing each time by its group's mean; `measured` picks measured or projected times. `None` with fewer than 3 points.
 pub fn ect_time_correlation(rows: &[SpeedRow], measured: bool) -> Option<f64> {
     let mut pts: Vec<(f64, f64)> = Vec::new();
     let mut groups: Vec<(&str, usize)> = Vec::new();

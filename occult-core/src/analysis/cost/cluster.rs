@@ -62,7 +62,7 @@ impl Cluster {
 /// describes: the two-level one where they span nodes joined by a link slower than the one
 /// inside a node, else the flat one.
 pub fn occult_exchange(profile: &LinkProfile, devices: usize) -> DispatchMode {
-    if devices > profile.ranks_per_node && profile.inter.bandwidth < profile.intra.bandwidth {
+    if devices > profile.ranks_per_node && profile.nodes_slower() {
         DispatchMode::TwoLevel
     } else {
         DispatchMode::Occult

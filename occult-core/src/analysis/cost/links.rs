@@ -134,6 +134,12 @@ pub const BUILT_IN: [(&str, &str); 3] = [
 ];
 
 impl LinkProfile {
+    /// Whether its nodes are joined by a link slower than the one inside a node: where Occult's
+    /// rows take the two-level exchange, and a placement is searched for nodes.
+    pub fn nodes_slower(&self) -> bool {
+        self.inter.bandwidth < self.intra.bandwidth
+    }
+
     /// Parses and checks a profile; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Self> {
         let p: LinkProfile = toml::from_str(text)

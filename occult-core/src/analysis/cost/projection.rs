@@ -432,8 +432,7 @@ pub fn layer_seconds(
 /// node size does not divide D, or when the profile does not forward across nodes.
 fn node_level(d: usize, p: &LinkProfile) -> Option<NodeLevel> {
     let g = p.ranks_per_node;
-    let forwards = p.inter.bandwidth < p.intra.bandwidth;
-    (forwards && g >= 1 && d > g && d.is_multiple_of(g)).then(|| NodeLevel {
+    (p.nodes_slower() && g >= 1 && d > g && d.is_multiple_of(g)).then(|| NodeLevel {
         devices_per_node: g,
         inter_weight: p.intra.bandwidth / p.inter.bandwidth,
     })

@@ -1,6 +1,7 @@
 //! Whole-trace drivers behind the `occult collab`, `place` and `prune` commands: they apply the
-//! per-layer functions of [`crate::analysis::collab`], [`crate::analysis::placement`] and [`crate::analysis::pruning`] to
-//! every layer of a trace (layers in parallel) and gather the results.
+//! per-layer functions of [`crate::analysis::collab`], [`crate::analysis::placement`] and
+//! [`crate::analysis::pruning`] to every layer of a trace (layers in parallel) and gather the
+//! results.
 
 use crate::analysis::collab::{layer_stats, token_weighted_mean, total_devices, LayerStats};
 use crate::analysis::placement::{

@@ -1,6 +1,7 @@
 //! SGLang's expert-distribution dump in `per_token` mode (`--expert-distribution-recorder-mode
 //! per_token`, then `/dump_expert_distribution_record`; checked against sglang 0.5.23,
-//! `srt/eplb/expert_distribution.py`), read into routing arrays for [`crate::interop::routing_import`].
+//! `srt/eplb/expert_distribution.py`), read into routing arrays for
+//! [`crate::interop::routing_import`].
 //!
 //! Each rank writes `expert_distribution_recorder_{time}_{rank}.pt`, a `torch.save` of
 //! `{"records": [...], "last_physical_to_logical_map": int [layers, physical experts]}`. Each
