@@ -207,3 +207,76 @@ fn occult_trace_import_writes_a_trace_and_refuses_bad_files() {
         String::from_utf8_lossy(&ok.stderr)
     );
 }
+
+/// The fixture's SGLang dump with its records' token ids changed by `edit` (the storage name,
+/// `data/0` for record 0's `[4 layers, 40 tokens, 8]` int32 or `data/2` for record 1's
+/// `[4, 57, 8]`, and its values), written as a `.pt` in `dir`.
+fn edited_dump(dir: &std::path::Path, name: &str, edit: impl Fn(&str, &mut [i32])) -> PathBuf {
+    use std::io::{Read, Write};
+    let bytes = std::fs::read(fixture("sglang_per_token.pt")).unwrap();
+    let mut from = zip::ZipArchive::new(std::io::Cursor::new(bytes)).unwrap();
+    let path = dir.join(name);
+    let mut to = zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+    let stored =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for i in 0..from.len() {
+        let mut entry = from.by_index(i).unwrap();
+        let entry_name = entry.name().unwrap().to_string();
+        let mut data = Vec::new();
+        entry.read_to_end(&mut data).unwrap();
+        for storage in ["data/0", "data/2"] {
+            if entry_name.ends_with(&format!("/{storage}")) {
+                let mut v: Vec<i32> = data
+                    .chunks_exact(4)
+                    .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+                edit(storage, &mut v);
+                data = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            }
+        }
+        to.start_file(entry_name, stored).unwrap();
+        to.write_all(&data).unwrap();
+    }
+    to.finish().unwrap();
+    path
+}
+
+/// Whether a layer recorded anything is every id's call, not the first's: a dump whose first
+/// token is padding in every layer (a padded batch), or whose first record is all padding (an
+/// idle rank's forward), imports with its padded rows dropped; one with nothing but padding is
+/// refused.
+#[test]
+fn a_dump_that_begins_with_padding_imports() {
+    let t = tempfile::tempdir().unwrap();
+    let whole = import(&fixture("sglang_per_token.pt"), &opts()).unwrap();
+    let k = whole.meta.top_k;
+    assert_eq!((whole.layers[0].tokens, k), (96, 2));
+    // Record 0's token 0, padded in every layer.
+    let first = edited_dump(t.path(), "first.pt", |storage, v| {
+        if storage == "data/0" {
+            for layer in v.chunks_exact_mut(40 * 8) {
+                layer[..8].fill(-1);
+            }
+        }
+    });
+    let got = import(&first, &opts()).unwrap();
+    assert_eq!(got.layer_ids(), whole.layer_ids());
+    for (w, g) in whole.layers.iter().zip(&got.layers) {
+        assert_eq!(g.topk_ids, w.topk_ids[k..], "layer {}", w.layer);
+    }
+    // Record 0 all padding: record 1's 56 tokens.
+    let idle = edited_dump(t.path(), "idle.pt", |storage, v| {
+        if storage == "data/0" {
+            v.fill(-1);
+        }
+    });
+    let got = import(&idle, &opts()).unwrap();
+    assert_eq!(got.layer_ids(), whole.layer_ids());
+    for (w, g) in whole.layers.iter().zip(&got.layers) {
+        assert_eq!(g.topk_ids, w.topk_ids[40 * k..], "layer {}", w.layer);
+    }
+    // Nothing but padding.
+    let empty = edited_dump(t.path(), "empty.pt", |_, v| v.fill(-1));
+    let err = import(&empty, &opts()).unwrap_err().to_string();
+    assert!(err.contains("every recorded id is -1"), "{err}");
+}

@@ -27,9 +27,10 @@ pub fn occult_bin() -> PathBuf {
         .expect("the binary's time");
     if let Some((newer, _)) = newest_source().filter(|(_, t)| *t > built) {
         panic!(
-            "{} is older than {}, which changed after it was built: rebuild it with \
-             `cargo build --release -p occult-eval --features occult-eval/mpi` (the features \
-             the tests use), or run the whole `cargo test --workspace --release --features \
+            "{} is older than {}, which changed after it was built: run the test files with \
+             `scripts/test.sh NAME...`, which rebuilds it first (or rebuild it with `cargo \
+             build --release -p occult-eval --features occult-eval/mpi`, the features the \
+             tests use), or run the whole `cargo test --workspace --release --features \
              occult-tests/mpi`, which builds it",
             bin.display(),
             newer.display()
