@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Mutation testing of the files where a wrong number is silent: the dispatch plans, the
-# pre-reduction, the cost model, the placement search, the optimiser and its resume, and the
-# savers. cargo-mutants (https://mutants.rs) changes one operator or one function body at a time,
+# pre-reduction, the cost model, the placement search, the optimiser and its resume, the
+# savers, the paired statistics, the engines' readers (arrays, SGLang's dump), the copies'
+# gradient sum, the checkpoint export and the replica map. cargo-mutants (https://mutants.rs) changes one operator or one function body at a time,
 # rebuilds, and runs the tests that guard that file; a mutant the tests do not catch is a bug
 # they would not catch either.
 #
@@ -34,6 +35,12 @@ search|occult-core/src/analysis/placement/search.rs|occult-core,occult-tests|--l
 optim|occult-train/src/optim.rs|occult-train,occult-tests,occult-eval|--lib --test=train --test=train_cli --test=help|120
 run|occult-train/src/run.rs|occult-train,occult-tests,occult-eval|--lib --test=train --test=train_cli --test=help|120
 save|occult-train/src/save.rs|occult-train,occult-tests,occult-eval|--lib --test=train --test=train_cli --test=help|120
+paired|occult-eval/src/harness/paired.rs|occult-eval|--lib|60
+arrays|occult-core/src/interop/arrays.rs|occult-core,occult-tests,occult-eval|--lib --test=routing_import --test=help|60
+dump|occult-core/src/interop/sglang/dump.rs|occult-core,occult-tests,occult-eval|--lib --test=routing_import --test=help|60
+copies|occult-core/src/models/model/copies.rs|occult-core,occult-tests|--lib --test=train|120
+export|occult-core/src/interop/checkpoint/export.rs|occult-core,occult-tests|--lib --test=export|120
+replicas|occult-core/src/analysis/placement/replicas.rs|occult-core,occult-tests|--lib --test=ep_layer --test=train|120
 EOF
 )
 
