@@ -35,7 +35,7 @@ search|occult-core/src/analysis/placement/search.rs|occult-core,occult-tests|--l
 optim|occult-train/src/optim.rs|occult-train,occult-tests,occult-eval|--lib --test=train --test=train_cli --test=help|120
 run|occult-train/src/run.rs|occult-train,occult-tests,occult-eval|--lib --test=train --test=train_cli --test=help|120
 save|occult-train/src/save.rs|occult-train,occult-tests,occult-eval|--lib --test=train --test=train_cli --test=help|120
-paired|occult-eval/src/harness/paired.rs|occult-eval|--lib|60
+paired|occult-eval/src/harness/paired.rs|occult-eval,occult-tests|--lib|60
 arrays|occult-core/src/interop/arrays.rs|occult-core,occult-tests,occult-eval|--lib --test=routing_import --test=help|60
 dump|occult-core/src/interop/sglang/dump.rs|occult-core,occult-tests,occult-eval|--lib --test=routing_import --test=help|60
 copies|occult-core/src/models/model/copies.rs|occult-core,occult-tests|--lib --test=train|120
