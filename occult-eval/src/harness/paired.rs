@@ -131,14 +131,14 @@ pub fn t975(df: f64) -> f64 {
         .inverse_cdf(0.975)
 }
 
-/// A standard error with an exact part `items_se` and a part from the `per_seed` values (their
-/// variance over their count): the standard error, the Welch-Satterthwaite degrees of freedom
-/// (`None` with one seed) and the 95% half-width (Student's t at those degrees of freedom;
-/// 1.96 standard errors with one seed or none between seeds).
-fn seeded_error(items_se: f64, per_seed: &[f64]) -> (f64, Option<f64>, f64) {
+/// A standard error with an exact part `items_se` and, with several seeds, a part from the
+/// `per_seed` values (their variance over their count): the standard error and, with several
+/// seeds, the Welch-Satterthwaite degrees of freedom (infinite where the seeds agree) with the
+/// 95% half-width (Student's t at those degrees of freedom).
+fn seeded_error(items_se: f64, per_seed: &[f64]) -> (f64, Option<(f64, f64)>) {
     let s = per_seed.len() as f64;
     if per_seed.len() < 2 {
-        return (items_se, None, t975(f64::INFINITY) * items_se);
+        return (items_se, None);
     }
     let seeds_var = mean_sd(per_seed).1.powi(2) / s;
     let se = items_se.hypot(seeds_var.sqrt());
@@ -148,7 +148,16 @@ fn seeded_error(items_se: f64, per_seed: &[f64]) -> (f64, Option<f64>, f64) {
     } else {
         f64::INFINITY
     };
-    (se, Some(df), t975(df) * se)
+    (se, Some((df, t975(df) * se)))
+}
+
+/// The `q` quantile of sorted values, interpolated linearly between neighbours (numpy's
+/// default).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let at = q * (sorted.len() - 1) as f64;
+    let (i, f) = (at.floor() as usize, at - at.floor());
+    let next = sorted[(i + 1).min(sorted.len() - 1)];
+    sorted[i] + f * (next - sorted[i])
 }
 
 /// The paired difference pooled over seeds: `runs` holds, for each seed, the two models'
@@ -244,7 +253,7 @@ pub fn pooled_mean(
             spread * g / (g - 1.0) / (n * n)
         })
         .sum();
-    let (stderr, df, half) = seeded_error(items_sum.sqrt() / tasks, &per_seed);
+    let (stderr, students) = seeded_error(items_sum.sqrt() / tasks, &per_seed);
     // Per task and seed, each question's sum of values.
     let sums: Vec<Vec<Vec<f64>>> = clusters
         .iter()
@@ -285,15 +294,9 @@ pub fn pooled_mean(
         })
         .collect();
     draws.sort_by(f64::total_cmp);
-    let quantile = |q: f64| {
-        let at = q * (draws.len() - 1) as f64;
-        let (i, f) = (at.floor() as usize, at - at.floor());
-        let next = draws[(i + 1).min(draws.len() - 1)];
-        draws[i] + f * (next - draws[i])
-    };
-    let bootstrap = (quantile(0.025), quantile(0.975));
+    let bootstrap = (quantile(&draws, 0.025), quantile(&draws, 0.975));
     let (mut lo, mut hi) = bootstrap;
-    if seeds > 1 {
+    if let Some((_, half)) = students {
         lo = lo.min(diff - half);
         hi = hi.max(diff + half);
     }
@@ -308,7 +311,7 @@ pub fn pooled_mean(
         questions: clusters.iter().map(Clusters::count).sum(),
         per_seed,
         seed_sd: (seeds > 1).then_some(sd),
-        df,
+        df: students.map(|(df, _)| df),
     })
 }
 
@@ -549,5 +552,69 @@ mod tests {
         assert!(paired_difference(&[vec![1.0]], &[vec![1.0, 0.0]], 10, 0).is_err());
         assert!(paired_difference(&[vec![1.0]], &[], 10, 0).is_err());
         assert!(paired_difference(&[vec![f64::NAN]], &[vec![1.0]], 10, 0).is_err());
+        // A task without items on both sides; no tasks; a task without items; no seeds.
+        assert!(paired_difference(&[vec![]], &[vec![]], 10, 0).is_err());
+        let none: Vec<Vec<f64>> = Vec::new();
+        assert!(pooled_mean(&[&none], None, 10, 0).is_err());
+        let empty = vec![vec![1.0], vec![]];
+        assert!(pooled_mean(&[&empty], None, 10, 0).is_err());
+        assert!(pooled_mean(&[], None, 10, 0).is_err());
+    }
+
+    /// Student's t at 0.975: 12.706 at 1 degree of freedom, the normal's past 1e6 (and for
+    /// infinite ones; statrs gives 1.95985 for 1.95996), and still Student's at 1e6.
+    #[test]
+    fn students_t_is_the_normal_only_past_a_million() {
+        let normal = t975(f64::INFINITY);
+        assert!((normal - 1.959_964).abs() < 2e-4, "{normal}");
+        assert!((t975(1.0) - 12.706_2).abs() < 1e-3, "{}", t975(1.0));
+        assert_eq!(t975(2e6), normal);
+        assert!(t975(1e6) != normal && (t975(1e6) - normal).abs() < 1e-3);
+    }
+
+    /// Quantiles as numpy's default: linear between neighbours, the ends exact.
+    #[test]
+    fn quantiles_interpolate_as_numpy() {
+        let v = [0.0, 1.0, 2.0, 3.0, 10.0];
+        for (q, want) in [
+            (0.0, 0.0),
+            (0.025, 0.1),
+            (0.5, 2.0),
+            (0.875, 6.5),
+            (1.0, 10.0),
+        ] {
+            assert!(
+                (quantile(&v, q) - want).abs() < 1e-12,
+                "{q}: {}",
+                quantile(&v, q)
+            );
+        }
+        assert_eq!(quantile(&[4.0], 0.975), 4.0);
+    }
+
+    /// Two seeds, hand-checked. Seed A scores [1, 0, 1, 0] (mean 0.5), seed B nothing: the
+    /// items' part is over the seeds' mean per item, [0.5, 0, 0.5, 0], whose variance of the
+    /// mean (sample variance 1/12 over 4) is 1/48; the seeds' part is their variance (1/8) over
+    /// 2, 1/16. So the standard error is sqrt(1/48 + 1/16) = sqrt(1/12), the degrees of freedom
+    /// (1/12)^2 / ((1/16)^2 / 1) = 16/9, and the interval diff -/+ t(16/9) x stderr, wider
+    /// than the bootstrap. The bootstrap draws both seeds each time: a draw of 1 needs A twice
+    /// and all of A's items drawn as 1 (1/64 of draws), 0.75 or more 5/64, so its 97.5%
+    /// quantile is 0.75; drawing seed A alone would make it 1. Identical seeds have infinite
+    /// degrees of freedom; one seed has none.
+    #[test]
+    fn two_seeds_hand_checked() {
+        let a = vec![vec![1.0, 0.0, 1.0, 0.0]];
+        let b = vec![vec![0.0; 4]];
+        let d = pooled_mean(&[&a, &b], None, 4000, 21).unwrap();
+        assert!((d.diff - 0.25).abs() < 1e-12);
+        assert!((d.stderr - (1.0f64 / 12.0).sqrt()).abs() < 1e-12, "{d:?}");
+        let df = d.df.unwrap();
+        assert!((df - 16.0 / 9.0).abs() < 1e-12, "{df}");
+        let half = t975(16.0 / 9.0) * (1.0f64 / 12.0).sqrt();
+        assert!((d.lo - (0.25 - half)).abs() < 1e-12 && (d.hi - (0.25 + half)).abs() < 1e-12);
+        assert_eq!(d.bootstrap, (0.0, 0.75), "{d:?}");
+        let same = pooled_mean(&[&a, &a], None, 200, 21).unwrap();
+        assert_eq!(same.df, Some(f64::INFINITY));
+        assert_eq!(pooled_mean(&[&a], None, 200, 21).unwrap().df, None);
     }
 }
