@@ -615,6 +615,9 @@ mod tests {
         assert_eq!(d.bootstrap, (0.0, 0.75), "{d:?}");
         let same = pooled_mean(&[&a, &a], None, 200, 21).unwrap();
         assert_eq!(same.df, Some(f64::INFINITY));
+        // Seeds that agree on items that agree: no spread anywhere, still infinite.
+        let flat = pooled_mean(&[&b, &b], None, 200, 21).unwrap();
+        assert_eq!((flat.stderr, flat.df), (0.0, Some(f64::INFINITY)));
         assert_eq!(pooled_mean(&[&a], None, 200, 21).unwrap().df, None);
     }
 }
