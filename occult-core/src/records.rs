@@ -9,6 +9,11 @@ use crate::{Error, Result};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+mod page_headers;
+mod parquet_file;
+
+pub use parquet_file::read_parquet;
+
 fn bad(msg: String) -> Error {
     Error::Invalid(msg)
 }
@@ -48,98 +53,6 @@ pub fn parse_docs(text: &str, origin: &str, jsonl: bool) -> Result<Vec<Value>> {
         return Err(bad(format!("{origin}: document {i} is not a JSON object")));
     }
     Ok(docs)
-}
-
-/// Reads a Parquet file's rows as JSON objects (lists become arrays, structs objects).
-pub fn read_parquet(path: &Path) -> Result<Vec<Value>> {
-    use parquet::file::reader::{FileReader, SerializedFileReader};
-    let shown = path.display();
-    let file = crate::input::read_bytes(path)?;
-    let size = file.len() as u64;
-    let decode = || -> Result<Vec<Value>> {
-        let r = SerializedFileReader::new(EndChecked(bytes::Bytes::from(file)))
-            .map_err(|e| bad(format!("{shown}: not a readable Parquet file: {e}")))?;
-        check_chunks(r.metadata(), size).map_err(|e| bad(format!("{shown}: {e}")))?;
-        let rows = r
-            .get_row_iter(None)
-            .map_err(|e| bad(format!("{shown}: reading rows: {e}")))?;
-        rows.enumerate()
-            .map(|(i, row)| {
-                row.map(|r| r.to_json_value())
-                    .map_err(|e| bad(format!("{shown}: row {i}: {e}")))
-            })
-            .collect()
-    };
-    // The parquet crate asserts on some malformed pages instead of returning an error.
-    crate::input::contain_panics(decode).unwrap_or_else(|msg| {
-        Err(bad(format!(
-            "{shown}: malformed Parquet data (the decoder stopped: {msg})"
-        )))
-    })
-}
-
-/// A Parquet file in memory whose readers fail at its end instead of returning no bytes. The
-/// parquet crate's Thrift decoder skips the elements of a list it does not know one by one; a
-/// malformed page header that declares billions of elements past the end of the data would
-/// otherwise spin through them, one empty read each (found by fuzzing: over 60 s on a 1.7 KB
-/// file). A well-formed file is never read at its end: its footer follows the pages.
-struct EndChecked(bytes::Bytes);
-
-impl parquet::file::reader::Length for EndChecked {
-    fn len(&self) -> u64 {
-        self.0.len() as u64
-    }
-}
-
-impl parquet::file::reader::ChunkReader for EndChecked {
-    type T = EndCheckedRead;
-
-    fn get_read(&self, start: u64) -> parquet::errors::Result<EndCheckedRead> {
-        Ok(EndCheckedRead(self.0.get_read(start)?))
-    }
-
-    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
-        self.0.get_bytes(start, length)
-    }
-}
-
-/// A reader of [`EndChecked`].
-struct EndCheckedRead(bytes::buf::Reader<bytes::Bytes>);
-
-impl std::io::Read for EndCheckedRead {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.0.read(buf)?;
-        if n == 0 && !buf.is_empty() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                "read past the end of the file",
-            ));
-        }
-        Ok(n)
-    }
-}
-
-/// Every column chunk the footer names lies inside the file (the parquet crate asserts this
-/// while reading, and a malformed footer would panic it).
-fn check_chunks(
-    meta: &parquet::file::metadata::ParquetMetaData,
-    size: u64,
-) -> std::result::Result<(), String> {
-    for (g, group) in meta.row_groups().iter().enumerate() {
-        for (c, col) in group.columns().iter().enumerate() {
-            let start = col
-                .dictionary_page_offset()
-                .unwrap_or_else(|| col.data_page_offset());
-            let len = col.compressed_size();
-            if start < 0 || len < 0 || (start as u64).saturating_add(len as u64) > size {
-                return Err(format!(
-                    "row group {g}, column {c}: its chunk ({len} bytes at offset {start}) lies \
-                     outside the file ({size} bytes)"
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Reads one file of records (Parquet, JSONL or JSON, by extension).
