@@ -65,10 +65,15 @@ pub fn parse_npy(bytes: &[u8]) -> std::result::Result<Array, String> {
     }
     let (len, start): (usize, usize) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 if bytes.len() >= 12 => (
-            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
-            12,
-        ),
+        2 | 3 => {
+            let len = bytes
+                .get(8..12)
+                .ok_or("the .npy header runs past the end")?;
+            (
+                u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize,
+                12,
+            )
+        }
         v => return Err(format!(".npy format version {v} is not read")),
     };
     let header = bytes
@@ -259,5 +264,101 @@ pub(crate) mod tests {
             .collect();
         let a = parse_npy(&npy("<f4", &[2], &f)).unwrap();
         assert_eq!(a.values, Values::Floats(vec![0.5, -2.0]));
+    }
+
+    /// Every version of the `.npy` header: version 1's two-byte length, versions 2 and 3's
+    /// four-byte one; and the shortest inputs, each refused with its own reason.
+    #[test]
+    fn npy_headers_of_every_version_and_length() {
+        let v1 = npy("<i2", &[2], &[1, 0, 0xfe, 0xff]);
+        let header_len = u16::from_le_bytes([v1[8], v1[9]]) as usize;
+        for version in [2u8, 3] {
+            let mut v = b"\x93NUMPY".to_vec();
+            v.extend([version, 0]);
+            v.extend((header_len as u32).to_le_bytes());
+            v.extend(&v1[10..]);
+            let a = parse_npy(&v).unwrap();
+            assert_eq!((a.shape, a.values), (vec![2], Values::Ints(vec![1, -2])));
+        }
+        let err = |b: &[u8]| parse_npy(b).unwrap_err();
+        for n in 0..10 {
+            assert!(err(&v1[..n]).contains("no \\x93NUMPY magic"), "{n} bytes");
+        }
+        assert!(err(b"not an npy file").contains("no \\x93NUMPY magic"));
+        // Ten bytes make a version-1 file with an empty header.
+        let mut empty = v1[..10].to_vec();
+        empty[8..10].copy_from_slice(&[0, 0]);
+        assert!(err(&empty).contains("the .npy header has no 'fortran_order'"));
+        for n in 10..12 {
+            let mut v = v1[..n].to_vec();
+            v[6] = 2;
+            assert!(
+                err(&v).contains("the .npy header runs past the end"),
+                "{n} bytes"
+            );
+        }
+        let mut v4 = v1.clone();
+        v4[6] = 4;
+        assert!(err(&v4).contains(".npy format version 4 is not read"));
+    }
+
+    /// `data` as the one entry `x.npy` of a zip, its uncompressed size declared as `declared`
+    /// (in the local header and the central directory); and the entry's compressed size.
+    fn zipped(
+        data: &[u8],
+        method: zip::CompressionMethod,
+        declared: Option<u32>,
+    ) -> (Vec<u8>, u32) {
+        use std::io::Write;
+        let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let options = zip::write::SimpleFileOptions::default().compression_method(method);
+        w.start_file("x.npy", options).unwrap();
+        w.write_all(data).unwrap();
+        let mut bytes = w.finish().unwrap().into_inner();
+        let at = |bytes: &[u8], sig: &[u8]| bytes.windows(4).position(|w| w == sig).unwrap();
+        let central = at(&bytes, b"PK\x01\x02");
+        let compressed = u32::from_le_bytes(bytes[central + 20..central + 24].try_into().unwrap());
+        if let Some(d) = declared {
+            for o in [at(&bytes, b"PK\x03\x04") + 22, central + 24] {
+                bytes[o..o + 4].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+        (bytes, compressed)
+    }
+
+    /// A `.npz` entry's declared size is held to what deflate can expand its compressed bytes
+    /// to (1032 times, or 64 KiB for a small entry) before anything is allocated.
+    #[test]
+    fn npz_declared_sizes_are_held_to_deflates_bound() {
+        use zip::CompressionMethod::{Deflated, Stored};
+        let data = npy("<f8", &[1], &2.5f64.to_le_bytes());
+        let (bytes, n) = zipped(&data, Stored, None);
+        assert_eq!(n as usize, data.len());
+        let arrays = read_npz(&bytes).unwrap();
+        assert_eq!(arrays["x"].values, Values::Floats(vec![2.5]));
+        let limit = n * 1032;
+        assert!(limit > 1 << 16);
+        let refused = |data: &[u8], method, declared: u32| {
+            let (bytes, c) = zipped(data, method, Some(declared));
+            match read_npz(&bytes) {
+                Err(e) if e.contains("declares") => {
+                    assert_eq!(
+                        e,
+                        format!("x.npy: declares {declared} bytes from {c} compressed")
+                    );
+                    true
+                }
+                _ => false,
+            }
+        };
+        assert!(refused(&data, Stored, limit + 1));
+        assert!(!refused(&data, Stored, limit));
+        // A small deflated entry may declare up to 64 KiB (the check comes before the entry is
+        // read as an array).
+        let zeros = [0; 1000];
+        let (_, c) = zipped(&zeros, Deflated, None);
+        assert!(c * 1032 < 1 << 16, "{c}");
+        assert!(!refused(&zeros, Deflated, 1 << 16));
+        assert!(refused(&zeros, Deflated, (1 << 16) + 1));
     }
 }

@@ -153,18 +153,32 @@ pub fn read_per_token_dump(bytes: &[u8]) -> Result<BTreeMap<String, Array>, Stri
     ]))
 }
 
-/// A zip entry's bytes, refused past `limit`.
+/// A zip entry's bytes, refused where it declares more than `limit`.
 fn entry(
     zip: &mut zip::ZipArchive<std::io::Cursor<&[u8]>>,
     name: &str,
     limit: u64,
 ) -> Result<Vec<u8>, String> {
-    let f = zip.by_name(name).map_err(|e| format!("{name}: {e}"))?;
-    if f.size() > limit {
-        return Err(format!("{name}: declares {} bytes", f.size()));
+    let size = zip
+        .by_name(name)
+        .map_err(|e| format!("{name}: {e}"))?
+        .size();
+    if size > limit {
+        return Err(format!("{name}: declares {size} bytes"));
     }
-    let mut out = Vec::with_capacity(f.size() as usize);
-    f.take(limit)
+    entry_prefix(zip, name, limit)
+}
+
+/// A zip entry's first `n` bytes (all of it if shorter): a tensor's storage may hold more than
+/// the tensor (a view saves its whole storage).
+fn entry_prefix(
+    zip: &mut zip::ZipArchive<std::io::Cursor<&[u8]>>,
+    name: &str,
+    n: u64,
+) -> Result<Vec<u8>, String> {
+    let f = zip.by_name(name).map_err(|e| format!("{name}: {e}"))?;
+    let mut out = Vec::with_capacity(f.size().min(n) as usize);
+    f.take(n)
         .read_to_end(&mut out)
         .map_err(|e| format!("{name}: {e}"))?;
     Ok(out)
@@ -186,7 +200,7 @@ fn usizes(o: &Object) -> Option<Vec<usize>> {
 }
 
 /// A contiguous integer tensor of the pickle (`torch._utils._rebuild_tensor_v2` of a storage),
-/// read from its storage entry. (candle's own reader does not take int32 storages, which SGLang
+/// read from its storage entry (from `offset`, and no further than the shape needs). (candle's own reader does not take int32 storages, which SGLang
 /// writes.)
 fn tensor(
     zip: &mut zip::ZipArchive<std::io::Cursor<&[u8]>>,
@@ -257,7 +271,7 @@ fn tensor(
         ))?;
     *budget -= need;
     let path = format!("{}/{key}", dir.display());
-    let data = entry(zip, &path, need as u64)?;
+    let data = entry_prefix(zip, &path, need as u64)?;
     if data.len() < need {
         return Err(format!(
             "{what}: its storage holds {} bytes, the shape needs {need}",
@@ -265,4 +279,308 @@ fn tensor(
         ));
     }
     decode(descr, shape, &data[start * size..need])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A pickle of the few opcodes `torch.save` writes for SGLang's dump (protocol 2).
+    #[derive(Default)]
+    struct Pickle(Vec<u8>);
+
+    impl Pickle {
+        fn str(&mut self, s: &str) {
+            self.0.push(b'X');
+            self.0.extend((s.len() as u32).to_le_bytes());
+            self.0.extend(s.as_bytes());
+        }
+        fn int(&mut self, v: i64) {
+            self.0.push(b'J');
+            self.0.extend((v as i32).to_le_bytes());
+        }
+        /// LONG1, as pickle writes integers past 32 bits (here any, to read both kinds).
+        fn long(&mut self, v: i64) {
+            self.0.extend([0x8a, 8]);
+            self.0.extend(v.to_le_bytes());
+        }
+        fn tuple(&mut self, items: impl FnOnce(&mut Self)) {
+            self.0.push(b'(');
+            items(self);
+            self.0.push(b't');
+        }
+        fn global(&mut self, module: &str, name: &str) {
+            self.0.push(b'c');
+            self.0.extend(format!("{module}\n{name}\n").as_bytes());
+        }
+        /// `torch._utils._rebuild_tensor_v2` of storage `key` (a `storage` class).
+        fn tensor(&mut self, storage: &str, key: &str, t: &Tensor, rebuild: &str) {
+            self.global("torch._utils", rebuild);
+            self.tuple(|p| {
+                p.tuple(|p| {
+                    p.str("storage");
+                    p.global("torch", storage);
+                    p.str(key);
+                    p.str("cpu");
+                    p.int(t.values.len() as i64);
+                });
+                p.0.push(b'Q'); // BINPERSID
+                p.long(t.offset);
+                p.tuple(|p| t.shape.iter().for_each(|&d| p.int(d as i64)));
+                p.tuple(|p| t.strides().iter().for_each(|&d| p.int(d as i64)));
+                p.0.push(0x89); // NEWFALSE: requires_grad
+                p.global("collections", "OrderedDict");
+                p.0.extend(b")R"); // OrderedDict(): backward hooks
+            });
+            self.0.push(b'R');
+        }
+    }
+
+    /// A tensor to write: shape, values, its storage offset, and strides if not contiguous.
+    #[derive(Clone)]
+    struct Tensor {
+        shape: Vec<usize>,
+        values: Vec<i64>,
+        offset: i64,
+        strides: Option<Vec<usize>>,
+    }
+
+    impl Tensor {
+        fn new(shape: &[usize], values: &[i64]) -> Self {
+            Tensor {
+                shape: shape.to_vec(),
+                values: values.to_vec(),
+                offset: 0,
+                strides: None,
+            }
+        }
+        fn strides(&self) -> Vec<usize> {
+            self.strides.clone().unwrap_or_else(|| {
+                let mut s = vec![1; self.shape.len()];
+                for i in (0..self.shape.len().saturating_sub(1)).rev() {
+                    s[i] = s[i + 1] * self.shape[i + 1];
+                }
+                s
+            })
+        }
+    }
+
+    /// What to write: the records' ids (int32), the map (int64), extra top-level string
+    /// entries, whether the entries are deflated, whether every record reads record 0's
+    /// storage, and the function that rebuilds the records' tensors.
+    struct Dump {
+        records: Vec<Tensor>,
+        map: Tensor,
+        map_storage: &'static str,
+        extra: Vec<(&'static str, String)>,
+        deflate: bool,
+        shared: bool,
+        rebuild: &'static str,
+    }
+
+    impl Dump {
+        /// Two layers of four physical experts; layer 1's map reverses them.
+        fn new(records: Vec<Tensor>) -> Self {
+            Dump {
+                records,
+                map: Tensor::new(&[2, 4], &[0, 1, 2, 3, 3, 2, 1, 0]),
+                map_storage: "LongStorage",
+                extra: vec![],
+                deflate: false,
+                shared: false,
+                rebuild: "_rebuild_tensor_v2",
+            }
+        }
+
+        fn bytes(&self) -> Vec<u8> {
+            let mut p = Pickle::default();
+            p.0.extend([0x80, 2, b'}', b'(']); // PROTO 2, EMPTY_DICT, MARK
+            p.str("records");
+            p.0.extend([b']', b'(']); // EMPTY_LIST, MARK
+            let key = |i: usize| if self.shared { 1 } else { i + 1 };
+            for (i, r) in self.records.iter().enumerate() {
+                p.0.extend([b'}', b'(']);
+                p.str("topk_ids_of_layer");
+                p.tensor("IntStorage", &key(i).to_string(), r, self.rebuild);
+                p.0.push(b'u'); // SETITEMS
+            }
+            p.0.push(b'e'); // APPENDS
+            p.str("last_physical_to_logical_map");
+            p.tensor(self.map_storage, "0", &self.map, "_rebuild_tensor_v2");
+            for (k, v) in &self.extra {
+                p.str(k);
+                p.str(v);
+            }
+            p.0.extend([b'u', b'.']); // SETITEMS, STOP
+            let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+            let stored = zip::write::SimpleFileOptions::default()
+                .compression_method(zip::CompressionMethod::Stored);
+            let packed = if self.deflate {
+                stored.compression_method(zip::CompressionMethod::Deflated)
+            } else {
+                stored
+            };
+            w.start_file("archive/data.pkl", packed).unwrap();
+            w.write_all(&p.0).unwrap();
+            w.start_file("archive/data/0", stored).unwrap();
+            for &v in &self.map.values {
+                w.write_all(&v.to_le_bytes()).unwrap();
+            }
+            for (i, r) in
+                self.records
+                    .iter()
+                    .enumerate()
+                    .take(if self.shared { 1 } else { usize::MAX })
+            {
+                w.start_file(format!("archive/data/{}", i + 1), packed)
+                    .unwrap();
+                for &v in &r.values {
+                    w.write_all(&(v as i32).to_le_bytes()).unwrap();
+                }
+            }
+            w.finish().unwrap().into_inner()
+        }
+    }
+
+    fn ints(a: &Array) -> (&[usize], &[i64]) {
+        let Values::Ints(v) = &a.values else {
+            panic!("floats")
+        };
+        (&a.shape, v)
+    }
+
+    /// Records of [2 layers, tokens, 2]: layer 0 maps physical ids as they are, layer 1 in
+    /// reverse; -1 stays -1; records are concatenated by token.
+    fn two_records() -> Vec<Tensor> {
+        vec![
+            Tensor::new(&[2, 2, 2], &[0, 1, 2, -1, 0, 3, 1, 2]),
+            Tensor::new(&[2, 1, 2], &[3, 2, -1, -1]),
+        ]
+    }
+
+    #[test]
+    fn a_hand_built_dump_reads_its_logical_ids() {
+        let out = read_per_token_dump(&Dump::new(two_records()).bytes()).unwrap();
+        let (shape, ids) = ints(&out["topk_ids"]);
+        assert_eq!(shape, [2, 3, 2]);
+        assert_eq!(ids, [0, 1, 2, -1, 3, 2, 3, 0, 2, 1, -1, -1]);
+        assert_eq!(ints(&out["layer_ids"]).1, [0, 1]);
+        // A layer that recorded nothing is left out; a tensor may start inside its storage and
+        // end before its end; a dimension of one may have any stride.
+        let mut records = two_records();
+        records[1].values = vec![99, 3, 2, -1, -1, 77];
+        records[1].offset = 1;
+        records[1].strides = Some(vec![2, 7, 1]);
+        records[0].values[4..].fill(-1);
+        let out = read_per_token_dump(&Dump::new(records).bytes()).unwrap();
+        assert_eq!(
+            ints(&out["topk_ids"]),
+            (&[1, 3, 2][..], &[0, 1, 2, -1, 3, 2][..])
+        );
+        assert_eq!(ints(&out["layer_ids"]).1, [0]);
+    }
+
+    /// Other top-level entries are ignored, and a deflated data.pkl may expand up to 1032
+    /// times the file (here a 200 KB pickle in a file of a few KB).
+    #[test]
+    fn other_entries_and_a_deflated_pickle_are_read() {
+        let mut dump = Dump::new(two_records());
+        dump.extra = vec![("note", "x".repeat(200_000))];
+        dump.deflate = true;
+        let bytes = dump.bytes();
+        assert!(bytes.len() < 2000, "{}", bytes.len());
+        let out = read_per_token_dump(&bytes).unwrap();
+        assert_eq!(ints(&out["topk_ids"]).0, [2, 3, 2]);
+    }
+
+    /// Every tensor's bytes count against what the file can expand to (1032 times its size),
+    /// also where records share one storage: a small file cannot make the reader allocate
+    /// without bound.
+    #[test]
+    fn records_sharing_a_storage_count_against_the_files_size_each() {
+        let tokens = 1 << 16;
+        let record = Tensor::new(&[2, tokens, 2], &vec![0; 4 * tokens]);
+        let need = 4 * tokens * 4;
+        let mut outcomes = vec![];
+        for n in 1..=5 {
+            let mut dump = Dump::new(vec![record.clone(); n]);
+            (dump.deflate, dump.shared) = (true, true);
+            let bytes = dump.bytes();
+            let fits = n * need + 8 * 8 <= bytes.len() * 1032;
+            match read_per_token_dump(&bytes) {
+                Ok(out) => {
+                    assert!(
+                        fits,
+                        "{n} records of {need} bytes from {} bytes",
+                        bytes.len()
+                    );
+                    assert_eq!(ints(&out["topk_ids"]).0, [2, n * tokens, 2]);
+                }
+                Err(e) => {
+                    assert!(!fits, "{n}: {e}");
+                    assert!(e.contains("is larger than the file can hold"), "{e}");
+                }
+            }
+            outcomes.push(fits);
+        }
+        assert!(outcomes[0] && !outcomes[4], "{outcomes:?}");
+    }
+
+    #[test]
+    fn malformed_dumps_are_refused_with_reasons() {
+        let with = |edit: &dyn Fn(&mut Dump)| {
+            let mut d = Dump::new(two_records());
+            edit(&mut d);
+            read_per_token_dump(&d.bytes()).unwrap_err()
+        };
+        let cases: Vec<(&dyn Fn(&mut Dump), &str)> =
+            vec![
+            (&|d| d.records[0].values[1] = 4, "record 0 layer 0: physical expert 4 of 4"),
+            (&|d| d.records[1].values[0] = 5, "record 1 layer 0: physical expert 5 of 4"),
+            (&|d| d.records[0].values[7] = -2, "record 0 layer 1: physical expert -2 of 4"),
+            (
+                &|d| d.records[1] = Tensor::new(&[2, 2], &[0, 1, 2, 3]),
+                "record 1: topk_ids_of_layer has shape [2, 2], expected [2, tokens, k]",
+            ),
+            (
+                &|d| d.records[1] = Tensor::new(&[1, 2, 2], &[0, 1, 2, 3]),
+                "record 1: topk_ids_of_layer has shape [1, 2, 2], expected [2, tokens, k]",
+            ),
+            (
+                &|d| d.records[1] = Tensor::new(&[2, 1, 3], &[0, 1, 2, 3, 0, 1]),
+                "record 1: 3 columns, record 0 has 2",
+            ),
+            (
+                &|d| d.records[1].strides = Some(vec![1, 2, 2]),
+                "topk_ids_of_layer is not contiguous (strides [1, 2, 2])",
+            ),
+            (
+                &|d| d.records[1].values.pop().map(drop).unwrap_or(()),
+                "topk_ids_of_layer: its storage holds 12 bytes, the shape needs 16",
+            ),
+            (
+                &|d| d.map = Tensor::new(&[8], &[0, 1, 2, 3, 3, 2, 1, 0]),
+                "last_physical_to_logical_map has shape [8], expected [layers, physical experts]",
+            ),
+            (
+                &|d| d.map_storage = "FloatStorage",
+                "last_physical_to_logical_map is a FloatStorage, not integers",
+            ),
+            (&|d| d.records.clear(), "the dump holds no records"),
+            (
+                &|d| d.rebuild = "_rebuild_parameter",
+                "topk_ids_of_layer is not a tensor this reader knows",
+            ),
+            (
+                &|d| d.records.iter_mut().for_each(|r| r.values.fill(-1)),
+                "every recorded id is -1",
+            ),
+        ];
+        for (i, (edit, want)) in cases.into_iter().enumerate() {
+            let e = with(edit);
+            assert!(e.contains(want), "case {i}: {e}");
+        }
+        assert!(read_per_token_dump(b"PK not a zip").is_err());
+    }
 }
