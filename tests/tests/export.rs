@@ -305,7 +305,14 @@ fn every_family_in_every_layout_exports_exactly() {
 #[test]
 fn an_export_of_an_export_composes_and_exports_refuse_what_they_cannot_do() {
     let t = tempfile::tempdir().unwrap();
-    let src = fixture("olmoe");
+    // A copy: the refusals below try to export over the source, and an exporter that failed
+    // to refuse must not overwrite the repository's fixture.
+    let src = t.path().join("olmoe");
+    std::fs::create_dir(&src).unwrap();
+    for f in std::fs::read_dir(fixture("olmoe")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, src.join(f.file_name().unwrap())).unwrap();
+    }
     let ck = open(&src);
     let p = |seed| placement(&random_maps(&ck.cfg, 4, seed), 4);
     let (p1, p2) = (p(1), p(2));
@@ -495,5 +502,101 @@ fn a_placement_that_breaks_deepseek_v3s_expert_groups_is_refused() {
     let e = export_checkpoint(&src, &t.path().join("o"), &ren, false, &|_, _| {})
         .unwrap_err()
         .to_string();
-    assert!(e.contains("several groups"), "{e}");
+    assert!(
+        e.contains(
+            "layer 1: new ids 0..2 mix experts of several groups; the model routes by groups of \
+             2 (n_group = 4)"
+        ),
+        "{e}"
+    );
+}
+
+/// DeepSeek's `config.json` read at its bounds: the most layers and one past, one group (no
+/// group-limited routing) and groups that do not divide the experts.
+#[test]
+fn deepseek_configs_are_read_at_their_bounds() {
+    use occult_core::interop::checkpoint::ExpertLayout;
+    use occult_core::models::config::MAX_LAYERS;
+    let text = std::fs::read_to_string(fixture("deepseek_v3").join("config.json")).unwrap();
+    let base: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let read = |edits: &[(&str, serde_json::Value)]| {
+        let mut v = base.clone();
+        for (k, x) in edits {
+            v[*k] = x.clone();
+        }
+        ExpertLayout::from_config(&v, "c.json").map_err(|e| e.to_string())
+    };
+    let most = read(&[("num_hidden_layers", MAX_LAYERS.into())]).unwrap();
+    assert_eq!(most.num_layers, MAX_LAYERS);
+    let e = read(&[("num_hidden_layers", (MAX_LAYERS + 1).into())]).unwrap_err();
+    assert!(
+        e.contains("num_hidden_layers") && e.contains(&format!("at most {MAX_LAYERS}")),
+        "{e}"
+    );
+    let one = read(&[("n_group", 1.into()), ("topk_group", 1.into())]).unwrap();
+    assert!(one.groups.is_none());
+    for n_group in [0, 3] {
+        let e = read(&[("n_group", n_group.into())]).unwrap_err();
+        assert!(
+            e.contains("n_group") && e.contains("a divisor of n_routed_experts"),
+            "{n_group}: {e}"
+        );
+    }
+}
+
+/// An export builds in a temporary folder beside its output and renames it into place (here
+/// the output is on /dev/shm where there is one, off the working directory's filesystem, so a
+/// folder built anywhere else would not rename), and reports progress up to every tensor's
+/// bytes.
+#[test]
+fn an_export_builds_beside_its_output_and_reports_every_byte() {
+    let src = fixture("deepseek_v3");
+    let layout = occult_core::interop::checkpoint::ExpertLayout::read(&src).unwrap();
+    let maps = BTreeMap::from([(1, contiguous(8, 2)), (2, contiguous(8, 2))]);
+    let ren = Renumbering::from_placement(&placement(&maps, 2), layout.groups).unwrap();
+    let shm = Path::new("/dev/shm");
+    let t = if shm.is_dir() {
+        tempfile::tempdir_in(shm)
+    } else {
+        tempfile::tempdir()
+    }
+    .unwrap();
+    let out = t.path().join("exported");
+    let seen = std::sync::Mutex::new(Vec::new());
+    let progress = |done, total| seen.lock().unwrap().push((done, total));
+    let summary = export_checkpoint(&src, &out, &ren, false, &progress).unwrap();
+    let weights = std::fs::read(src.join("model.safetensors")).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&weights)
+        .unwrap()
+        .tensors();
+    let bytes: u64 = tensors.iter().map(|(_, v)| v.data().len() as u64).sum();
+    // Per-expert tensors of MoE layers are renamed, their routers' rows permuted, the rest
+    // copied unchanged.
+    let mut want = (0, 0, 0);
+    for (name, _) in &tensors {
+        let moe = layout
+            .moe_layers
+            .iter()
+            .any(|l| name.starts_with(&format!("model.layers.{l}.")));
+        let per_expert = name
+            .split(".mlp.experts.")
+            .nth(1)
+            .is_some_and(|t| t.split('.').next().unwrap().parse::<usize>().is_ok());
+        match (moe, per_expert, name.contains(".mlp.gate.")) {
+            (true, true, _) => want.0 += 1,
+            (true, false, true) => want.1 += 1,
+            _ => want.2 += 1,
+        }
+    }
+    assert!(want.0 > 0 && want.1 > 0 && want.2 > 0, "{want:?}");
+    let got = (summary.renamed, summary.permuted, summary.unchanged);
+    assert_eq!(got, want);
+    assert_eq!(summary.bytes, bytes);
+    let seen = seen.into_inner().unwrap();
+    assert!(
+        seen.iter().all(|&(_, total)| total == bytes),
+        "{seen:?} of {bytes}"
+    );
+    assert_eq!(seen.last().map(|s| s.0), Some(bytes));
+    assert!(out.join("model.safetensors").is_file() || out.read_dir().unwrap().count() > 1);
 }

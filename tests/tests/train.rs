@@ -17,7 +17,28 @@ fn the_global_gradient_norm_of_d_ranks_is_one_devices() {
         let seed = 300 + a as u64;
         let (reference, grads) = reference_step(&ck, 4, seed).unwrap();
         let want = global_norm(&reference, &grads).unwrap();
-        assert!(want > 0.0);
+        // Held to the sum of squares over every trainable tensor, each once (one device has no
+        // copies), with the experts' share in it.
+        let mut squares = (0.0, 0.0);
+        for (name, p) in reference.params() {
+            if let Some(g) = grads.get(&p).filter(|_| p.is_variable()) {
+                let g = g.to_dtype(candle::DType::F64).unwrap();
+                let s = g
+                    .sqr()
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap();
+                squares.0 += s;
+                squares.1 += if name.contains(".experts.") { s } else { 0.0 };
+            }
+        }
+        assert!(squares.1 > 0.0, "{arch}: no expert gradient");
+        assert!(
+            ((want - squares.0.sqrt()) / want).abs() < 1e-9,
+            "{arch}: {want} vs {squares:?}"
+        );
         for (d, mode) in [(2, DispatchMode::Occult), (4, DispatchMode::Standard)] {
             let shares = gradient_shares(d);
             let setup = setup(&ck, d, mode, seed);
@@ -344,6 +365,79 @@ fn replicated_experts_train_as_one_expert() {
             (&many, &rep),
             &format!("D={d} {mode:?} {rule:?}"),
         );
+    }
+}
+
+/// Summing the copies' gradients on one rank: a layer whose map replicates no expert is left
+/// alone (an expert without a gradient keeps none), and a gradient whose shape is not its
+/// experts' is refused.
+#[test]
+fn copy_gradients_leave_unreplicated_layers_alone_and_refuse_misshapen_ones() {
+    use occult_core::analysis::placement::replicas::CopyRule;
+    use occult_core::models::model::{DenseParts, Model, MoeSetup};
+    let mut ck = open("qwen2_moe", false);
+    ck.weights.set_trainable_only(ck.cfg.moe_prefixes());
+    for extra in [0, 3] {
+        let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(5);
+        let e = ck.cfg.moe.num_experts;
+        let setup = MoeSetup {
+            mode: Some(DispatchMode::Standard),
+            maps: occult_tests::placements::random_maps(&ck.cfg, 1, 9),
+            num_devices: 1,
+            prune: Default::default(),
+            devices_per_node: None,
+            replicas: (0..ck.cfg.num_layers)
+                .filter(|&l| ck.cfg.moe_layers[l])
+                .map(|l| {
+                    let map = occult_tests::parity::random_replicas(&mut rng, e, 1, extra);
+                    (
+                        l,
+                        occult_core::ep::Replicas {
+                            map,
+                            rule: CopyRule::Cover,
+                        },
+                    )
+                })
+                .collect(),
+        };
+        let out = run_local_with_timeout(
+            1,
+            Duration::from_secs(30),
+            |comm: &Arc<dyn Communicator>| {
+                let dense = DenseParts::load(&ck.weights, &ck.cfg)?;
+                let m = Model::assemble(dense, &ck.weights, &setup, Some(comm.clone()))?;
+                let experts: Vec<candle::Tensor> = m
+                    .params()
+                    .into_iter()
+                    .filter(|(n, t)| n.contains(".experts.") && t.is_variable())
+                    .map(|(_, t)| t)
+                    .collect();
+                assert!(!experts.is_empty());
+                // A store holding no expert's gradient.
+                let v = candle::Var::new(1f32, &candle::Device::Cpu)?;
+                let mut grads = v.as_tensor().sqr()?.backward()?;
+                m.sum_copy_grads(&mut grads)?;
+                let untouched = experts.iter().all(|t| grads.get(t).is_none());
+                let wrong = experts[0].flatten_all()?.narrow(0, 1, 4)?;
+                grads.insert(&experts[0], wrong);
+                Ok((
+                    untouched,
+                    m.sum_copy_grads(&mut grads).map_err(|e| e.to_string()),
+                ))
+            },
+        );
+        let (untouched, misshapen) = out.into_iter().next().unwrap().unwrap();
+        if extra == 0 {
+            assert!(untouched, "a layer without copies got gradients");
+            assert!(misshapen.is_ok(), "{misshapen:?}");
+        } else {
+            assert!(!untouched, "copies without gradients get zeros");
+            let e = misshapen.unwrap_err();
+            assert!(
+                e.contains("a gradient of shape [4] for experts of shape"),
+                "{e}"
+            );
+        }
     }
 }
 

@@ -362,6 +362,61 @@ mod tests {
     }
 
     #[test]
+    fn replicated_experts_and_loads_read_back() {
+        let m = map();
+        assert_eq!(m.replicated_experts(), vec![0, 1]);
+        assert_eq!(m.expert_load(), Some(&[4.0, 1.0, 1.0, 1.0][..]));
+        let once = ReplicaMap::new(vec![0, 1, 2, 3], 4, 2, None).unwrap();
+        assert!(once.replicated_experts().is_empty());
+        assert_eq!(once.expert_load(), None);
+        // Two copies on one device count as two.
+        let twice = ReplicaMap::new(vec![0, 0, 1, 2, 3, 3], 4, 2, None).unwrap();
+        assert_eq!(twice.replicated_experts(), vec![0, 3]);
+    }
+
+    /// Five devices of two slots: expert 2 on devices 1, 2 and 3, expert 3 on 1 and 4.
+    fn five(loads: Option<&[f64]>) -> ReplicaMap {
+        ReplicaMap::new(vec![0, 1, 2, 3, 2, 4, 2, 5, 6, 3], 7, 5, loads).unwrap()
+    }
+
+    /// SGLang deals the devices without a copy round-robin over the copies; the cover rule
+    /// takes the source's copy, else the least loaded device, else the lowest.
+    #[test]
+    fn copies_are_dealt_and_ordered_by_their_rules() {
+        let mut out = Vec::new();
+        let m = five(None);
+        m.choose(&[2], 0, CopyRule::Sglang, &mut out);
+        assert_eq!(out, vec![1]);
+        m.choose(&[2], 4, CopyRule::Sglang, &mut out);
+        assert_eq!(out, vec![2]);
+        m.choose(&[2], 2, CopyRule::Sglang, &mut out);
+        assert_eq!(out, vec![2]);
+        // Device loads (each expert's load over its copies): 1/3 + 1/2 on device 1, 1 + 1/2 on
+        // device 4.
+        for (loads, from_0, from_2) in [
+            (None, 1, 1),
+            (Some([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0]), 4, 4),
+            // 3/3 + 1/2 on both: the lower.
+            (Some([1.0, 1.0, 3.0, 1.0, 1.0, 1.0, 1.0]), 1, 1),
+        ] {
+            let m = five(loads.as_ref().map(|l| &l[..]));
+            for (source, want) in [(0, from_0), (2, from_2), (4, 4), (1, 1)] {
+                m.choose(&[3], source, CopyRule::Cover, &mut out);
+                assert_eq!(out, vec![want], "{loads:?} from {source}");
+            }
+        }
+        // Stats refuse ids that are not whole tokens of top-k from the given sources.
+        assert!(m.stats(&[0, 1], 0, &[0, 0], CopyRule::Cover, None).is_err());
+        assert!(m.stats(&[0, 1, 2], 2, &[0], CopyRule::Cover, None).is_err());
+        assert!(m
+            .stats(&[0, 1, 2, 3], 2, &[0], CopyRule::Cover, None)
+            .is_err());
+        assert!(m
+            .stats(&[0, 1, 2, 3], 2, &[0, 1], CopyRule::Cover, None)
+            .is_ok());
+    }
+
+    #[test]
     fn hand_checked_copy_rules() {
         let m = map();
         assert_eq!(m.devices_of(0), &[0, 1]);
