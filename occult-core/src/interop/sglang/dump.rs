@@ -200,8 +200,8 @@ fn usizes(o: &Object) -> Option<Vec<usize>> {
 }
 
 /// A contiguous integer tensor of the pickle (`torch._utils._rebuild_tensor_v2` of a storage),
-/// read from its storage entry (from `offset`, and no further than the shape needs). (candle's own reader does not take int32 storages, which SGLang
-/// writes.)
+/// read from its storage entry (from `offset`, and no further than the shape needs). (candle's
+/// own reader does not take int32 storages, which SGLang writes.)
 fn tensor(
     zip: &mut zip::ZipArchive<std::io::Cursor<&[u8]>>,
     dir: &std::path::Path,
@@ -527,6 +527,9 @@ mod tests {
         assert!(outcomes[0] && !outcomes[4], "{outcomes:?}");
     }
 
+    /// A change to a dump that should make it refused.
+    type Edit<'a> = &'a dyn Fn(&mut Dump);
+
     #[test]
     fn malformed_dumps_are_refused_with_reasons() {
         let with = |edit: &dyn Fn(&mut Dump)| {
@@ -534,11 +537,19 @@ mod tests {
             edit(&mut d);
             read_per_token_dump(&d.bytes()).unwrap_err()
         };
-        let cases: Vec<(&dyn Fn(&mut Dump), &str)> =
-            vec![
-            (&|d| d.records[0].values[1] = 4, "record 0 layer 0: physical expert 4 of 4"),
-            (&|d| d.records[1].values[0] = 5, "record 1 layer 0: physical expert 5 of 4"),
-            (&|d| d.records[0].values[7] = -2, "record 0 layer 1: physical expert -2 of 4"),
+        let cases: Vec<(Edit, &str)> = vec![
+            (
+                &|d| d.records[0].values[1] = 4,
+                "record 0 layer 0: physical expert 4 of 4",
+            ),
+            (
+                &|d| d.records[1].values[0] = 5,
+                "record 1 layer 0: physical expert 5 of 4",
+            ),
+            (
+                &|d| d.records[0].values[7] = -2,
+                "record 0 layer 1: physical expert -2 of 4",
+            ),
             (
                 &|d| d.records[1] = Tensor::new(&[2, 2], &[0, 1, 2, 3]),
                 "record 1: topk_ids_of_layer has shape [2, 2], expected [2, tokens, k]",
@@ -561,7 +572,8 @@ mod tests {
             ),
             (
                 &|d| d.map = Tensor::new(&[8], &[0, 1, 2, 3, 3, 2, 1, 0]),
-                "last_physical_to_logical_map has shape [8], expected [layers, physical experts]",
+                "last_physical_to_logical_map has shape [8], expected [layers, physical \
+                 experts]",
             ),
             (
                 &|d| d.map_storage = "FloatStorage",
