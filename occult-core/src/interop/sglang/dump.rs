@@ -396,6 +396,11 @@ mod tests {
         fn bytes(&self) -> Vec<u8> {
             let mut p = Pickle::default();
             p.0.extend([0x80, 2, b'}', b'(']); // PROTO 2, EMPTY_DICT, MARK
+                                               // Extra entries go before and after the two the reader takes.
+            for (k, v) in &self.extra {
+                p.str(&format!("{k}_first"));
+                p.str(v);
+            }
             p.str("records");
             p.0.extend([b']', b'(']); // EMPTY_LIST, MARK
             let key = |i: usize| if self.shared { 1 } else { i + 1 };
@@ -594,5 +599,24 @@ mod tests {
             assert!(e.contains(want), "case {i}: {e}");
         }
         assert!(read_per_token_dump(b"PK not a zip").is_err());
+        // data.pkl's declared size (in the local header and the central directory), past
+        // what the file can expand to and at it.
+        let declared = |size: u32| {
+            let mut bytes = Dump::new(two_records()).bytes();
+            let at = |b: &[u8], sig: &[u8]| b.windows(4).position(|w| w == sig).unwrap();
+            for o in [
+                at(&bytes, b"PK\x03\x04") + 22,
+                at(&bytes, b"PK\x01\x02") + 24,
+            ] {
+                bytes[o..o + 4].copy_from_slice(&size.to_le_bytes());
+            }
+            (read_per_token_dump(&bytes), bytes.len() as u32 * 1032)
+        };
+        let limit = declared(0).1;
+        let e = declared(limit + 1).0.unwrap_err();
+        assert_eq!(e, format!("archive/data.pkl: declares {} bytes", limit + 1));
+        if let Err(e) = declared(limit).0 {
+            assert!(!e.contains("declares"), "{e}");
+        }
     }
 }
