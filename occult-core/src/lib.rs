@@ -9,6 +9,7 @@ pub mod input;
 pub mod interop;
 pub mod kernels;
 pub mod models;
+pub mod pyrandom;
 pub mod records;
 #[cfg(test)]
 mod test_util;

@@ -262,16 +262,21 @@ fn load_limit_and_bench() {
     );
     let r = read_json(&d.join("r.json"));
     let rows = r["results"].as_array().unwrap();
-    let row = |dev: u64, method: &str| {
+    let row_under = |dev: u64, method: &str, rule: &str| {
         rows.iter()
-            .find(|x| x["devices"] == dev && x["method"] == method)
-            .unwrap_or_else(|| panic!("no {method} at D = {dev}: {rows:?}"))
+            .find(|x| x["devices"] == dev && x["method"] == method && x["rule"] == rule)
+            .unwrap_or_else(|| panic!("no {method} ({rule}) at D = {dev}"))
     };
+    let row = |dev: u64, method: &str| row_under(dev, method, "any");
     for (dev, r) in [(2, 2), (4, 4)] {
-        let cover = row(dev, &format!("eplb R={r}, cover rule"));
-        let sglang = row(dev, &format!("eplb R={r}, sglang rule"));
         let f = |x: &serde_json::Value, k: &str| x[k].as_f64().unwrap();
-        for x in [cover, sglang, row(dev, "occult")] {
+        let mut checked = vec![row(dev, "occult")];
+        for rule in ["cover", "sglang", "trtllm"] {
+            for rival in ["eplb", "trtllm-cooccurrence"] {
+                checked.push(row_under(dev, &format!("{rival} R={r}"), rule));
+            }
+        }
+        for x in checked {
             assert!(f(x, "ect") >= 1.0 && f(x, "max_load_ratio") >= 1.0, "{x}");
             // Projected on both default machines: an exchange each way plus the compute, E[C_T]
             // between 1 and min(k, D), and the PCIe box slower than the NVLink node.
@@ -297,42 +302,64 @@ fn load_limit_and_bench() {
             .find(|x| x["devices"] == dev && x["method"] == "occult")
             .unwrap();
         assert!((f(occ, "ect") - f(plain, "ect")).abs() < 1e-12);
-        // Occult's copies only ever lower its partition's E[C_T], under its load cap if any.
-        let copies = row(dev, &format!("occult + R={r} copies"));
+        // Occult's copies under the cover rule lower its partition's E[C_T] here, under its
+        // load cap if any; under every rule they keep the cap.
+        let copies = row_under(dev, &format!("occult + R={r} copies"), "cover");
         assert!(f(copies, "ect") <= f(occ, "ect") + 1e-12, "{copies}");
         let capped = rows
             .iter()
             .find(|x| x["devices"] == dev && x["method"] == "occult, load cap 1.05");
         if let Some(capped) = capped {
-            let more = row(dev, &format!("occult, load cap 1.05 + R={r} copies"));
+            let name = format!("occult, load cap 1.05 + R={r} copies");
+            let more = row_under(dev, &name, "cover");
             assert!(f(more, "ect") <= f(capped, "ect") + 1e-12, "{more}");
-            assert!(f(more, "max_load_ratio") <= 1.05 + 1e-9, "{more}");
+            for rule in ["cover", "sglang", "trtllm"] {
+                let more = row_under(dev, &name, rule);
+                assert!(f(more, "max_load_ratio") <= 1.05 + 1e-9, "{more}");
+            }
         }
     }
-    // The same placements as files (format v2): collab counts what the bench counted, under
-    // either copy rule; commands that do not run replicas yet refuse them with the reason.
-    for (method, bench_name) in [("occult", "occult + R=4 copies"), ("eplb", "eplb R=4, ")] {
+    // The same placements as files (format v2), placed for each copy rule: collab counts what
+    // the bench counted under that rule; no device holds an expert twice.
+    for (method, bench_name) in [
+        ("occult", "occult + R=4 copies"),
+        ("eplb", "eplb R=4"),
+        ("trtllm-cooccurrence", "trtllm-cooccurrence R=4"),
+    ] {
         let file = format!("{method}-r.json");
-        occult_ok(
-            d,
-            &[
-                "place",
-                "--trace",
-                "t.safetensors",
-                "--devices",
-                "4",
-                "--method",
-                method,
-                "--replicas",
-                "4",
-                "-o",
-                &file,
-            ],
-        );
-        let placed = read_json(&d.join(&file));
-        assert_eq!(placed["format"], "occult.placement.v2");
-        assert_eq!(placed["layers"][0]["slots"].as_array().unwrap().len(), 20);
-        for rule in ["cover", "sglang"] {
+        for rule in ["cover", "sglang", "trtllm"] {
+            let placed_for = format!("{method}-{rule}-r.json");
+            occult_ok(
+                d,
+                &[
+                    "place",
+                    "--trace",
+                    "t.safetensors",
+                    "--devices",
+                    "4",
+                    "--method",
+                    method,
+                    "--replicas",
+                    "4",
+                    "--copy-rule",
+                    rule,
+                    "-o",
+                    &placed_for,
+                ],
+            );
+            let placed = read_json(&d.join(&placed_for));
+            assert_eq!(placed["format"], "occult.placement.v2");
+            assert_eq!(placed["source"]["copy_rule"], rule);
+            for layer in placed["layers"].as_array().unwrap() {
+                let slots = layer["slots"].as_array().unwrap();
+                assert_eq!(slots.len(), 20);
+                for device in slots.chunks(5) {
+                    let mut v: Vec<u64> = device.iter().map(|x| x.as_u64().unwrap()).collect();
+                    v.sort_unstable();
+                    v.dedup();
+                    assert_eq!(v.len(), 5, "{method} {rule}: an expert twice on {device:?}");
+                }
+            }
             let out = format!("c-{method}-{rule}.json");
             occult_ok(
                 d,
@@ -341,7 +368,7 @@ fn load_limit_and_bench() {
                     "--trace",
                     "t.safetensors",
                     "--placement",
-                    &file,
+                    &placed_for,
                     "--copy-rule",
                     rule,
                     "--json",
@@ -349,20 +376,14 @@ fn load_limit_and_bench() {
                 ],
             );
             let c = read_json(&d.join(&out));
-            let want = rows
-                .iter()
-                .find(|x| {
-                    x["devices"] == 4
-                        && x["method"].as_str().unwrap().starts_with(bench_name)
-                        && (method == "occult" || x["method"].as_str().unwrap().contains(rule))
-                })
-                .unwrap();
-            if method == "eplb" || rule == "cover" {
-                let got = c["mean_ect"].as_f64().unwrap();
-                assert!(
-                    (got - want["ect"].as_f64().unwrap()).abs() < 1e-9,
-                    "{method} {rule}"
-                );
+            let want = row_under(4, bench_name, rule);
+            let got = c["mean_ect"].as_f64().unwrap();
+            assert!(
+                (got - want["ect"].as_f64().unwrap()).abs() < 1e-9,
+                "{method} {rule}: {got} vs {want}"
+            );
+            if rule == "cover" {
+                std::fs::copy(d.join(&placed_for), d.join(&file)).unwrap();
             }
         }
         // Nodes of 2: E[C_N] after the choice, between 1 and 2 and never above E[C_T].
@@ -547,13 +568,16 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
             .find(|x| x["method"] == m)
             .unwrap_or_else(|| panic!("no {m} in {placed:?}"))
     };
-    for m in [
-        "contiguous",
-        "occult",
-        "eplb R=4, cover rule",
-        "eplb R=4, sglang rule",
-    ] {
+    for m in ["contiguous", "occult", "eplb R=4", "trtllm-cooccurrence R=4"] {
         assert!(method(m)["ect"].as_f64().unwrap() >= 1.0, "{m}");
+    }
+    for rule in ["cover", "sglang", "trtllm"] {
+        assert!(
+            placed
+                .iter()
+                .any(|x| x["method"] == "occult + R=4 copies" && x["rule"] == rule),
+            "no copies under {rule}: {placed:?}"
+        );
     }
     assert!(
         method("occult + R=4 copies")["ect"].as_f64() <= method("occult")["ect"].as_f64(),

@@ -696,7 +696,7 @@ mod tests {
                 }
                 let sources = vec![me; tokens];
                 let st = map.stats(&ids, k, &sources, rule, None).unwrap();
-                assert_eq!(want_rows.iter().sum::<usize>() as u64, st.devices_touched);
+                assert_eq!(want_rows.iter().sum::<usize>() as f64, st.devices_touched);
             }
             assert!(SendPlan::replicated(
                 &ids,

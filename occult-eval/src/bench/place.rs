@@ -1,16 +1,20 @@
 //! `occult bench place`: each placement method of `Method::ALL` (contiguous, greedy, occult)
 //! timed on the same traces and device counts in one run, with E[C_T] and the busiest
-//! device's load side by side. With `--replicas R`, also Occult under a 1.05 load cap and
-//! DeepSeek's EPLB with R redundant slots, its copies chosen by Occult's cover rule and by
-//! SGLang's static rule. Every row is also projected onto machines ([`PlaceProjection`]): the layer time of its one-row-per-device
-//! exchange and its slowest device's expert compute.
+//! device's load side by side. With `--replicas R`, also Occult under a 1.05 load cap, and
+//! under each copy rule an engine serves with (Occult's cover, SGLang's static table,
+//! TensorRT-LLM's uniform choice), like with like: DeepSeek's EPLB and TensorRT-LLM's
+//! co-occurrence placement with R redundant slots, and Occult's partitions with R copies chosen
+//! under that rule. Every row is also projected onto machines ([`PlaceProjection`]): the layer
+//! time of its one-row-per-device exchange and its slowest device's expert compute.
 
 use crate::table::Table;
 use anyhow::Result;
 use occult_core::analysis::cost::links::LinkProfile;
 use occult_core::analysis::cost::projection::LayerSizes;
 use occult_core::analysis::cost::replica_projection::{project_placement, PlacementTime};
-use occult_core::analysis::drivers::replica_trace::{replica_trace_stats, replicate_trace};
+use occult_core::analysis::drivers::replica_trace::{
+    replica_trace_stats, replicate_trace, ReplicaJob,
+};
 use occult_core::analysis::place_trace;
 use occult_core::analysis::placement::eplb::EplbGroups;
 use occult_core::analysis::placement::replicas::CopyRule;
@@ -25,6 +29,9 @@ use std::time::Instant;
 pub struct PlaceRun {
     pub trace: String,
     pub method: String,
+    /// The copy rule the row is counted under ("any" for a placement without replicas, which
+    /// every rule serves alike).
+    pub rule: String,
     pub devices: usize,
     pub layers: usize,
     pub tokens: usize,
@@ -113,9 +120,13 @@ impl On<'_> {
         placed: &Placement,
         rule: CopyRule,
     ) -> Result<PlaceRun> {
-        measured(
+        let mut run = measured(
             self.trace, self.path, name, seconds, placed, rule, self.proj,
-        )
+        )?;
+        if !placed.has_replicas() {
+            run.rule = "any".into();
+        }
+        Ok(run)
     }
 
     /// Places with method `m` under `cfg`: the placement, the seconds it took and E[C_T] as the
@@ -151,7 +162,8 @@ impl On<'_> {
 type Partition = (String, Placement, Option<f64>);
 
 /// Every method's run on `trace` (read from `path`) on `d` devices; with `replicas`, also
-/// Occult under a 1.05 load cap, EPLB under both copy rules and Occult's partitions with copies.
+/// Occult under a 1.05 load cap, and under each copy rule EPLB, TensorRT-LLM's co-occurrence
+/// placement and Occult's partitions with copies chosen under that rule.
 pub fn runs_on(
     trace: &Trace,
     path: &Path,
@@ -178,15 +190,14 @@ pub fn runs_on(
             partitions.push(partition);
         }
     }
-    let eplb_balance = match base {
-        Some(base) => {
-            let (eplb, balance) = eplb_runs(&on, &base, replicas)?;
-            runs.extend(eplb);
-            balance
-        }
-        None => return Ok(runs),
+    let Some(base) = base else {
+        return Ok(runs);
     };
-    runs.extend(copies_runs(&on, &partitions, replicas, eplb_balance)?);
+    for rule in CopyRule::ALL {
+        let (rivals, eplb_balance) = rival_runs(&on, &base, replicas, rule)?;
+        runs.extend(rivals);
+        runs.extend(copies_runs(&on, &partitions, replicas, eplb_balance, rule)?);
+    }
     Ok(runs)
 }
 
@@ -243,36 +254,58 @@ fn looser_partition(on: &On) -> Result<Option<(PlaceRun, Partition)>> {
     Ok(None)
 }
 
-/// EPLB with `replicas` redundant slots (up to the next count that fills the devices evenly)
-/// from `base`, its copies chosen by the cover rule and by SGLang's: the runs, and the balance
-/// (max/mean load) under SGLang's.
-fn eplb_runs(on: &On, base: &Placement, replicas: usize) -> Result<(Vec<PlaceRun>, f64)> {
+/// The rivals with `replicas` redundant slots (up to the next count that fills the devices
+/// evenly), counted under `rule`: DeepSeek's EPLB and TensorRT-LLM's co-occurrence placement
+/// (slots either would put twice on one device spread); and EPLB's balance (max/mean load).
+fn rival_runs(
+    on: &On,
+    base: &Placement,
+    replicas: usize,
+    rule: CopyRule,
+) -> Result<(Vec<PlaceRun>, f64)> {
     let (e, d) = (on.trace.meta.num_experts, on.d);
     let r = (replicas..)
         .find(|r| (e + r).is_multiple_of(d))
         .expect("exists");
-    let start = Instant::now();
-    let eplb = replicate_trace(on.trace, base, Method::Eplb, r, None, EplbGroups::GLOBAL)?;
-    let seconds = start.elapsed().as_secs_f64();
     let (mut runs, mut balance) = (Vec::new(), 1.0);
-    for rule in [CopyRule::Cover, CopyRule::Sglang] {
-        let name = format!("eplb R={r}, {} rule", rule.name());
-        let run = on.measured(&name, seconds, &eplb, rule)?;
-        eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
-        balance = run.max_load_ratio;
+    for method in [Method::Eplb, Method::Cooccurrence] {
+        let job = ReplicaJob {
+            method,
+            replicas: r,
+            max_load_factor: None,
+            eplb: EplbGroups::GLOBAL,
+            rule,
+        };
+        let start = Instant::now();
+        let placed = replicate_trace(on.trace, base, job)?;
+        let seconds = start.elapsed().as_secs_f64();
+        let name = format!("{} R={r}", method.name());
+        let run = on.measured(&name, seconds, &placed, rule)?;
+        eprintln!(
+            "{} D={d} {name}, {} rule: E[C_T] {:.3}, max/mean {:.3}",
+            run.trace,
+            rule.name(),
+            run.ect,
+            run.max_load_ratio
+        );
+        if method == Method::Eplb {
+            balance = run.max_load_ratio;
+        }
         runs.push(run);
     }
     Ok((runs, balance))
 }
 
-/// Occult's partitions with copies added where they save the most devices (R up to a multiple
-/// of D), within the partition's own load cap; and each capped partition balanced by its copies
-/// to a cap of 1.05 and to EPLB's balance (under SGLang's rule) plus 0.02.
+/// Occult's partitions with copies chosen under `rule` where they save the most devices (R up
+/// to a multiple of D), within the partition's own load cap; and each capped partition
+/// balanced by its copies to a cap of 1.05 and to EPLB's balance (under the same rule) plus
+/// 0.02.
 fn copies_runs(
     on: &On,
     partitions: &[Partition],
     replicas: usize,
     eplb_balance: f64,
+    rule: CopyRule,
 ) -> Result<Vec<PlaceRun>> {
     let d = on.d;
     let r = (replicas..).find(|r| r.is_multiple_of(d)).expect("exists");
@@ -289,19 +322,35 @@ fn copies_runs(
     }
     let mut runs = Vec::new();
     for (name, placed, cap) in jobs {
+        let job = ReplicaJob {
+            method: Method::Occult,
+            replicas: r,
+            max_load_factor: cap,
+            eplb: EplbGroups::GLOBAL,
+            rule,
+        };
         let start = Instant::now();
-        let copies =
-            match replicate_trace(on.trace, placed, Method::Occult, r, cap, EplbGroups::GLOBAL) {
-                Ok(c) => c,
-                Err(err) if cap.is_some() => {
-                    eprintln!("{} D={d} {name}: none ({err})", on.path.display());
-                    continue;
-                }
-                Err(err) => return Err(err.into()),
-            };
+        let copies = match replicate_trace(on.trace, placed, job) {
+            Ok(c) => c,
+            Err(err) if cap.is_some() => {
+                eprintln!(
+                    "{} D={d} {name}, {} rule: none ({err})",
+                    on.path.display(),
+                    rule.name()
+                );
+                continue;
+            }
+            Err(err) => return Err(err.into()),
+        };
         let seconds = start.elapsed().as_secs_f64();
-        let run = on.measured(&name, seconds, &copies, CopyRule::Cover)?;
-        eprintln!("{} D={d} {name}: E[C_T] {:.3}", run.trace, run.ect);
+        let run = on.measured(&name, seconds, &copies, rule)?;
+        eprintln!(
+            "{} D={d} {name}, {} rule: E[C_T] {:.3}, max/mean {:.3} ({seconds:.1} s)",
+            run.trace,
+            rule.name(),
+            run.ect,
+            run.max_load_ratio
+        );
         runs.push(run);
     }
     Ok(runs)
@@ -331,6 +380,7 @@ fn measured(
     Ok(PlaceRun {
         trace: path.display().to_string(),
         method: method.to_string(),
+        rule: rule.name().to_string(),
         devices: placement.num_devices,
         layers: st.layers.len(),
         tokens: trace.layers.first().map_or(0, |l| l.tokens),
@@ -350,6 +400,7 @@ fn render(runs: &[PlaceRun]) -> String {
         "trace",
         "D",
         "method",
+        "rule",
         "seconds",
         "mean E[C_T]",
         "max/mean load",
@@ -372,6 +423,7 @@ fn render(runs: &[PlaceRun]) -> String {
             r.trace.clone(),
             r.devices.to_string(),
             r.method.clone(),
+            r.rule.clone(),
             format!("{:.2}", r.seconds),
             format!("{:.3}", r.ect),
             format!("{:.3}", r.max_load_ratio),

@@ -5,8 +5,9 @@ use crate::table::{fmt_opt, Table};
 use anyhow::{Context, Result};
 use clap::Args;
 use occult_core::analysis::cost::links::LinkProfile;
-use occult_core::analysis::drivers::replica_trace::replicate_trace;
+use occult_core::analysis::drivers::replica_trace::{replicate_trace, ReplicaJob};
 use occult_core::analysis::placement::eplb::EplbGroups;
+use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::analysis::placement::{
     Method, NodeLevel, Placement, SearchConfig, DEFAULT_INTER_WEIGHT,
 };
@@ -53,10 +54,16 @@ pub struct PlaceArgs {
     pub inter_weight: Option<f64>,
     /// Redundant expert slots (E + R slots, the same number on every device; a multiple of
     /// the devices for the occult method): occult adds copies where they lower E[C_T] most
-    /// under the cover rule, within --max-load-factor; eplb replicates for load alone. Writes
-    /// format occult.placement.v2.
+    /// under --copy-rule, within --max-load-factor; eplb replicates for load alone;
+    /// trtllm-cooccurrence replicates for load and groups by co-occurrence. No device ever
+    /// holds an expert twice. Writes format occult.placement.v2.
     #[arg(long, default_value_t = 0)]
     pub replicas: usize,
+    /// With --replicas: the rule the engine that serves the placement picks a copy by (cover:
+    /// Occult's own EP layer; sglang: SGLang's static dispatch table; trtllm: TensorRT-LLM's
+    /// uniform choice). Occult's copies are chosen under it, and the figures counted under it.
+    #[arg(long, value_enum, default_value_t = CopyRule::Cover)]
+    pub copy_rule: CopyRule,
     /// eplb method with --replicas: DeepSeek's expert groups. Where they divide over the nodes
     /// (--devices-per-node or --link), EPLB's hierarchical policy packs groups onto nodes, then
     /// replicates within each node; otherwise (the default, one group) its global policy.
@@ -86,7 +93,13 @@ pub fn run(a: PlaceArgs) -> Result<()> {
     let steps = place_steps_per_layer(a.method, &cfg) * trace.layers.len();
     let pb = bar(steps as u64, "search steps");
     let start = Instant::now();
-    let (mut placement, infos) = place_trace(&trace, a.devices, a.method, &cfg, &|| pb.inc(1))
+    // EPLB and TensorRT-LLM's placement with replicas lay out every slot themselves: the
+    // partition under them only lists the layers.
+    let first = match a.method {
+        Method::Eplb | Method::Cooccurrence if a.replicas > 0 => Method::Contiguous,
+        m => m,
+    };
+    let (mut placement, infos) = place_trace(&trace, a.devices, first, &cfg, &|| pb.inc(1))
         .with_context(|| a.trace.display().to_string())?;
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
@@ -96,17 +109,17 @@ pub fn run(a: PlaceArgs) -> Result<()> {
             groups: a.expert_groups,
             nodes: node_level(&a)?.map_or(1, |l| a.devices / l.devices_per_node),
         };
-        let replicated = replicate_trace(
-            &trace,
-            &placement,
-            a.method,
-            a.replicas,
-            a.max_load_factor,
+        let job = ReplicaJob {
+            method: a.method,
+            replicas: a.replicas,
+            max_load_factor: a.max_load_factor,
             eplb,
-        )
-        .with_context(|| a.trace.display().to_string())?;
+            rule: a.copy_rule,
+        };
+        let replicated = replicate_trace(&trace, &placement, job)
+            .with_context(|| a.trace.display().to_string())?;
         replicated.write(&a.output)?;
-        print!("{}", render_replicas(&replicated));
+        print!("{}", render_replicas(&replicated, a.copy_rule));
         eprintln!(
             "placed in {:.2} s; wrote {}",
             start.elapsed().as_secs_f64(),
@@ -169,9 +182,10 @@ fn record_source(p: &mut Placement, a: &PlaceArgs, seconds: f64) {
 }
 
 /// Per layer of a placement with replicas: E[C_T] and the busiest device's load under the
-/// cover rule.
-fn render_replicas(p: &Placement) -> String {
-    let mut t = Table::new(&["layer", "slots", "E[C_T] (cover rule)", "max/mean load"]);
+/// copy rule it was placed for; and how to serve it.
+fn render_replicas(p: &Placement, rule: CopyRule) -> String {
+    let ect = format!("E[C_T] ({} rule)", rule.name());
+    let mut t = Table::new(&["layer", "slots", &ect, "max/mean load"]);
     for l in &p.layers {
         let m = l.metrics.as_ref();
         t.row(vec![

@@ -3,8 +3,8 @@
 //! - [`task`]: task files (`tasks/*.toml`), the items they make of documents, and the
 //!   metrics they report (each metric's name and JSON key);
 //! - [`template`] and [`preprocess`]: prompts, and the per-task document rules;
-//! - [`pyrandom`]: CPython's `random.Random` bit for bit (the Mersenne Twister, `sample`,
-//!   `shuffle`), so that few-shot examples are drawn as the harness draws them;
+//! - [`pyrandom`]: CPython's `random.Random` bit for bit (in occult-core, which SGLang's
+//!   dispatch table also needs), so that few-shot examples are drawn as the harness draws them;
 //! - [`data`]: documents from JSONL/JSON files or folders, and the built-in samples;
 //! - [`loglik`]: one request's log-likelihood by the harness's rule (tokenising the context
 //!   and continuation, the input window, the score and `is_greedy`);
@@ -21,7 +21,7 @@ pub mod loglik;
 pub mod metrics;
 pub mod paired;
 pub mod preprocess;
-pub mod pyrandom;
+pub use occult_core::pyrandom;
 pub mod results;
 pub mod scorer;
 pub mod task;

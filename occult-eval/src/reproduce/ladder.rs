@@ -84,6 +84,7 @@ fn placement_step(m: Method) -> &'static str {
         Method::Greedy => "+ paper-greedy placement",
         Method::Occult => "+ our placement",
         Method::Eplb => "+ EPLB placement",
+        Method::Cooccurrence => "+ TensorRT-LLM's co-occurrence placement",
     }
 }
 

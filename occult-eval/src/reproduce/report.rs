@@ -617,12 +617,13 @@ fn replicas_section(runs: &[crate::bench::place::PlaceRun]) -> String {
         .iter()
         .map(|p| format!("{} layer ms", p.profile))
         .collect();
-    let mut head = vec!["placement", "E[C_T]", "max/mean load"];
+    let mut head = vec!["placement", "copy rule", "E[C_T]", "max/mean load"];
     head.extend(profiles.iter().map(String::as_str));
     let mut t = Table::new(&head);
     for r in runs {
         let mut row = vec![
             r.method.clone(),
+            r.rule.clone(),
             format!("{:.3}", r.ect),
             format!("{:.3}", r.max_load_ratio),
         ];
@@ -636,10 +637,12 @@ fn replicas_section(runs: &[crate::bench::place::PlaceRun]) -> String {
     let tokens = runs[0].projected.first().map_or(0, |p| p.tokens_per_device);
     format!(
         "\n## Placements with replicas\n\nOn the calibration trace, {} devices, each token on \
-         its rank of an even split: the partitions, Occult's under a 1.05 load cap, DeepSeek's \
-         EPLB with redundant slots (its copies chosen by Occult's cover rule and by SGLang's \
-         static rule), and Occult's partitions with copies where they lower E[C_T] most \
-         (within the partition's cap; and held to EPLB's balance plus 0.02). The projected \
+         its rank of an even split: the partitions (every copy rule serves them alike), \
+         Occult's under a 1.05 load cap; then, under each copy rule an engine serves with \
+         (Occult's cover, SGLang's static table, TensorRT-LLM's uniform choice), like with \
+         like: DeepSeek's EPLB and TensorRT-LLM's co-occurrence placement with redundant slots, \
+         and Occult's partitions with copies chosen under that rule where they lower E[C_T] \
+         most (within the partition's cap; and held to EPLB's balance plus 0.02). The projected \
          columns are one MoE layer of OLMoE-1B-7B's size with {tokens} tokens per device: its \
          one-row-per-device exchange each way under the row's copy rule and its slowest \
          device's expert compute. Every model command runs these placements \

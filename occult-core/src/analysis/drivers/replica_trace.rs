@@ -5,10 +5,14 @@
 
 use crate::analysis::collab::token_weighted_mean;
 use crate::analysis::drivers::whole_trace::{check_placement_fits, source_split};
+use crate::analysis::placement::cooccurrence::cooccurrence_map;
 use crate::analysis::placement::eplb::{eplb_map, EplbGroups};
-use crate::analysis::placement::replica_search::replicate;
-use crate::analysis::placement::replicas::{CopyRule, ReplicaMap, ReplicaStats};
-use crate::analysis::placement::{Method, Placement, PlacementMetrics, PLACEMENT_FORMAT_V2};
+use crate::analysis::placement::replica_search::{replicate, LayerRouting};
+use crate::analysis::placement::replicas::{spread_duplicates, CopyRule, ReplicaMap, ReplicaStats};
+use crate::analysis::placement::sglang_dispatch::SglangState;
+use crate::analysis::placement::{
+    feed_dense_rows, Method, Placement, PlacementMetrics, PLACEMENT_FORMAT_V2,
+};
 use crate::analysis::trace::{LayerTrace, Trace};
 use crate::{bail, Error, Result};
 use serde::Serialize;
@@ -19,53 +23,112 @@ fn sources(trace: &Trace, l: &LayerTrace, devices: usize, resplit: bool) -> Resu
     Ok((0..l.tokens).map(|t| split.rank_of(t) as u32).collect())
 }
 
-/// `partition` (a placement without replicas, made by `method`) with `replicas` more slots per
-/// layer: Occult's copies where they lower the sum of C_T most under the cover rule, within
-/// `max_load_factor` (method occult), or EPLB's own slots from the layer's expert loads under
-/// the policy `eplb` asks for (method eplb). Returns an `occult.placement.v2` placement whose
-/// metrics are those of the cover rule.
-pub fn replicate_trace(
-    trace: &Trace,
-    partition: &Placement,
-    method: Method,
-    replicas: usize,
-    max_load_factor: Option<f64>,
-    eplb: EplbGroups,
-) -> Result<Placement> {
+/// What [`replicate_trace`] adds to a partition: how many slots, by which method, under which
+/// copy rule, within which load cap.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplicaJob {
+    /// `Method::Occult` (copies beside their partners), `Method::Eplb` (DeepSeek's, load only)
+    /// or `Method::Cooccurrence` (TensorRT-LLM's).
+    pub method: Method,
+    pub replicas: usize,
+    /// Occult's copies: keep the max/mean load within this, under `rule`.
+    pub max_load_factor: Option<f64>,
+    /// EPLB's policy (its groups and nodes).
+    pub eplb: EplbGroups,
+    /// The rule the placement will be served with: Occult's copies are chosen under it, and
+    /// every layer's metrics are counted under it.
+    pub rule: CopyRule,
+}
+
+/// `partition` (a placement without replicas) with `job.replicas` more slots per layer:
+/// Occult's copies where they lower the sum of C_T most under the job's rule, within its load
+/// cap (method occult); EPLB's own slots from the layer's expert loads under the policy the job
+/// asks for (method eplb); or TensorRT-LLM's co-occurrence placement (method cooccurrence). The
+/// slots EPLB and TensorRT-LLM would put twice on one device are spread
+/// ([`spread_duplicates`]). Returns an `occult.placement.v2` placement whose metrics are those
+/// of the job's rule, every layer recounted from its finished map.
+pub fn replicate_trace(trace: &Trace, partition: &Placement, job: ReplicaJob) -> Result<Placement> {
     check_placement_fits(trace, partition)?;
     let (e, k, d) = (
         trace.meta.num_experts,
         trace.meta.top_k,
         partition.num_devices,
     );
+    let replicas = job.replicas;
+    if !(e + replicas).is_multiple_of(d) || (job.method == Method::Occult && !e.is_multiple_of(d)) {
+        let valid: Vec<usize> = (1..=4 * d)
+            .filter(|r| (e + r).is_multiple_of(d) && (job.method != Method::Occult || r % d == 0))
+            .take(4)
+            .collect();
+        bail!(
+            "{e} experts + {replicas} replicas do not fill {d} devices evenly{}: SGLang and \
+             TensorRT-LLM need the same slots on every device; give --replicas {}",
+            if job.method == Method::Occult {
+                " (Occult's copies also need E and R each a multiple of the devices)"
+            } else {
+                ""
+            },
+            if valid.is_empty() {
+                "so that E + R is a multiple of the devices".to_string()
+            } else {
+                format!("{valid:?}")
+                    .trim_matches(['[', ']'])
+                    .replace(", ", " or ")
+            }
+        );
+    }
     let mut out = partition.clone();
     out.format = PLACEMENT_FORMAT_V2.into();
-    for (entry, l) in out.layers.iter_mut().zip(&trace.layers) {
+    out.layers.sort_by_key(|l| l.layer);
+    let mut state = SglangState::start(d, None);
+    let mut next = 0;
+    for entry in out.layers.iter_mut() {
+        let l = trace
+            .layers
+            .iter()
+            .find(|l| l.layer == entry.layer)
+            .ok_or_else(|| Error::invalid(format!("the trace has no layer {}", entry.layer)))?;
         let source = sources(trace, l, d, true)?;
         let at = |err: Error| Error::invalid(format!("layer {}: {err}", l.layer));
-        let map = match method {
+        feed_dense_rows(&mut state, next..l.layer, e + replicas, e);
+        next = l.layer + 1;
+        let mut map = match job.method {
             Method::Occult => {
-                replicate(
-                    &l.topk_ids,
+                let routing = LayerRouting {
+                    ids: &l.topk_ids,
                     k,
-                    &source,
+                    source: &source,
+                    rule: job.rule,
+                    sglang: &state,
+                };
+                replicate(
+                    routing,
                     &entry.device_of_expert,
                     d,
                     replicas,
-                    max_load_factor,
+                    job.max_load_factor,
                 )
                 .map_err(at)?
                 .map
             }
             Method::Eplb => {
-                eplb_map(&l.topk_ids, e, d, replicas, eplb.groups, eplb.nodes).map_err(at)?
+                let m = eplb_map(&l.topk_ids, e, d, replicas, job.eplb.groups, job.eplb.nodes)
+                    .map_err(at)?;
+                let per_node = (job.eplb.nodes > 1).then(|| d / job.eplb.nodes);
+                spread_duplicates(&m, per_node).map_err(at)?
+            }
+            Method::Cooccurrence => {
+                let m = cooccurrence_map(&l.topk_ids, k, e, d, replicas).map_err(at)?;
+                spread_duplicates(&m, None).map_err(at)?
             }
             other => bail!(
-                "--replicas places copies with the occult or the eplb method, not {}",
+                "--replicas places copies with the occult, eplb or cooccurrence method, not {}",
                 other.name()
             ),
         };
-        let st = map.stats(&l.topk_ids, k, &source, CopyRule::Cover, None)?;
+        map.set_sglang_state(&mut state);
+        map.check_servable().map_err(at)?;
+        let st = map.stats(&l.topk_ids, k, &source, job.rule, None)?;
         entry.device_of_expert.clear();
         entry.slots = Some(map.slot_expert.clone());
         entry.expert_load = map.expert_load().map(<[f64]>::to_vec);
@@ -75,10 +138,15 @@ pub fn replicate_trace(
             max_load_ratio: st.max_load_ratio(),
         });
     }
+    out.method = job.method.name().into();
     out.source.insert("replicas".into(), replicas.into());
-    if method == Method::Eplb && eplb != EplbGroups::GLOBAL {
-        out.source.insert("eplb_groups".into(), eplb.groups.into());
-        out.source.insert("eplb_nodes".into(), eplb.nodes.into());
+    out.source
+        .insert("copy_rule".into(), job.rule.name().into());
+    if job.method == Method::Eplb && job.eplb != EplbGroups::GLOBAL {
+        out.source
+            .insert("eplb_groups".into(), job.eplb.groups.into());
+        out.source
+            .insert("eplb_nodes".into(), job.eplb.nodes.into());
     }
     Ok(out)
 }
@@ -93,8 +161,8 @@ pub struct ReplicaLayerStats {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ecn: Option<f64>,
     pub max_load_ratio: f64,
-    /// (token, expert) pairs each device computes.
-    pub pairs: Vec<u64>,
+    /// (token, expert) pairs each device computes (expected, under TensorRT-LLM's rule).
+    pub pairs: Vec<f64>,
 }
 
 /// A trace's counts under a replicated placement and one copy rule.
@@ -132,12 +200,15 @@ pub fn replica_trace_stats(
     let k = trace.meta.top_k;
     let mut layers = Vec::with_capacity(trace.layers.len());
     let mut slots_per_device = 0;
+    let maps = p.replica_maps(per_node)?;
     for l in &trace.layers {
-        let map: ReplicaMap = p.replica_map(l.layer)?;
+        p.covers(l.layer)?;
+        let at = p.layers.iter().filter(|x| x.layer < l.layer).count();
+        let map: &ReplicaMap = &maps[at];
         slots_per_device = slots_per_device.max(map.slots_per_device());
         let source = sources(trace, l, p.num_devices, resplit)?;
         let st: ReplicaStats = map.stats(&l.topk_ids, k, &source, rule, per_node)?;
-        let ecn = per_node.map(|_| st.nodes_touched as f64 / l.tokens.max(1) as f64);
+        let ecn = per_node.map(|_| st.nodes_touched / l.tokens.max(1) as f64);
         layers.push(ReplicaLayerStats {
             layer: l.layer,
             tokens: l.tokens,
@@ -183,7 +254,7 @@ mod tests {
             crate::analysis::place_trace(&trace, 4, Method::Occult, &cfg, &|| ()).unwrap();
         for g in [1, 2, 4] {
             let want = trace_node_stats(&trace, &placed, g, true).unwrap().mean_ecn;
-            for rule in [CopyRule::Cover, CopyRule::Sglang] {
+            for rule in CopyRule::ALL {
                 let got = replica_trace_stats(&trace, &placed, rule, true, Some(g)).unwrap();
                 assert!(
                     (got.mean_ecn.unwrap() - want).abs() < 1e-12,
@@ -191,8 +262,14 @@ mod tests {
                 );
             }
         }
-        let copies =
-            replicate_trace(&trace, &placed, Method::Occult, 4, None, EplbGroups::GLOBAL).unwrap();
+        let job = ReplicaJob {
+            method: Method::Occult,
+            replicas: 4,
+            max_load_factor: None,
+            eplb: EplbGroups::GLOBAL,
+            rule: CopyRule::Cover,
+        };
+        let copies = replicate_trace(&trace, &placed, job).unwrap();
         let st = replica_trace_stats(&trace, &copies, CopyRule::Cover, true, Some(2)).unwrap();
         let ecn = st.mean_ecn.unwrap();
         assert!(

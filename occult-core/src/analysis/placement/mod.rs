@@ -9,6 +9,7 @@
 //! are never more devices than experts.
 
 mod config;
+pub mod cooccurrence;
 pub mod eplb;
 mod greedy;
 mod maps;
@@ -16,6 +17,8 @@ mod nodes;
 pub mod replica_search;
 pub mod replicas;
 mod search;
+pub mod sglang_dispatch;
+mod torch_sort;
 
 pub use config::{NodeLevel, SearchConfig};
 pub use greedy::greedy;
@@ -59,6 +62,11 @@ pub enum Method {
     /// DeepSeek's EPLB ([`eplb`]): load only, from each expert's token count (its global
     /// policy; without replicas, a balanced packing of the experts).
     Eplb,
+    /// TensorRT-LLM's co-occurrence placement ([`cooccurrence`]): its replication by load,
+    /// then ranks grown from their heaviest expert by co-occurrence (alpha 0.8).
+    #[cfg_attr(feature = "clap", value(name = "trtllm-cooccurrence"))]
+    #[serde(rename = "trtllm-cooccurrence")]
+    Cooccurrence,
 }
 
 impl Method {
@@ -71,6 +79,7 @@ impl Method {
             Method::Greedy => "greedy",
             Method::Occult => "occult",
             Method::Eplb => "eplb",
+            Method::Cooccurrence => "trtllm-cooccurrence",
         }
     }
 
@@ -80,7 +89,7 @@ impl Method {
         match self {
             Method::Occult if cfg.nodes.is_some() => node_progress_steps(cfg),
             Method::Occult => progress_steps(cfg),
-            Method::Contiguous | Method::Greedy | Method::Eplb => 1,
+            Method::Contiguous | Method::Greedy | Method::Eplb | Method::Cooccurrence => 1,
         }
     }
 
@@ -105,6 +114,15 @@ impl Method {
             Method::Greedy => greedy(&co(), num_devices),
             Method::Eplb => {
                 let m = eplb::eplb_map(ids, num_experts, num_devices, 0, 1, 1)?;
+                let per = m.slots_per_device();
+                let mut map = vec![0u32; num_experts];
+                for (p, &e) in m.slot_expert.iter().enumerate() {
+                    map[e as usize] = (p / per) as u32;
+                }
+                map
+            }
+            Method::Cooccurrence => {
+                let m = cooccurrence::cooccurrence_map(ids, top_k, num_experts, num_devices, 0)?;
                 let per = m.slots_per_device();
                 let mut map = vec![0u32; num_experts];
                 for (p, &e) in m.slot_expert.iter().enumerate() {
@@ -231,20 +249,61 @@ impl Placement {
     }
 
     /// The model's layer `layer` as a replica map (a partition is one slot per expert), its
-    /// stored expert loads ordering the cover rule's ties: the copies a token uses are a
-    /// function of the file alone.
+    /// stored expert loads ordering the cover rule's ties and SGLang's table built as SGLang
+    /// builds it from this file on one node ([`Placement::replica_maps`]): the copies a token
+    /// uses are a function of the file alone.
     pub fn replica_map(&self, layer: usize) -> Result<replicas::ReplicaMap> {
-        let l = self.entry(layer)?;
-        match &l.slots {
-            Some(slots) => replicas::ReplicaMap::new(
-                slots.clone(),
+        self.entry(layer)?;
+        let maps = self.replica_maps(None)?;
+        let at = self
+            .sorted_layers()
+            .iter()
+            .position(|l| l.layer == layer)
+            .expect("listed");
+        Ok(maps.into_iter().nth(at).expect("one map per layer"))
+    }
+
+    /// The layers in ascending order.
+    fn sorted_layers(&self) -> Vec<&LayerPlacement> {
+        let mut layers: Vec<&LayerPlacement> = self.layers.iter().collect();
+        layers.sort_by_key(|l| l.layer);
+        layers
+    }
+
+    /// Every layer as a replica map, in ascending layer order, SGLang's tables chained as
+    /// SGLang chains them ([`sglang_dispatch`]): the hidden layers the file does not list
+    /// (dense ones) are fed as SGLang's own rows for them (slot p holds expert p % E), as the
+    /// export writes them. `gpus_per_node`: SGLang's `ep_size / nnodes` over several nodes.
+    pub fn replica_maps(&self, gpus_per_node: Option<usize>) -> Result<Vec<replicas::ReplicaMap>> {
+        let mut state = sglang_dispatch::SglangState::start(self.num_devices, gpus_per_node);
+        let mut next = 0;
+        let mut out = Vec::with_capacity(self.layers.len());
+        for l in self.sorted_layers() {
+            let mut map = match &l.slots {
+                Some(slots) => replicas::ReplicaMap::new(
+                    slots.clone(),
+                    self.num_experts,
+                    self.num_devices,
+                    l.expert_load.as_deref(),
+                )
+                .map_err(|err| {
+                    Error::invalid(format!("layer {} of the placement: {err}", l.layer))
+                })?,
+                None => {
+                    replicas::ReplicaMap::from_partition(&l.device_of_expert, self.num_devices)?
+                }
+            };
+            feed_dense_rows(
+                &mut state,
+                next..l.layer,
+                map.slot_expert.len(),
                 self.num_experts,
-                self.num_devices,
-                l.expert_load.as_deref(),
-            )
-            .map_err(|err| Error::invalid(format!("layer {layer} of the placement: {err}"))),
-            None => replicas::ReplicaMap::from_partition(&l.device_of_expert, self.num_devices),
+            );
+            map.set_sglang_state(&mut state);
+            next = l.layer + 1;
+            out.push(map);
         }
+        Ok(out)
     }
 
     /// Checks the format tag, the sizes and every layer's map.
@@ -304,6 +363,20 @@ impl Placement {
     pub fn write(&self, path: &Path) -> Result<()> {
         self.validate()?;
         write_json_atomic(path, self)
+    }
+}
+
+/// Feeds SGLang's generators the rows of the dense hidden layers `layers` (slot p holds expert
+/// p % E, `width` slots), as SGLang sees them in a file written for the model.
+pub fn feed_dense_rows(
+    state: &mut sglang_dispatch::SglangState,
+    layers: std::ops::Range<usize>,
+    width: usize,
+    num_experts: usize,
+) {
+    let row: Vec<u32> = (0..width).map(|p| (p % num_experts) as u32).collect();
+    for _ in layers {
+        state.next_layer(&row, num_experts);
     }
 }
 

@@ -1,55 +1,102 @@
 //! Occult's placement with replicas: from a partition (one slot per expert), R more slots, the
-//! same number on every device. Where the partition is over the load cap, copies of the
-//! over-cap devices' experts first bring it under (each the copy that lowers the pairs over the
-//! cap most); then each slot left is filled greedily with the copy
-//! that lowers the layer's exact sum of C_T the most under the cover rule ([`CopyRule::Cover`]),
-//! among copies that keep the busiest device within the load cap when one is given. The sum never rises: where no
-//! copy lowers it, the slots left hold second copies of their devices' own experts. Every candidate is scored by a
-//! full recount of the layer under the rule, so the figure it reports is the one the analysis,
-//! the dispatch and the export count.
+//! same number on every device, chosen under the copy rule they will be served with
+//! ([`CopyRule`]: Occult's cover, SGLang's static table or TensorRT-LLM's uniform choice).
+//! Where the partition is over the load cap, copies of the over-cap devices' experts first bring
+//! it under (each the copy that lowers the pairs over the cap most); then each slot left takes
+//! the copy that lowers the layer's exact sum of C_T the most under the rule, among copies that
+//! keep the busiest device within the cap. Where no copy lowers it, the slot takes the copy that
+//! raises it least (ties: the lower max/mean load, the hotter expert), still within the cap. A
+//! device never holds two copies of one expert, and the result is recounted from the finished
+//! map: refused, with the figures, if it breaks the cap. Every candidate is scored by a full
+//! recount of the layer under the rule, so the figure it reports is the one the analysis, the
+//! dispatch and the export count.
 //!
 //! Candidates per step: for each device with a free slot, the experts not on it whose tokens
 //! most often also use an expert on it (those a copy there can save a device for), the best
-//! few of them.
+//! few of them, and the hottest few not on it.
 
 use super::replicas::{CopyRule, ReplicaMap};
+use super::sglang_dispatch::SglangState;
 use crate::{bail, Result};
 
-/// Candidates scored exactly per device and step.
+/// Co-used candidates scored exactly per device and step.
 const CANDIDATES_PER_DEVICE: usize = 8;
+/// Hottest experts also scored per device and step.
+const HOT_PER_DEVICE: usize = 3;
+/// Coldest experts also scored per device and step (a copy that moves little load).
+const COLD_PER_DEVICE: usize = 3;
 
-/// A candidate map's figures under the cover rule on the layer's routing.
+/// A candidate map's figures under the rule on the layer's routing.
 #[derive(Clone, Debug)]
 struct Scored {
     ect: f64,
     /// Max/mean device load.
     ratio: f64,
     /// Pairs over the load cap, summed over devices (0 without a cap).
-    excess: u64,
+    excess: f64,
     /// Each device's (token, expert) pairs.
-    pairs: Vec<u64>,
+    pairs: Vec<f64>,
 }
+
+/// How a slot's candidate ranks: (over the cap, then E[C_T] within it or max/mean over it, the
+/// other of the two, the candidate's rank); the least wins.
+type FillKey = (bool, f64, f64, usize);
 
 /// What [`replicate`] found.
 #[derive(Clone, Debug)]
 pub struct ReplicaOutcome {
     pub map: ReplicaMap,
     /// E[C_T] and max/mean load of the start (the partition) and of the result, under the
-    /// cover rule.
+    /// rule, the result recounted from `map`.
     pub start: (f64, f64),
     pub result: (f64, f64),
 }
 
+/// One layer's routing and the rule its copies are served with.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerRouting<'a> {
+    /// `[tokens, k]` expert ids.
+    pub ids: &'a [u32],
+    pub k: usize,
+    /// Each token's device.
+    pub source: &'a [u32],
+    pub rule: CopyRule,
+    /// SGLang's generators before this layer (its table depends on the layers before).
+    pub sglang: &'a SglangState,
+}
+
+impl LayerRouting<'_> {
+    /// `slots` (per device, equal or not) as a map: devices short of the widest are padded
+    /// with their own first expert, which changes no rule's choice (copies on one device serve
+    /// as one); only maps being scored are padded, never a finished one.
+    fn map(&self, slots: &[Vec<u32>], e_n: usize, loads: &[f64]) -> Result<ReplicaMap> {
+        let width = slots.iter().map(Vec::len).max().unwrap_or(0);
+        let padded: Vec<u32> = slots
+            .iter()
+            .flat_map(|s| {
+                let mut s = s.clone();
+                while s.len() < width {
+                    s.push(s[0]);
+                }
+                s
+            })
+            .collect();
+        let mut map = ReplicaMap::new(padded, e_n, slots.len(), Some(loads))?;
+        if self.rule == CopyRule::Sglang {
+            map.set_sglang_state(&mut self.sglang.clone());
+        }
+        Ok(map)
+    }
+}
+
 /// Adds `replicas` copies to the partition `device_of_expert` (E and R each a multiple of the
-/// devices) for the routing `ids` (`[tokens, k]`, token t starting on `source[t]`), keeping the
-/// max/mean device load within `max_load_factor` where given. A start over the cap is first
-/// balanced: copies of the over-cap devices' experts go where they lower the pairs over the cap
-/// most (refused, with the figures, if R copies cannot bring it under); then no copy that breaks
-/// the cap is taken. The experts' token counts order the cover rule's ties.
+/// devices) for the layer's routing, keeping the max/mean device load under `routing.rule`
+/// within `max_load_factor` where given. A start over the cap is first balanced: copies of the
+/// over-cap devices' experts go where they lower the pairs over the cap most (refused, with the
+/// figures, if R copies cannot bring it under); then no copy that breaks the cap is taken. The
+/// experts' token counts order the cover rule's ties.
 pub fn replicate(
-    ids: &[u32],
-    k: usize,
-    source: &[u32],
+    routing: LayerRouting,
     device_of_expert: &[u32],
     num_devices: usize,
     replicas: usize,
@@ -63,40 +110,33 @@ pub fn replicate(
              devices"
         );
     }
+    let per_device = (e_n + replicas) / num_devices;
+    if per_device > e_n {
+        bail!(
+            "{per_device} slots per device for {e_n} experts: a device would hold an expert \
+             twice; give at most {} replicas",
+            e_n * (num_devices - 1)
+        );
+    }
+    let LayerRouting { ids, k, source, .. } = routing;
     let loads: Vec<f64> = super::eplb::expert_loads(ids, e_n)
         .into_iter()
         .map(f64::from)
         .collect();
-    let by_device = super::experts_by_device(device_of_expert, num_devices);
-    let mut slots: Vec<Vec<u32>> = by_device;
-    let build = |slots: &[Vec<u32>]| -> Result<ReplicaMap> {
-        // Devices not yet full are padded with their own first expert's second slot: the map
-        // needs equal devices, and a copy on a device that has it changes nothing.
-        let width = slots.iter().map(Vec::len).max().unwrap_or(0);
-        let padded: Vec<u32> = slots
-            .iter()
-            .flat_map(|s| {
-                let mut s = s.clone();
-                while s.len() < width {
-                    s.push(s[0]);
-                }
-                s
-            })
-            .collect();
-        ReplicaMap::new(padded, e_n, num_devices, Some(&loads))
-    };
+    let mut slots: Vec<Vec<u32>> = super::experts_by_device(device_of_expert, num_devices);
     // The most pairs a device may hold under the cap, and the pairs over it, summed.
-    let limit = |pairs: &[u64]| {
-        let total: u64 = pairs.iter().sum();
-        max_load_factor.unwrap_or(f64::INFINITY) * total as f64 / num_devices as f64
+    let limit = |pairs: &[f64]| {
+        let total: f64 = pairs.iter().sum();
+        max_load_factor.unwrap_or(f64::INFINITY) * total / num_devices as f64
     };
-    let excess = |pairs: &[u64]| -> u64 {
+    let excess = |pairs: &[f64]| -> f64 {
         let at = limit(pairs);
-        let over: f64 = pairs.iter().map(|&p| (p as f64 - at).max(0.0)).sum();
-        over.ceil() as u64
+        pairs.iter().map(|&p| (p - at).max(0.0)).sum()
     };
     let score = |slots: &[Vec<u32>]| -> Result<Scored> {
-        let st = build(slots)?.stats(ids, k, source, CopyRule::Cover, None)?;
+        let st = routing
+            .map(slots, e_n, &loads)?
+            .stats(ids, k, source, routing.rule, None)?;
         Ok(Scored {
             ect: st.ect(),
             ratio: st.max_load_ratio(),
@@ -105,7 +145,6 @@ pub fn replicate(
         })
     };
     let over = |s: &Scored| max_load_factor.is_some_and(|f| s.ratio > f + 1e-12);
-    let per_device = (e_n + replicas) / num_devices;
     let start = score(&slots)?;
     let mut best = start.clone();
     let mut left = replicas;
@@ -113,14 +152,13 @@ pub fn replicate(
     // a device with a free slot, the copy that lowers the pairs over the cap most (then
     // max/mean load, then the sum of C_T).
     let key = |s: &Scored| (s.excess, s.ratio, s.ect);
+    let lower =
+        |a: (f64, f64, f64), b: (f64, f64, f64)| a.partial_cmp(&b).is_some_and(|o| o.is_lt());
     while over(&best) && left > 0 {
         let at = limit(&best.pairs);
         let mut step: Option<(Scored, usize, u32)> = None;
-        for b in (0..num_devices).filter(|&b| best.pairs[b] as f64 > at) {
-            let mut own: Vec<u32> = slots[b].clone();
-            own.sort_unstable();
-            own.dedup();
-            for &e in &own {
+        for b in (0..num_devices).filter(|&b| best.pairs[b] > at) {
+            for &e in &slots[b].clone() {
                 for d in (0..num_devices).filter(|&d| d != b && slots[d].len() < per_device) {
                     if slots[d].contains(&e) {
                         continue;
@@ -128,9 +166,9 @@ pub fn replicate(
                     let mut trial = slots.clone();
                     trial[d].push(e);
                     let s = score(&trial)?;
-                    let better = s.excess < best.excess
-                        || (s.excess == best.excess && s.ratio < best.ratio - 1e-12);
-                    if better && step.as_ref().is_none_or(|(t, ..)| key(&s) < key(t)) {
+                    let better = s.excess < best.excess - 1e-9
+                        || (s.excess <= best.excess + 1e-9 && s.ratio < best.ratio - 1e-12);
+                    if better && step.as_ref().is_none_or(|(t, ..)| lower(key(&s), key(t))) {
                         step = Some((s, d, e));
                     }
                 }
@@ -145,59 +183,157 @@ pub fn replicate(
     }
     if over(&best) {
         bail!(
-            "no copies bring the max/mean load to the cap {}: {:.3} after {} of {replicas} \
-             copies (from {:.3}); give more --replicas or a higher --max-load-factor",
+            "no copies bring the max/mean load to the cap {} under the {} rule: {:.3} after {} \
+             of {replicas} copies (from {:.3}); give more --replicas or a higher \
+             --max-load-factor",
             max_load_factor.unwrap_or(0.0),
+            routing.rule.name(),
             best.ratio,
             replicas - left,
             start.ratio
         );
     }
+    // Then every slot left: the copy that lowers the sum most, else raises it least, within
+    // the cap where any candidate keeps it.
     for _ in 0..left {
-        let mut step: Option<(Scored, usize, u32)> = None;
-        for d in 0..num_devices {
-            if slots[d].len() >= per_device {
-                continue;
-            }
-            for e in candidates(ids, k, &slots, d, e_n) {
+        // (over the cap, E[C_T] within it or max/mean over it, max/mean, candidate rank): the
+        // least wins.
+        let mut step: Option<(FillKey, Scored, usize, u32)> = None;
+        for d in (0..num_devices).filter(|&d| slots[d].len() < per_device) {
+            for (rank, e) in candidates(ids, k, &slots, d, &loads)
+                .into_iter()
+                .enumerate()
+            {
                 let mut trial = slots.clone();
                 trial[d].push(e);
                 let s = score(&trial)?;
-                // Only a copy that lowers the sum (the cover is greedy, so one can raise it).
-                if over(&s) || s.ect >= best.ect - 1e-12 {
-                    continue;
-                }
-                if step.as_ref().is_none_or(|(t, ..)| s.ect < t.ect) {
-                    step = Some((s, d, e));
+                let key = if over(&s) {
+                    (true, s.ratio, s.ect, rank)
+                } else {
+                    (false, s.ect, s.ratio, rank)
+                };
+                let wins = step
+                    .as_ref()
+                    .is_none_or(|(t, ..)| key.partial_cmp(t).is_some_and(|o| o.is_lt()));
+                if wins {
+                    step = Some((key, s, d, e));
                 }
             }
         }
-        match step {
-            Some((s, d, e)) => {
-                slots[d].push(e);
-                best = s;
+        let (_, s, d, e) = step.expect("a device with a free slot has an expert it lacks");
+        slots[d].push(e);
+        best = s;
+    }
+    debug_assert!(slots.iter().all(|s| s.len() == per_device));
+    // Over the cap still (the last slots had no copy within it): swap one copy for another
+    // expert on its device, the swap that lowers the pairs over the cap most (then max/mean
+    // load, then the sum of C_T), while one does.
+    let starts: Vec<usize> = super::experts_by_device(device_of_expert, num_devices)
+        .iter()
+        .map(Vec::len)
+        .collect();
+    while over(&best) {
+        let mut step: Option<(Scored, usize, usize, u32)> = None;
+        for d in 0..num_devices {
+            for i in starts[d]..per_device {
+                for x in (0..e_n as u32).filter(|x| !slots[d].contains(x)) {
+                    let mut trial = slots.clone();
+                    trial[d][i] = x;
+                    let s = score(&trial)?;
+                    let better = s.excess < best.excess - 1e-9
+                        || (s.excess <= best.excess + 1e-9 && s.ratio < best.ratio - 1e-12);
+                    if better && step.as_ref().is_none_or(|(t, ..)| lower(key(&s), key(t))) {
+                        step = Some((s, d, i, x));
+                    }
+                }
             }
-            None => break,
         }
+        let Some((s, d, i, x)) = step else {
+            break;
+        };
+        slots[d][i] = x;
+        best = s;
     }
-    // Slots no copy helps in hold second copies of their devices' own experts (no effect), so
-    // every device has the same slots.
-    for s in slots.iter_mut() {
-        while s.len() < per_device {
-            s.push(s[0]);
-        }
+    refine(&mut slots, &mut best, &score, &over)?;
+    // The finished map, recounted.
+    let mut map = ReplicaMap::new(slots.concat(), e_n, num_devices, Some(&loads))?;
+    if routing.rule == CopyRule::Sglang {
+        map.set_sglang_state(&mut routing.sglang.clone());
     }
-    let map = build(&slots)?;
+    map.check_servable()?;
+    let st = map.stats(ids, k, source, routing.rule, None)?;
+    let result = (st.ect(), st.max_load_ratio());
+    if let Some(f) = max_load_factor.filter(|&f| result.1 > f + 1e-9) {
+        bail!(
+            "the copies leave the max/mean load at {:.3} under the {} rule, over the cap {f} \
+             (E[C_T] {:.3}; from {:.3}): give a higher --max-load-factor or fewer --replicas",
+            result.1,
+            routing.rule.name(),
+            result.0,
+            start.ratio
+        );
+    }
+    debug_assert!((result.0 - best.ect).abs() < 1e-9);
     Ok(ReplicaOutcome {
         map,
         start: (start.ect, start.ratio),
-        result: (best.ect, best.ratio),
+        result,
     })
 }
 
-/// The experts a copy on device `d` could save the most for: not on `d`, ranked by the tokens
-/// that use them together with an expert on `d`.
-fn candidates(ids: &[u32], k: usize, slots: &[Vec<u32>], d: usize, e_n: usize) -> Vec<u32> {
+/// Passes of [`refine`] at most.
+const REFINE_PASSES: usize = 4;
+
+/// Swaps the experts of two slots on different devices (neither then holding an expert twice)
+/// wherever that lowers the sum of C_T under the rule and keeps the load within the cap (or, over
+/// the cap, lowers the pairs over it): first improvement, pass after pass, until a pass finds
+/// none or [`REFINE_PASSES`] have run.
+fn refine(
+    slots: &mut [Vec<u32>],
+    best: &mut Scored,
+    score: &dyn Fn(&[Vec<u32>]) -> Result<Scored>,
+    over: &dyn Fn(&Scored) -> bool,
+) -> Result<()> {
+    let d_n = slots.len();
+    let per = slots[0].len();
+    for _ in 0..REFINE_PASSES {
+        let mut improved = false;
+        for a in 0..d_n * per {
+            for b in (a / per + 1) * per..d_n * per {
+                let (da, ia, db, ib) = (a / per, a % per, b / per, b % per);
+                let (x, y) = (slots[da][ia], slots[db][ib]);
+                if x == y || slots[da].contains(&y) || slots[db].contains(&x) {
+                    continue;
+                }
+                slots[da][ia] = y;
+                slots[db][ib] = x;
+                let s = score(slots)?;
+                let wins = if over(best) {
+                    s.excess < best.excess - 1e-9
+                } else {
+                    !over(&s) && s.ect < best.ect - 1e-12
+                };
+                if wins {
+                    *best = s;
+                    improved = true;
+                } else {
+                    slots[da][ia] = x;
+                    slots[db][ib] = y;
+                }
+            }
+        }
+        if !improved {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// The experts a copy on device `d` could help most: not on `d`, ranked by the tokens that use
+/// them together with an expert on `d` (the best few), then the hottest few and the coldest
+/// few not yet listed (a cold copy moves little load).
+fn candidates(ids: &[u32], k: usize, slots: &[Vec<u32>], d: usize, loads: &[f64]) -> Vec<u32> {
+    let e_n = loads.len();
     let mut on_d = vec![false; e_n];
     for &e in &slots[d] {
         on_d[e as usize] = true;
@@ -212,13 +348,46 @@ fn candidates(ids: &[u32], k: usize, slots: &[Vec<u32>], d: usize, e_n: usize) -
     }
     let mut order: Vec<u32> = (0..e_n as u32).filter(|&e| !on_d[e as usize]).collect();
     order.sort_by(|&a, &b| gain[b as usize].cmp(&gain[a as usize]).then(a.cmp(&b)));
+    let mut by_load = order.clone();
+    by_load.sort_by(|&a, &b| {
+        loads[b as usize]
+            .total_cmp(&loads[a as usize])
+            .then(a.cmp(&b))
+    });
     order.truncate(CANDIDATES_PER_DEVICE);
+    let hot: Vec<u32> = by_load.iter().copied().take(HOT_PER_DEVICE).collect();
+    let cold: Vec<u32> = by_load
+        .iter()
+        .rev()
+        .copied()
+        .take(COLD_PER_DEVICE)
+        .collect();
+    for e in hot.into_iter().chain(cold) {
+        if !order.contains(&e) {
+            order.push(e);
+        }
+    }
     order
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cover<'a>(
+        ids: &'a [u32],
+        k: usize,
+        source: &'a [u32],
+        st: &'a SglangState,
+    ) -> LayerRouting<'a> {
+        LayerRouting {
+            ids,
+            k,
+            source,
+            rule: CopyRule::Cover,
+            sglang: st,
+        }
+    }
 
     /// Two devices; tokens pair expert 0 (device 0) with expert 2 (device 1): one copy of 2 on
     /// device 0 (or of 0 on device 1) brings every such token to one device.
@@ -227,7 +396,8 @@ mod tests {
         let map = [0, 0, 1, 1];
         let ids: Vec<u32> = (0..10).flat_map(|_| [0u32, 2]).collect();
         let source = vec![0u32; 10];
-        let out = replicate(&ids, 2, &source, &map, 2, 2, None).unwrap();
+        let st0 = SglangState::start(2, None);
+        let out = replicate(cover(&ids, 2, &source, &st0), &map, 2, 2, None).unwrap();
         assert_eq!(out.start.0, 2.0);
         assert_eq!(out.result.0, 1.0);
         assert_eq!(out.map.slots_per_device(), 3);
@@ -237,7 +407,7 @@ mod tests {
             .stats(&ids, 2, &source, CopyRule::Cover, None)
             .unwrap();
         assert_eq!(st.ect(), 1.0);
-        assert!(replicate(&ids, 2, &source, &map, 2, 1, None).is_err());
+        assert!(replicate(cover(&ids, 2, &source, &st0), &map, 2, 1, None).is_err());
     }
 
     /// Every token uses expert 0 (device 0), half of them from each device: the start's
@@ -248,7 +418,8 @@ mod tests {
         let map = [0, 0, 1, 1];
         let ids = vec![0u32; 10];
         let source: Vec<u32> = (0..10).map(|t| t / 5).collect();
-        let out = replicate(&ids, 1, &source, &map, 2, 2, Some(1.05)).unwrap();
+        let st0 = SglangState::start(2, None);
+        let out = replicate(cover(&ids, 1, &source, &st0), &map, 2, 2, Some(1.05)).unwrap();
         assert_eq!(out.start.1, 2.0);
         assert_eq!(out.result.1, 1.0);
         assert!(out.map.devices_of(0).contains(&1));
@@ -256,9 +427,9 @@ mod tests {
             .map
             .stats(&ids, 1, &source, CopyRule::Cover, None)
             .unwrap();
-        assert_eq!(st.pairs, vec![5, 5]);
+        assert_eq!(st.pairs, vec![5.0, 5.0]);
         // All tokens from device 0: no copy moves load, so the cap is out of reach.
-        let e = replicate(&ids, 1, &[0; 10], &map, 2, 2, Some(1.05)).unwrap_err();
+        let e = replicate(cover(&ids, 1, &[0; 10], &st0), &map, 2, 2, Some(1.05)).unwrap_err();
         assert!(e.to_string().contains("no copies bring"), "{e}");
     }
 }

@@ -7,14 +7,22 @@
 //!   expert takes a copy on a device already chosen (the source's first, then the least
 //!   loaded, then the lowest); if none is, the device that holds copies of the most remaining
 //!   experts joins (ties: the source, then the least loaded, then the lowest).
-//! - [`CopyRule::Sglang`] (SGLang's static dispatch): the copy on the source's device when
-//!   there is one; otherwise a fixed copy per (source, expert), the devices without a local copy
-//!   dealt round-robin over the copies so that each copy serves an equal share of them. It
-//!   looks at one expert at a time, not at the token's others.
+//! - [`CopyRule::Sglang`] (SGLang's static dispatch, exactly as SGLang builds its table:
+//!   [`super::sglang_dispatch`]): the copy on the source's GPU when there is one; otherwise a
+//!   fixed copy per (source, expert), dealt by SGLang's seeded fair choice. It looks at one
+//!   expert at a time, not at the token's others.
+//! - [`CopyRule::Trtllm`] (TensorRT-LLM's): each copy of an expert equally likely, counted in
+//!   expectation as its `report_send_ranks_per_token.py` counts (a token reaches device r with
+//!   probability 1 - prod(1 - p) over r's slots), loads as the expected pairs. Where one copy
+//!   must be picked (dispatch, projections), a hash of the token's experts, its source and the
+//!   expert's position picks it, uniformly.
 //!
 //! "Least loaded" is the device's share of the placement's expected load (each copy carrying
-//! its expert's load over its copy count), so the rule is a function of the placement alone.
+//! its expert's load over the devices holding it), so the rule is a function of the placement
+//! alone. Two copies of an expert on one device serve as one (SGLang under DeepEP never loads
+//! the second); placements Occult writes never hold them ([`ReplicaMap::check_servable`]).
 
+use super::sglang_dispatch::SglangState;
 use crate::{bail, Result};
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +35,8 @@ pub enum CopyRule {
     Cover,
     /// SGLang's static dispatch: the local copy, else a fixed copy per (source, expert).
     Sglang,
+    /// TensorRT-LLM's: every copy equally likely, counted in expectation.
+    Trtllm,
 }
 
 impl CopyRule {
@@ -34,8 +44,12 @@ impl CopyRule {
         match self {
             CopyRule::Cover => "cover",
             CopyRule::Sglang => "sglang",
+            CopyRule::Trtllm => "trtllm",
         }
     }
+
+    /// Every rule, in the order tables show them.
+    pub const ALL: [CopyRule; 3] = [CopyRule::Cover, CopyRule::Sglang, CopyRule::Trtllm];
 }
 
 /// E + R physical slots on D devices, `slots_per_device` each: slot p is on device
@@ -78,14 +92,12 @@ impl ReplicaMap {
         }
         let per_device = slot_expert.len() / num_devices;
         let mut devices_of = vec![Vec::new(); num_experts];
-        // Copies per expert; two on one device (EPLB can pack them so) serve as one device.
-        let mut copies = vec![0usize; num_experts];
         for (p, &e) in slot_expert.iter().enumerate() {
             let device = (p / per_device) as u32;
             let Some(list) = devices_of.get_mut(e as usize) else {
                 bail!("slot {p} holds expert {e}, but there are {num_experts} experts");
             };
-            copies[e as usize] += 1;
+            // Two copies on one device (EPLB can pack them so) serve as one device.
             if !list.contains(&device) {
                 list.push(device);
             }
@@ -101,21 +113,60 @@ impl ReplicaMap {
                 );
             }
         }
+        // Each device holding e carries e's load over the devices holding it (copies per
+        // device, not per slot).
         let mut device_load = vec![0.0; num_devices];
-        for (p, &e) in slot_expert.iter().enumerate() {
-            let e = e as usize;
-            device_load[p / per_device] += expert_load.map_or(1.0, |l| l[e]) / copies[e] as f64;
+        for (e, devices) in devices_of.iter().enumerate() {
+            for &d in devices {
+                device_load[d as usize] += expert_load.map_or(1.0, |l| l[e]) / devices.len() as f64;
+            }
         }
-        let sglang_copy = sglang_table(&devices_of, num_devices);
-        Ok(ReplicaMap {
+        let mut map = ReplicaMap {
             num_experts,
             num_devices,
             slot_expert,
             devices_of,
             expert_load: expert_load.map(<[f64]>::to_vec),
             device_load,
-            sglang_copy,
-        })
+            sglang_copy: Vec::new(),
+        };
+        map.set_sglang_state(&mut SglangState::start(num_devices, None));
+        Ok(map)
+    }
+
+    /// Rebuilds SGLang's table for this layer as SGLang builds it after the layers `state` has
+    /// seen (a new map's table is that of a first layer on one node), and advances `state`.
+    pub fn set_sglang_state(&mut self, state: &mut SglangState) {
+        let per = self.slots_per_device() as u32;
+        self.sglang_copy = state
+            .next_layer(&self.slot_expert, self.num_experts)
+            .into_iter()
+            .map(|slot| slot / per)
+            .collect();
+    }
+
+    /// Refuses what an engine would misload: two copies of one expert on one device (SGLang
+    /// under DeepEP loads one and still routes to the other).
+    pub fn check_servable(&self) -> Result<()> {
+        for d in 0..self.num_devices {
+            let slots = self.device_slots(d);
+            for (i, &e) in slots.iter().enumerate() {
+                if slots[..i].contains(&e) {
+                    bail!(
+                        "device {d} holds expert {e} twice (slots {:?}): SGLang with an \
+                         all-to-all backend (DeepEP) loads one copy and still routes tokens \
+                         to the other",
+                        slots
+                            .iter()
+                            .enumerate()
+                            .filter(|&(_, &x)| x == e)
+                            .map(|(s, _)| d * slots.len() + s)
+                            .collect::<Vec<_>>()
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A partition (one slot per expert, as an `occult.placement.v1` map) as a replica map.
@@ -182,7 +233,32 @@ impl ReplicaMap {
                     .map(|&e| self.sglang_copy[source as usize * self.num_experts + e as usize]),
             ),
             CopyRule::Cover => self.cover(ids, source, out),
+            CopyRule::Trtllm => out.extend(ids.iter().enumerate().map(|(j, &e)| {
+                let devices = self.devices_of(e);
+                let h = ids
+                    .iter()
+                    .fold(u64::from(source) ^ (j as u64) << 32, |h, &x| {
+                        splitmix(h ^ u64::from(x))
+                    });
+                devices[(h % devices.len() as u64) as usize]
+            })),
         }
+    }
+
+    /// TensorRT-LLM's count of one token: the expected distinct devices (device r reached with
+    /// probability 1 - prod over the token's experts on r of (1 - 1/copies)) and the expected
+    /// pairs each device computes, added to `pairs`; `miss[r]` is left at r's miss chance.
+    fn expected(&self, ids: &[u32], pairs: &mut [f64], miss: &mut [f64]) -> f64 {
+        miss.iter_mut().for_each(|x| *x = 1.0);
+        for &e in ids {
+            let devices = self.devices_of(e);
+            let p = 1.0 / devices.len() as f64;
+            for &d in devices {
+                miss[d as usize] *= 1.0 - p;
+                pairs[d as usize] += p;
+            }
+        }
+        miss.iter().map(|&m| 1.0 - m).sum()
     }
 
     /// Orders candidate devices: the source first, then the least loaded, then the lowest.
@@ -272,9 +348,10 @@ impl ReplicaMap {
                 source.len()
             );
         }
-        let mut pairs = vec![0u64; self.num_devices];
-        let (mut touched, mut nodes) = (0u64, 0u64);
+        let mut pairs = vec![0f64; self.num_devices];
+        let (mut touched, mut nodes) = (0f64, 0f64);
         let mut devices = Vec::with_capacity(k);
+        let mut miss = vec![0f64; self.num_devices];
         for (chosen, &s) in ids.chunks_exact(k).zip(source) {
             if let Some(&e) = chosen.iter().find(|&&e| e as usize >= self.num_experts) {
                 bail!(
@@ -285,18 +362,33 @@ impl ReplicaMap {
             if s as usize >= self.num_devices {
                 bail!("source device {s} of {} devices", self.num_devices);
             }
+            if rule == CopyRule::Trtllm {
+                touched += self.expected(chosen, &mut pairs, &mut miss);
+                if let Some(g) = per_node {
+                    // A node is reached unless each of its devices is missed.
+                    let missed = |n: usize| -> f64 {
+                        (n * g..((n + 1) * g).min(self.num_devices))
+                            .map(|d| miss[d])
+                            .product()
+                    };
+                    nodes += (0..self.num_devices.div_ceil(g))
+                        .map(|n| 1.0 - missed(n))
+                        .sum::<f64>();
+                }
+                continue;
+            }
             self.choose(chosen, s, rule, &mut devices);
             for &d in &devices {
-                pairs[d as usize] += 1;
+                pairs[d as usize] += 1.0;
             }
             devices.sort_unstable();
             devices.dedup();
-            touched += devices.len() as u64;
+            touched += devices.len() as f64;
             if let Some(g) = per_node {
                 // Sorted devices give sorted nodes.
                 devices.iter_mut().for_each(|d| *d /= g as u32);
                 devices.dedup();
-                nodes += devices.len() as u64;
+                nodes += devices.len() as f64;
             }
         }
         Ok(ReplicaStats {
@@ -308,47 +400,97 @@ impl ReplicaMap {
     }
 }
 
-/// SGLang's static table: for each (source device, expert), the copy on the source, or the
-/// devices without one dealt round-robin over the copies.
-fn sglang_table(devices_of: &[Vec<u32>], num_devices: usize) -> Vec<u32> {
-    let e_n = devices_of.len();
-    let mut table = vec![0u32; num_devices * e_n];
-    for (e, copies) in devices_of.iter().enumerate() {
-        let mut next = 0;
-        for source in 0..num_devices as u32 {
-            table[source as usize * e_n + e] = if copies.contains(&source) {
-                source
-            } else {
-                let d = copies[next % copies.len()];
-                next += 1;
-                d
-            };
+/// `map` with every second copy of an expert on one device swapped with a slot of another
+/// device, so that no device holds an expert twice (what EPLB and TensorRT-LLM's placement can
+/// make, and SGLang under DeepEP misloads). Each swap takes, among the slots of devices without
+/// the expert whose own expert is not on the first device, the one that leaves the busiest
+/// device's expected load lowest (ties: the lower slot), within the device's node of
+/// `per_node` devices where given (EPLB's hierarchical policy keeps each group in one node).
+/// Refused where no such slot exists.
+pub fn spread_duplicates(map: &ReplicaMap, per_node: Option<usize>) -> Result<ReplicaMap> {
+    let per = map.slots_per_device();
+    let mut slots = map.slot_expert.clone();
+    let e_n = map.num_experts;
+    let load = |e: u32| map.expert_load.as_ref().map_or(1.0, |l| l[e as usize]);
+    let holds = |slots: &[u32], d: usize, e: u32| slots[d * per..(d + 1) * per].contains(&e);
+    loop {
+        let dup = (0..slots.len()).find(|&p| {
+            let d = p / per;
+            slots[d * per..p].contains(&slots[p])
+        });
+        let Some(p) = dup else {
+            break;
+        };
+        let (d, e) = (p / per, slots[p]);
+        let mut best: Option<(f64, usize)> = None;
+        let node = |dev: usize| per_node.map_or(0, |g| dev / g.max(1));
+        for q in (0..slots.len()).filter(|&q| q / per != d && node(q / per) == node(d)) {
+            let (d2, f) = (q / per, slots[q]);
+            if holds(&slots, d2, e) || holds(&slots, d, f) {
+                continue;
+            }
+            let mut trial = slots.clone();
+            trial.swap(p, q);
+            let copies = |e: u32| trial.iter().filter(|&&x| x == e).count() as f64;
+            let busiest = (0..map.num_devices)
+                .map(|dev| {
+                    trial[dev * per..(dev + 1) * per]
+                        .iter()
+                        .map(|&x| load(x) / copies(x))
+                        .sum::<f64>()
+                })
+                .fold(0.0, f64::max);
+            if best.is_none_or(|(b, _)| busiest < b - 1e-12) {
+                best = Some((busiest, q));
+            }
         }
+        let Some((_, q)) = best else {
+            bail!("device {d} holds expert {e} twice, and no slot of another device can take it");
+        };
+        slots.swap(p, q);
     }
-    table
+    ReplicaMap::new(slots, e_n, map.num_devices, map.expert_load())
+}
+
+/// SplitMix64's finaliser: the hash [`CopyRule::Trtllm`] picks a copy with.
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Counts of one layer under a replica map and a copy rule.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ReplicaStats {
     pub tokens: u64,
-    /// Sum of C_T (distinct devices per token, after the copy choice).
-    pub devices_touched: u64,
+    /// Sum of C_T (distinct devices per token, after the copy choice; expected, under
+    /// TensorRT-LLM's rule).
+    pub devices_touched: f64,
     /// Sum of C_N (distinct nodes per token) when a node size was given, else 0.
-    pub nodes_touched: u64,
-    /// (token, expert) pairs each device computes.
-    pub pairs: Vec<u64>,
+    pub nodes_touched: f64,
+    /// (token, expert) pairs each device computes (expected, under TensorRT-LLM's rule).
+    pub pairs: Vec<f64>,
 }
 
 impl ReplicaStats {
     pub fn ect(&self) -> f64 {
-        self.devices_touched as f64 / self.tokens.max(1) as f64
+        self.devices_touched / self.tokens.max(1) as f64
     }
 
     /// The busiest device's pairs over the mean (1 without pairs).
     pub fn max_load_ratio(&self) -> f64 {
-        crate::analysis::collab::max_over_mean(&self.pairs)
+        max_over_mean_f64(&self.pairs)
     }
+}
+
+/// The largest value over the mean (1 when they sum to 0).
+pub fn max_over_mean_f64(v: &[f64]) -> f64 {
+    let sum: f64 = v.iter().sum();
+    if sum <= 0.0 {
+        return 1.0;
+    }
+    v.iter().copied().fold(0.0, f64::max) * v.len() as f64 / sum
 }
 
 #[cfg(test)]
@@ -379,18 +521,21 @@ mod tests {
         ReplicaMap::new(vec![0, 1, 2, 3, 2, 4, 2, 5, 6, 3], 7, 5, loads).unwrap()
     }
 
-    /// SGLang deals the devices without a copy round-robin over the copies; the cover rule
-    /// takes the source's copy, else the least loaded device, else the lowest.
+    /// SGLang keeps the source's own copy and deals the others by its seeded draw (held to
+    /// SGLang's code in sglang_dispatch's fixture test); the cover rule takes the source's
+    /// copy, else the least loaded device, else the lowest.
     #[test]
     fn copies_are_dealt_and_ordered_by_their_rules() {
         let mut out = Vec::new();
         let m = five(None);
-        m.choose(&[2], 0, CopyRule::Sglang, &mut out);
-        assert_eq!(out, vec![1]);
-        m.choose(&[2], 4, CopyRule::Sglang, &mut out);
-        assert_eq!(out, vec![2]);
-        m.choose(&[2], 2, CopyRule::Sglang, &mut out);
-        assert_eq!(out, vec![2]);
+        for source in 0..5 {
+            m.choose(&[2], source, CopyRule::Sglang, &mut out);
+            if [1, 2, 3].contains(&source) {
+                assert_eq!(out, vec![source], "the local copy");
+            } else {
+                assert!([1, 2, 3].contains(&out[0]), "{out:?}");
+            }
+        }
         // Device loads (each expert's load over its copies): 1/3 + 1/2 on device 1, 1 + 1/2 on
         // device 4.
         for (loads, from_0, from_2) in [
@@ -434,13 +579,13 @@ mod tests {
         let st = m
             .stats(&[0, 3, /**/ 0, 1], 2, &[0, 1], CopyRule::Cover, None)
             .unwrap();
-        assert_eq!(st.devices_touched, 2);
-        assert_eq!(st.pairs, vec![0, 4]);
+        assert_eq!(st.devices_touched, 2.0);
+        assert_eq!(st.pairs, vec![0.0, 4.0]);
         let st = m
             .stats(&[0, 3, /**/ 0, 1], 2, &[0, 1], CopyRule::Sglang, None)
             .unwrap();
-        assert_eq!(st.devices_touched, 3);
-        assert_eq!(st.pairs, vec![1, 3]);
+        assert_eq!(st.devices_touched, 3.0);
+        assert_eq!(st.pairs, vec![1.0, 3.0]);
     }
 
     /// On random maps and tokens: every expert is served on a device holding a copy, and the

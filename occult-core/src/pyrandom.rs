@@ -1,7 +1,8 @@
 //! CPython's `random.Random`, bit for bit, as far as lm-evaluation-harness uses it: seeding from
 //! an integer, the Mersenne Twister (MT19937) stream, `getrandbits`, `_randbelow`, `sample` and
 //! `shuffle`. The harness draws few-shot examples with `random.Random(seed).sample`, so the same
-//! prompts need the same draws. Written from CPython's `Modules/_randommodule.c` and
+//! prompts need the same draws; SGLang deals replicated experts to ranks with
+//! `random.Random(42)`, so the same dispatch table needs them too. Written from CPython's `Modules/_randommodule.c` and
 //! `Lib/random.py` (3.11); `tests/fixtures/pyrandom.json`, which CPython wrote
 //! (`scripts/make_pyrandom_fixtures.py`), holds it to them.
 
