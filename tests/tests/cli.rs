@@ -568,7 +568,12 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
             .find(|x| x["method"] == m)
             .unwrap_or_else(|| panic!("no {m} in {placed:?}"))
     };
-    for m in ["contiguous", "occult", "eplb R=4", "trtllm-cooccurrence R=4"] {
+    for m in [
+        "contiguous",
+        "occult",
+        "eplb R=4",
+        "trtllm-cooccurrence R=4",
+    ] {
         assert!(method(m)["ect"].as_f64().unwrap() >= 1.0, "{m}");
     }
     for rule in ["cover", "sglang", "trtllm"] {

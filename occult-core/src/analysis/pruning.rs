@@ -1,14 +1,16 @@
 //! Collaboration pruning: limit each token to at most N devices, or to at most M nodes (and N
 //! devices in each), as DeepSeek-V3 limits its tokens to 4 nodes.
 //!
-//! Both rules first fix the allowed devices. A token already within the limit is left
-//! unchanged.
-//! - **Device limit N**: walk the token's experts best first and collect their devices until N
-//!   are seen.
-//! - **Node limit M** (nodes of G devices, device d in node d / G): score each node by the sum
-//!   of its best two experts' selection scores, as DeepSeek-V3 scores its expert groups, and
-//!   keep the best M (ties: lower node); with a limit of N devices per node, score each device
-//!   of a kept node the same way and keep its best N.
+//! Both rules first fix the allowed devices.
+//! - **Device limit N** (the paper's): a token already within N devices is left unchanged;
+//!   otherwise walk its experts best first and collect their devices until N are seen.
+//! - **Node limit M** (nodes of G devices, device d in node d / G), as DeepSeek-V3 routes: every
+//!   token, within the limit or not, keeps its M best nodes, each node scored by the sum of its
+//!   best two experts' selection scores as V3 scores its expert groups (ties: lower node), and
+//!   takes its top-k inside them; with a limit of N devices per node, each device of a kept node
+//!   is scored the same way and its best N kept. On a contiguous placement this is V3's
+//!   group-limited routing with the nodes as its groups (held to transformers' DeepSeek-V3
+//!   router by `tests/fixtures/routing/v3_node_limit.json`).
 //!
 //! Then:
 //! - **Router-score rule**: re-pick the top-k among all experts on the allowed devices, by the
@@ -274,7 +276,9 @@ impl<'a> Pruner<'a> {
                 devices.iter().for_each(|&d| per_node[d / g] += 1);
                 let spanned = per_node.iter().filter(|&&c| c > 0).count();
                 let crowded = devices_in_node.is_some_and(|n| per_node.iter().any(|&c| c > n));
-                if spanned <= max_nodes && !crowded {
+                // Spread over one node only, a token keeps its experts: its best node and
+                // devices are its own.
+                if spanned <= 1 && !crowded {
                     return None;
                 }
                 // Each device's best two selection scores, summed per device and per node.
@@ -455,5 +459,67 @@ mod tests {
         assert!(err.to_string().contains("cannot keep"), "{err}");
         assert!(Pruner::new(PruneRule::Router, &rule, &MAP, 4, 0, None).is_err());
         assert!(Pruner::new(PruneRule::Similarity, &rule, &MAP, 4, 2, None).is_err());
+    }
+
+    /// `--max-nodes M` on a contiguous placement whose nodes are DeepSeek-V3's expert groups
+    /// routes as transformers' `DeepseekV3TopkRouter` with `topk_group = M`: the same experts
+    /// for every token (within M nodes already or not) and the same weights.
+    #[test]
+    fn the_node_limit_routes_as_deepseek_v3() {
+        use crate::analysis::routing::Scoring;
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/routing/v3_node_limit.json"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let num = |x: &serde_json::Value| x.as_u64().unwrap() as usize;
+        let mut rewritten = 0;
+        for case in v["cases"].as_array().unwrap() {
+            let (e, k, groups, kept) = (
+                num(&case["experts"]),
+                num(&case["top_k"]),
+                num(&case["groups"]),
+                num(&case["groups_kept"]),
+            );
+            let rule = RouterRule {
+                num_experts: e,
+                top_k: k,
+                scoring: Scoring::Sigmoid,
+                renormalize: true,
+                scaling_factor: case["scaling"].as_f64().unwrap() as f32,
+                group_limit: None,
+                selection_bias: Some(serde_json::from_value(case["bias"].clone()).unwrap()),
+            };
+            // Two devices per node, the nodes in expert order: node n holds group n.
+            let devices = groups * 2;
+            let map = crate::analysis::placement::contiguous(e, devices);
+            let limit = PruneLimit::Nodes {
+                devices_per_node: 2,
+                max_nodes: kept,
+                devices_in_node: None,
+            };
+            let p =
+                Pruner::with_limit(PruneRule::Router, &rule, &map, devices, limit, None).unwrap();
+            let logits: Vec<Vec<f32>> = serde_json::from_value(case["logits"].clone()).unwrap();
+            let ids: Vec<Vec<u32>> = serde_json::from_value(case["ids"].clone()).unwrap();
+            let weights: Vec<Vec<f32>> = serde_json::from_value(case["weights"].clone()).unwrap();
+            for (t, l) in logits.iter().enumerate() {
+                let ranked = rule.route(l).ids;
+                let out = p.prune_logits(l, &ranked);
+                let mut got: Vec<(u32, f32)> = out.ids.iter().copied().zip(out.weights).collect();
+                got.sort_by_key(|x| x.0);
+                let got_ids: Vec<u32> = got.iter().map(|x| x.0).collect();
+                assert_eq!(got_ids, ids[t], "E={e} M={kept} token {t}");
+                for (g, w) in got.iter().zip(&weights[t]) {
+                    assert!((g.1 - w).abs() < 1e-5, "token {t}: {} vs {w}", g.1);
+                }
+                let mut before = ranked.clone();
+                before.sort_unstable();
+                rewritten += usize::from(before != ids[t]);
+            }
+        }
+        // The limit binds on many tokens (else the fixture would not test it).
+        assert!(rewritten > 20, "{rewritten}");
     }
 }

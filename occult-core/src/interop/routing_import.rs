@@ -123,12 +123,18 @@ pub fn from_arrays(
     let e = opts.num_experts;
     let mut raw = Vec::new();
     if let Some(ids) = arrays.remove("topk_ids") {
+        let one_layer = ids.shape.len() == 2;
+        // A one-layer file's arrays may be `[tokens, n]`: one layer of `[layers, tokens, n]`.
+        let lift = |a: Array| match a.shape.len() {
+            2 if one_layer => Array {
+                shape: [&[1], &a.shape[..]].concat(),
+                values: a.values,
+            },
+            _ => a,
+        };
         let stacked = match ids.shape.len() {
             3 => ids,
-            2 => Array {
-                shape: [&[1], &ids.shape[..]].concat(),
-                values: ids.values,
-            },
+            2 => lift(ids),
             _ => {
                 return Err(format!(
                     "topk_ids has shape {:?}, expected [layers, tokens, k] or [tokens, k]",
@@ -151,8 +157,8 @@ pub fn from_arrays(
                 layer_ids.len()
             ));
         }
-        let weights = arrays.remove("topk_weights");
-        let logits = arrays.remove("router_logits");
+        let weights = arrays.remove("topk_weights").map(lift);
+        let logits = arrays.remove("router_logits").map(lift);
         for (i, &layer) in layer_ids.iter().enumerate() {
             raw.push(RawLayer {
                 layer,
@@ -360,6 +366,29 @@ mod tests {
         assert_eq!(t.layers[0].topk_ids, vec![1, 2, 7, 0]);
         assert_eq!(t.layers[1].topk_ids, vec![3, 4, 5, 6, 0, 1]);
         t.validate("test").unwrap();
+    }
+
+    /// One layer's `[tokens, k]` ids come with `[tokens, k]` weights and `[tokens, E]` logits
+    /// (found by review: they were refused as not `[layers, tokens, n]`).
+    #[test]
+    fn a_one_layer_file_with_two_dimensional_weights_and_logits_imports() {
+        let f32s = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let ids = parse_npy(&npy("<i8", &[2, 2], &i64s(&[1, 2, 7, 0]))).unwrap();
+        let w = parse_npy(&npy("<f4", &[2, 2], &f32s(&[0.6, 0.4, 0.7, 0.3]))).unwrap();
+        let logits = parse_npy(&npy("<f4", &[2, 8], &f32s(&[0.5; 16]))).unwrap();
+        let arrays = BTreeMap::from([
+            ("topk_ids".into(), ids),
+            ("topk_weights".into(), w),
+            ("router_logits".into(), logits),
+        ]);
+        let t = from_arrays(arrays, &opts()).unwrap();
+        assert_eq!(t.layers.len(), 1);
+        assert_eq!(t.layers[0].topk_ids, vec![1, 2, 7, 0]);
+        assert_eq!(
+            t.layers[0].topk_weights.as_deref(),
+            Some(&[0.6f32, 0.4, 0.7, 0.3][..])
+        );
+        assert_eq!(t.layers[0].router_logits.as_ref().map(Vec::len), Some(16));
     }
 
     #[test]

@@ -194,9 +194,11 @@ pub fn runs_on(
         return Ok(runs);
     };
     for rule in CopyRule::ALL {
-        let (rivals, eplb_balance) = rival_runs(&on, &base, replicas, rule)?;
+        let (rivals, balances) = rival_runs(&on, &base, replicas, rule)?;
         runs.extend(rivals);
-        runs.extend(copies_runs(&on, &partitions, replicas, eplb_balance, rule)?);
+        let (copies, found) = copies_runs(&on, &mut partitions, replicas, &balances, rule)?;
+        runs.extend(found);
+        runs.extend(copies);
     }
     Ok(runs)
 }
@@ -256,18 +258,18 @@ fn looser_partition(on: &On) -> Result<Option<(PlaceRun, Partition)>> {
 
 /// The rivals with `replicas` redundant slots (up to the next count that fills the devices
 /// evenly), counted under `rule`: DeepSeek's EPLB and TensorRT-LLM's co-occurrence placement
-/// (slots either would put twice on one device spread); and EPLB's balance (max/mean load).
+/// (slots either would put twice on one device spread); and their balances (max/mean load).
 fn rival_runs(
     on: &On,
     base: &Placement,
     replicas: usize,
     rule: CopyRule,
-) -> Result<(Vec<PlaceRun>, f64)> {
+) -> Result<(Vec<PlaceRun>, Vec<f64>)> {
     let (e, d) = (on.trace.meta.num_experts, on.d);
     let r = (replicas..)
         .find(|r| (e + r).is_multiple_of(d))
         .expect("exists");
-    let (mut runs, mut balance) = (Vec::new(), 1.0);
+    let (mut runs, mut balances) = (Vec::new(), Vec::new());
     for method in [Method::Eplb, Method::Cooccurrence] {
         let job = ReplicaJob {
             method,
@@ -288,37 +290,92 @@ fn rival_runs(
             run.ect,
             run.max_load_ratio
         );
-        if method == Method::Eplb {
-            balance = run.max_load_ratio;
-        }
+        balances.push(run.max_load_ratio);
         runs.push(run);
     }
-    Ok((runs, balance))
+    Ok((runs, balances))
 }
 
-/// Occult's partitions with copies chosen under `rule` where they save the most devices (R up
-/// to a multiple of D), within the partition's own load cap; and each capped partition
-/// balanced by its copies to a cap of 1.05 and to EPLB's balance (under the same rule) plus
-/// 0.02.
+/// The load caps Occult's copies are held to under a rule: 1.05, and each rival's balance under
+/// the rule plus 0.02 (floored to 0.001), ascending.
+fn target_caps(balances: &[f64]) -> Vec<f64> {
+    let mut caps = vec![1.05];
+    caps.extend(
+        balances
+            .iter()
+            .map(|b| ((b + 0.02) * 1000.0).floor() / 1000.0),
+    );
+    caps.sort_by(f64::total_cmp);
+    caps.dedup_by(|a, b| (*a - *b).abs() < 1e-9);
+    caps
+}
+
+/// Occult's partition placed within `cap`: one of `partitions` placed so, else one searched for
+/// now (and its run, as found), else the tightest one placed within a looser cap (its copies
+/// then balance it down); `None` where there is none.
+fn partition_within(
+    on: &On,
+    partitions: &mut Vec<Partition>,
+    cap: f64,
+) -> Result<(Option<Partition>, Option<PlaceRun>)> {
+    let same = |p: &Partition| p.2.is_some_and(|c| (c - cap).abs() < 1e-9);
+    if let Some(p) = partitions.iter().find(|p| same(p)) {
+        return Ok((Some(p.clone()), None));
+    }
+    let c = SearchConfig {
+        max_load_factor: Some(cap),
+        ..on.cfg.clone()
+    };
+    let name = format!("occult, load cap {cap}");
+    if let Some((placed, seconds, _)) = on.place(&name, Method::Occult, &c, false)? {
+        let run = on.measured(&name, seconds, &placed, CopyRule::Cover)?;
+        let p = (name, placed, Some(cap));
+        partitions.push(p.clone());
+        return Ok((Some(p), Some(run)));
+    }
+    let looser = partitions
+        .iter()
+        .filter(|p| p.2.is_some_and(|c| c > cap))
+        .min_by(|a, b| a.2.unwrap_or(0.0).total_cmp(&b.2.unwrap_or(0.0)))
+        .cloned();
+    Ok((looser, None))
+}
+
+/// Occult's copies chosen under `rule` where they save the most devices (R up to a multiple
+/// of D): on the partition without a cap, and held to each of [`target_caps`] (from a partition
+/// placed within that cap where one is found, else balanced down from a looser one). Returns
+/// the runs, and the runs of partitions placed for a cap on the way.
 fn copies_runs(
     on: &On,
-    partitions: &[Partition],
+    partitions: &mut Vec<Partition>,
     replicas: usize,
-    eplb_balance: f64,
+    balances: &[f64],
     rule: CopyRule,
-) -> Result<Vec<PlaceRun>> {
+) -> Result<(Vec<PlaceRun>, Vec<PlaceRun>)> {
     let d = on.d;
     let r = (replicas..).find(|r| r.is_multiple_of(d)).expect("exists");
-    let tight = ((eplb_balance + 0.02) * 1000.0).floor() / 1000.0;
-    let mut jobs: Vec<(String, &Placement, Option<f64>)> = Vec::new();
-    for (name, placed, cap) in partitions {
-        jobs.push((format!("{name} + R={r} copies"), placed, *cap));
-        if let Some(c) = cap {
-            for to in [1.05, tight].into_iter().filter(|&to| to < c - 1e-9) {
-                let name = format!("{name} + R={r} copies, load cap {to}");
-                jobs.push((name, placed, Some(to)));
-            }
-        }
+    let mut jobs: Vec<(String, Placement, Option<f64>)> = Vec::new();
+    let mut found = Vec::new();
+    if let Some((name, placed, None)) = partitions.iter().find(|p| p.2.is_none()).cloned() {
+        jobs.push((format!("{name} + R={r} copies"), placed, None));
+    }
+    for cap in target_caps(balances) {
+        let (partition, run) = partition_within(on, partitions, cap)?;
+        found.extend(run);
+        let Some((name, placed, Some(pcap))) = partition else {
+            eprintln!(
+                "{} D={d} copies within {cap}, {} rule: none (no partition within a cap)",
+                on.path.display(),
+                rule.name()
+            );
+            continue;
+        };
+        let name = if (pcap - cap).abs() < 1e-9 {
+            format!("{name} + R={r} copies")
+        } else {
+            format!("{name} + R={r} copies, load cap {cap}")
+        };
+        jobs.push((name, placed, Some(cap)));
     }
     let mut runs = Vec::new();
     for (name, placed, cap) in jobs {
@@ -330,7 +387,7 @@ fn copies_runs(
             rule,
         };
         let start = Instant::now();
-        let copies = match replicate_trace(on.trace, placed, job) {
+        let copies = match replicate_trace(on.trace, &placed, job) {
             Ok(c) => c,
             Err(err) if cap.is_some() => {
                 eprintln!(
@@ -353,7 +410,7 @@ fn copies_runs(
         );
         runs.push(run);
     }
-    Ok(runs)
+    Ok((runs, found))
 }
 
 /// One method's run: its E[C_T] and loads under `rule` as `occult collab` counts them (a

@@ -26,7 +26,8 @@ pub struct CollabArgs {
     /// Analyse the contiguous placement on D devices.
     #[arg(long)]
     pub devices: Option<usize>,
-    /// Analyse this placement file.
+    /// Analyse this placement file (occult.placement.v1, or v2 with replicas: counted under
+    /// --copy-rule).
     #[arg(long)]
     pub placement: Option<PathBuf>,
     /// Hidden size of a row, for byte counts.
@@ -47,7 +48,9 @@ pub struct CollabArgs {
     #[arg(long)]
     pub resplit: bool,
     /// A placement with replicas: which copy each token uses (cover: fewest devices for the
-    /// token's experts; sglang: SGLang's static dispatch).
+    /// token's experts; sglang: SGLang's static dispatch table, as SGLang builds it from the
+    /// file; trtllm: TensorRT-LLM's uniform choice, counted in expectation as its
+    /// report_send_ranks_per_token.py counts).
     #[arg(long, value_enum, default_value_t = CopyRule::Cover)]
     pub copy_rule: CopyRule,
     /// Write the statistics as JSON here.

@@ -26,11 +26,19 @@ pub enum ExportCmd {
         new ids to the original ones (`occult trace remap` uses it).")]
     Checkpoint(CheckpointArgs),
     /// SGLang's expert-location JSON for `--init-expert-location` (serve with `--ep-size`
-    /// equal to the placement's devices).
-    #[command(after_help = "Example:\n  \
+    /// equal to the placement's devices and, with replicas, `--ep-num-redundant-experts R`),
+    /// checked as SGLang would load it; or, with `--check FILE`, an existing file checked.
+    #[command(after_help = "Examples:\n  \
+        occult place --trace t.safetensors --devices 4 --replicas 8 --copy-rule sglang -o p.json\n  \
         occult export sglang --model Qwen/Qwen3-30B-A3B --placement p.json -o location.json\n  \
         python -m sglang.launch_server --model-path Qwen/Qwen3-30B-A3B --tp 4 --ep-size 4 \\\n    \
-        --init-expert-location location.json")]
+        --moe-a2a-backend deepep --ep-num-redundant-experts 8 --init-expert-location location.json\n  \
+        occult export sglang --model Qwen/Qwen3-30B-A3B --check location.json --ep-size 4\n\n\
+        The file is refused where SGLang would misload it: a row per hidden layer, every expert \
+        in every row, the slots dividing over the GPUs, no GPU holding an MoE layer's expert \
+        twice, and (with --ep-num-redundant-experts) exactly E + R slots. With an all-to-all \
+        backend SGLang dispatches by its static table, the copy rule `--copy-rule sglang` \
+        places and counts for.")]
     Sglang(SglangArgs),
 }
 
@@ -42,7 +50,8 @@ pub struct CheckpointArgs {
     /// Hub revision (with a hub id).
     #[arg(long)]
     pub revision: Option<String>,
-    /// The placement (occult.placement.v1, from `occult place`), covering every MoE layer.
+    /// The placement (occult.placement.v1, from `occult place`), covering every MoE layer; a
+    /// v2 placement with replicas goes to `occult export sglang` instead.
     #[arg(long)]
     pub placement: PathBuf,
     /// The new model folder.
@@ -60,12 +69,23 @@ pub struct SglangArgs {
     pub model: String,
     #[arg(long)]
     pub revision: Option<String>,
-    /// The placement (occult.placement.v1).
-    #[arg(long)]
-    pub placement: PathBuf,
+    /// The placement (occult.placement.v1, or v2 with replicas: `occult place --replicas R`).
+    #[arg(long, required_unless_present = "check")]
+    pub placement: Option<PathBuf>,
     /// The JSON file to write.
-    #[arg(short, long)]
-    pub output: PathBuf,
+    #[arg(short, long, required_unless_present = "check")]
+    pub output: Option<PathBuf>,
+    /// Check this expert-location file (any tool's) as SGLang would load it, instead of
+    /// writing one; needs --ep-size.
+    #[arg(long, conflicts_with_all = ["placement", "output"], requires = "ep_size")]
+    pub check: Option<PathBuf>,
+    /// With --check: the EP size it will be served with.
+    #[arg(long)]
+    pub ep_size: Option<usize>,
+    /// With --check: the `--ep-num-redundant-experts` it will be served with (default: what
+    /// the file's width implies, which is then printed).
+    #[arg(long)]
+    pub ep_num_redundant_experts: Option<usize>,
 }
 
 pub fn run(cmd: ExportCmd) -> Result<()> {
@@ -126,23 +146,49 @@ fn checkpoint(a: CheckpointArgs) -> Result<()> {
 }
 
 fn sglang(a: SglangArgs) -> Result<()> {
-    super::check_io(&[Some(&a.placement)], &[Some(&a.output)])?;
     let dir = model_dir(&a.model, a.revision.as_deref())?;
     let layout = ExpertLayout::read(&dir)?;
-    let placement = read_placement(&a.placement)?;
+    if let Some(file) = &a.check {
+        super::check_io(&[Some(file)], &[])?;
+        let ep = a.ep_size.context("--check needs --ep-size")?;
+        let text = occult_core::input::read_text(file)?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{}: not JSON", file.display()))?;
+        let r = location::check_servable(&v, &layout, ep, a.ep_num_redundant_experts)
+            .with_context(|| file.display().to_string())?;
+        println!(
+            "{}: SGLang loads it as written; serve with {}",
+            file.display(),
+            serve_flags(ep, r, file)
+        );
+        return Ok(());
+    }
+    let (Some(placement_file), Some(output)) = (&a.placement, &a.output) else {
+        anyhow::bail!("give --placement and -o, or --check FILE");
+    };
+    super::check_io(&[Some(placement_file)], &[Some(output)])?;
+    let placement = read_placement(placement_file)?;
     let v = location::location_file(&layout, &placement)?;
+    let r = location::check_servable(&v, &layout, placement.num_devices, None)?;
     let text = location::to_text(&v);
-    occult_core::atomic::write_atomic(&a.output, |w| w.write_all(text.as_bytes()))?;
+    occult_core::atomic::write_atomic(output, |w| w.write_all(text.as_bytes()))?;
     eprintln!(
-        "wrote {} ({} layers x {} physical experts); serve with --ep-size {} \
-         --init-expert-location {}",
-        a.output.display(),
+        "wrote {} ({} layers x {} physical experts); serve with {}",
+        output.display(),
         layout.num_layers,
-        v[location::KEY][0]
-            .as_array()
-            .map_or(layout.num_experts, Vec::len),
-        placement.num_devices,
-        a.output.display()
+        layout.num_experts + r,
+        serve_flags(placement.num_devices, r, output)
     );
     Ok(())
+}
+
+/// The `sglang.launch_server` flags that load a location file as written (with replicas, an
+/// all-to-all backend, under which SGLang dispatches by the static table `--copy-rule sglang`
+/// counts).
+fn serve_flags(ep: usize, redundant: usize, file: &Path) -> String {
+    let mut flags = format!("--ep-size {ep}");
+    if redundant > 0 {
+        flags += &format!(" --moe-a2a-backend deepep --ep-num-redundant-experts {redundant}");
+    }
+    flags + &format!(" --init-expert-location {}", file.display())
 }

@@ -46,7 +46,8 @@ pub struct ModelOpts {
     /// MoE computation; default `reference` on one device, `occult` on more.
     #[arg(long, value_enum)]
     pub mode: Option<MoeMode>,
-    /// Placement file (`occult place`); default: contiguous blocks of experts.
+    /// Placement file (`occult place`: occult.placement.v1, or v2 with replicas, each copy
+    /// loaded on its device and picked by --copy-rule); default: contiguous blocks of experts.
     #[arg(long)]
     pub placement: Option<PathBuf>,
     #[command(flatten)]
@@ -65,7 +66,8 @@ pub struct ModelOpts {
     pub max_memory: Option<u64>,
     /// Under a placement with replicas (`occult place --replicas R`): which copy of an
     /// expert a token uses. cover: the copies that cover the token's experts with the fewest
-    /// devices; sglang: SGLang's static dispatch (the local copy, else a fixed one).
+    /// devices; sglang: SGLang's static dispatch table, as SGLang builds it from the file;
+    /// trtllm: TensorRT-LLM's uniform choice (a hash of the token picks the copy).
     #[arg(long, value_enum, default_value_t = CopyRule::Cover)]
     pub copy_rule: CopyRule,
 }
@@ -76,8 +78,9 @@ pub struct PruneLimitOpts {
     /// Collaboration pruning: each token's experts span at most this many devices.
     #[arg(long, conflicts_with = "max_nodes")]
     pub max_devices: Option<usize>,
-    /// Node-limited pruning, as DeepSeek-V3 routes: each token's experts span at most this many
-    /// nodes (the nodes whose best two experts score highest), nodes of --devices-per-node.
+    /// Node-limited pruning, as DeepSeek-V3 routes: every token keeps its this-many best nodes
+    /// (each scored by its best two experts) and takes its top-k inside them, nodes of
+    /// --devices-per-node.
     #[arg(long, requires = "devices_per_node")]
     pub max_nodes: Option<usize>,
     /// Devices per node (device d in node d / G): the nodes of --max-nodes and of `--mode

@@ -29,7 +29,7 @@ pub struct PruneArgs {
     /// Routing trace with router logits.
     #[arg(long)]
     pub trace: PathBuf,
-    /// Placement file.
+    /// Placement file (occult.placement.v1; pruning runs on placements without replicas).
     #[arg(long)]
     pub placement: Option<PathBuf>,
     /// Use the contiguous placement on D devices instead of a placement file.

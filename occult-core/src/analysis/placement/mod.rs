@@ -2,8 +2,9 @@
 //! file (format `occult.placement.v1`, or `v2` where a layer has replicas: its `slots`, E + R
 //! physical slots in device order, the same number on each device, instead of
 //! `device_of_expert`) and the placement methods ([`Method::place`] runs one on a layer's
-//! routing; [`replica_search`] and [`eplb`] add replicas, and [`replicas`] holds a layer's
-//! replicated slots and the copy rules that pick a copy for each token).
+//! routing; [`replica_search`], [`eplb`] and [`cooccurrence`] (TensorRT-LLM's) add replicas,
+//! [`replicas`] holds a layer's replicated slots and the copy rules that pick a copy for each
+//! token, and [`sglang_dispatch`] builds SGLang's static dispatch table as SGLang does).
 //!
 //! A valid map is *balanced*: every device holds `floor(E/D)` or `ceil(E/D)` experts, so there
 //! are never more devices than experts.

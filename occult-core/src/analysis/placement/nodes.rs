@@ -110,6 +110,18 @@ pub fn node_search(
     };
     let steps = progress_steps(&flat_cfg);
     let cost = |map: &[u32]| two_level_cost(ids, k, map, num_devices, &level);
+    // Each device's (token, expert) pairs over the mean, and whether the cap holds.
+    let load_ratio = |map: &[u32]| {
+        let mut load = vec![0u64; num_devices];
+        for (x, &p) in map.iter().enumerate() {
+            load[p as usize] += co.loads[x];
+        }
+        crate::analysis::collab::max_over_mean(&load)
+    };
+    let within_cap = |map: &[u32]| {
+        cfg.max_load_factor
+            .is_none_or(|f| load_ratio(map) <= f + 1e-12)
+    };
     let mut candidates: Vec<(f64, SearchOutcome)> = Vec::new();
     // 1. Hierarchical: nodes first, then devices within each node.
     let mut hier_error = None;
@@ -156,6 +168,16 @@ pub fn node_search(
                 }
                 (0..steps).for_each(|_| on_step());
                 match found {
+                    // The cap binds every candidate: one found under a loosened cap only
+                    // competes where it meets the asked one.
+                    Ok(out) if !within_cap(&out.map) => {
+                        hier_error = Some(crate::Error::invalid(format!(
+                            "the hierarchical placement's max/mean load is {:.3}, over the cap \
+                             {}",
+                            load_ratio(&out.map),
+                            cfg.max_load_factor.unwrap_or(0.0)
+                        )));
+                    }
                     Ok(mut out) => {
                         out.start = format!("hierarchical, {}", out.start);
                         candidates.push((cost(&out.map), out));
@@ -191,15 +213,7 @@ pub fn node_search(
     }
     // 3. Contiguous, within the load limit.
     let map = contiguous(e, num_devices);
-    let within = cfg.max_load_factor.is_none_or(|f| {
-        let mut load = vec![0u64; num_devices];
-        for (x, &p) in map.iter().enumerate() {
-            load[p as usize] += co.loads[x];
-        }
-        let cap = f * co.loads.iter().sum::<u64>() as f64 / num_devices as f64;
-        load.iter().all(|&l| l as f64 <= cap)
-    });
-    if within {
+    if within_cap(&map) {
         let total = devices_and_nodes(ids, k, &map, num_devices, g).0;
         let out = SearchOutcome {
             total_devices: total,
@@ -217,6 +231,14 @@ pub fn node_search(
     else {
         bail!("no node-aware placement within the load limit was found");
     };
+    // Recounted: the winner meets the cap (every candidate was held to it).
+    if !within_cap(&best.map) {
+        bail!(
+            "the node-aware placement's max/mean load is {:.3}, over the cap {}",
+            load_ratio(&best.map),
+            cfg.max_load_factor.unwrap_or(0.0)
+        );
+    }
     let total_nodes = devices_and_nodes(ids, k, &best.map, num_devices, g).1;
     Ok(NodeOutcome {
         search: best,
@@ -348,6 +370,15 @@ mod tests {
                 validate_map(&out.search.map, 64, d).unwrap();
                 let (c_t, c_n) = by_sets(ids, 8, &out.search.map, g);
                 assert_eq!((out.search.total_devices, out.total_nodes), (c_t, c_n));
+                // The cap binds the winner, recounted from its map.
+                if let Some(f) = cap {
+                    let mut load = vec![0u64; d];
+                    for (x, &p) in out.search.map.iter().enumerate() {
+                        load[p as usize] += co.loads[x];
+                    }
+                    let ratio = crate::analysis::collab::max_over_mean(&load);
+                    assert!(ratio <= f + 1e-12, "d {d} g {g}: {ratio} over {f}");
+                }
                 let flat = crate::analysis::placement::search(ids, 8, &co, d, &cfg);
                 if let Ok(flat) = flat {
                     let fc = two_level_cost(ids, 8, &flat.map, d, &lv);

@@ -156,22 +156,27 @@ pub fn replicate(
         |a: (f64, f64, f64), b: (f64, f64, f64)| a.partial_cmp(&b).is_some_and(|o| o.is_lt());
     while over(&best) && left > 0 {
         let at = limit(&best.pairs);
-        let mut step: Option<(Scored, usize, u32)> = None;
+        let mut moves = Vec::new();
         for b in (0..num_devices).filter(|&b| best.pairs[b] > at) {
-            for &e in &slots[b].clone() {
+            for &e in &slots[b] {
                 for d in (0..num_devices).filter(|&d| d != b && slots[d].len() < per_device) {
-                    if slots[d].contains(&e) {
-                        continue;
-                    }
-                    let mut trial = slots.clone();
-                    trial[d].push(e);
-                    let s = score(&trial)?;
-                    let better = s.excess < best.excess - 1e-9
-                        || (s.excess <= best.excess + 1e-9 && s.ratio < best.ratio - 1e-12);
-                    if better && step.as_ref().is_none_or(|(t, ..)| lower(key(&s), key(t))) {
-                        step = Some((s, d, e));
+                    if !slots[d].contains(&e) {
+                        moves.push((d, e));
                     }
                 }
+            }
+        }
+        let scored = score_all(&moves, |&(d, e)| {
+            let mut trial = slots.clone();
+            trial[d].push(e);
+            score(&trial)
+        })?;
+        let mut step: Option<(Scored, usize, u32)> = None;
+        for (s, &(d, e)) in scored.into_iter().zip(&moves) {
+            let better = s.excess < best.excess - 1e-9
+                || (s.excess <= best.excess + 1e-9 && s.ratio < best.ratio - 1e-12);
+            if better && step.as_ref().is_none_or(|(t, ..)| lower(key(&s), key(t))) {
+                step = Some((s, d, e));
             }
         }
         let Some((s, d, e)) = step else {
@@ -196,28 +201,34 @@ pub fn replicate(
     // Then every slot left: the copy that lowers the sum most, else raises it least, within
     // the cap where any candidate keeps it.
     for _ in 0..left {
-        // (over the cap, E[C_T] within it or max/mean over it, max/mean, candidate rank): the
-        // least wins.
-        let mut step: Option<(FillKey, Scored, usize, u32)> = None;
+        let mut moves = Vec::new();
         for d in (0..num_devices).filter(|&d| slots[d].len() < per_device) {
             for (rank, e) in candidates(ids, k, &slots, d, &loads)
                 .into_iter()
                 .enumerate()
             {
-                let mut trial = slots.clone();
-                trial[d].push(e);
-                let s = score(&trial)?;
-                let key = if over(&s) {
-                    (true, s.ratio, s.ect, rank)
-                } else {
-                    (false, s.ect, s.ratio, rank)
-                };
-                let wins = step
-                    .as_ref()
-                    .is_none_or(|(t, ..)| key.partial_cmp(t).is_some_and(|o| o.is_lt()));
-                if wins {
-                    step = Some((key, s, d, e));
-                }
+                moves.push((d, e, rank));
+            }
+        }
+        let scored = score_all(&moves, |&(d, e, _)| {
+            let mut trial = slots.clone();
+            trial[d].push(e);
+            score(&trial)
+        })?;
+        // (over the cap, E[C_T] within it or max/mean over it, the other, candidate rank): the
+        // least wins.
+        let mut step: Option<(FillKey, Scored, usize, u32)> = None;
+        for (s, &(d, e, rank)) in scored.into_iter().zip(&moves) {
+            let key = if over(&s) {
+                (true, s.ratio, s.ect, rank)
+            } else {
+                (false, s.ect, s.ratio, rank)
+            };
+            if step
+                .as_ref()
+                .is_none_or(|(t, ..)| key.partial_cmp(t).is_some_and(|o| o.is_lt()))
+            {
+                step = Some((key, s, d, e));
             }
         }
         let (_, s, d, e) = step.expect("a device with a free slot has an expert it lacks");
@@ -233,19 +244,25 @@ pub fn replicate(
         .map(Vec::len)
         .collect();
     while over(&best) {
-        let mut step: Option<(Scored, usize, usize, u32)> = None;
+        let mut moves = Vec::new();
         for d in 0..num_devices {
             for i in starts[d]..per_device {
                 for x in (0..e_n as u32).filter(|x| !slots[d].contains(x)) {
-                    let mut trial = slots.clone();
-                    trial[d][i] = x;
-                    let s = score(&trial)?;
-                    let better = s.excess < best.excess - 1e-9
-                        || (s.excess <= best.excess + 1e-9 && s.ratio < best.ratio - 1e-12);
-                    if better && step.as_ref().is_none_or(|(t, ..)| lower(key(&s), key(t))) {
-                        step = Some((s, d, i, x));
-                    }
+                    moves.push((d, i, x));
                 }
+            }
+        }
+        let scored = score_all(&moves, |&(d, i, x)| {
+            let mut trial = slots.clone();
+            trial[d][i] = x;
+            score(&trial)
+        })?;
+        let mut step: Option<(Scored, usize, usize, u32)> = None;
+        for (s, &(d, i, x)) in scored.into_iter().zip(&moves) {
+            let better = s.excess < best.excess - 1e-9
+                || (s.excess <= best.excess + 1e-9 && s.ratio < best.ratio - 1e-12);
+            if better && step.as_ref().is_none_or(|(t, ..)| lower(key(&s), key(t))) {
+                step = Some((s, d, i, x));
             }
         }
         let Some((s, d, i, x)) = step else {
@@ -254,7 +271,7 @@ pub fn replicate(
         slots[d][i] = x;
         best = s;
     }
-    refine(&mut slots, &mut best, &score, &over)?;
+    refine(&mut slots, &starts, &mut best, &score, &over)?;
     // The finished map, recounted.
     let mut map = ReplicaMap::new(slots.concat(), e_n, num_devices, Some(&loads))?;
     if routing.rule == CopyRule::Sglang {
@@ -282,44 +299,71 @@ pub fn replicate(
 }
 
 /// Passes of [`refine`] at most.
-const REFINE_PASSES: usize = 4;
+const REFINE_PASSES: usize = 2;
 
-/// Swaps the experts of two slots on different devices (neither then holding an expert twice)
-/// wherever that lowers the sum of C_T under the rule and keeps the load within the cap (or, over
-/// the cap, lowers the pairs over it): first improvement, pass after pass, until a pass finds
-/// none or [`REFINE_PASSES`] have run.
+/// Scores every move, in parallel, in the moves' order.
+fn score_all<M: Sync>(
+    moves: &[M],
+    score: impl Fn(&M) -> Result<Scored> + Sync + Send,
+) -> Result<Vec<Scored>> {
+    use rayon::prelude::*;
+    moves.par_iter().map(score).collect()
+}
+
+/// Swaps each copy (a slot past device d's `starts[d]` partition slots) with a slot of another
+/// device (neither then holding an expert twice), the swap that lowers the sum of C_T under the
+/// rule most while keeping the load within the cap (or, over the cap, lowers the pairs over it
+/// most), copy after copy, pass after pass, until a pass finds none or [`REFINE_PASSES`] have
+/// run.
 fn refine(
     slots: &mut [Vec<u32>],
+    starts: &[usize],
     best: &mut Scored,
-    score: &dyn Fn(&[Vec<u32>]) -> Result<Scored>,
-    over: &dyn Fn(&Scored) -> bool,
+    score: &(dyn Fn(&[Vec<u32>]) -> Result<Scored> + Sync),
+    over: &(dyn Fn(&Scored) -> bool + Sync),
 ) -> Result<()> {
     let d_n = slots.len();
     let per = slots[0].len();
+    let copies: Vec<(usize, usize)> = (0..d_n)
+        .flat_map(|d| (starts[d]..per).map(move |i| (d, i)))
+        .collect();
     for _ in 0..REFINE_PASSES {
         let mut improved = false;
-        for a in 0..d_n * per {
-            for b in (a / per + 1) * per..d_n * per {
-                let (da, ia, db, ib) = (a / per, a % per, b / per, b % per);
-                let (x, y) = (slots[da][ia], slots[db][ib]);
-                if x == y || slots[da].contains(&y) || slots[db].contains(&x) {
+        for &(da, ia) in &copies {
+            let x = slots[da][ia];
+            let partners: Vec<(usize, usize)> = (0..d_n)
+                .filter(|&db| db != da)
+                .flat_map(|db| (0..per).map(move |ib| (db, ib)))
+                .filter(|&(db, ib)| {
+                    let y = slots[db][ib];
+                    x != y && !slots[da].contains(&y) && !slots[db].contains(&x)
+                })
+                .collect();
+            let scored = score_all(&partners, |&(db, ib)| {
+                let mut trial = slots.to_vec();
+                trial[da][ia] = trial[db][ib];
+                trial[db][ib] = x;
+                score(&trial)
+            })?;
+            let was_over = over(best);
+            let mut step: Option<(f64, Scored, usize, usize)> = None;
+            for (s, &(db, ib)) in scored.into_iter().zip(&partners) {
+                let gain = if was_over {
+                    best.excess - s.excess
+                } else if over(&s) {
                     continue;
-                }
-                slots[da][ia] = y;
-                slots[db][ib] = x;
-                let s = score(slots)?;
-                let wins = if over(best) {
-                    s.excess < best.excess - 1e-9
                 } else {
-                    !over(&s) && s.ect < best.ect - 1e-12
+                    best.ect - s.ect
                 };
-                if wins {
-                    *best = s;
-                    improved = true;
-                } else {
-                    slots[da][ia] = x;
-                    slots[db][ib] = y;
+                if gain > 1e-9 && step.as_ref().is_none_or(|(g, ..)| gain > *g) {
+                    step = Some((gain, s, db, ib));
                 }
+            }
+            if let Some((_, s, db, ib)) = step {
+                slots[da][ia] = slots[db][ib];
+                slots[db][ib] = x;
+                *best = s;
+                improved = true;
             }
         }
         if !improved {
@@ -431,5 +475,62 @@ mod tests {
         // All tokens from device 0: no copy moves load, so the cap is out of reach.
         let e = replicate(cover(&ids, 1, &[0; 10], &st0), &map, 2, 2, Some(1.05)).unwrap_err();
         assert!(e.to_string().contains("no copies bring"), "{e}");
+    }
+
+    /// On clustered routing, under each rule, with and without a cap: the figures reported are
+    /// a recount of the map returned, under the rule it was placed for (SGLang's table from the
+    /// state given); the cap holds; no device holds an expert twice; every slot is filled.
+    #[test]
+    fn the_reported_result_is_a_recount_of_the_map_under_its_rule() {
+        use crate::analysis::synth::{synth_trace, SynthConfig};
+        let cfg = SynthConfig {
+            num_experts: 16,
+            top_k: 4,
+            layers: 1,
+            ..SynthConfig::olmoe_like(800, 11)
+        };
+        let trace = synth_trace(&cfg, &|| ()).unwrap();
+        let ids = &trace.layers[0].topk_ids;
+        let d = 4;
+        let source: Vec<u32> = (0..800).map(|t| (t * d / 800) as u32).collect();
+        let co = crate::analysis::collab::CoActivation::from_ids(ids, 4, 16);
+        let part = crate::analysis::placement::search(ids, 4, &co, d, &Default::default())
+            .unwrap()
+            .map;
+        // A generator state past one earlier layer, as a second layer's search sees it.
+        let mut st = SglangState::start(d, None);
+        st.next_layer(&crate::analysis::placement::contiguous(16, d), 16);
+        for rule in CopyRule::ALL {
+            for cap in [None, Some(1.3)] {
+                let routing = LayerRouting {
+                    ids,
+                    k: 4,
+                    source: &source,
+                    rule,
+                    sglang: &st,
+                };
+                let out = match replicate(routing, &part, d, 4, cap) {
+                    Ok(out) => out,
+                    // A cap the copies cannot reach is refused with its figures.
+                    Err(e) => {
+                        assert!(cap.is_some() && e.to_string().contains("cap"), "{e}");
+                        continue;
+                    }
+                };
+                let mut map = out.map.clone();
+                map.set_sglang_state(&mut st.clone());
+                map.check_servable().unwrap();
+                assert_eq!(map.slots_per_device(), 5);
+                let recount = map.stats(ids, 4, &source, rule, None).unwrap();
+                assert_eq!(
+                    out.result,
+                    (recount.ect(), recount.max_load_ratio()),
+                    "{rule:?}"
+                );
+                if let Some(f) = cap {
+                    assert!(out.result.1 <= f + 1e-9, "{rule:?}: {:?}", out.result);
+                }
+            }
+        }
     }
 }

@@ -65,8 +65,9 @@ pub struct ReplicaMap {
     expert_load: Option<Vec<f64>>,
     /// Each device's expected load (copies carry their expert's load over its copy count).
     device_load: Vec<f64>,
-    /// `sglang_copy[source * E + e]`: the device SGLang's static rule sends e to from `source`.
-    sglang_copy: Vec<u32>,
+    /// `sglang_copy[source * E + e]`: the device SGLang's static rule sends e to from `source`
+    /// (built on first use as a first layer's table, unless set from a state).
+    sglang_copy: std::sync::OnceLock<Vec<u32>>,
 }
 
 impl ReplicaMap {
@@ -121,28 +122,32 @@ impl ReplicaMap {
                 device_load[d as usize] += expert_load.map_or(1.0, |l| l[e]) / devices.len() as f64;
             }
         }
-        let mut map = ReplicaMap {
+        let map = ReplicaMap {
             num_experts,
             num_devices,
             slot_expert,
             devices_of,
             expert_load: expert_load.map(<[f64]>::to_vec),
             device_load,
-            sglang_copy: Vec::new(),
+            sglang_copy: std::sync::OnceLock::new(),
         };
-        map.set_sglang_state(&mut SglangState::start(num_devices, None));
         Ok(map)
     }
 
     /// Rebuilds SGLang's table for this layer as SGLang builds it after the layers `state` has
     /// seen (a new map's table is that of a first layer on one node), and advances `state`.
     pub fn set_sglang_state(&mut self, state: &mut SglangState) {
+        self.sglang_copy = std::sync::OnceLock::from(self.sglang_table(state));
+    }
+
+    /// SGLang's table for this layer after the layers `state` has seen, as devices.
+    fn sglang_table(&self, state: &mut SglangState) -> Vec<u32> {
         let per = self.slots_per_device() as u32;
-        self.sglang_copy = state
+        state
             .next_layer(&self.slot_expert, self.num_experts)
             .into_iter()
             .map(|slot| slot / per)
-            .collect();
+            .collect()
     }
 
     /// Refuses what an engine would misload: two copies of one expert on one device (SGLang
@@ -228,10 +233,15 @@ impl ReplicaMap {
     pub fn choose(&self, ids: &[u32], source: u32, rule: CopyRule, out: &mut Vec<u32>) {
         out.clear();
         match rule {
-            CopyRule::Sglang => out.extend(
-                ids.iter()
-                    .map(|&e| self.sglang_copy[source as usize * self.num_experts + e as usize]),
-            ),
+            CopyRule::Sglang => {
+                let table = self.sglang_copy.get_or_init(|| {
+                    self.sglang_table(&mut SglangState::start(self.num_devices, None))
+                });
+                out.extend(
+                    ids.iter()
+                        .map(|&e| table[source as usize * self.num_experts + e as usize]),
+                )
+            }
             CopyRule::Cover => self.cover(ids, source, out),
             CopyRule::Trtllm => out.extend(ids.iter().enumerate().map(|(j, &e)| {
                 let devices = self.devices_of(e);

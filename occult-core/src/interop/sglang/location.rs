@@ -189,6 +189,50 @@ pub fn check_location_file(
     Ok(out)
 }
 
+/// What SGLang would serve from a location file, checked as it would misload it: SGLang's own
+/// checks ([`check_location_file`]), then, for a model of `layout` served with `ep_size` GPUs and
+/// `redundant` (`--ep-num-redundant-experts`; `None`: the count the file's width implies), that
+/// the width is the experts plus exactly the redundant slots (SGLang accepts a wider file
+/// without the flag, and the slots past E then land on no GPU), and that no GPU holds an MoE
+/// layer's expert twice (under DeepEP SGLang loads one copy and still routes to the other).
+/// Returns the redundant-slot count to serve with.
+pub fn check_servable(
+    v: &Value,
+    layout: &ExpertLayout,
+    ep_size: usize,
+    redundant: Option<usize>,
+) -> Result<usize> {
+    let rows = check_location_file(v, layout.num_layers, layout.num_experts, ep_size)?;
+    let e = layout.num_experts;
+    let width = rows.first().map_or(e, Vec::len);
+    let implied = width - e;
+    if let Some(r) = redundant.filter(|&r| r != implied) {
+        bail!(
+            "the file has {width} physical slots per layer, {e} experts + {implied} redundant, \
+             but --ep-num-redundant-experts is {r}: SGLang would place {} slots and misload the \
+             rest; serve with --ep-num-redundant-experts {implied}",
+            e + r
+        );
+    }
+    let per = width / ep_size;
+    for &l in &layout.moe_layers {
+        for (g, gpu) in rows[l].chunks(per).enumerate() {
+            for (i, &x) in gpu.iter().enumerate() {
+                if gpu[..i].contains(&x) {
+                    bail!(
+                        "{KEY}[{l}]: GPU {g} holds expert {x} twice (slots {} and {}): under an \
+                         all-to-all backend (DeepEP) SGLang loads one copy and still routes \
+                         tokens to the other",
+                        g * per + gpu.iter().position(|&y| y == x).expect("present"),
+                        g * per + i
+                    );
+                }
+            }
+        }
+    }
+    Ok(implied)
+}
+
 /// The placement an expert-location file without replicas stands for on `ep_size` GPUs, for
 /// the MoE layers of `layout` (the way back from [`location_file`]).
 pub fn placement_of(layout: &ExpertLayout, v: &Value, ep_size: usize) -> Result<Placement> {
@@ -365,5 +409,38 @@ mod tests {
             .contains("no copy of logical expert 0"));
         gap[KEY][1][0] = json!(8);
         assert!(check_location_file(&gap, 3, 8, 2).is_err());
+    }
+
+    /// The servable check: the width must match --ep-num-redundant-experts, and no GPU of an
+    /// MoE layer may hold an expert twice (a dense layer's row may: it is never loaded).
+    #[test]
+    fn what_sglang_would_misload_is_refused() {
+        let layout = ExpertLayout {
+            model_type: "qwen2_moe".into(),
+            num_experts: 4,
+            num_layers: 2,
+            moe_layers: vec![1],
+            block: "mlp".into(),
+            router: "gate".into(),
+            groups: None,
+        };
+        let file = |row: [u32; 6]| serde_json::json!({ KEY: [[0, 1, 2, 3, 0, 1], row] });
+        let good = file([0, 1, 2, 3, 2, 1]);
+        assert_eq!(check_servable(&good, &layout, 2, None).unwrap(), 2);
+        assert_eq!(check_servable(&good, &layout, 2, Some(2)).unwrap(), 2);
+        let e = check_servable(&good, &layout, 2, Some(0))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--ep-num-redundant-experts 2"), "{e}");
+        let twice = file([0, 1, 0, 2, 3, 1]);
+        let e = check_servable(&twice, &layout, 2, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("GPU 0 holds expert 0 twice (slots 0 and 2)"),
+            "{e}"
+        );
+        // On 3 GPUs of 2 the same row is fine: expert 0 on GPUs 0 and 1.
+        assert!(check_servable(&twice, &layout, 3, None).is_ok());
     }
 }
