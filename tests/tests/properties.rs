@@ -110,7 +110,7 @@ proptest! {
     }
 
     /// Node-limited pruning: k distinct experts on at most M nodes (and N devices in each),
-    /// the choice kept when within the limit, and refused only when the smallest M nodes
+    /// the choice kept when on one node, and refused only when the smallest M nodes
     /// (their smallest N devices) cannot hold k.
     #[test]
     fn node_limited_pruning_keeps_k_experts_on_at_most_m_nodes(
@@ -158,8 +158,10 @@ proptest! {
             let (nodes, most) = spread(&s.ids);
             prop_assert!(nodes <= m, "{} nodes", nodes);
             prop_assert!(n.is_none_or(|n| most <= n), "{} devices in a node", most);
+            // A token on one node keeps its choice (its node is the best); one within M nodes
+            // may not (DeepSeek-V3 keeps the M best nodes, which need not be its own).
             let (nodes0, most0) = spread(before);
-            if nodes0 <= m && n.is_none_or(|n| most0 <= n) {
+            if nodes0 <= 1 && n.is_none_or(|n| most0 <= n) {
                 prop_assert_eq!(&s.ids, &before.to_vec());
             }
         }

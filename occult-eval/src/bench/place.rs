@@ -311,8 +311,8 @@ fn target_caps(balances: &[f64]) -> Vec<f64> {
 }
 
 /// Occult's partition placed within `cap`: one of `partitions` placed so, else one searched for
-/// now (and its run, as found), else the tightest one placed within a looser cap (its copies
-/// then balance it down); `None` where there is none.
+/// now (and its run, as found), else the tightest one placed within a looser cap, else the one
+/// placed without a cap (its copies then balance it down).
 fn partition_within(
     on: &On,
     partitions: &mut Vec<Partition>,
@@ -333,10 +333,13 @@ fn partition_within(
         partitions.push(p.clone());
         return Ok((Some(p), Some(run)));
     }
+    // Else the tightest partition within a looser cap, else the one without a cap: its copies
+    // balance it down.
     let looser = partitions
         .iter()
         .filter(|p| p.2.is_some_and(|c| c > cap))
         .min_by(|a, b| a.2.unwrap_or(0.0).total_cmp(&b.2.unwrap_or(0.0)))
+        .or_else(|| partitions.iter().find(|p| p.2.is_none()))
         .cloned();
     Ok((looser, None))
 }
@@ -362,7 +365,7 @@ fn copies_runs(
     for cap in target_caps(balances) {
         let (partition, run) = partition_within(on, partitions, cap)?;
         found.extend(run);
-        let Some((name, placed, Some(pcap))) = partition else {
+        let Some((name, placed, pcap)) = partition else {
             eprintln!(
                 "{} D={d} copies within {cap}, {} rule: none (no partition within a cap)",
                 on.path.display(),
@@ -370,7 +373,7 @@ fn copies_runs(
             );
             continue;
         };
-        let name = if (pcap - cap).abs() < 1e-9 {
+        let name = if pcap.is_some_and(|p| (p - cap).abs() < 1e-9) {
             format!("{name} + R={r} copies")
         } else {
             format!("{name} + R={r} copies, load cap {cap}")

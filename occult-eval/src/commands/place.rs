@@ -99,8 +99,23 @@ pub fn run(a: PlaceArgs) -> Result<()> {
         Method::Eplb | Method::Cooccurrence if a.replicas > 0 => Method::Contiguous,
         m => m,
     };
-    let (mut placement, infos) = place_trace(&trace, a.devices, first, &cfg, &|| pb.inc(1))
-        .with_context(|| a.trace.display().to_string())?;
+    let placed = match place_trace(&trace, a.devices, first, &cfg, &|| pb.inc(1)) {
+        // Copies can balance a partition no balanced search brings within the cap: place
+        // without it, and hold the copies to it.
+        Err(err) if a.replicas > 0 && first == Method::Occult && cfg.max_load_factor.is_some() => {
+            pb.println(format!(
+                "no partition within the cap ({err}); placing without it, the copies to bring \
+                 it within"
+            ));
+            let uncapped = SearchConfig {
+                max_load_factor: None,
+                ..cfg.clone()
+            };
+            place_trace(&trace, a.devices, first, &uncapped, &|| ())
+        }
+        other => other,
+    };
+    let (mut placement, infos) = placed.with_context(|| a.trace.display().to_string())?;
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
     record_source(&mut placement, &a, seconds);
