@@ -4,7 +4,7 @@
 mod common;
 use common::{occult_err, occult_ok, Raw};
 use serde_json::Value;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 fn read_json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
@@ -1129,4 +1129,76 @@ fn eplb_hierarchical_keeps_each_expert_group_in_one_node() {
         ],
     );
     assert!(e.contains("--expert-groups is EPLB's"), "{e}");
+}
+
+/// `occult export sglang` with replicas, as SGLang loads it: the file passes the check and the
+/// serve flags name `--ep-num-redundant-experts`; a file SGLang would misload is refused with
+/// the reason (an expert twice on one GPU; a redundant count that is not the file's), and so is
+/// a placement that would write one, leaving no file behind.
+#[test]
+fn sglang_files_are_checked_as_sglang_loads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/models/qwen2_moe");
+    let model = model.to_str().unwrap();
+    // 8 experts + 4 replicas on 4 devices of 3 slots, the MoE layers 1 and 2 (layer 0 is
+    // dense: its row is SGLang's own).
+    let placement = |slots: [u32; 12]| {
+        let layers: Vec<serde_json::Value> = (1..3)
+            .map(|l| serde_json::json!({"layer": l, "device_of_expert": [], "slots": slots}))
+            .collect();
+        serde_json::json!({"format": "occult.placement.v2", "num_experts": 8,
+            "num_devices": 4, "method": "test", "layers": layers})
+    };
+    let good = placement([0, 1, 4, 2, 3, 5, 4, 5, 0, 6, 7, 1]);
+    std::fs::write(d.join("p.json"), good.to_string()).unwrap();
+    let export = |p: &str, out: &str| {
+        common::occult(
+            d,
+            &[
+                "export",
+                "sglang",
+                "--model",
+                model,
+                "--placement",
+                p,
+                "-o",
+                out,
+            ],
+        )
+    };
+    let out = export("p.json", "loc.json");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("--ep-size 4 --moe-a2a-backend deepep --ep-num-redundant-experts 4"),
+        "{err}"
+    );
+    let loc = read_json(&d.join("loc.json"));
+    assert_eq!(loc["physical_to_logical_map"][1][2], 4);
+    let check = ["export", "sglang", "--model", model, "--check", "loc.json"];
+    let ok = occult_ok(d, &[&check[..], &["--ep-size", "4"]].concat());
+    assert!(ok.contains("--ep-num-redundant-experts 4"), "{ok}");
+    let e = occult_err(
+        d,
+        &[
+            &check[..],
+            &["--ep-size", "4", "--ep-num-redundant-experts", "0"],
+        ]
+        .concat(),
+    );
+    assert!(e.contains("serve with --ep-num-redundant-experts 4"), "{e}");
+    // On 3 GPUs the 12 slots are 3 x 4: GPU 1 holds expert 5 twice.
+    let e = occult_err(d, &[&check[..], &["--ep-size", "3"]].concat());
+    assert!(e.contains("GPU 1 holds expert 5 twice"), "{e}");
+    let out = common::occult(d, &check);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--ep-size"));
+    // A placement with an expert twice on device 0 writes nothing.
+    let twice = placement([0, 1, 0, 2, 3, 5, 4, 5, 6, 6, 7, 1]);
+    std::fs::write(d.join("twice.json"), twice.to_string()).unwrap();
+    let out = export("twice.json", "bad.json");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds expert 0 twice"));
+    assert!(!d.join("bad.json").exists());
 }
