@@ -81,10 +81,18 @@ impl ModelSpec {
             );
         }
         let (mut maps, mut replicas) = (BTreeMap::new(), BTreeMap::new());
+        // Every layer's copies at once (SGLang's tables chain from layer to layer).
+        let all = match pl.has_replicas() {
+            true => pl
+                .replica_maps(self.copy_rule, None)
+                .with_context(|| name.clone())?,
+            false => Vec::new(),
+        };
         for &l in moe_layers {
             pl.covers(l).with_context(|| name.clone())?;
             if pl.layers.iter().any(|x| x.layer == l && x.slots.is_some()) {
-                let map = pl.replica_map(l).with_context(|| name.clone())?;
+                let at = pl.layers.iter().filter(|x| x.layer < l).count();
+                let map = all[at].clone();
                 let rule = self.copy_rule;
                 replicas.insert(l, Replicas { map, rule });
             } else {

@@ -58,8 +58,15 @@ pub fn project_placement(
     let mut counter = DeviceCounter::new(d);
     let mut chosen = Vec::with_capacity(k);
     let mut traffic = Vec::with_capacity(trace.layers.len());
+    let maps = placement.replica_maps(rule, None)?;
     for (l, order) in trace.layers.iter().zip(&order) {
-        let map = placement.replica_map(l.layer)?;
+        placement.covers(l.layer)?;
+        let at = placement
+            .layers
+            .iter()
+            .filter(|x| x.layer < l.layer)
+            .count();
+        let map = &maps[at];
         let mut t = LevelTraffic::new(cluster);
         for src in 0..d {
             for j in 0..tokens_per_device {

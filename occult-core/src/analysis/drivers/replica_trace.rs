@@ -200,7 +200,7 @@ pub fn replica_trace_stats(
     let k = trace.meta.top_k;
     let mut layers = Vec::with_capacity(trace.layers.len());
     let mut slots_per_device = 0;
-    let maps = p.replica_maps(per_node)?;
+    let maps = p.replica_maps(rule, per_node)?;
     for l in &trace.layers {
         p.covers(l.layer)?;
         let at = p.layers.iter().filter(|x| x.layer < l.layer).count();

@@ -250,12 +250,17 @@ impl Placement {
     }
 
     /// The model's layer `layer` as a replica map (a partition is one slot per expert), its
-    /// stored expert loads ordering the cover rule's ties and SGLang's table built as SGLang
-    /// builds it from this file on one node ([`Placement::replica_maps`]): the copies a token
-    /// uses are a function of the file alone.
-    pub fn replica_map(&self, layer: usize) -> Result<replicas::ReplicaMap> {
+    /// stored expert loads ordering the cover rule's ties, and, for `rule` SGLang's, SGLang's
+    /// table built as SGLang builds it from this file on one node ([`Placement::replica_maps`]):
+    /// the copies a token uses are a function of the file alone. To read several layers, call
+    /// [`Placement::replica_maps`] once.
+    pub fn replica_map(
+        &self,
+        layer: usize,
+        rule: replicas::CopyRule,
+    ) -> Result<replicas::ReplicaMap> {
         self.entry(layer)?;
-        let maps = self.replica_maps(None)?;
+        let maps = self.replica_maps(rule, None)?;
         let at = self
             .sorted_layers()
             .iter()
@@ -271,11 +276,15 @@ impl Placement {
         layers
     }
 
-    /// Every layer as a replica map, in ascending layer order, SGLang's tables chained as
-    /// SGLang chains them ([`sglang_dispatch`]): the hidden layers the file does not list
-    /// (dense ones) are fed as SGLang's own rows for them (slot p holds expert p % E), as the
-    /// export writes them. `gpus_per_node`: SGLang's `ep_size / nnodes` over several nodes.
-    pub fn replica_maps(&self, gpus_per_node: Option<usize>) -> Result<Vec<replicas::ReplicaMap>> {
+    /// Every layer as a replica map, in ascending layer order; for `rule` SGLang's, its tables
+    /// chained as SGLang chains them ([`sglang_dispatch`]): the hidden layers the file does not
+    /// list (dense ones) are fed as SGLang's own rows for them (slot p holds expert p % E), as
+    /// the export writes them. `gpus_per_node`: SGLang's `ep_size / nnodes` over several nodes.
+    pub fn replica_maps(
+        &self,
+        rule: replicas::CopyRule,
+        gpus_per_node: Option<usize>,
+    ) -> Result<Vec<replicas::ReplicaMap>> {
         let mut state = sglang_dispatch::SglangState::start(self.num_devices, gpus_per_node);
         let mut next = 0;
         let mut out = Vec::with_capacity(self.layers.len());
@@ -294,13 +303,11 @@ impl Placement {
                     replicas::ReplicaMap::from_partition(&l.device_of_expert, self.num_devices)?
                 }
             };
-            feed_dense_rows(
-                &mut state,
-                next..l.layer,
-                map.slot_expert.len(),
-                self.num_experts,
-            );
-            map.set_sglang_state(&mut state);
+            if rule == replicas::CopyRule::Sglang {
+                let width = map.slot_expert.len();
+                feed_dense_rows(&mut state, next..l.layer, width, self.num_experts);
+                map.set_sglang_state(&mut state);
+            }
             next = l.layer + 1;
             out.push(map);
         }
@@ -411,8 +418,9 @@ mod tests {
         assert_eq!(p.layer(0).unwrap(), &[0, 0, 1, 1]);
         let e = p.layer(1).unwrap_err().to_string();
         assert!(e.contains("has replicas (6 slots for 4 experts)"), "{e}");
-        assert_eq!(p.replica_map(1).unwrap().devices_of(0), &[0, 1]);
-        assert_eq!(p.replica_map(0).unwrap().slots_per_device(), 2);
+        let cover = replicas::CopyRule::Cover;
+        assert_eq!(p.replica_map(1, cover).unwrap().devices_of(0), &[0, 1]);
+        assert_eq!(p.replica_map(0, cover).unwrap().slots_per_device(), 2);
         let mut bad = p.clone();
         bad.format = PLACEMENT_FORMAT.into();
         assert!(bad
@@ -430,6 +438,35 @@ mod tests {
         let mut bad = p.clone();
         bad.layers[1].device_of_expert = vec![0, 0, 1, 1];
         assert!(bad.validate().is_err());
+    }
+
+    /// Under SGLang's rule each layer's table is the one SGLang builds after the layers before
+    /// it, the unlisted (dense) layer fed as SGLang's own row, as the export writes the file.
+    #[test]
+    fn sglang_tables_chain_over_the_files_layers() {
+        let rows = [[0u32, 1, 2, 3, 0, 1], [2, 0, 1, 3, 2, 1]];
+        let mut p = Placement::uniform(&[1, 2], vec![0, 0, 1, 1, 2, 2], 3, "t");
+        p.num_experts = 4;
+        p.format = PLACEMENT_FORMAT_V2.into();
+        for (l, row) in p.layers.iter_mut().zip(rows) {
+            l.device_of_expert.clear();
+            l.slots = Some(row.to_vec());
+        }
+        p.validate().unwrap();
+        let maps = p.replica_maps(replicas::CopyRule::Sglang, None).unwrap();
+        let mut st = sglang_dispatch::SglangState::start(3, None);
+        st.next_layer(&[0, 1, 2, 3, 0, 1], 4); // layer 0: SGLang's own row for 6 slots
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        for (map, row) in maps.iter().zip(rows) {
+            let table = st.next_layer(&row, 4);
+            for source in 0..3u32 {
+                for e in 0..4u32 {
+                    map.choose(&[e], source, replicas::CopyRule::Sglang, &mut got);
+                    want.push(table[source as usize * 4 + e as usize] / 2);
+                    assert_eq!(got[0], *want.last().unwrap(), "source {source} expert {e}");
+                }
+            }
+        }
     }
 
     #[test]

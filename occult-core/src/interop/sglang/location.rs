@@ -76,7 +76,7 @@ fn replicated_file(layout: &ExpertLayout, placement: &Placement) -> Result<Value
     let mut moe_rows = std::collections::BTreeMap::new();
     for &l in &layout.moe_layers {
         let map = placement
-            .replica_map(l)
+            .replica_map(l, crate::analysis::placement::replicas::CopyRule::Cover)
             .map_err(|err| crate::Error::invalid(format!("MoE layer {l} of the model: {err}")))?;
         let p = *width.get_or_insert(map.slot_expert.len());
         if map.slot_expert.len() != p {
