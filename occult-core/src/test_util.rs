@@ -2,6 +2,15 @@
 
 use candle::{DType, Tensor};
 
+/// A JSON fixture of `tests/fixtures/` (`rel` below it), parsed.
+pub fn fixture_json(rel: &str) -> serde_json::Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(rel);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"))
+}
+
 /// Every element of `t`, in row-major order, as f64.
 pub fn values(t: &Tensor) -> Vec<f64> {
     t.to_dtype(DType::F64)

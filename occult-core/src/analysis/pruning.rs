@@ -467,12 +467,7 @@ mod tests {
     #[test]
     fn the_node_limit_routes_as_deepseek_v3() {
         use crate::analysis::routing::Scoring;
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../tests/fixtures/routing/v3_node_limit.json"
-        );
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let v = crate::test_util::fixture_json("routing/v3_node_limit.json");
         let num = |x: &serde_json::Value| x.as_u64().unwrap() as usize;
         let mut rewritten = 0;
         for case in v["cases"].as_array().unwrap() {

@@ -240,17 +240,25 @@ fn method_runs(
     Ok((runs, partitions, base))
 }
 
+/// Occult's partition placed within `cap`, and its run; `None` where the search finds none.
+fn capped_partition(on: &On, cap: f64) -> Result<Option<(PlaceRun, Partition)>> {
+    let c = SearchConfig {
+        max_load_factor: Some(cap),
+        ..on.cfg.clone()
+    };
+    let name = format!("occult, load cap {cap}");
+    let Some((placed, seconds, _)) = on.place(&name, Method::Occult, &c, false)? else {
+        return Ok(None);
+    };
+    let run = on.measured(&name, seconds, &placed, CopyRule::Cover)?;
+    Ok(Some((run, (name, placed, Some(cap)))))
+}
+
 /// Occult's partition under the first of [`LOOSER_CAPS`] that one meets.
 fn looser_partition(on: &On) -> Result<Option<(PlaceRun, Partition)>> {
     for cap in LOOSER_CAPS {
-        let c = SearchConfig {
-            max_load_factor: Some(cap),
-            ..on.cfg.clone()
-        };
-        let name = format!("occult, load cap {cap}");
-        if let Some((placed, seconds, _)) = on.place(&name, Method::Occult, &c, false)? {
-            let run = on.measured(&name, seconds, &placed, CopyRule::Cover)?;
-            return Ok(Some((run, (name, placed, Some(cap)))));
+        if let Some(found) = capped_partition(on, cap)? {
+            return Ok(Some(found));
         }
     }
     Ok(None)
@@ -322,14 +330,7 @@ fn partition_within(
     if let Some(p) = partitions.iter().find(|p| same(p)) {
         return Ok((Some(p.clone()), None));
     }
-    let c = SearchConfig {
-        max_load_factor: Some(cap),
-        ..on.cfg.clone()
-    };
-    let name = format!("occult, load cap {cap}");
-    if let Some((placed, seconds, _)) = on.place(&name, Method::Occult, &c, false)? {
-        let run = on.measured(&name, seconds, &placed, CopyRule::Cover)?;
-        let p = (name, placed, Some(cap));
+    if let Some((run, p)) = capped_partition(on, cap)? {
         partitions.push(p.clone());
         return Ok((Some(p), Some(run)));
     }

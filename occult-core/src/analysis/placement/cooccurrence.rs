@@ -193,12 +193,7 @@ mod tests {
     /// counts and the same experts on every rank, in order.
     #[test]
     fn matches_tensorrt_llms_own_placement() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../tests/fixtures/trtllm/cooccurrence.json"
-        );
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let v = crate::test_util::fixture_json("trtllm/cooccurrence.json");
         let cases = v["cases"].as_array().unwrap();
         assert!(cases.len() >= 7);
         let num = |x: &serde_json::Value| x.as_u64().unwrap() as usize;

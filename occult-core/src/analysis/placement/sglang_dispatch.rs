@@ -145,12 +145,7 @@ mod tests {
     /// rows first, an expert twice on one GPU, no replicas.
     #[test]
     fn matches_sglangs_own_tables() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../tests/fixtures/sglang/dispatch.json"
-        );
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let v = crate::test_util::fixture_json("sglang/dispatch.json");
         let cases = v["cases"].as_array().unwrap();
         assert!(cases.len() >= 8);
         let num = |x: &serde_json::Value| x.as_u64().unwrap() as usize;
