@@ -319,6 +319,23 @@ fn load_limit_and_bench() {
             }
         }
     }
+    // A copy rule without replicas has nothing to pick from.
+    let e = occult_err(
+        d,
+        &[
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "4",
+            "--copy-rule",
+            "sglang",
+            "-o",
+            "x.json",
+        ],
+    );
+    assert!(e.contains("give --replicas R"), "{e}");
+    assert!(!d.join("x.json").exists());
     // The same placements as files (format v2), placed for each copy rule: collab counts what
     // the bench counted under that rule; no device holds an expert twice.
     for (method, bench_name) in [

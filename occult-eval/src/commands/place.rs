@@ -62,8 +62,9 @@ pub struct PlaceArgs {
     /// With --replicas: the rule the engine that serves the placement picks a copy by (cover:
     /// Occult's own EP layer; sglang: SGLang's static dispatch table; trtllm: TensorRT-LLM's
     /// uniform choice). Occult's copies are chosen under it, and the figures counted under it.
-    #[arg(long, value_enum, default_value_t = CopyRule::Cover)]
-    pub copy_rule: CopyRule,
+    /// Default: cover.
+    #[arg(long, value_enum)]
+    pub copy_rule: Option<CopyRule>,
     /// eplb method with --replicas: DeepSeek's expert groups. Where they divide over the nodes
     /// (--devices-per-node or --link), EPLB's hierarchical policy packs groups onto nodes, then
     /// replicates within each node; otherwise (the default, one group) its global policy.
@@ -78,6 +79,13 @@ pub fn run(a: PlaceArgs) -> Result<()> {
     super::check_io(&[Some(&a.trace)], &[Some(&a.output)])?;
     let trace = super::load_trace(&a.trace)?;
     let eplb_replicas = a.method == Method::Eplb && a.replicas > 0;
+    if a.copy_rule.is_some() && a.replicas == 0 {
+        anyhow::bail!(
+            "--copy-rule picks among an expert's copies: give --replicas R (a placement without \
+             replicas is served alike under every rule)"
+        );
+    }
+    let rule = a.copy_rule.unwrap_or(CopyRule::Cover);
     if a.expert_groups != 1 && !eplb_replicas {
         anyhow::bail!(
             "--expert-groups is EPLB's hierarchical policy: use it with --method eplb --replicas R"
@@ -129,12 +137,12 @@ pub fn run(a: PlaceArgs) -> Result<()> {
             replicas: a.replicas,
             max_load_factor: a.max_load_factor,
             eplb,
-            rule: a.copy_rule,
+            rule,
         };
         let replicated = replicate_trace(&trace, &placement, job)
             .with_context(|| a.trace.display().to_string())?;
         replicated.write(&a.output)?;
-        print!("{}", render_replicas(&replicated, a.copy_rule));
+        print!("{}", render_replicas(&replicated, rule));
         eprintln!(
             "placed in {:.2} s; wrote {}",
             start.elapsed().as_secs_f64(),
