@@ -19,7 +19,11 @@ use std::time::Instant;
 #[command(after_help = "Examples:\n  \
     occult place --trace olmoe-like.safetensors --devices 4 --method occult -o placed.json\n  \
     occult place --trace olmoe-like.safetensors --devices 8 --method occult --max-load-factor 1.2 -o placed.json\n  \
-    occult place --trace olmoe-like.safetensors --devices 32 --link ib-ndr -o nodes.json\n\n\
+    occult place --trace olmoe-like.safetensors --devices 32 --link ib-ndr -o nodes.json\n  \
+    occult place --trace olmoe-like.safetensors --devices 8 --replicas 8 --max-load-factor 1.1 --copy-rule sglang -o for-sglang.json\n\n\
+With --replicas, place for the engine that serves the file: --copy-rule sglang (then `occult\n\
+export sglang`), trtllm, or cover (Occult's own EP layer). --method eplb and trtllm-cooccurrence\n\
+are the rivals, for comparison (`occult bench place --replicas R` runs all of them).\n\n\
 With a node size (--devices-per-node G, or --link PROFILE's ranks_per_node), the occult method\n\
 places for a cluster of nodes: fewest nodes per token first (a row across nodes costs W rows\n\
 inside one: --inter-weight, or the profile's intra- over inter-node bandwidth, else 4), then\n\
