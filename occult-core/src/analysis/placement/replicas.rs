@@ -63,7 +63,8 @@ pub struct ReplicaMap {
     devices_of: Vec<Vec<u32>>,
     /// The expert loads the map was built with (ties of the cover rule), if any.
     expert_load: Option<Vec<f64>>,
-    /// Each device's expected load (copies carry their expert's load over its copy count).
+    /// Each device's expected load (each device holding an expert carries its load over the
+    /// devices holding it).
     device_load: Vec<f64>,
     /// `sglang_copy[source * E + e]`: the device SGLang's static rule sends e to from `source`
     /// (built on first use as a first layer's table, unless set from a state).
@@ -271,6 +272,22 @@ impl ReplicaMap {
         miss.iter().map(|&m| 1.0 - m).sum()
     }
 
+    /// TensorRT-LLM's count of one token's nodes of `g` devices: node n is missed by expert e
+    /// with probability 1 - (e's copies in n) / (e's copies), independently across experts (one
+    /// copy is drawn per expert, so the devices of one node are not missed independently).
+    fn expected_nodes(&self, ids: &[u32], g: usize, miss: &mut [f64]) -> f64 {
+        miss.iter_mut().for_each(|x| *x = 1.0);
+        for &e in ids {
+            let devices = self.devices_of(e);
+            let p = 1.0 / devices.len() as f64;
+            // Devices ascending, so each node's copies are adjacent.
+            for chunk in devices.chunk_by(|a, b| *a as usize / g == *b as usize / g) {
+                miss[chunk[0] as usize / g] *= 1.0 - p * chunk.len() as f64;
+            }
+        }
+        miss.iter().map(|&m| 1.0 - m).sum()
+    }
+
     /// Orders candidate devices: the source first, then the least loaded, then the lowest.
     fn better(&self, source: u32, a: u32, b: u32) -> bool {
         if (a == source) != (b == source) {
@@ -362,6 +379,7 @@ impl ReplicaMap {
         let (mut touched, mut nodes) = (0f64, 0f64);
         let mut devices = Vec::with_capacity(k);
         let mut miss = vec![0f64; self.num_devices];
+        let mut node_miss = vec![0f64; per_node.map_or(0, |g| self.num_devices.div_ceil(g))];
         for (chosen, &s) in ids.chunks_exact(k).zip(source) {
             if let Some(&e) = chosen.iter().find(|&&e| e as usize >= self.num_experts) {
                 bail!(
@@ -375,15 +393,7 @@ impl ReplicaMap {
             if rule == CopyRule::Trtllm {
                 touched += self.expected(chosen, &mut pairs, &mut miss);
                 if let Some(g) = per_node {
-                    // A node is reached unless each of its devices is missed.
-                    let missed = |n: usize| -> f64 {
-                        (n * g..((n + 1) * g).min(self.num_devices))
-                            .map(|d| miss[d])
-                            .product()
-                    };
-                    nodes += (0..self.num_devices.div_ceil(g))
-                        .map(|n| 1.0 - missed(n))
-                        .sum::<f64>();
+                    nodes += self.expected_nodes(chosen, g, &mut node_miss);
                 }
                 continue;
             }
@@ -569,6 +579,27 @@ mod tests {
         assert!(m
             .stats(&[0, 1, 2, 3], 2, &[0, 1], CopyRule::Cover, None)
             .is_ok());
+    }
+
+    /// TensorRT-LLM's rule, hand-checked: expert 0 on devices 0 and 1 (one node of 2), expert
+    /// 3 on device 1 alone. A token of expert 0 reaches each device with probability 1/2, so
+    /// 1 device in expectation and its one node surely; a token of 0 and 3 reaches device 1
+    /// surely and device 0 half the time.
+    #[test]
+    fn tensorrt_llms_rule_counts_in_expectation() {
+        let m = map();
+        let st = m
+            .stats(&[0, 0, /**/ 0, 3], 2, &[0, 0], CopyRule::Trtllm, Some(2))
+            .unwrap();
+        // A token's ids are distinct in real routing; here the first repeats 0 to stay top-2:
+        // device 0 missed with (1/2)^2, device 1 likewise: 2 * 3/4.
+        assert_eq!(st.devices_touched, 1.5 + 1.5);
+        assert_eq!(st.nodes_touched, 2.0);
+        assert_eq!(st.pairs, vec![1.5, 2.5]);
+        let one = m.stats(&[0], 1, &[1], CopyRule::Trtllm, Some(2)).unwrap();
+        assert_eq!((one.devices_touched, one.nodes_touched), (1.0, 1.0));
+        let apart = m.stats(&[0], 1, &[1], CopyRule::Trtllm, Some(1)).unwrap();
+        assert_eq!(apart.nodes_touched, 1.0);
     }
 
     #[test]

@@ -68,34 +68,25 @@ impl SglangState {
             (!same.is_empty() && same.len() < cands.len()).then(|| same[0])
         };
         let mut table = vec![0u32; d * num_logical];
-        for (r, rng) in self.rngs.iter_mut().enumerate() {
-            for (e, all) in copies.iter().enumerate() {
-                if all.is_empty() {
-                    continue;
-                }
-                // Rank r's view: narrowed to its nearest copy where it has one.
-                let mine = nearest(all, r);
-                let cands: &[u32] = match &mine {
-                    Some(p) => std::slice::from_ref(p),
-                    None => all,
-                };
-                let mut remaining = Vec::new();
-                let mut own = None;
-                for rank in 0..d {
-                    match nearest(cands, rank) {
-                        Some(p) if rank == r => own = Some(p),
-                        Some(_) => {}
-                        None => remaining.push(rank),
-                    }
-                }
-                if !remaining.is_empty() {
-                    let dealt = fair_choices(cands, remaining.len(), rng);
-                    if own.is_none() {
+        for (e, all) in copies.iter().enumerate() {
+            if all.is_empty() {
+                continue;
+            }
+            // Each rank's nearest copy in the full list; the ranks without one.
+            let near: Vec<Option<u32>> = (0..d).map(|rank| nearest(all, rank)).collect();
+            let remaining: Vec<usize> = (0..d).filter(|&rank| near[rank].is_none()).collect();
+            for (r, rng) in self.rngs.iter_mut().enumerate() {
+                // Rank r's view is narrowed to its nearest copy where it has one: then every
+                // rank's nearest is that copy and nothing is drawn. Otherwise the full list is
+                // dealt to the ranks without a nearest copy, r among them.
+                table[r * num_logical + e] = match near[r] {
+                    Some(p) => p,
+                    None => {
+                        let dealt = fair_choices(all, remaining.len(), rng);
                         let at = remaining.iter().position(|&x| x == r).expect("r remains");
-                        own = Some(dealt[at]);
+                        dealt[at]
                     }
-                }
-                table[r * num_logical + e] = own.expect("every rank gets a copy");
+                };
             }
         }
         table
