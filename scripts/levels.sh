@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the tests that exercise the CPU kernels at every instruction-set level: occult-core's
-# unit tests (vector math, the experts' and attention's inference paths), the kernel tests and
-# the model parity tests.
+# unit tests (vector math, the experts' and attention's inference paths), the kernel tests, the
+# model parity tests and (natively) the built-in model's committed weights against their
+# pre-training's first steps.
 #
 #  1. Natively, once per level this CPU has below its highest (`OCCULT_KERNELS`; the highest
 #     is what the plain test run used), so a machine with AVX-512 also proves its AVX2 and
@@ -28,7 +29,7 @@ mapfile -t bins < <(
     --message-format=json 2>/dev/null |
     python3 -c '
 import json, sys
-want = {("occult_core", "lib"), ("kernels", "test"), ("model_parity", "test")}
+want = {("occult_core", "lib"), ("kernels", "test"), ("model_parity", "test"), ("builtin", "test")}
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
@@ -37,8 +38,8 @@ for line in sys.stdin:
             print(m["executable"])
 '
 )
-if [[ ${#bins[@]} -ne 3 ]]; then
-  echo "levels.sh: expected 3 test binaries (occult-core, kernels, model_parity), found ${#bins[@]}: ${bins[*]}" >&2
+if [[ ${#bins[@]} -ne 4 ]]; then
+  echo "levels.sh: expected 4 test binaries (occult-core, kernels, model_parity, builtin), found ${#bins[@]}: ${bins[*]}" >&2
   exit 1
 fi
 
@@ -55,6 +56,12 @@ run() { # label, kernel-test filter, then the command
   for b in "${bins[@]}"; do
     local args=()
     if [[ $(basename "$b") == kernels-* && -n $filter ]]; then args=("$filter"); fi
+    # The built-in model's committed weights, held to their pre-training's first steps at each
+    # level (natively: the steps take minutes under emulation).
+    if [[ $(basename "$b") == builtin-* ]]; then
+      [[ $label == native* ]] || continue
+      args=(the_committed_weights_are --nocapture)
+    fi
     if ! "$@" "$b" "${args[@]}" >"$log" 2>&1; then
       tail -60 "$log"
       echo "levels.sh: $(basename "$b") failed at $label" >&2

@@ -1,10 +1,14 @@
 //! Building the built-in model: its data ([`super::data`]), a random OLMoE-shaped checkpoint
 //! (64 experts, top-8, as OLMoE routes) and its pre-training from scratch with `occult train
-//! --train all --aux-loss` on the generated text. The result is cached: a folder holds the data,
-//! `model/` (the trained checkpoint, with its `log.jsonl`) and `recipe.json`; a folder whose
-//! recipe matches is used as it is. The folder is built beside its final place and renamed
-//! into it, so an interrupted build leaves nothing half-made in the cache.
+//! --train all --aux-loss` on the generated text, or, where the data and the random start are
+//! the ones the committed weights were built from, those weights ([`super::committed`]:
+//! seconds instead of minutes). The result is cached: a folder holds the data, `model/` (the
+//! trained checkpoint, with its `log.jsonl`), `recipe.json` and `provenance.json` (committed or
+//! pre-trained, and how long each part took); a folder whose recipe matches is used as it is.
+//! The folder is built beside its final place and renamed into it, so an interrupted build
+//! leaves nothing half-made in the cache.
 
+use super::committed;
 use super::data::{write_data, DataSizes};
 use super::world::World;
 use crate::context::ModelSpec;
@@ -165,14 +169,41 @@ fn recipe_in(dir: &Path) -> Option<BuiltinRecipe> {
     serde_json::from_str(&text).ok()
 }
 
+/// How the built-in model's weights came about, kept beside it as `provenance.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// `committed` (the weights in occult-eval/builtin/, their data and start matching) or
+    /// `pre-trained` (here, from nothing).
+    pub weights: String,
+    /// Why the committed weights were not taken, where they were not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why_trained: Option<String>,
+    /// SHA-256 of the random start's `model.safetensors`.
+    pub start_sha256: String,
+    /// Seconds to generate the data and the random start, and to pre-train (0 for committed
+    /// weights).
+    pub data_seconds: f64,
+    pub pretrain_seconds: f64,
+}
+
+impl Builtin {
+    /// How the weights came about (`None` for a folder built before this was kept).
+    pub fn provenance(&self) -> Option<Provenance> {
+        let text = std::fs::read_to_string(self.file("provenance.json")).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+}
+
 /// The built-in model of `recipe` in `dir`: the cached one if it was made from this recipe,
-/// else built now (minutes; progress on stderr). `force` rebuilds it anyway.
-pub fn ensure(dir: &Path, recipe: &BuiltinRecipe, force: bool) -> Result<Builtin> {
+/// else built now: from the committed weights where they are this recipe's (seconds), else
+/// pre-trained from nothing (minutes; progress on stderr). `rebuild` builds it again from
+/// nothing anyway.
+pub fn ensure(dir: &Path, recipe: &BuiltinRecipe, rebuild: bool) -> Result<Builtin> {
     let done = Builtin {
         dir: dir.to_path_buf(),
         recipe: recipe.clone(),
     };
-    if !force
+    if !rebuild
         && recipe_in(dir).as_ref() == Some(recipe)
         && done.model().join("model.safetensors").is_file()
     {
@@ -189,7 +220,7 @@ pub fn ensure(dir: &Path, recipe: &BuiltinRecipe, force: bool) -> Result<Builtin
         "building the built-in model in {} (once; it is cached)",
         dir.display()
     );
-    build_into(&tmp, recipe)?;
+    build_into(&tmp, recipe, rebuild)?;
     if dir.exists() {
         std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
     }
@@ -198,7 +229,9 @@ pub fn ensure(dir: &Path, recipe: &BuiltinRecipe, force: bool) -> Result<Builtin
     Ok(done)
 }
 
-fn build_into(dir: &Path, recipe: &BuiltinRecipe) -> Result<()> {
+/// Writes the recipe's data and its random start (`dir/random`, a model folder with the
+/// tokenizer) into `dir`; returns the start's folder.
+pub(crate) fn write_inputs(dir: &Path, recipe: &BuiltinRecipe) -> Result<PathBuf> {
     let world = World::new(recipe.seed);
     let vocab = write_data(dir, &world, recipe.sizes, recipe.seed)?;
     let random = dir.join("random");
@@ -226,6 +259,18 @@ fn build_into(dir: &Path, recipe: &BuiltinRecipe) -> Result<()> {
     synth.write(&random)?;
     std::fs::copy(dir.join("tokenizer.json"), random.join("tokenizer.json"))
         .context("copying the tokenizer")?;
+    Ok(random)
+}
+
+/// Pre-trains the start in `start` on `dir`'s text into `dir/model`, with `occult train
+/// --train all --aux-loss`; `stop_at` stops early (the schedule still runs over the recipe's
+/// steps). The step records.
+pub(crate) fn pretrain(
+    dir: &Path,
+    recipe: &BuiltinRecipe,
+    start: &Path,
+    stop_at: Option<u64>,
+) -> Result<Vec<occult_train::log::StepRecord>> {
     let pretrain = FineTune {
         steps: recipe.steps,
         seq_len: Some(recipe.seq_len),
@@ -237,16 +282,57 @@ fn build_into(dir: &Path, recipe: &BuiltinRecipe) -> Result<()> {
         seed: recipe.seed,
         overwrite: true,
         aux_loss: true,
+        stop_at,
         train: TrainWhat::All,
         ..FineTune::new(
             &dir.join("pretrain.jsonl").display().to_string(),
             &dir.join("model"),
         )
     };
-    fine_tune(&ModelSpec::local(&random.display().to_string()), &pretrain)
+    let log = fine_tune(&ModelSpec::local(&start.display().to_string()), &pretrain)
         .context("pre-training the built-in model")?;
-    std::fs::remove_dir_all(dir.join("model/state")).context("removing the training state")?;
+    log.context("pre-training runs in this process")
+}
+
+fn build_into(dir: &Path, recipe: &BuiltinRecipe, from_nothing: bool) -> Result<()> {
+    let clock = std::time::Instant::now();
+    let random = write_inputs(dir, recipe)?;
+    let data_seconds = clock.elapsed().as_secs_f64();
+    let start_sha256 = committed::file_sha256(&random.join("model.safetensors"))?;
+    let why_trained = if from_nothing {
+        Some("asked to rebuild from nothing".to_string())
+    } else {
+        committed::mismatch(&committed::manifest()?, recipe, dir, &random)?
+    };
+    let clock = std::time::Instant::now();
+    match &why_trained {
+        None => {
+            eprintln!("the committed weights fit this recipe's data and start: taking them");
+            committed::install(&random, &dir.join("model"))?;
+        }
+        Some(why) => {
+            if *recipe == BuiltinRecipe::default() {
+                eprintln!("pre-training from nothing (minutes): the committed weights are not used: {why}");
+            }
+            pretrain(dir, recipe, &random, None)?;
+            std::fs::remove_dir_all(dir.join("model/state"))
+                .context("removing the training state")?;
+        }
+    }
+    let provenance = Provenance {
+        weights: if why_trained.is_none() {
+            "committed"
+        } else {
+            "pre-trained"
+        }
+        .into(),
+        why_trained,
+        start_sha256,
+        data_seconds,
+        pretrain_seconds: clock.elapsed().as_secs_f64(),
+    };
     std::fs::remove_dir_all(&random).context("removing the random start")?;
+    occult_core::atomic::write_json_atomic(&dir.join("provenance.json"), &provenance)?;
     let text = serde_json::to_string_pretty(recipe)?;
     std::fs::write(dir.join("recipe.json"), text).context("writing recipe.json")?;
     Ok(())

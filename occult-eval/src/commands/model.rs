@@ -1,7 +1,7 @@
 //! `occult model`: make a synthetic checkpoint, or describe one.
 
 use super::model_opts::ModelOpts;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use occult_core::models::family::{family, supported};
 use occult_core::models::memory;
 use occult_core::models::synth::SynthModel;
@@ -26,9 +26,15 @@ pub struct BuiltinArgs {
     /// Where to build it [default: $OCCULT_CACHE/builtin, else ~/.cache/occult/builtin].
     #[arg(long)]
     pub dir: Option<std::path::PathBuf>,
-    /// Rebuild even if the cache holds it.
-    #[arg(long)]
-    pub force: bool,
+    /// Build it again from nothing: generate the data and pre-train (minutes), even where the
+    /// cache holds it or the committed weights fit.
+    #[arg(long, alias = "force")]
+    pub rebuild: bool,
+    /// After building, write the weights, log and manifest that occult-eval/builtin/ commits
+    /// into DIR (the default recipe, pre-trained from nothing: with --rebuild;
+    /// scripts/builtin-weights.sh does both).
+    #[arg(long, value_name = "DIR", requires = "rebuild")]
+    pub export_weights: Option<std::path::PathBuf>,
     /// A TOML file of recipe fields to change (the `[builtin]` table of a reproduce recipe:
     /// `steps`, `hidden`, `[sizes]`, ...); the default recipe otherwise. A changed recipe is
     /// cached in a folder of its own unless --dir is given.
@@ -96,18 +102,44 @@ pub fn run(c: ModelCmd) -> Result<()> {
 }
 
 fn builtin(a: BuiltinArgs) -> Result<()> {
-    use crate::builtin::{dir_for, ensure, BuiltinRecipe};
+    use crate::builtin::{committed, dir_for, ensure, BuiltinRecipe};
     let recipe = match &a.recipe {
         None => BuiltinRecipe::default(),
         Some(path) => BuiltinRecipe::read(path)?,
     };
+    if a.export_weights.is_some() && recipe != BuiltinRecipe::default() {
+        bail!("--export-weights: only the default recipe's weights are committed (drop --recipe)");
+    }
     let dir = a.dir.unwrap_or_else(|| dir_for(&recipe));
     let clock = std::time::Instant::now();
-    let b = ensure(&dir, &recipe, a.force)?;
+    let b = ensure(&dir, &recipe, a.rebuild)?;
+    let how = match b.provenance() {
+        Some(p) if p.weights == "committed" => " (the committed weights)".to_string(),
+        Some(p) => format!(" (pre-trained in {:.0} s)", p.pretrain_seconds),
+        None => String::new(),
+    };
     eprintln!(
-        "built-in model ready in {:.1} s",
+        "built-in model ready in {:.1} s{how}",
         clock.elapsed().as_secs_f64()
     );
+    if let Some(out) = &a.export_weights {
+        let p = b
+            .provenance()
+            .context("the built folder has no provenance.json")?;
+        let built = format!(
+            "occult {} from nothing in {:.0} s on {} ({} threads, kernels {})",
+            env!("CARGO_PKG_VERSION"),
+            p.pretrain_seconds,
+            std::env::consts::ARCH,
+            rayon::current_num_threads(),
+            occult_core::kernels::isa::process_level().name()
+        );
+        committed::export(&b.dir, &recipe, &p.start_sha256, &built, out)?;
+        eprintln!(
+            "wrote model.safetensors, log.jsonl and manifest.json into {}",
+            out.display()
+        );
+    }
     println!("{}", b.model().display());
     Ok(())
 }

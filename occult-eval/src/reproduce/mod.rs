@@ -30,6 +30,7 @@
 pub mod differences;
 pub mod ladder;
 pub mod plots;
+mod progress;
 mod ranks;
 pub mod recipe;
 pub mod report;
@@ -42,9 +43,10 @@ mod subject;
 use crate::output::{with_provenance, write_json};
 use anyhow::{Context, Result};
 pub use ladder::Placements;
-use ranks::{Progress, Ranks};
+use progress::{Progress, Stage};
+use ranks::Ranks;
 use recipe::Recipe;
-pub use results::{Findings, FinetuneRow, QualityRow, Routing};
+pub use results::{Findings, FinetuneRow, QualityRow, Routing, StageTime};
 use stages::{
     collaboration, collaboration_trace, finetune_stage, placement_stage, profile_stage, project,
     quality_stage, routings, speed_stage,
@@ -57,23 +59,23 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let ranks = Ranks::new(recipe)?;
     let mut progress = Progress::new(recipe, ranks.root());
-    progress.stage("the model");
+    progress.stage(Stage::Model);
     let s = subject(recipe, ranks.mpi())?;
     let cfg = crate::context::spec::model_config(&s.model)?;
-    progress.stage("routing profile on the calibration text");
+    progress.stage(Stage::Profile);
     let trace = std::sync::Arc::new(profile_stage(recipe, &s, &ranks, out)?);
-    progress.stage("placements and the E[C_T] table");
+    progress.stage(Stage::Placements);
     let (steps, placements, placed) = placement_stage(recipe, &cfg, &trace, &ranks, out)?;
     let (speed, shaped) = speed_stage(recipe, &s, &placed, &ranks, out, &mut progress)?;
     let routings = routings(recipe);
     let (finetuned, finetunes) = if recipe.finetune.skip {
         (Vec::new(), Vec::new())
     } else {
-        progress.stage("fine-tuning from the same start, under each routing");
-        finetune_stage(recipe, &s, &placed, &routings, &ranks, out)?
+        progress.stage(Stage::Finetune);
+        finetune_stage(recipe, &s, &placed, &routings, &ranks, out, &progress)?
     };
-    progress.stage("quality on the tasks");
-    let quality = quality_stage(recipe, &s, &placed, &routings, &finetuned, &ranks, out)?;
+    progress.stage(Stage::Quality);
+    let quality = quality_stage(recipe, &s, &placed, &routings, &finetuned, out, &progress)?;
     let differences = differences::quality_differences(&quality)?;
     // The collaboration profile runs on every rank; the rest is rank 0's.
     let collab_trace = collaboration_trace(&finetuned, recipe, &s, out, ranks.mpi())?;
@@ -82,12 +84,12 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         return Ok(());
     };
     // Rank 0's alone (no collectives), so after the others are done.
-    progress.stage("placements with replicas (EPLB and ours)");
+    progress.stage(Stage::Replicas);
     let replicas = stages::replica_stage(recipe, &trace, &placed.trace_file)?;
     let projection = if recipe.projection.skip {
         None
     } else {
-        progress.stage("the cluster projection (cost model)");
+        progress.stage(Stage::Projection);
         Some(project(&recipe.projection, recipe, &cfg, &trace)?)
     };
     let mut plots = plots::draw_all(out, &steps, &speed, &quality)?;
@@ -111,6 +113,7 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         measured: speed::ect_time_correlation(&speed, true),
         projected: speed::ect_time_correlation(&speed, false),
     };
+    let seconds = progress.clock.elapsed().as_secs_f64();
     let found = Findings {
         steps,
         replicas,
@@ -123,8 +126,9 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         collaboration,
         correlation,
         plots,
+        stages: progress.finish(),
+        builtin_weights: s.provenance.clone(),
     };
-    let seconds = progress.clock.elapsed().as_secs_f64();
     write_outputs(recipe, origin, &s, &cfg, &trace, &found, seconds, out)
 }
 

@@ -1,4 +1,4 @@
-//! Where the recipe's ranks run, and the stage counter: threads of this process (local), or
+//! Where the recipe's ranks run: threads of this process (local), or
 //! one of the processes mpirun started (mpi), where rank 0 alone writes files and reports and
 //! the others read what it wrote after a barrier.
 
@@ -6,7 +6,6 @@ use super::recipe::Recipe;
 use crate::context::Backend;
 use anyhow::{bail, Result};
 use std::path::Path;
-use std::time::Instant;
 
 /// Where this process stands: the recipe's ranks are threads of this process (local), or this
 /// is one of the processes mpirun started (mpi), and then only rank 0 writes and reports.
@@ -61,42 +60,6 @@ impl Ranks {
         match value {
             Some(v) => Ok(v),
             None => read(file),
-        }
-    }
-}
-
-/// The stage counter on stderr (rank 0's).
-pub struct Progress {
-    pub clock: Instant,
-    done: usize,
-    stages: usize,
-    root: bool,
-}
-
-impl Progress {
-    pub fn new(r: &Recipe, root: bool) -> Self {
-        let stages = 5
-            + usize::from(!r.finetune.skip)
-            + usize::from(!r.speed.skip)
-            + usize::from(!r.projection.skip)
-            + usize::from(!r.speed.skip && !r.shaped.skip);
-        Progress {
-            clock: Instant::now(),
-            done: 0,
-            stages,
-            root,
-        }
-    }
-
-    pub fn stage(&mut self, what: &str) {
-        self.done += 1;
-        if self.root {
-            eprintln!(
-                "[{}/{}] {what} ({:.0} s so far)",
-                self.done,
-                self.stages,
-                self.clock.elapsed().as_secs_f64()
-            );
         }
     }
 }

@@ -162,7 +162,7 @@ impl Default for FinetuneRecipe {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct QualityRecipe {
     /// Tasks (names or task files); the built-in model's four tasks by default.
@@ -177,6 +177,27 @@ pub struct QualityRecipe {
     /// Fine-tuning runs per routing, seeds 0..N of the data order (1 when absent); the
     /// differences are then pooled over them.
     pub seeds: Option<usize>,
+    /// Serve the standard fine-tuned model under every pruning too (rows that no difference
+    /// or verdict uses; the default recipe leaves them out to finish sooner).
+    #[serde(default = "yes")]
+    pub standard_served_pruned: bool,
+}
+
+impl Default for QualityRecipe {
+    fn default() -> Self {
+        QualityRecipe {
+            tasks: Vec::new(),
+            data: Default::default(),
+            limit: None,
+            num_fewshot: None,
+            seeds: None,
+            standard_served_pruned: true,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl QualityRecipe {
@@ -399,14 +420,16 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, 5, "builtin, builtin-full, olmoe, qwen-moe, deepseek-moe");
-        // The full recipe is the default one with three seeds.
+        // The full recipe is the default one with three seeds and every row.
         let (full, _) = Recipe::load(Some(&dir_full())).unwrap();
         let (default, _) = Recipe::load(None).unwrap();
         assert_eq!((full.quality.seeds(), default.quality.seeds()), (3, 1));
+        assert!(full.quality.standard_served_pruned && !default.quality.standard_served_pruned);
         let strip = |r: &Recipe| {
             let mut r = r.clone();
             r.name.clear();
             r.quality.seeds = None;
+            r.quality.standard_served_pruned = true;
             serde_json::to_string(&r).unwrap()
         };
         assert_eq!(strip(&full), strip(&default));

@@ -4,7 +4,7 @@
 
 use super::ladder::Step;
 use super::recipe::Recipe;
-use super::results::{Correlation, FinetuneRow, QualityRow};
+use super::results::{Correlation, Findings, FinetuneRow, QualityRow};
 use super::speed::SpeedRow;
 use crate::harness::paired::mean_sd;
 use crate::table::{count, fmt_opt, Table};
@@ -36,11 +36,34 @@ pub fn mean_acc(quality: &[QualityRow]) -> Vec<((String, String), f64)> {
 }
 
 /// The report's title line: the recipe, the model, its devices and calibration, and the run's
-/// time.
-fn header(recipe: &Recipe, origin: &str, cfg: &ModelConfig, trace: &Trace, seconds: f64) -> String {
+/// time, stage by stage.
+fn header(
+    recipe: &Recipe,
+    origin: &str,
+    cfg: &ModelConfig,
+    trace: &Trace,
+    f: &Findings,
+    seconds: f64,
+) -> String {
+    let built = match &f.builtin_weights {
+        Some(p) if p.weights == "committed" => ", its committed weights".to_string(),
+        Some(p) => format!(", pre-trained here in {:.0} s", p.pretrain_seconds),
+        None => String::new(),
+    };
+    let stages: Vec<String> = f
+        .stages
+        .iter()
+        .map(|t| format!("{} {:.0} s", t.stage, t.seconds))
+        .collect();
+    let stages = if stages.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", stages.join(", "))
+    };
     format!(
-        "# occult reproduce: {}\n\nRecipe: {origin}. Model: {} ({} layers, hidden {}, {} experts, \
-         top-{}), on {} devices. Calibration: {} tokens per MoE layer. Whole run: {seconds:.0} s.\n\n",
+        "# occult reproduce: {}\n\nRecipe: {origin}. Model: {}{built} ({} layers, hidden {}, {} \
+         experts, top-{}), on {} devices. Calibration: {} tokens per MoE layer. Whole run: \
+         {seconds:.0} s{stages}.\n\n",
         recipe.name,
         if recipe.model.builtin {
             "the built-in model".to_string()
@@ -758,10 +781,10 @@ pub fn full(
     origin: &str,
     cfg: &ModelConfig,
     trace: &Trace,
-    f: &super::results::Findings,
+    f: &Findings,
     seconds: f64,
 ) -> String {
-    let mut md = header(recipe, origin, cfg, trace, seconds);
+    let mut md = header(recipe, origin, cfg, trace, f, seconds);
     md += &ect_section(recipe, &f.steps);
     md += &speed_section(&f.speed, &f.correlation);
     md += &finetune_section(&f.finetunes);

@@ -209,6 +209,13 @@ pub struct Correlation {
     pub projected: Option<f64>,
 }
 
+/// How long a stage of the run took.
+#[derive(Clone, Debug, Serialize)]
+pub struct StageTime {
+    pub stage: String,
+    pub seconds: f64,
+}
+
 /// What the stages found, as the report gives it and as `results.json` holds it (its keys are
 /// the serde names here).
 #[derive(Serialize)]
@@ -236,6 +243,10 @@ pub struct Findings {
     /// The plots written, as file names.
     #[serde(serialize_with = "file_names")]
     pub plots: Vec<std::path::PathBuf>,
+    /// Each stage's seconds, in order.
+    pub stages: Vec<StageTime>,
+    /// How the built-in model's weights came about (`None` for another model).
+    pub builtin_weights: Option<crate::builtin::Provenance>,
 }
 
 fn file_names<S: serde::Serializer>(paths: &[std::path::PathBuf], s: S) -> Result<S::Ok, S::Error> {

@@ -4,7 +4,8 @@
 
 use super::ladder::{ect_ladder, LadderSettings, Placements, Step};
 use super::plots;
-use super::ranks::{Progress, Ranks};
+use super::progress::{Progress, Stage};
+use super::ranks::Ranks;
 use super::recipe::{self, Recipe};
 use super::results::{CollaborationShift, FinetuneRow, QualityRow, Routing, ShapedOutcome};
 use super::shaped;
@@ -152,13 +153,13 @@ pub fn speed_stage(
     if recipe.speed.skip {
         return Ok((Vec::new(), None));
     }
-    progress.stage("speed: prefill, decode and a training step, measured and projected");
+    progress.stage(Stage::Speed);
     let spec = routed_spec(&s.model, recipe, placed, Routing { prune: None });
     let mut speed = speed::speed(&spec, &recipe.speed)?;
     if recipe.shaped.skip {
         return Ok((speed, None));
     }
-    progress.stage("speed over shaped links (measured)");
+    progress.stage(Stage::Shaped);
     let why = if ranks.mpi() {
         Some("the recipe runs under mpirun, and the shaped run starts its own".to_string())
     } else {
@@ -235,16 +236,18 @@ pub fn finetune_stage(
     routings: &[Routing],
     ranks: &Ranks,
     out: &Path,
+    progress: &Progress,
 ) -> Result<(Vec<FineTuned>, Vec<FinetuneRow>)> {
     let data = s.instructions.clone().expect("checked");
     let (mut models, mut rows) = (Vec::new(), Vec::new());
     let seeds = recipe.quality.seeds() as u64;
-    for (seed, &routing) in (0..seeds).flat_map(|s| routings.iter().map(move |r| (s, r))) {
+    let runs: Vec<(u64, Routing)> = (0..seeds)
+        .flat_map(|s| routings.iter().map(move |r| (s, *r)))
+        .collect();
+    for (i, &(seed, routing)) in runs.iter().enumerate() {
         let name = seeded(&routing.name(), seed);
         let dir = out.join("finetune").join(&name);
-        if ranks.root() {
-            eprintln!("  {name}");
-        }
+        progress.item(&name, i, runs.len());
         let t = Instant::now();
         let job = FineTune {
             steps: recipe.finetune.steps,
@@ -282,8 +285,8 @@ pub fn quality_stage(
     placed: &Placed,
     routings: &[Routing],
     finetuned: &[FineTuned],
-    ranks: &Ranks,
     out: &Path,
+    progress: &Progress,
 ) -> Result<Vec<QualityRow>> {
     let mut quality = Vec::new();
     let job = EvalJob {
@@ -295,15 +298,35 @@ pub fn quality_stage(
         ..EvalJob::new(s.tasks.clone())
     };
     let task_inputs = job.inputs()?;
+    let standards = finetuned
+        .iter()
+        .filter(|f| f.routing.prune.is_none())
+        .count();
+    let pruned = finetuned.len() - standards;
+    // The standard fine-tuned model under every routing, or exact alone.
+    let standard_routings: Vec<Routing> = if recipe.quality.standard_served_pruned {
+        routings.to_vec()
+    } else {
+        routings
+            .iter()
+            .copied()
+            .filter(|r| r.prune.is_none())
+            .collect()
+    };
+    let evaluations = routings.len() + standards * standard_routings.len() + pruned;
+    let mut started = 0;
     let mut evaluate_one = |variant: &str, model: &str, seed: Option<u64>, routing: Routing| {
         let label = seeded(variant, seed.unwrap_or(0));
         let file = out
             .join("quality")
             .join(format!("{label}--served-{}.json", routing.name()));
         std::fs::create_dir_all(file.parent().expect("a folder"))?;
-        if ranks.root() {
-            eprintln!("  {label}, served {}", routing.name());
-        }
+        progress.item(
+            &format!("{label}, served {}", routing.name()),
+            started,
+            evaluations,
+        );
+        started += 1;
         let spec = routed_spec(model, recipe, placed, routing);
         let more: Vec<Option<&Path>> = task_inputs.iter().map(|p| Some(p.as_path())).collect();
         spec.check_io(&more, &[Some(&file)])?;
@@ -324,7 +347,7 @@ pub fn quality_stage(
     }
     for standard in finetuned.iter().filter(|f| f.routing.prune.is_none()) {
         let model = standard.dir.display().to_string();
-        for &routing in routings {
+        for &routing in &standard_routings {
             evaluate_one("exact", &model, Some(standard.seed), routing)?;
         }
     }

@@ -16,6 +16,8 @@ pub struct Subject {
     pub tasks: Vec<String>,
     pub task_data: Vec<String>,
     pub builtin: Option<BuiltinRecipe>,
+    /// How the built-in model's weights came about.
+    pub provenance: Option<crate::builtin::Provenance>,
 }
 
 pub fn subject(r: &Recipe, mpi: bool) -> Result<Subject> {
@@ -62,6 +64,7 @@ pub fn subject(r: &Recipe, mpi: bool) -> Result<Subject> {
             tasks,
             task_data,
             builtin: Some(recipe),
+            provenance: b.provenance(),
         })
     } else {
         Ok(Subject {
@@ -77,6 +80,7 @@ pub fn subject(r: &Recipe, mpi: bool) -> Result<Subject> {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect(),
             builtin: None,
+            provenance: None,
         })
     }
 }

@@ -218,6 +218,10 @@ where
     F: Fn(&Arc<dyn Communicator>) -> Result<T> + Sync,
 {
     let comms = local_group_with_timeout(size, timeout);
+    // Each rank computes on its share of the cores, in a pool of its own, as a rank owns its
+    // device: its kernels' parallel loops then run on its own workers (inline with one), never
+    // handed across threads to a pool the other ranks' loops share.
+    let per_rank = (rayon::current_num_threads() / size.max(1)).max(1);
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
@@ -227,7 +231,15 @@ where
                     let shared = c.shared.clone();
                     let rank = c.rank;
                     let comm: Arc<dyn Communicator> = Arc::new(c);
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&comm)))
+                    let run = || match rayon::ThreadPoolBuilder::new()
+                        .num_threads(per_rank)
+                        .thread_name(move |i| format!("rank{rank}-{i}"))
+                        .build()
+                    {
+                        Ok(pool) => pool.install(|| f(&comm)),
+                        Err(_) => f(&comm),
+                    };
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
                         .unwrap_or_else(|_| Err(Error::Comm(format!("rank {rank} panicked"))));
                     if let Err(e) = &r {
                         shared.barrier.break_with(format!("rank {rank} died: {e}"));
