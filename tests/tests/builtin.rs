@@ -105,8 +105,9 @@ fn the_built_in_data_is_seeded_complete_and_covered_by_its_tokenizer() {
 }
 
 /// `occult model builtin --recipe FILE` builds the recipe the file changes (here the tests'
-/// tiny one), finds it in place the second time, and refuses an unknown field, naming it and
-/// the file.
+/// tiny one), pre-trained here, finds it in place the second time, and refuses an unknown
+/// field, naming it and the file; `--export-weights` is refused for it and without
+/// `--rebuild`.
 #[test]
 fn model_builtin_builds_the_recipe_of_a_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -141,6 +142,27 @@ fn model_builtin_builds_the_recipe_of_a_file() {
     std::fs::write(d.join("bad.toml"), "stepz = 3\n").unwrap();
     let err = common::occult_err(d, &["model", "builtin", "--recipe", "bad.toml"]);
     assert!(err.contains("stepz") && err.contains("bad.toml"), "{err}");
+    // A changed recipe is pre-trained here, and says so; only the default recipe's weights are
+    // committed, so only they are exported.
+    let p: serde_json::Value =
+        serde_json::from_str(&read(&d.join("built/provenance.json"))).unwrap();
+    assert_eq!(p["weights"], "pre-trained");
+    assert!(p["why_trained"]
+        .as_str()
+        .unwrap()
+        .contains("another recipe"));
+    let mut export = args.to_vec();
+    export.extend(["--rebuild", "--export-weights", "w"]);
+    let err = common::occult_err(d, &export);
+    assert!(err.contains("only the default recipe"), "{err}");
+    // A usage error (clap's exit code 2).
+    let out = common::occult(d, &["model", "builtin", "--export-weights", "w"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(2) && err.contains("--rebuild"),
+        "{err}"
+    );
+    assert!(!d.join("w").exists());
 }
 
 /// Every domain's instructions come in both forms, the question (as the tasks ask) and
