@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The trained weights (`model.safetensors` of the default recipe's build).
 pub const WEIGHTS: &[u8] = include_bytes!("../../builtin/model.safetensors");
@@ -270,9 +270,4 @@ pub fn verify_prefix(work: &Path, steps: u64) -> Result<Verified> {
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Verified { steps })
-}
-
-/// The folder of the committed files in a source checkout (for the script that rewrites them).
-pub fn source_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("builtin")
 }
