@@ -9,7 +9,7 @@
 //! among the families here, DeepSeek-V2/V3 (and Kimi-K2), Qwen2-MoE and Qwen3-MoE; not
 //! Mixtral, OLMoE or DeepSeek-MoE v1 ([`SGLANG_TYPES`]).
 
-use crate::analysis::placement::{LayerPlacement, Placement, PLACEMENT_FORMAT};
+use crate::analysis::placement::Placement;
 use crate::interop::checkpoint::ExpertLayout;
 use crate::{bail, Result};
 use serde_json::{json, Value};
@@ -233,46 +233,17 @@ pub fn check_servable(
     Ok(implied)
 }
 
-/// The placement an expert-location file without replicas stands for on `ep_size` GPUs, for
-/// the MoE layers of `layout` (the way back from [`location_file`]).
+/// The placement an expert-location file stands for on `ep_size` GPUs, for the MoE layers of
+/// `layout` (the way back from [`location_file`]): a partition where the rows are E wide, the
+/// slots with their replicas where they are wider.
 pub fn placement_of(layout: &ExpertLayout, v: &Value, ep_size: usize) -> Result<Placement> {
     let rows = check_location_file(v, layout.num_layers, layout.num_experts, ep_size)?;
-    let e = layout.num_experts;
-    if rows.first().is_some_and(|r| r.len() != e) {
-        bail!(
-            "{} physical slots for {e} experts: the file has replicas, which a placement of \
-             one device per expert cannot hold",
-            rows[0].len()
-        );
-    }
-    let per = e / ep_size;
-    let layers = layout
+    let moe_rows: Vec<(usize, Vec<u32>)> = layout
         .moe_layers
         .iter()
-        .map(|&l| {
-            let mut device_of_expert = vec![0u32; e];
-            for (p, &x) in rows[l].iter().enumerate() {
-                device_of_expert[x as usize] = (p / per) as u32;
-            }
-            LayerPlacement {
-                layer: l,
-                device_of_expert,
-                metrics: None,
-                slots: None,
-                expert_load: None,
-            }
-        })
+        .map(|&l| (l, rows[l].clone()))
         .collect();
-    let p = Placement {
-        format: PLACEMENT_FORMAT.into(),
-        num_experts: e,
-        num_devices: ep_size,
-        method: "sglang".into(),
-        source: Default::default(),
-        layers,
-    };
-    p.validate()?;
-    Ok(p)
+    crate::interop::slots::placement_from_rows(&moe_rows, layout.num_experts, ep_size, "sglang")
 }
 
 #[cfg(test)]
@@ -318,6 +289,7 @@ mod tests {
 
     use super::*;
     use crate::analysis::placement::random_balanced;
+    use crate::analysis::placement::{LayerPlacement, PLACEMENT_FORMAT};
     use rand::SeedableRng;
 
     fn layout(model_type: &str) -> ExpertLayout {
