@@ -1219,3 +1219,296 @@ fn sglang_files_are_checked_as_sglang_loads_them() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("holds expert 0 twice"));
     assert!(!d.join("bad.json").exists());
 }
+
+/// TensorRT-LLM's load-balancer YAML and vLLM's two proposed files: written from a placement
+/// (with replicas where the format holds them), checked as the engine reads them, and read back
+/// by `place --from` to the same placement; what a format cannot hold is refused before anything
+/// is written.
+#[test]
+fn every_engines_placement_file_reads_back_to_its_placement() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/models/qwen2_moe");
+    let model = model.to_str().unwrap();
+    // The fixture's MoE layers are 1 and 2, 8 experts: 4 devices of 3 slots with replicas, and
+    // a partition of 2 experts a device.
+    let replicas = serde_json::json!({"format": "occult.placement.v2", "num_experts": 8,
+        "num_devices": 4, "method": "test", "layers": (1..3).map(|l| serde_json::json!({
+            "layer": l, "device_of_expert": [],
+            "slots": [0, 1, 4, 2, 3, 5, 4, 5, 0, 6, 7, 1]})).collect::<Vec<_>>()});
+    std::fs::write(d.join("r.json"), replicas.to_string()).unwrap();
+    let part = serde_json::json!({"format": "occult.placement.v1", "num_experts": 8,
+        "num_devices": 4, "method": "test", "layers": [
+            {"layer": 1, "device_of_expert": [3, 2, 1, 0, 0, 1, 2, 3]},
+            {"layer": 2, "device_of_expert": [0, 0, 1, 1, 2, 2, 3, 3]}]});
+    std::fs::write(d.join("p.json"), part.to_string()).unwrap();
+
+    let ok = |args: &[&str]| occult_ok(d, args);
+    ok(&[
+        "export",
+        "trtllm",
+        "--placement",
+        "r.json",
+        "-o",
+        "lb.yaml",
+        "--model",
+        model,
+    ]);
+    let yaml = std::fs::read_to_string(d.join("lb.yaml")).unwrap();
+    assert!(
+        yaml.starts_with("initial_global_assignments:\n  1: [0, 1, 4, 2, 3, 5"),
+        "{yaml}"
+    );
+    assert!(
+        yaml.ends_with("layer_updates_per_iter: 0\nnum_slots: 12\n"),
+        "{yaml}"
+    );
+    let checked = ok(&[
+        "export",
+        "trtllm",
+        "--check",
+        "lb.yaml",
+        "--model",
+        model,
+        "--ep-size",
+        "4",
+    ]);
+    assert!(checked.contains("with replicas"), "{checked}");
+    ok(&[
+        "place",
+        "--from",
+        "lb.yaml",
+        "--devices",
+        "4",
+        "-o",
+        "back.json",
+    ]);
+    assert_eq!(
+        read_json(&d.join("back.json"))["layers"][1]["slots"],
+        replicas["layers"][1]["slots"]
+    );
+    for (pr, file) in [("49572", "v1.json"), ("34811", "v2.json")] {
+        let placement = if pr == "49572" { "r.json" } else { "p.json" };
+        let out = common::occult(
+            d,
+            &[
+                "export",
+                "vllm",
+                "--placement",
+                placement,
+                "--pr",
+                pr,
+                "-o",
+                file,
+            ],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        if pr == "34811" {
+            // Two layers placed differently: one map cannot hold them.
+            assert!(
+                err.contains("--shared-across-layers") && !d.join(file).exists(),
+                "{err}"
+            );
+            continue;
+        }
+        assert!(
+            out.status.success() && err.contains("open pull request"),
+            "{err}"
+        );
+        ok(&[
+            "place",
+            "--from",
+            file,
+            "--model",
+            model,
+            "--devices",
+            "4",
+            "-o",
+            "back2.json",
+        ]);
+        assert_eq!(
+            read_json(&d.join("back2.json"))["layers"],
+            read_json(&d.join("back.json"))["layers"]
+        );
+    }
+    // A shared map: #34811's file reads back as every MoE layer's.
+    let mut shared = part.clone();
+    shared["layers"][1]["device_of_expert"] = shared["layers"][0]["device_of_expert"].clone();
+    std::fs::write(d.join("s.json"), shared.to_string()).unwrap();
+    ok(&[
+        "export",
+        "vllm",
+        "--placement",
+        "s.json",
+        "--pr",
+        "34811",
+        "-o",
+        "v2.json",
+    ]);
+    assert_eq!(
+        read_json(&d.join("v2.json")),
+        serde_json::json!({"expert_to_ep_rank": [3, 2, 1, 0, 0, 1, 2, 3]})
+    );
+    ok(&[
+        "place",
+        "--from",
+        "v2.json",
+        "--model",
+        model,
+        "--devices",
+        "4",
+        "-o",
+        "back3.json",
+    ]);
+    assert_eq!(read_json(&d.join("back3.json"))["layers"], shared["layers"]);
+    // Refusals, named: the generator's ep_size key, a vLLM file without the model, ranks that
+    // do not fit.
+    std::fs::write(d.join("ep.yaml"), format!("{yaml}ep_size: 4\n")).unwrap();
+    let e = occult_err(
+        d,
+        &[
+            "export",
+            "trtllm",
+            "--check",
+            "ep.yaml",
+            "--model",
+            model,
+            "--ep-size",
+            "4",
+        ],
+    );
+    assert!(e.contains("remove that line"), "{e}");
+    let e = occult_err(
+        d,
+        &[
+            "place",
+            "--from",
+            "v2.json",
+            "--devices",
+            "4",
+            "-o",
+            "x.json",
+        ],
+    );
+    assert!(e.contains("needs the model"), "{e}");
+    let e = occult_err(
+        d,
+        &[
+            "place",
+            "--from",
+            "lb.yaml",
+            "--devices",
+            "3",
+            "-o",
+            "x.json",
+        ],
+    );
+    // On 3 ranks the 12 slots are 3 x 4: rank 1 holds expert 5 twice.
+    assert!(e.contains("rank 1 holds expert 5 twice"), "{e}");
+    let e = occult_err(
+        d,
+        &[
+            "place",
+            "--from",
+            "lb.yaml",
+            "--devices",
+            "5",
+            "-o",
+            "x.json",
+        ],
+    );
+    assert!(e.contains("not a multiple of the EP size 5"), "{e}");
+    assert!(!d.join("x.json").exists());
+}
+
+/// Megatron-Core's router traces, one JSONL file per rank, import as one trace (ranks joined in
+/// order, multi-token-prediction records left out), and go on to a placement and to
+/// TensorRT-LLM's file: from recorded routing to a file an engine reads, one command each.
+#[test]
+fn megatron_router_traces_import_and_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let record = |step: usize, block: &str, layer: usize, rows: &[[u32; 2]]| {
+        serde_json::json!({"step": step, "stage": "pre_dispatch", "block": block,
+            "layer": layer, "rank": 0, "num_tokens": rows.len(), "topk": 2,
+            "top_indices": rows})
+        .to_string()
+    };
+    let rank0 = [
+        record(0, "decoder", 1, &[[0, 1], [2, 3]]),
+        record(0, "decoder", 2, &[[4, 5], [6, 7]]),
+        record(0, "mtp", 0, &[[0, 7]]),
+    ]
+    .join("\n");
+    let rank1 = [
+        record(0, "decoder", 1, &[[0, 2]]),
+        record(0, "decoder", 2, &[[1, 3]]),
+    ]
+    .join("\n");
+    std::fs::write(d.join("router_trace_rank0.jsonl"), rank0).unwrap();
+    std::fs::write(d.join("router_trace_rank1.jsonl"), rank1).unwrap();
+    let out = common::occult(
+        d,
+        &[
+            "trace",
+            "import",
+            "router_trace_rank0.jsonl",
+            "router_trace_rank1.jsonl",
+            "--experts",
+            "8",
+            "-o",
+            "t.safetensors",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && err.contains("1 multi-token-prediction"),
+        "{err}"
+    );
+    let t = occult_core::analysis::trace::Trace::read(&d.join("t.safetensors")).unwrap();
+    assert_eq!(t.layer_ids(), vec![1, 2]);
+    assert_eq!(t.layers[0].topk_ids, vec![0, 1, 2, 3, 0, 2]);
+    occult_ok(
+        d,
+        &[
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "2",
+            "-o",
+            "p.json",
+        ],
+    );
+    occult_ok(
+        d,
+        &["export", "trtllm", "--placement", "p.json", "-o", "lb.yaml"],
+    );
+    let yaml = std::fs::read_to_string(d.join("lb.yaml")).unwrap();
+    assert!(
+        yaml.contains("\n  1: [") && yaml.contains("\n  2: ["),
+        "{yaml}"
+    );
+    // A record whose rows disagree with num_tokens is named by file and line.
+    std::fs::write(
+        d.join("bad.jsonl"),
+        "{\"layer\": 1, \"num_tokens\": 3, \"topk\": 1, \"top_indices\": [[1]]}\n",
+    )
+    .unwrap();
+    let e = occult_err(
+        d,
+        &[
+            "trace",
+            "import",
+            "bad.jsonl",
+            "--experts",
+            "8",
+            "-o",
+            "b.safetensors",
+        ],
+    );
+    assert!(
+        e.contains("bad.jsonl") && e.contains("line 1: 1 rows"),
+        "{e}"
+    );
+}

@@ -11,7 +11,8 @@
 //!   alike.
 //!
 //! A `.npy` file holds one `topk_ids` array, `[layers, tokens, k]` or `[tokens, k]` (one layer).
-//! A `.pt` file is SGLang's per_token expert-distribution dump ([`super::sglang::dump`]).
+//! A `.pt` file is SGLang's per_token expert-distribution dump ([`super::sglang::dump`]); a
+//! `.jsonl` file is Megatron-Core's router trace ([`super::megatron::router_trace`]).
 //!
 //! `-1` marks padding, as SGLang's recorder writes it: a row of `-1` (a padded token) is dropped,
 //! and so is a column of `-1` in every row of every layer (a top-k narrower than the buffer); a
@@ -52,10 +53,24 @@ pub fn import(path: &Path, opts: &ImportOptions) -> Result<Trace> {
         }
         "safetensors" => read_safetensors(&bytes).map_err(bad)?,
         "pt" => super::sglang::dump::read_per_token_dump(&bytes).map_err(bad)?,
+        "jsonl" => {
+            let text =
+                std::str::from_utf8(&bytes).map_err(|e| bad(format!("not UTF-8 text: {e}")))?;
+            let t = super::megatron::router_trace::read_router_trace(text).map_err(bad)?;
+            if t.mtp_records > 0 {
+                eprintln!(
+                    "{}: {} multi-token-prediction records left out (their layers are another \
+                     list's)",
+                    path.display(),
+                    t.mtp_records
+                );
+            }
+            t.arrays
+        }
         other => {
             return Err(bad(format!(
-                "extension {other:?}: routing is read from .npz, .npy, .safetensors or SGLang's \
-                 per_token dump (.pt)"
+                "extension {other:?}: routing is read from .npz, .npy, .safetensors, SGLang's \
+                 per_token dump (.pt) or Megatron-Core's router trace (.jsonl)"
             )))
         }
     };

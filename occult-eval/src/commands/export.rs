@@ -1,6 +1,7 @@
 //! `occult export checkpoint` (a Hugging Face checkpoint with experts renumbered, so that an
-//! engine's contiguous expert sharding realises a placement) and `occult export sglang`
-//! (SGLang's `--init-expert-location` file).
+//! engine's contiguous expert sharding realises a placement), `occult export sglang` (SGLang's
+//! `--init-expert-location` file), `occult export trtllm` (TensorRT-LLM's WIDEEP load-balancer
+//! YAML) and `occult export vllm` (the files of vLLM's open placement pull requests).
 
 use crate::progress::bar;
 use anyhow::{Context, Result};
@@ -40,6 +41,79 @@ pub enum ExportCmd {
         backend SGLang dispatches by its static table, the copy rule `--copy-rule sglang` \
         places and counts for.")]
     Sglang(SglangArgs),
+    /// TensorRT-LLM's static load-balancer YAML for its WIDEEP MoE backend
+    /// (`moe_config: {backend: WIDEEP, load_balancer: FILE}`), with or without replicas; or,
+    /// with `--check FILE`, an existing one checked as TensorRT-LLM reads it.
+    #[command(after_help = "Examples:\n  \
+        occult place --trace t.safetensors --devices 8 --replicas 8 --copy-rule trtllm -o p.json\n  \
+        occult export trtllm --placement p.json -o load_balancer.yaml\n  \
+        occult export trtllm --model deepseek-ai/DeepSeek-V3 --check load_balancer.yaml --ep-size 8\n\n\
+        The keys are the model's layer indices (the placement's), every list num_slots logical \
+        expert ids, slot s on rank s / (num_slots / ep_size); layer_updates_per_iter: 0 keeps \
+        the assignment static. Serve with the EP size of the placement's devices.")]
+    Trtllm(TrtllmArgs),
+    /// vLLM's placement file, in the format of an open pull request (vLLM's releases read none:
+    /// serve a renumbered checkpoint there, `occult export checkpoint`): #49572's expert map
+    /// (per MoE layer, replicas allowed) or #34811's expert_to_ep_rank (one map for every
+    /// layer, no replicas: place with --shared-across-layers).
+    #[command(after_help = "Examples:\n  \
+        occult export vllm --placement p.json --pr 49572 -o expert_map.json\n  \
+        vllm serve M --enable-expert-parallel --enable-eplb \\\n    \
+        --eplb-config '{\"initial_expert_map_path\": \"expert_map.json\"}'   # with PR 49572\n  \
+        occult place --trace t.safetensors --devices 4 --shared-across-layers -o shared.json\n  \
+        occult export vllm --placement shared.json --pr 34811 -o placement.json\n  \
+        vllm serve M --enable-expert-parallel --expert-placement-file placement.json   # with PR 34811")]
+    Vllm(VllmArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TrtllmArgs {
+    /// The placement (v1, or v2 with replicas); its layers are the model's MoE layers.
+    #[arg(long, required_unless_present = "check")]
+    pub placement: Option<PathBuf>,
+    /// The YAML file to write.
+    #[arg(short, long, required_unless_present = "check")]
+    pub output: Option<PathBuf>,
+    /// The model, to check that every MoE layer is placed (needed with --check).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Check this load-balancer file (any tool's) as TensorRT-LLM reads it; needs --model and
+    /// --ep-size.
+    #[arg(long, conflicts_with_all = ["placement", "output"], requires_all = ["ep_size", "model"])]
+    pub check: Option<PathBuf>,
+    /// With --check: the EP size it will be served with.
+    #[arg(long)]
+    pub ep_size: Option<usize>,
+}
+
+/// The open vLLM pull request whose file format to write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum VllmPr {
+    /// vllm-project/vllm#49572: `--eplb-config '{"initial_expert_map_path": FILE}'`.
+    #[value(name = "49572")]
+    Pr49572,
+    /// vllm-project/vllm#34811: `--expert-placement-file FILE`.
+    #[value(name = "34811")]
+    Pr34811,
+}
+
+#[derive(Args, Debug)]
+pub struct VllmArgs {
+    /// The placement (v1, or v2 with replicas for #49572).
+    #[arg(long)]
+    pub placement: PathBuf,
+    /// Whose format: 49572 or 34811 (both open pull requests, not in a vLLM release).
+    #[arg(long, value_enum)]
+    pub pr: VllmPr,
+    /// #49572: write the one row every layer shares (the placement's layers must agree).
+    #[arg(long)]
+    pub shared: bool,
+    /// The model, to check that the placement covers its MoE layers in order.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The JSON file to write.
+    #[arg(short, long)]
+    pub output: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -92,6 +166,8 @@ pub fn run(cmd: ExportCmd) -> Result<()> {
     match cmd {
         ExportCmd::Checkpoint(a) => checkpoint(a),
         ExportCmd::Sglang(a) => sglang(a),
+        ExportCmd::Trtllm(a) => trtllm(a),
+        ExportCmd::Vllm(a) => vllm(a),
     }
 }
 
@@ -178,6 +254,108 @@ fn sglang(a: SglangArgs) -> Result<()> {
         layout.num_layers,
         layout.num_experts + r,
         serve_flags(placement.num_devices, r, output)
+    );
+    Ok(())
+}
+
+/// Checks that `placement` covers exactly the MoE layers of `model`, if one is named.
+fn check_layers(model: Option<&str>, placement: &Placement) -> Result<()> {
+    let Some(m) = model else { return Ok(()) };
+    let layout = ExpertLayout::read(&model_dir(m, None)?)?;
+    let mut have: Vec<usize> = placement.layers.iter().map(|l| l.layer).collect();
+    have.sort_unstable();
+    if have != layout.moe_layers || placement.num_experts != layout.num_experts {
+        anyhow::bail!(
+            "the placement covers layers {have:?} with {} experts; {m} has MoE layers {:?} with \
+             {} experts",
+            placement.num_experts,
+            layout.moe_layers,
+            layout.num_experts
+        );
+    }
+    Ok(())
+}
+
+fn trtllm(a: TrtllmArgs) -> Result<()> {
+    use occult_core::interop::trtllm::load_balancer;
+    if let Some(file) = &a.check {
+        super::check_io(&[Some(file)], &[])?;
+        let (Some(m), Some(ep)) = (&a.model, a.ep_size) else {
+            anyhow::bail!("--check needs --model and --ep-size");
+        };
+        let layout = ExpertLayout::read(&model_dir(m, None)?)?;
+        let text = occult_core::input::read_text(file)?;
+        let p = load_balancer::check_servable(&text, &layout.moe_layers, layout.num_experts, ep)
+            .with_context(|| file.display().to_string())?;
+        println!(
+            "{}: TensorRT-LLM reads it as written ({} MoE layers, {} slots on {ep} ranks{})",
+            file.display(),
+            p.layers.len(),
+            occult_core::interop::slots::layer_rows(&p)?[0].1.len(),
+            if p.has_replicas() {
+                ", with replicas"
+            } else {
+                ""
+            }
+        );
+        return Ok(());
+    }
+    let (Some(placement_file), Some(output)) = (&a.placement, &a.output) else {
+        anyhow::bail!("give --placement and -o, or --check FILE");
+    };
+    super::check_io(&[Some(placement_file)], &[Some(output)])?;
+    let placement = read_placement(placement_file)?;
+    check_layers(a.model.as_deref(), &placement)?;
+    let text = load_balancer::load_balancer_file(&placement)?;
+    // What TensorRT-LLM would read back, before it is written.
+    let moe: Vec<usize> = placement.layers.iter().map(|l| l.layer).collect();
+    load_balancer::check_servable(&text, &moe, placement.num_experts, placement.num_devices)?;
+    occult_core::atomic::write_atomic(output, |w| w.write_all(text.as_bytes()))?;
+    eprintln!(
+        "wrote {} ({} MoE layers); serve on {} EP ranks with moe_config: {{backend: WIDEEP, \
+         load_balancer: {}}}",
+        output.display(),
+        placement.layers.len(),
+        placement.num_devices,
+        output.display()
+    );
+    Ok(())
+}
+
+fn vllm(a: VllmArgs) -> Result<()> {
+    use occult_core::interop::vllm::placement_file;
+    super::check_io(&[Some(&a.placement)], &[Some(&a.output)])?;
+    let placement = read_placement(&a.placement)?;
+    check_layers(a.model.as_deref(), &placement)?;
+    if a.shared && a.pr == VllmPr::Pr34811 {
+        anyhow::bail!("--shared is #49572's one-row form; #34811's file is always one map");
+    }
+    let v = match a.pr {
+        VllmPr::Pr49572 => placement_file::pr49572_file(&placement, a.shared)?,
+        VllmPr::Pr34811 => placement_file::pr34811_file(&placement)?,
+    };
+    let text = serde_json::to_string(&v)? + "\n";
+    occult_core::atomic::write_atomic(&a.output, |w| w.write_all(text.as_bytes()))?;
+    let serve = match a.pr {
+        VllmPr::Pr49572 => format!(
+            "--enable-expert-parallel --enable-eplb --eplb-config \
+             '{{\"initial_expert_map_path\": \"{}\"}}'",
+            a.output.display()
+        ),
+        VllmPr::Pr34811 => format!(
+            "--enable-expert-parallel --expert-placement-file {}",
+            a.output.display()
+        ),
+    };
+    eprintln!(
+        "wrote {} in the format of vllm-project/vllm#{} (an open pull request, not in a vLLM \
+         release); with it, serve on {} EP ranks with {serve}",
+        a.output.display(),
+        match a.pr {
+            VllmPr::Pr49572 => 49572,
+            VllmPr::Pr34811 => 34811,
+        },
+        placement.num_devices
     );
     Ok(())
 }

@@ -5,13 +5,15 @@ use crate::table::{fmt_opt, Table};
 use anyhow::{Context, Result};
 use clap::Args;
 use occult_core::analysis::cost::links::LinkProfile;
-use occult_core::analysis::drivers::replica_trace::{replicate_trace, ReplicaJob};
+use occult_core::analysis::drivers::replica_trace::{
+    replica_trace_stats, replicate_trace, ReplicaJob,
+};
 use occult_core::analysis::placement::eplb::EplbGroups;
 use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::analysis::placement::{
     Method, NodeLevel, Placement, SearchConfig, DEFAULT_INTER_WEIGHT,
 };
-use occult_core::analysis::{place_steps_per_layer, place_trace, PlaceInfo};
+use occult_core::analysis::{place_steps_per_layer, place_trace, place_trace_shared, PlaceInfo};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -30,11 +32,28 @@ inside one: --inter-weight, or the profile's intra- over inter-node bandwidth, e
 fewest devices within them; device d is in node d / G. The result is never costlier on the\n\
 trace, by W * E[C_N] + E[C_T], than the flat search's or the contiguous map.")]
 pub struct PlaceArgs {
-    /// Routing trace (safetensors, format occult.trace.v1).
+    /// Routing trace (safetensors, format occult.trace.v1); with --from, the trace to count the
+    /// engine's placement on (optional).
+    #[arg(long, required_unless_present = "from")]
+    pub trace: Option<PathBuf>,
+    /// Devices (EP ranks); with --from, the EP size the file is served with.
+    #[arg(long, required_unless_present = "from")]
+    pub devices: Option<usize>,
+    /// Read an engine's placement file instead of searching: SGLang's --init-expert-location
+    /// JSON, TensorRT-LLM's load-balancer YAML, or vLLM's #49572 / #34811 file (told by its
+    /// content). SGLang's and vLLM's need --model (which layers are MoE layers) and --devices.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = ["method", "replicas", "shared_across_layers"]
+    )]
+    pub from: Option<PathBuf>,
+    /// With --from: the model the file places (a folder or a hub id in the local cache).
+    #[arg(long, requires = "from")]
+    pub model: Option<String>,
+    /// One map for every layer (what vLLM #34811 takes): the layers' tokens searched as one.
     #[arg(long)]
-    pub trace: PathBuf,
-    #[arg(long)]
-    pub devices: usize,
+    pub shared_across_layers: bool,
     #[arg(long, value_enum, default_value_t = Method::Occult)]
     pub method: Method,
     /// occult method: keep each device's (token, expert) load within this factor of the mean.
@@ -80,8 +99,20 @@ pub struct PlaceArgs {
 }
 
 pub fn run(a: PlaceArgs) -> Result<()> {
-    super::check_io(&[Some(&a.trace)], &[Some(&a.output)])?;
-    let trace = super::load_trace(&a.trace)?;
+    if let Some(file) = &a.from {
+        return from_engine(&a, file);
+    }
+    let (Some(trace_path), Some(devices)) = (a.trace.clone(), a.devices) else {
+        anyhow::bail!("give --trace and --devices (or --from FILE)");
+    };
+    super::check_io(&[Some(&trace_path)], &[Some(&a.output)])?;
+    let trace = super::load_trace(&trace_path)?;
+    if a.shared_across_layers && a.replicas > 0 {
+        anyhow::bail!(
+            "--shared-across-layers is for engines that take one expert-to-rank map (vLLM \
+             #34811), which holds no replicas: drop --replicas"
+        );
+    }
     let eplb_replicas = a.method == Method::Eplb && a.replicas > 0;
     if a.copy_rule.is_some() && a.replicas == 0 {
         anyhow::bail!(
@@ -111,7 +142,11 @@ pub fn run(a: PlaceArgs) -> Result<()> {
         Method::Eplb | Method::Cooccurrence if a.replicas > 0 => Method::Contiguous,
         m => m,
     };
-    let placed = match place_trace(&trace, a.devices, first, &cfg, &|| pb.inc(1)) {
+    let placed = match if a.shared_across_layers {
+        place_trace_shared(&trace, devices, first, &cfg, &|| pb.inc(1))
+    } else {
+        place_trace(&trace, devices, first, &cfg, &|| pb.inc(1))
+    } {
         // Copies can balance a partition no balanced search brings within the cap: place
         // without it, and hold the copies to it.
         Err(err) if a.replicas > 0 && first == Method::Occult && cfg.max_load_factor.is_some() => {
@@ -123,18 +158,18 @@ pub fn run(a: PlaceArgs) -> Result<()> {
                 max_load_factor: None,
                 ..cfg.clone()
             };
-            place_trace(&trace, a.devices, first, &uncapped, &|| ())
+            place_trace(&trace, devices, first, &uncapped, &|| ())
         }
         other => other,
     };
-    let (mut placement, infos) = placed.with_context(|| a.trace.display().to_string())?;
+    let (mut placement, infos) = placed.with_context(|| trace_path.display().to_string())?;
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
     record_source(&mut placement, &a, seconds);
     if a.replicas > 0 {
         let eplb = EplbGroups {
             groups: a.expert_groups,
-            nodes: node_level(&a)?.map_or(1, |l| a.devices / l.devices_per_node),
+            nodes: node_level(&a)?.map_or(1, |l| devices / l.devices_per_node),
         };
         let job = ReplicaJob {
             method: a.method,
@@ -144,7 +179,7 @@ pub fn run(a: PlaceArgs) -> Result<()> {
             rule,
         };
         let replicated = replicate_trace(&trace, &placement, job)
-            .with_context(|| a.trace.display().to_string())?;
+            .with_context(|| trace_path.display().to_string())?;
         replicated.write(&a.output)?;
         print!("{}", render_replicas(&replicated, rule));
         eprintln!(
@@ -157,6 +192,74 @@ pub fn run(a: PlaceArgs) -> Result<()> {
     placement.write(&a.output)?;
     print!("{}", render(&infos, &placement));
     eprintln!("placed in {seconds:.2} s; wrote {}", a.output.display());
+    Ok(())
+}
+
+/// `--from FILE`: an engine's placement file read into an Occult placement, counted on the
+/// trace where one is given.
+fn from_engine(a: &PlaceArgs, file: &std::path::Path) -> Result<()> {
+    super::check_io(&[Some(file), a.trace.as_deref()], &[Some(&a.output)])?;
+    let layout = match &a.model {
+        Some(m) => Some(occult_core::interop::checkpoint::ExpertLayout::read(
+            &occult_core::models::checkpoint::resolve(m, None)?.dir,
+        )?),
+        None => None,
+    };
+    let (mut p, format) = occult_core::interop::engine_placement::read_engine_placement(
+        file,
+        layout.as_ref(),
+        a.devices,
+    )?;
+    p.source
+        .insert("from".into(), file.display().to_string().into());
+    p.source.insert("format".into(), format.name().into());
+    if let Some(t) = &a.trace {
+        // Copies counted under the rule the file's engine picks them by.
+        use occult_core::interop::engine_placement::EngineFormat;
+        let rule = a.copy_rule.unwrap_or(match format {
+            EngineFormat::Sglang => CopyRule::Sglang,
+            EngineFormat::Trtllm => CopyRule::Trtllm,
+            _ => CopyRule::Cover,
+        });
+        let trace = super::load_trace(t)?;
+        let st = replica_trace_stats(&trace, &p, rule, false, None)
+            .with_context(|| format!("counting {} on {}", file.display(), t.display()))?;
+        let mut table = Table::new(&["layer", "E[C_T]", "max/mean load"]);
+        for l in &st.layers {
+            table.row(vec![
+                l.layer.to_string(),
+                format!("{:.3}", l.ect),
+                format!("{:.3}", l.max_load_ratio),
+            ]);
+        }
+        print!("{}", table.render());
+        println!(
+            "mean E[C_T] {:.3}, max/mean load {:.3} on {} devices{}",
+            st.mean_ect,
+            st.mean_max_load_ratio,
+            p.num_devices,
+            if p.has_replicas() {
+                format!(" (copies chosen by the {} rule)", rule.name())
+            } else {
+                String::new()
+            }
+        );
+    }
+    p.write(&a.output)?;
+    eprintln!(
+        "read {} ({}: {} layers, {} experts on {} ranks{}); wrote {}",
+        file.display(),
+        format.name(),
+        p.layers.len(),
+        p.num_experts,
+        p.num_devices,
+        if p.has_replicas() {
+            ", with replicas"
+        } else {
+            ""
+        },
+        a.output.display()
+    );
     Ok(())
 }
 
@@ -180,13 +283,19 @@ fn node_level(a: &PlaceArgs) -> Result<Option<NodeLevel>> {
         devices_per_node: g,
         inter_weight: w,
     };
-    level.check(a.devices)?;
-    Ok((g < a.devices).then_some(level))
+    let devices = a.devices.unwrap_or(g);
+    level.check(devices)?;
+    Ok((g < devices).then_some(level))
 }
 
 fn record_source(p: &mut Placement, a: &PlaceArgs, seconds: f64) {
     let s = &mut p.source;
-    s.insert("trace".into(), a.trace.display().to_string().into());
+    if let Some(t) = &a.trace {
+        s.insert("trace".into(), t.display().to_string().into());
+    }
+    if a.shared_across_layers {
+        s.insert("shared_across_layers".into(), true.into());
+    }
     s.insert("seed".into(), a.seed.into());
     s.insert("restarts".into(), a.restarts.into());
     if let Some(f) = a.max_load_factor {

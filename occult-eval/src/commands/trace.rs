@@ -28,12 +28,13 @@ pub enum TraceCmd {
         occult trace remap --trace placed.safetensors --model olmoe-placed -o original-ids.safetensors")]
     Remap(RemapArgs),
     /// Read routing recorded by another framework (.npz, .npy or safetensors arrays of top-k
-    /// ids per layer, or SGLang's per_token expert-distribution dumps; see docs/formats.md)
-    /// into an occult trace.
+    /// ids per layer, SGLang's per_token expert-distribution dumps, or Megatron-Core's router
+    /// trace JSONL; see docs/formats.md) into an occult trace.
     #[command(after_help = "Examples:\n  \
         occult trace import routing.npz --experts 64 -o t.safetensors\n  \
         occult trace import routing.safetensors --model allenai/OLMoE-1B-7B-0924 -o t.safetensors\n  \
-        occult trace import /tmp/expert_distribution_recorder_*.pt --model Qwen/Qwen3-30B-A3B -o t.safetensors\n\n\
+        occult trace import /tmp/expert_distribution_recorder_*.pt --model Qwen/Qwen3-30B-A3B -o t.safetensors\n  \
+        occult trace import traces/router_trace_rank*.jsonl --experts 64 -o t.safetensors   # Megatron-Core\n\n\
         In Python: np.savez('routing.npz', **{f'layers.{l}.topk_ids': ids[l] for l in layers}), \
         or one stacked array np.savez('routing.npz', topk_ids=ids, layer_ids=layers). \
         scripts/record_routing.py records a transformers model's routing straight into a trace.")]
@@ -42,8 +43,9 @@ pub enum TraceCmd {
 
 #[derive(Args, Debug)]
 pub struct ImportArgs {
-    /// The routing files (.npz, .npy, .safetensors, or SGLang's per_token .pt dumps, one per
-    /// rank): their tokens are concatenated in order.
+    /// The routing files (.npz, .npy, .safetensors, SGLang's per_token .pt dumps, or
+    /// Megatron-Core's router_trace_rank*.jsonl, one per rank): their tokens are concatenated
+    /// in order.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Experts per layer.

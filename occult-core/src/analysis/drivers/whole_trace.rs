@@ -176,6 +176,68 @@ pub fn place_trace(
     Ok((p, infos))
 }
 
+/// One map for every layer of `trace`, as an engine that takes a single expert-to-device map
+/// needs (vLLM #34811): every layer's tokens searched as one layer, so the map minimises
+/// E[C_T] summed over the layers; each layer's figures under it.
+pub fn place_trace_shared(
+    trace: &Trace,
+    num_devices: usize,
+    method: Method,
+    cfg: &SearchConfig,
+    on_step: &(dyn Fn() + Sync),
+) -> Result<(Placement, Vec<PlaceInfo>)> {
+    let Some(first) = trace.layers.first() else {
+        bail!("the trace has no layers");
+    };
+    let merged = LayerTrace {
+        layer: first.layer,
+        tokens: trace.layers.iter().map(|l| l.tokens).sum(),
+        topk_ids: trace
+            .layers
+            .iter()
+            .flat_map(|l| l.topk_ids.iter().copied())
+            .collect(),
+        topk_weights: None,
+        router_logits: None,
+    };
+    let one = Trace {
+        meta: trace.meta.clone(),
+        layers: vec![merged],
+    };
+    let (shared, _) = place_trace(&one, num_devices, method, cfg, on_step)?;
+    let map = shared.layers[0].device_of_expert.clone();
+    let mut p = Placement::uniform(&trace.layer_ids(), map.clone(), num_devices, method.name());
+    let stats = trace_stats(trace, &p, 0, true)?;
+    let mut infos = Vec::with_capacity(stats.layers.len());
+    for ((lp, s), l) in p.layers.iter_mut().zip(&stats.layers).zip(&trace.layers) {
+        lp.metrics = Some(PlacementMetrics {
+            ect: s.ect,
+            intra_ratio: s.intra_ratio,
+            max_load_ratio: s.max_load_ratio,
+        });
+        infos.push(PlaceInfo {
+            layer: l.layer,
+            tokens: l.tokens,
+            ect: s.ect,
+            greedy_ect: None,
+            start: Some("shared".into()),
+            swaps: None,
+            ecn: cfg.nodes.map(|n| {
+                let nodes = placement::devices_and_nodes(
+                    &l.topk_ids,
+                    trace.meta.top_k,
+                    &map,
+                    num_devices,
+                    n.devices_per_node,
+                )
+                .1;
+                nodes as f64 / l.tokens.max(1) as f64
+            }),
+        });
+    }
+    Ok((p, infos))
+}
+
 fn place_layer(
     l: &LayerTrace,
     k: usize,
@@ -473,4 +535,48 @@ pub fn prune_trace_to(
         layers: results.into_iter().map(|r| r.0).collect(),
     };
     Ok((pruned, report))
+}
+
+#[cfg(test)]
+mod shared_tests {
+    use super::*;
+    use crate::analysis::synth::{synth_trace, SynthConfig};
+
+    /// One map for every layer: the same map in each, its summed E[C_T] no worse than the
+    /// contiguous map's (one of the search's starts on the merged layer), and each layer's
+    /// figure the one counted under it.
+    #[test]
+    fn a_shared_map_is_one_map_bounded_by_the_per_layer_search() {
+        let cfg = SynthConfig {
+            layers: 3,
+            num_experts: 16,
+            top_k: 4,
+            ..SynthConfig::olmoe_like(600, 5)
+        };
+        let trace = synth_trace(&cfg, &|| ()).unwrap();
+        let search = SearchConfig::default();
+        let (shared, infos) =
+            place_trace_shared(&trace, 4, Method::Occult, &search, &|| ()).unwrap();
+        assert!(shared
+            .layers
+            .iter()
+            .all(|l| l.device_of_expert == shared.layers[0].device_of_expert));
+        let sum = |p: &Placement| -> f64 {
+            trace_stats(&trace, p, 0, true)
+                .unwrap()
+                .layers
+                .iter()
+                .map(|l| l.ect)
+                .sum()
+        };
+        let contiguous = Placement::uniform(
+            &trace.layer_ids(),
+            placement::contiguous(16, 4),
+            4,
+            "contiguous",
+        );
+        assert!(sum(&shared) <= sum(&contiguous) + 1e-9);
+        let listed: f64 = infos.iter().map(|i| i.ect).sum();
+        assert!((listed - sum(&shared)).abs() < 1e-9);
+    }
 }
