@@ -182,6 +182,26 @@ mod tests {
         assert_eq!(r.layers[0].slots.as_deref(), Some(&[0, 1, 2, 3, 0, 1][..]));
     }
 
+    /// Held to TensorRT-LLM's own writer and reader: PyYAML's `yaml.dump` as its generator calls
+    /// it wrote each fixture, and `yaml.safe_load` (the engine's read) gave back the same rows
+    /// (`scripts/make_trtllm_load_balancer_fixtures.py`).
+    #[test]
+    fn the_files_are_the_bytes_tensorrt_llms_generator_writes() {
+        let v = crate::test_util::fixture_json("trtllm/load_balancer.json");
+        for c in v["cases"].as_array().unwrap() {
+            let rows: Vec<(usize, Vec<u32>)> = serde_json::from_value(c["layers"].clone()).unwrap();
+            let (e, ep) = (
+                c["experts"].as_u64().unwrap() as usize,
+                c["ep_size"].as_u64().unwrap() as usize,
+            );
+            let p = placement_from_rows(&rows, e, ep, "x").unwrap();
+            let text = load_balancer_file(&p).unwrap();
+            assert_eq!(text, c["yaml"].as_str().unwrap());
+            let back = placement_of(&parse(&text).unwrap(), Some(ep)).unwrap();
+            assert_eq!(crate::interop::slots::layer_rows(&back).unwrap(), rows);
+        }
+    }
+
     #[test]
     fn what_tensorrt_llm_refuses_is_named() {
         let ok = "initial_global_assignments:\n  1: [0, 1, 2, 3]\nnum_slots: 4\n";
