@@ -172,7 +172,7 @@ fn occult_trace_import_writes_a_trace_and_refuses_bad_files() {
             "-o",
             t.path().join("z.safetensors").to_str().unwrap(),
         ],
-        ".npz, .npy, .safetensors or SGLang",
+        "Megatron-Core's router trace (.jsonl)",
     );
     assert!(!t.path().join("y.safetensors").exists());
     // Several files (one per rank): their tokens in order.
