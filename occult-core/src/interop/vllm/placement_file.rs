@@ -13,7 +13,7 @@
 //!   layer and no replicas. A placement per layer does not fit it: `occult place
 //!   --shared-across-layers` searches the one map such an engine takes.
 
-use crate::analysis::placement::{LayerPlacement, Placement, PLACEMENT_FORMAT};
+use crate::analysis::placement::Placement;
 use crate::interop::slots::{layer_rows, placement_from_rows};
 use crate::{bail, Result};
 use serde_json::{json, Value};
@@ -132,23 +132,7 @@ pub fn pr34811_placement(
             _ => bail!("expert {x}: rank {r} is not one of the {ep_size} EP ranks"),
         })
         .collect::<Result<_>>()?;
-    let p = Placement {
-        format: PLACEMENT_FORMAT.into(),
-        num_experts,
-        num_devices: ep_size,
-        method: "vllm-pr34811".into(),
-        source: Default::default(),
-        layers: moe_layers
-            .iter()
-            .map(|&layer| LayerPlacement {
-                layer,
-                device_of_expert: map.clone(),
-                metrics: None,
-                slots: None,
-                expert_load: None,
-            })
-            .collect(),
-    };
+    let p = Placement::uniform(moe_layers, map, ep_size, "vllm-pr34811");
     p.validate()?;
     Ok(p)
 }
