@@ -8,6 +8,7 @@
 //! | [`routing_import`] | routing arrays (or an engine's dump) read into an `occult.trace.v1` trace |
 //! | [`checkpoint`] | the renumbered checkpoint: contiguous expert sharding (vLLM, Megatron-Core, DeepSpeed) realises a placement |
 //! | [`sglang`] | SGLang: its `--init-expert-location` file (written) and its per-token routing dump (read) |
+//! | [`r3`] | the routed experts vLLM and SGLang return with a completion (read) |
 //! | [`megatron`] | Megatron-Core: its routing trace (`router_trace_rank*.jsonl`, read) |
 //! | [`trtllm`] | TensorRT-LLM: its WIDEEP static load-balancer YAML (written and read) |
 //! | [`vllm`] | vLLM: the placement files of its open pull requests #49572 and #34811 (written and read) |
@@ -21,6 +22,7 @@ pub mod arrays;
 pub mod checkpoint;
 pub mod engine_placement;
 pub mod megatron;
+pub mod r3;
 pub mod routing_import;
 pub mod sglang;
 pub mod slots;

@@ -12,7 +12,8 @@
 //!
 //! A `.npy` file holds one `topk_ids` array, `[layers, tokens, k]` or `[tokens, k]` (one layer).
 //! A `.pt` file is SGLang's per_token expert-distribution dump ([`super::sglang::dump`]); a
-//! `.jsonl` file is Megatron-Core's router trace ([`super::megatron::router_trace`]).
+//! `.jsonl` file is Megatron-Core's router trace ([`super::megatron::router_trace`]); a `.json`
+//! file holds the routed experts vLLM or SGLang returned with completions ([`super::r3`]).
 //!
 //! `-1` marks padding, as SGLang's recorder writes it: a row of `-1` (a padded token) is dropped,
 //! and so is a column of `-1` in every row of every layer (a top-k narrower than the buffer); a
@@ -35,6 +36,8 @@ pub struct ImportOptions {
     /// Recorded in the trace's metadata.
     pub model: Option<String>,
     pub data: Option<String>,
+    /// The model's layers and top-k, which routed-expert responses (`.json`) need.
+    pub layers: Option<super::r3::ModelLayers>,
 }
 
 /// Reads a routing file by its extension (`.npz`, `.npy`, `.safetensors`) into a trace.
@@ -67,10 +70,23 @@ pub fn import(path: &Path, opts: &ImportOptions) -> Result<Trace> {
             }
             t.arrays
         }
+        "json" => {
+            let Some(layers) = &opts.layers else {
+                return Err(bad(
+                    "routed-expert responses (vLLM's or SGLang's --enable-return-routed-experts) \
+                     need the model (--model: its hidden layers, MoE layers and top-k)"
+                        .into(),
+                ));
+            };
+            let text =
+                std::str::from_utf8(&bytes).map_err(|e| bad(format!("not UTF-8 text: {e}")))?;
+            super::r3::read_r3(text, layers).map_err(bad)?
+        }
         other => {
             return Err(bad(format!(
                 "extension {other:?}: routing is read from .npz, .npy, .safetensors, SGLang's \
-                 per_token dump (.pt) or Megatron-Core's router trace (.jsonl)"
+                 per_token dump (.pt), Megatron-Core's router trace (.jsonl) or routed-expert \
+                 responses (.json)"
             )))
         }
     };

@@ -34,7 +34,8 @@ pub enum TraceCmd {
         occult trace import routing.npz --experts 64 -o t.safetensors\n  \
         occult trace import routing.safetensors --model allenai/OLMoE-1B-7B-0924 -o t.safetensors\n  \
         occult trace import /tmp/expert_distribution_recorder_*.pt --model Qwen/Qwen3-30B-A3B -o t.safetensors\n  \
-        occult trace import traces/router_trace_rank*.jsonl --experts 64 -o t.safetensors   # Megatron-Core\n\n\
+        occult trace import traces/router_trace_rank*.jsonl --experts 64 -o t.safetensors   # Megatron-Core\n  \
+        occult trace import responses.json --model Qwen/Qwen3-30B-A3B -o t.safetensors   # vLLM / SGLang routed experts\n\n\
         In Python: np.savez('routing.npz', **{f'layers.{l}.topk_ids': ids[l] for l in layers}), \
         or one stacked array np.savez('routing.npz', topk_ids=ids, layer_ids=layers). \
         scripts/record_routing.py records a transformers model's routing straight into a trace.")]
@@ -43,9 +44,9 @@ pub enum TraceCmd {
 
 #[derive(Args, Debug)]
 pub struct ImportArgs {
-    /// The routing files (.npz, .npy, .safetensors, SGLang's per_token .pt dumps, or
-    /// Megatron-Core's router_trace_rank*.jsonl, one per rank): their tokens are concatenated
-    /// in order.
+    /// The routing files (.npz, .npy, .safetensors, SGLang's per_token .pt dumps,
+    /// Megatron-Core's router_trace_rank*.jsonl, or vLLM's / SGLang's routed-expert responses
+    /// as .json, with --model): their tokens are concatenated in order.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Experts per layer.
@@ -189,11 +190,29 @@ fn import(a: ImportArgs) -> Result<()> {
         (None, None) => anyhow::bail!("give --experts E or --model M"),
     };
     occult_core::analysis::placement::check_sizes(num_experts, 1)?;
+    // Routed-expert responses lay out every hidden layer: the model says which are MoE layers.
+    let layers = match &a.model {
+        Some(m) => {
+            let dir = occult_core::models::checkpoint::resolve(m, None)?.dir;
+            let layout = occult_core::interop::checkpoint::ExpertLayout::read(&dir)?;
+            let config: serde_json::Value =
+                serde_json::from_str(&occult_core::input::read_text(&dir.join("config.json"))?)?;
+            config["num_experts_per_tok"]
+                .as_u64()
+                .map(|k| occult_core::interop::r3::ModelLayers {
+                    num_layers: layout.num_layers,
+                    moe_layers: layout.moe_layers.clone(),
+                    top_k: k as usize,
+                })
+        }
+        None => None,
+    };
     let opts = ImportOptions {
         num_experts,
         layer: a.layer,
         model: a.model.clone(),
         data: a.data.clone(),
+        layers,
     };
     let mut t = import_all(&a.files, &opts)?;
     if let Some(m) = &a.model {
