@@ -1512,3 +1512,55 @@ fn megatron_router_traces_import_and_place() {
         "{e}"
     );
 }
+
+/// Routed experts returned with completions import as routing for the model's MoE layers (its
+/// dense layer's never-written rows left out): SGLang's base64 int32 beside vLLM's nested
+/// lists, one response a line, requests in order; without the model they are refused by name.
+#[test]
+fn routed_experts_returned_with_completions_import() {
+    use base64::Engine;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/models/qwen2_moe");
+    let model = model.to_str().unwrap();
+    // 3 hidden layers (layer 0 dense), top-2, 8 experts; SGLang's two tokens, vLLM's one.
+    let ids: [i32; 12] = [0, 0, 1, 2, 3, 4, 0, 0, 5, 6, 7, 1];
+    let raw: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(raw);
+    let lines = [
+        serde_json::json!({"text": "..", "meta_info": {"routed_experts": b64}}),
+        serde_json::json!({"choices": [{"routed_experts": [[[0, 0], [2, 4], [6, 7]]]}]}),
+    ]
+    .map(|v| v.to_string())
+    .join("\n");
+    std::fs::write(d.join("responses.json"), lines).unwrap();
+    occult_ok(
+        d,
+        &[
+            "trace",
+            "import",
+            "responses.json",
+            "--model",
+            model,
+            "-o",
+            "t.safetensors",
+        ],
+    );
+    let t = occult_core::analysis::trace::Trace::read(&d.join("t.safetensors")).unwrap();
+    assert_eq!(t.layer_ids(), vec![1, 2]);
+    assert_eq!(t.layers[0].topk_ids, vec![1, 2, 5, 6, 2, 4]);
+    assert_eq!(t.layers[1].topk_ids, vec![3, 4, 7, 1, 6, 7]);
+    let e = occult_err(
+        d,
+        &[
+            "trace",
+            "import",
+            "responses.json",
+            "--experts",
+            "8",
+            "-o",
+            "u.safetensors",
+        ],
+    );
+    assert!(e.contains("need the model"), "{e}");
+}
