@@ -1564,3 +1564,81 @@ fn routed_experts_returned_with_completions_import() {
     );
     assert!(e.contains("need the model"), "{e}");
 }
+
+/// TensorRT-LLM's expert-statistic dump (the co-occurrence variant's per-token experts) imports
+/// as routing and goes on to TensorRT-LLM's own load-balancer file: a TensorRT-LLM deployment's
+/// recorded routing to the file it serves, one command each.
+#[test]
+fn a_tensorrt_llm_statistic_dump_goes_to_its_load_balancer_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let dump = d.join("expert_statistic");
+    std::fs::create_dir(&dump).unwrap();
+    std::fs::write(
+        dump.join("meta_info.json"),
+        r#"{"num_experts": 8, "num_experts_per_token": 2}"#,
+    )
+    .unwrap();
+    let write = |name: &str, tensors: &[(&str, Vec<i32>)]| {
+        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+            .iter()
+            .map(|(key, ids)| {
+                let view = safetensors::tensor::TensorView::new(
+                    safetensors::Dtype::I32,
+                    vec![ids.len() / 2, 2],
+                    bytemuck_bytes(ids),
+                )
+                .unwrap();
+                (key.to_string(), view)
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &dump.join(name)).unwrap();
+    };
+    fn bytemuck_bytes(ids: &[i32]) -> &[u8] {
+        // SAFETY: i32 has no padding; the slice covers exactly the ints' bytes.
+        unsafe { std::slice::from_raw_parts(ids.as_ptr().cast(), std::mem::size_of_val(ids)) }
+    }
+    write(
+        "token_selected_experts_rank0.safetensors",
+        &[("100_1", vec![0, 1, 2, 3]), ("100_2", vec![4, 5, 6, 7])],
+    );
+    write(
+        "token_selected_experts_rank1.safetensors",
+        &[("100_1", vec![1, 2]), ("100_2", vec![3, 4])],
+    );
+    occult_ok(
+        d,
+        &[
+            "trace",
+            "import",
+            "expert_statistic",
+            "--experts",
+            "8",
+            "-o",
+            "t.safetensors",
+        ],
+    );
+    let t = occult_core::analysis::trace::Trace::read(&d.join("t.safetensors")).unwrap();
+    assert_eq!(t.layers[0].topk_ids, vec![0, 1, 2, 3, 1, 2]);
+    occult_ok(
+        d,
+        &[
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "2",
+            "-o",
+            "p.json",
+        ],
+    );
+    occult_ok(
+        d,
+        &["export", "trtllm", "--placement", "p.json", "-o", "lb.yaml"],
+    );
+    let yaml = std::fs::read_to_string(d.join("lb.yaml")).unwrap();
+    assert!(
+        yaml.contains("\n  1: [") && yaml.ends_with("num_slots: 8\n"),
+        "{yaml}"
+    );
+}

@@ -13,7 +13,8 @@
 //! A `.npy` file holds one `topk_ids` array, `[layers, tokens, k]` or `[tokens, k]` (one layer).
 //! A `.pt` file is SGLang's per_token expert-distribution dump ([`super::sglang::dump`]); a
 //! `.jsonl` file is Megatron-Core's router trace ([`super::megatron::router_trace`]); a `.json`
-//! file holds the routed experts vLLM or SGLang returned with completions ([`super::r3`]).
+//! file holds the routed experts vLLM or SGLang returned with completions ([`super::r3`]); a
+//! folder is TensorRT-LLM's expert-statistic dump ([`super::trtllm::statistic`]).
 //!
 //! `-1` marks padding, as SGLang's recorder writes it: a row of `-1` (a padded token) is dropped,
 //! and so is a column of `-1` in every row of every layer (a top-k narrower than the buffer); a
@@ -40,8 +41,16 @@ pub struct ImportOptions {
     pub layers: Option<super::r3::ModelLayers>,
 }
 
-/// Reads a routing file by its extension (`.npz`, `.npy`, `.safetensors`) into a trace.
+/// Reads a routing file by its extension (`.npz`, `.npy`, `.safetensors`, `.pt`, `.jsonl`,
+/// `.json`), or TensorRT-LLM's expert-statistic folder, into a trace.
 pub fn import(path: &Path, opts: &ImportOptions) -> Result<Trace> {
+    if path.is_dir() {
+        let arrays = super::trtllm::statistic::read_statistic_dir(path)
+            .map_err(|m| Error::bad_file(path, m))?;
+        let trace = from_arrays(arrays, opts).map_err(|m| Error::bad_file(path, m))?;
+        trace.validate(&path.display().to_string())?;
+        return Ok(trace);
+    }
     let bytes = crate::input::read_bytes(path)?;
     let ext = path
         .extension()

@@ -35,7 +35,8 @@ pub enum TraceCmd {
         occult trace import routing.safetensors --model allenai/OLMoE-1B-7B-0924 -o t.safetensors\n  \
         occult trace import /tmp/expert_distribution_recorder_*.pt --model Qwen/Qwen3-30B-A3B -o t.safetensors\n  \
         occult trace import traces/router_trace_rank*.jsonl --experts 64 -o t.safetensors   # Megatron-Core\n  \
-        occult trace import responses.json --model Qwen/Qwen3-30B-A3B -o t.safetensors   # vLLM / SGLang routed experts\n\n\
+        occult trace import responses.json --model Qwen/Qwen3-30B-A3B -o t.safetensors   # vLLM / SGLang routed experts\n  \
+        occult trace import expert_statistic/ --experts 256 -o t.safetensors   # TensorRT-LLM's dump\n\n\
         In Python: np.savez('routing.npz', **{f'layers.{l}.topk_ids': ids[l] for l in layers}), \
         or one stacked array np.savez('routing.npz', topk_ids=ids, layer_ids=layers). \
         scripts/record_routing.py records a transformers model's routing straight into a trace.")]
@@ -45,8 +46,9 @@ pub enum TraceCmd {
 #[derive(Args, Debug)]
 pub struct ImportArgs {
     /// The routing files (.npz, .npy, .safetensors, SGLang's per_token .pt dumps,
-    /// Megatron-Core's router_trace_rank*.jsonl, or vLLM's / SGLang's routed-expert responses
-    /// as .json, with --model): their tokens are concatenated in order.
+    /// Megatron-Core's router_trace_rank*.jsonl, vLLM's / SGLang's routed-expert responses as
+    /// .json with --model, or TensorRT-LLM's expert-statistic folder): their tokens are
+    /// concatenated in order.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Experts per layer.
