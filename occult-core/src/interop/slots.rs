@@ -5,7 +5,7 @@
 //! A row of E slots is a partition (`occult.placement.v1`); a wider one has replicas (v2).
 
 use crate::analysis::placement::{
-    LayerPlacement, Placement, PLACEMENT_FORMAT, PLACEMENT_FORMAT_V2,
+    experts_by_device, LayerPlacement, Placement, PLACEMENT_FORMAT, PLACEMENT_FORMAT_V2,
 };
 use crate::{bail, Result};
 
@@ -25,20 +25,21 @@ pub fn layer_rows(p: &Placement) -> Result<Vec<Row>> {
             if let Some(slots) = &l.slots {
                 return Ok((l.layer, slots.clone()));
             }
-            let mut row = Vec::with_capacity(e);
-            for dev in 0..d as u32 {
-                let before = row.len();
-                row.extend((0..e as u32).filter(|&x| l.device_of_expert[x as usize] == dev));
-                if e % d != 0 || row.len() - before != e / d {
-                    bail!(
-                        "layer {}: device {dev} holds {} experts, but an engine gives every one \
-                         of the {d} ranks the same number of slots ({e} / {d}): place with a \
-                         load cap of 1.0 (--max-load-factor 1), or with --replicas",
-                        l.layer,
-                        row.len() - before
-                    );
-                }
+            let by_device = experts_by_device(&l.device_of_expert, d);
+            if let Some((dev, held)) = by_device
+                .iter()
+                .enumerate()
+                .find(|(_, x)| e % d != 0 || x.len() != e / d)
+            {
+                bail!(
+                    "layer {}: device {dev} holds {} experts, but an engine gives every one of \
+                     the {d} ranks the same number of slots ({e} / {d}): place with a load cap \
+                     of 1.0 (--max-load-factor 1), or with --replicas",
+                    l.layer,
+                    held.len()
+                );
             }
+            let row = by_device.concat();
             Ok((l.layer, row))
         })
         .collect()
