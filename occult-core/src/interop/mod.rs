@@ -14,6 +14,7 @@
 //! | [`vllm`] | vLLM: the placement files of its open pull requests #49572 and #34811 (written and read) |
 //! | [`slots`] | a placement as each layer's physical slots, the rows every engine's file holds |
 //! | [`engine_placement`] | any engine's placement file read back, its format told by its content |
+//! | [`routes`] | every route to an engine side by side: a placement written, read back, and its copy rule |
 //!
 //! A new engine's format goes in a folder of its own here (see the README's "Where a change
 //! goes"); [`crate::analysis`] stays free of every engine and of candle.
@@ -23,6 +24,7 @@ pub mod checkpoint;
 pub mod engine_placement;
 pub mod megatron;
 pub mod r3;
+pub mod routes;
 pub mod routing_import;
 pub mod sglang;
 pub mod slots;

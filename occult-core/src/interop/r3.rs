@@ -8,8 +8,10 @@
 //!   its dtype in its header; earlier releases (v0.21's `docs/training/routed_experts_replay.md`)
 //!   return nested lists, the prompt's in `prompt_routed_experts` beside the choices.
 //! - **SGLang** (`--enable-return-routed-experts`; `srt/managers/tokenizer_manager.py`):
-//!   `meta_info.routed_experts` from `/generate`, or `choices[i].sgl_ext.routed_experts` from its
-//!   OpenAI endpoints: base64 of the raw int32 bytes, `(tokens - 1, num_hidden_layers, top_k)`.
+//!   `meta_info.routed_experts` from `/generate`; from its OpenAI endpoints `sglext.routed_experts`
+//!   beside the choices (the first request's only: with `n > 1` the others' are not returned), or
+//!   with chat's `return_meta_info` each choice's `meta_info.routed_experts`: base64 of the raw
+//!   int32 bytes, `(tokens - 1, num_hidden_layers, top_k)`.
 //!
 //! Both capture the ids before expert-parallel load balancing maps them (logical ids), and lay
 //! out every hidden layer, dense ones included (rows never written): the model's layout says
@@ -82,7 +84,7 @@ pub fn read_r3(text: &str, model: &ModelLayers) -> Result<BTreeMap<String, Array
     if requests == 0 {
         return Err(
             "no routed experts in the responses (choices[].routed_experts, \
-                    meta_info.routed_experts or choices[].sgl_ext.routed_experts): serve with \
+                    meta_info.routed_experts or sglext.routed_experts): serve with \
                     --enable-return-routed-experts"
                 .into(),
         );
@@ -102,18 +104,22 @@ pub fn read_r3(text: &str, model: &ModelLayers) -> Result<BTreeMap<String, Array
         .collect())
 }
 
-/// Every request's routing in one response.
+/// Every request's routing in one response: SGLang's `/generate` (`meta_info`) or OpenAI
+/// endpoints (`sglext` beside the choices, the first request's; chat with `return_meta_info`,
+/// each choice's `meta_info`), vLLM's choices.
 fn payloads(r: &Value, num_layers: usize, top_k: usize) -> Result<Vec<Routed>, String> {
     let mut out = Vec::new();
-    if let Some(s) = r.pointer("/meta_info/routed_experts") {
-        out.push(decode(s, None, num_layers, top_k)?);
+    for at in ["/meta_info/routed_experts", "/sglext/routed_experts"] {
+        if let Some(s) = r.pointer(at).filter(|v| !v.is_null()) {
+            out.push(decode(s, None, num_layers, top_k).map_err(|e| format!("{at}: {e}"))?);
+        }
     }
     if let Some(choices) = r.get("choices").and_then(Value::as_array) {
         let prompt = r.get("prompt_routed_experts");
         for (i, c) in choices.iter().enumerate() {
             let field = c
                 .get("routed_experts")
-                .or_else(|| c.pointer("/sgl_ext/routed_experts"));
+                .or_else(|| c.pointer("/meta_info/routed_experts"));
             match field {
                 Some(Value::Null) | None => {}
                 Some(v) => out.push(
@@ -251,8 +257,9 @@ mod tests {
             json!({"choices": [{"index": 0, "routed_experts": b64(&npy_u8([2, 3, 2], &u8s))}]});
         let lists = json!({"prompt_routed_experts": [[[0, 0], [1, 2], [3, 4]]],
             "choices": [{"routed_experts": [[[0, 0], [5, 6], [7, 1]]]}]});
-        let openai = json!({"choices": [{"sgl_ext": {"routed_experts": b64(&raw)}}]});
-        for v in [&sglang, &vllm, &lists, &openai] {
+        let openai = json!({"choices": [{"text": ".."}], "sglext": {"routed_experts": b64(&raw)}});
+        let chat = json!({"choices": [{"meta_info": {"routed_experts": b64(&raw)}}]});
+        for v in [&sglang, &vllm, &lists, &openai, &chat] {
             let a = read_r3(&v.to_string(), &model(&[1, 2])).unwrap();
             assert_eq!(
                 a["layers.1.topk_ids"].values,
@@ -303,5 +310,56 @@ mod tests {
         assert!(read_r3("{\"a\": 1}\nnot json\n", &model(&[1]))
             .unwrap_err()
             .contains("line 2"));
+    }
+
+    /// Responses the engines' own code encoded (`scripts/make_r3_fixtures.py`: SGLang 0.5.23,
+    /// vLLM 0.34.0) read to the seeded routing in `expected.json`.
+    #[test]
+    fn the_engines_own_responses_read_to_the_seeded_routing() {
+        let expected: Value =
+            serde_json::from_str(include_str!("../../../tests/fixtures/r3/expected.json")).unwrap();
+        let fixtures = [
+            (
+                "sglang_generate.json",
+                include_str!("../../../tests/fixtures/r3/sglang_generate.json"),
+            ),
+            (
+                "vllm_completion.json",
+                include_str!("../../../tests/fixtures/r3/vllm_completion.json"),
+            ),
+            (
+                "sglang_openai_completion.json",
+                include_str!("../../../tests/fixtures/r3/sglang_openai_completion.json"),
+            ),
+        ];
+        for (name, text) in fixtures {
+            let e = &expected["fixtures"][name];
+            let ints = |v: &Value| -> Vec<usize> {
+                v.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as usize)
+                    .collect()
+            };
+            let model = ModelLayers {
+                num_layers: e["num_layers"].as_u64().unwrap() as usize,
+                moe_layers: ints(&e["moe_layers"]),
+                top_k: e["top_k"].as_u64().unwrap() as usize,
+            };
+            let got = read_r3(text, &model).unwrap_or_else(|err| panic!("{name}: {err}"));
+            assert_eq!(got.len(), model.moe_layers.len(), "{name}");
+            let tokens = e["tokens"].as_u64().unwrap() as usize;
+            for &l in &model.moe_layers {
+                let want: Vec<i64> = e["layers"][l.to_string()]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|row| row.as_array().unwrap().iter().map(|x| x.as_i64().unwrap()))
+                    .collect();
+                let a = &got[&format!("layers.{l}.topk_ids")];
+                assert_eq!(a.shape, vec![tokens, model.top_k], "{name} layer {l}");
+                assert_eq!(a.values, Values::Ints(want), "{name} layer {l}");
+            }
+        }
     }
 }

@@ -7,6 +7,8 @@
 //! - [`train`]: a fine-tuning step in every EP mode;
 //! - [`suite`]: sweeps of those from `configs/bench/*.toml`;
 //! - [`place`]: the placement methods on the same traces;
+//! - [`routes`]: the same placements served by each engine's route (written, read back, counted
+//!   under the engine's copy rule);
 //! - [`kernels`]: the CPU linear kernels against candle's matmul;
 //! - [`eval`]: scoring with and without context reuse.
 //!
@@ -25,6 +27,7 @@ pub mod modes;
 pub mod peers;
 pub mod place;
 pub mod report;
+pub mod routes;
 pub mod suite;
 pub mod timing;
 pub mod train;

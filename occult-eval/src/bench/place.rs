@@ -73,26 +73,36 @@ impl PlaceProjection {
     }
 }
 
-/// Times every method on every trace and device count, prints the table and writes the runs
-/// as JSON to `json`.
+/// Times every method on every trace and device count, prints the table (and, with `routes`,
+/// the routes table of [`super::routes`]) and writes the runs as JSON to `json`.
 pub fn run(
     traces: &[PathBuf],
     devices: &[usize],
     cfg: &SearchConfig,
     replicas: usize,
     proj: &PlaceProjection,
+    routes: bool,
     json: Option<&Path>,
 ) -> Result<()> {
-    let mut runs = Vec::new();
+    let (mut runs, mut route_runs) = (Vec::new(), Vec::new());
     for path in traces {
         let trace = Trace::read(path)?;
         for &d in devices {
             runs.extend(runs_on(&trace, path, d, cfg, replicas, proj)?);
+            if routes {
+                let name = path.display().to_string();
+                route_runs.extend(super::routes::route_runs(&trace, &name, d, cfg, replicas)?);
+            }
         }
     }
     print!("{}", render(&runs));
+    if routes {
+        println!("\nRoutes: the same placements as each engine serves them\n");
+        print!("{}", super::routes::render(&route_runs));
+    }
     if let Some(out) = json {
-        super::report::write(out, "place", serde_json::json!({ "results": runs }))?;
+        let body = serde_json::json!({ "results": runs, "routes": route_runs });
+        super::report::write(out, "place", body)?;
     }
     Ok(())
 }

@@ -151,6 +151,12 @@ pub struct PlaceBenchArgs {
     /// Tokens each device holds in the projection.
     #[arg(long, default_value_t = 2048)]
     pub tokens_per_device: usize,
+    /// Also the routes table: Occult's partition per layer, one map shared by every layer and
+    /// (with --replicas) the partition with copies, each written as every engine's file
+    /// (renumbered checkpoint, SGLang, TensorRT-LLM, vLLM #49572 and #34811), read back as the
+    /// engine reads it and counted under its copy rule.
+    #[arg(long)]
+    pub routes: bool,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -314,6 +320,7 @@ fn place(a: PlaceBenchArgs) -> Result<()> {
         &cfg,
         a.replicas,
         &proj,
+        a.routes,
         a.json.as_deref(),
     )
 }

@@ -7,12 +7,18 @@
 //!  "num_tokens": 2, "topk": 2, "top_indices": [[12, 45], [3, 7]]}
 //! ```
 //!
-//! `layer` is the index in the decoder's layer list (dense layers counted), `top_indices` the
-//! `[num_tokens, topk]` logical experts of each token, in ascending expert order (Megatron takes
-//! them from its routing map), so the trace has no score order and no gate weights: placement
-//! and E[C_T] need neither, pruning by the router's scores needs logits. Multi-token-prediction
-//! records (`"block": "mtp"`) are left out and counted: their layer indices are another list's.
-//! Optional keys (`hs_offset`, `logit_offset`, ... of the sidecar files) are ignored.
+//! In training (the router's forward hook), `layer` is the index in the decoder's layer list
+//! (dense layers counted, from 0) and `top_indices` the `[num_tokens, topk]` logical experts of
+//! each token in ascending expert order (taken from the routing map), so the trace has no score
+//! order and no gate weights: placement and E[C_T] need neither, pruning by the router's scores
+//! needs logits. Multi-token-prediction records (`"block": "mtp"`, with `mtp_idx`) are left out
+//! and counted: their layer indices are another list's. Held to Megatron's own writer by
+//! `tests/fixtures/megatron/` (`scripts/make_megatron_trace_fixtures.py`, Megatron-LM d98e8a64).
+//!
+//! What the file does not say, and a user must: under pipeline parallelism each stage numbers
+//! its layers from 0 (and virtual-pipeline chunks reuse the numbers in one file), so import one
+//! stage's ranks at a time; Megatron's inference path records TransformerLayer's global
+//! `layer_number` (from 1) with the ids in score order instead. Optional keys (`hs_offset`, `logit_offset`, ... of the sidecar files) are ignored.
 
 use super::super::arrays::{Array, Values};
 use serde::Deserialize;
@@ -167,5 +173,53 @@ mod tests {
             .err()
             .unwrap()
             .contains("line 2: layer 1 has topk 2"));
+    }
+
+    /// Megatron's own writer (`router_trace.py` at NVIDIA/Megatron-LM d98e8a64, training-mode
+    /// hooks, `scripts/make_megatron_trace_fixtures.py`): two ranks' files, joined in rank order,
+    /// give the ids the script fed its routers.
+    #[test]
+    fn megatrons_own_files_give_the_seeded_routing() {
+        let ranks = [
+            include_str!("../../../../tests/fixtures/megatron/router_trace_rank0.jsonl"),
+            include_str!("../../../../tests/fixtures/megatron/router_trace_rank1.jsonl"),
+        ];
+        let expected: serde_json::Value = serde_json::from_str(include_str!(
+            "../../../../tests/fixtures/megatron/expected.json"
+        ))
+        .unwrap();
+        let topk = expected["topk"].as_u64().unwrap() as usize;
+        let mut joined: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+        let mut mtp = 0;
+        for text in ranks {
+            let t = read_router_trace(text).unwrap();
+            mtp += t.mtp_records;
+            for (name, a) in t.arrays {
+                assert_eq!(a.shape[1], topk, "{name}");
+                let Values::Ints(ids) = a.values else {
+                    panic!("{name} is not ids")
+                };
+                assert_eq!(ids.len(), a.shape[0] * topk, "{name}");
+                joined.entry(name).or_default().extend(ids);
+            }
+        }
+        let want: BTreeMap<String, Vec<i64>> = expected["layers"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(l, ids)| {
+                let ids = ids.as_array().unwrap().iter();
+                (
+                    format!("layers.{l}.topk_ids"),
+                    ids.map(|i| i.as_i64().unwrap()).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            joined.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>()
+        );
+        assert_eq!(joined, want);
+        assert_eq!(mtp as u64, expected["mtp_records"].as_u64().unwrap());
     }
 }
