@@ -1642,3 +1642,133 @@ fn a_tensorrt_llm_statistic_dump_goes_to_its_load_balancer_file() {
         "{yaml}"
     );
 }
+
+/// TensorRT-LLM's plain statistic dump holds expert counts only: the trace import refuses it
+/// and names the load-only route, `place --loads` balances it with EPLB (copies included), and
+/// the placement goes to TensorRT-LLM's load-balancer file and reads back.
+#[test]
+fn a_counts_only_statistic_dump_places_for_load_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let dump = d.join("expert_statistic");
+    std::fs::create_dir(&dump).unwrap();
+    std::fs::write(
+        dump.join("meta_info.json"),
+        r#"{"num_experts": 8, "num_experts_per_token": 2}"#,
+    )
+    .unwrap();
+    let write = |name: &str, tensors: &[(&str, [i64; 8])]| {
+        let bytes: Vec<Vec<u8>> = tensors
+            .iter()
+            .map(|(_, c)| c.iter().flat_map(|x| x.to_le_bytes()).collect())
+            .collect();
+        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+            .iter()
+            .zip(&bytes)
+            .map(|((key, _), b)| {
+                let v = safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![8], b)
+                    .unwrap();
+                (key.to_string(), v)
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &dump.join(name)).unwrap();
+    };
+    // Experts 0 and 1 are hot in layer 1; 6 and 7 in layer 2.
+    write(
+        "rank0.safetensors",
+        &[
+            ("100_1", [40, 30, 5, 5, 5, 5, 5, 5]),
+            ("100_2", [5, 5, 5, 5, 5, 5, 40, 30]),
+        ],
+    );
+    write(
+        "rank1.safetensors",
+        &[("100_1", [40, 30, 5, 5, 5, 5, 5, 5])],
+    );
+    let err = occult_err(
+        d,
+        &[
+            "trace",
+            "import",
+            "expert_statistic",
+            "--experts",
+            "8",
+            "-o",
+            "t.safetensors",
+        ],
+    );
+    assert!(err.contains("occult place --loads"), "{err}");
+    let out = occult_ok(
+        d,
+        &[
+            "place",
+            "--loads",
+            "expert_statistic",
+            "--devices",
+            "2",
+            "-o",
+            "p.json",
+        ],
+    );
+    assert!(
+        out.contains("E[C_T] is neither searched nor known"),
+        "{out}"
+    );
+    let p = occult_core::analysis::placement::Placement::read(&d.join("p.json")).unwrap();
+    let l1 = &p.layers[0].device_of_expert;
+    assert_eq!(p.layers[0].layer, 1);
+    assert_ne!(l1[0], l1[1], "the hot experts share a device: {l1:?}");
+    occult_ok(
+        d,
+        &[
+            "place",
+            "--loads",
+            "expert_statistic",
+            "--devices",
+            "2",
+            "--replicas",
+            "2",
+            "-o",
+            "r.json",
+        ],
+    );
+    occult_ok(
+        d,
+        &["export", "trtllm", "--placement", "r.json", "-o", "lb.yaml"],
+    );
+    occult_ok(
+        d,
+        &[
+            "place",
+            "--from",
+            "lb.yaml",
+            "--devices",
+            "2",
+            "-o",
+            "back.json",
+        ],
+    );
+    let (r, back) = (
+        occult_core::analysis::placement::Placement::read(&d.join("r.json")).unwrap(),
+        occult_core::analysis::placement::Placement::read(&d.join("back.json")).unwrap(),
+    );
+    let slots = |p: &occult_core::analysis::placement::Placement| -> Vec<Option<Vec<u32>>> {
+        p.layers.iter().map(|l| l.slots.clone()).collect()
+    };
+    assert_eq!(slots(&r), slots(&back));
+    assert_eq!(r.layers[0].slots.as_ref().unwrap().len(), 10);
+    let err = occult_err(
+        d,
+        &[
+            "place",
+            "--loads",
+            "expert_statistic",
+            "--devices",
+            "3",
+            "-o",
+            "x.json",
+        ],
+    );
+    assert!(err.contains("devices"), "{err}");
+    assert!(!d.join("x.json").exists());
+}

@@ -145,6 +145,19 @@ impl Route {
     }
 }
 
+impl From<crate::interop::engine_placement::EngineFormat> for Route {
+    /// The route whose file a placement file read back was.
+    fn from(f: crate::interop::engine_placement::EngineFormat) -> Self {
+        use crate::interop::engine_placement::EngineFormat as F;
+        match f {
+            F::Sglang => Route::Sglang,
+            F::Trtllm => Route::Trtllm,
+            F::VllmPr49572 => Route::VllmPr49572,
+            F::VllmPr34811 => Route::VllmPr34811,
+        }
+    }
+}
+
 /// Whether every layer of `p` holds the same slots (written as one shared row where a format
 /// has one).
 pub fn shared_map(p: &Placement) -> bool {

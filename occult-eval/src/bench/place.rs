@@ -74,14 +74,15 @@ impl PlaceProjection {
 }
 
 /// Times every method on every trace and device count, prints the table (and, with `routes`,
-/// the routes table of [`super::routes`]) and writes the runs as JSON to `json`.
+/// the routes table of [`super::routes`], placed with that configuration) and writes the runs
+/// as JSON to `json`.
 pub fn run(
     traces: &[PathBuf],
     devices: &[usize],
     cfg: &SearchConfig,
     replicas: usize,
     proj: &PlaceProjection,
-    routes: bool,
+    routes: Option<&SearchConfig>,
     json: Option<&Path>,
 ) -> Result<()> {
     let (mut runs, mut route_runs) = (Vec::new(), Vec::new());
@@ -89,15 +90,18 @@ pub fn run(
         let trace = Trace::read(path)?;
         for &d in devices {
             runs.extend(runs_on(&trace, path, d, cfg, replicas, proj)?);
-            if routes {
+            if let Some(rc) = routes {
                 let name = path.display().to_string();
-                route_runs.extend(super::routes::route_runs(&trace, &name, d, cfg, replicas)?);
+                route_runs.extend(super::routes::route_runs(&trace, &name, d, rc, replicas)?);
             }
         }
     }
     print!("{}", render(&runs));
-    if routes {
-        println!("\nRoutes: the same placements as each engine serves them\n");
+    if let Some(rc) = routes {
+        let cap = rc
+            .max_load_factor
+            .map_or(String::new(), |c| format!(", within a load cap of {c}"));
+        println!("\nRoutes: the same placements as each engine serves them{cap}\n");
         print!("{}", super::routes::render(&route_runs));
     }
     if let Some(out) = json {

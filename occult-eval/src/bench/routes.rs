@@ -6,7 +6,7 @@
 //! cannot hold a placement (copies in a checkpoint, a map per layer in vLLM #34811) says so.
 
 use crate::table::Table;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use occult_core::analysis::drivers::replica_trace::{
     replica_trace_stats, replicate_trace, ReplicaJob,
 };
@@ -64,15 +64,22 @@ pub type Compared = (String, Option<CopyRule>, Placement);
 /// The placements of `trace` on `d` devices the routes are compared on: Occult's partition per
 /// layer, one map shared by every layer, and the partition with the first count of at least
 /// `replicas` copies that fills the devices evenly, chosen under each copy rule (none when
-/// `replicas` is 0).
+/// `replicas` is 0); all within `cfg`'s load cap (copies chosen under a rule that cannot meet
+/// it are left out, said on stderr).
 pub fn placements(
     trace: &Trace,
     d: usize,
     cfg: &SearchConfig,
     replicas: usize,
 ) -> Result<Vec<Compared>> {
-    let (per_layer, _) = place_trace(trace, d, Method::Occult, cfg, &|| {})?;
-    let (shared, _) = place_trace_shared(trace, d, Method::Occult, cfg, &|| {})?;
+    let cap = |what: &str| match cfg.max_load_factor {
+        Some(c) => format!("{what} within a load cap of {c}"),
+        None => what.to_string(),
+    };
+    let (per_layer, _) = place_trace(trace, d, Method::Occult, cfg, &|| {})
+        .with_context(|| cap("Occult's partition"))?;
+    let (shared, _) = place_trace_shared(trace, d, Method::Occult, cfg, &|| {})
+        .with_context(|| cap("one map for every layer"))?;
     let mut out = vec![
         ("per layer".to_string(), None, per_layer.clone()),
         ("shared".to_string(), None, shared),
@@ -86,12 +93,17 @@ pub fn placements(
             let job = ReplicaJob {
                 method: Method::Occult,
                 replicas: r,
-                max_load_factor: None,
+                max_load_factor: cfg.max_load_factor,
                 eplb: EplbGroups::GLOBAL,
                 rule,
             };
-            let copies = replicate_trace(trace, &per_layer, job)?;
-            out.push(("per layer".into(), Some(rule), copies));
+            match replicate_trace(trace, &per_layer, job) {
+                Ok(copies) => out.push(("per layer".into(), Some(rule), copies)),
+                Err(err) if cfg.max_load_factor.is_some() => {
+                    eprintln!("D={d} copies for the {} rule: none ({err})", rule.name());
+                }
+                Err(err) => return Err(err.into()),
+            }
         }
     }
     Ok(out)

@@ -157,6 +157,10 @@ pub struct PlaceBenchArgs {
     /// engine reads it and counted under its copy rule.
     #[arg(long)]
     pub routes: bool,
+    /// With --routes: the load cap (max over mean) the routes' partitions, shared map and
+    /// copies are placed within (default: none).
+    #[arg(long, requires = "routes")]
+    pub routes_load_cap: Option<f64>,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -314,13 +318,17 @@ fn place(a: PlaceBenchArgs) -> Result<()> {
     };
     let links: Vec<&str> = a.link.iter().map(String::as_str).collect();
     let proj = bench::place::PlaceProjection::olmoe_on(&links, a.tokens_per_device)?;
+    let routes = a.routes.then(|| SearchConfig {
+        max_load_factor: a.routes_load_cap,
+        ..cfg.clone()
+    });
     bench::place::run(
         &a.trace,
         &a.devices,
         &cfg,
         a.replicas,
         &proj,
-        a.routes,
+        routes.as_ref(),
         a.json.as_deref(),
     )
 }

@@ -9,7 +9,7 @@ use occult_core::analysis::drivers::replica_trace::{
     replica_trace_stats, replicate_trace, ReplicaJob,
 };
 use occult_core::analysis::placement::eplb::EplbGroups;
-use occult_core::analysis::placement::replicas::CopyRule;
+use occult_core::analysis::placement::replicas::{max_over_mean_f64, CopyRule};
 use occult_core::analysis::placement::{
     Method, NodeLevel, Placement, SearchConfig, DEFAULT_INTER_WEIGHT,
 };
@@ -34,7 +34,7 @@ trace, by W * E[C_N] + E[C_T], than the flat search's or the contiguous map.")]
 pub struct PlaceArgs {
     /// Routing trace (safetensors, format occult.trace.v1); with --from, the trace to count the
     /// engine's placement on (optional).
-    #[arg(long, required_unless_present = "from")]
+    #[arg(long, required_unless_present_any = ["from", "loads"])]
     pub trace: Option<PathBuf>,
     /// Devices (EP ranks); with --from, the EP size the file is served with.
     #[arg(long, required_unless_present = "from")]
@@ -48,6 +48,17 @@ pub struct PlaceArgs {
         conflicts_with_all = ["method", "replicas", "shared_across_layers"]
     )]
     pub from: Option<PathBuf>,
+    /// Place from expert loads alone: a TensorRT-LLM expert-statistic dump folder whose
+    /// rank*.safetensors hold tokens per expert (its plain dump). Counts say how busy each
+    /// expert is but not which experts a token uses together, so the map is DeepSeek's EPLB
+    /// (load only, as TensorRT-LLM's generate_eplb_config.py places), with or without
+    /// --replicas; record TensorRT-LLM's co-occurrence dump for a trace Occult can search.
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with_all = ["trace", "from", "method", "shared_across_layers", "max_load_factor", "copy_rule"]
+    )]
+    pub loads: Option<PathBuf>,
     /// With --from: the model the file places (a folder or a hub id in the local cache).
     #[arg(long, requires = "from")]
     pub model: Option<String>,
@@ -101,6 +112,9 @@ pub struct PlaceArgs {
 pub fn run(a: PlaceArgs) -> Result<()> {
     if let Some(file) = &a.from {
         return from_engine(&a, file);
+    }
+    if let Some(dir) = &a.loads {
+        return from_loads(&a, dir);
     }
     let (Some(trace_path), Some(devices)) = (a.trace.clone(), a.devices) else {
         anyhow::bail!("give --trace and --devices (or --from FILE)");
@@ -215,12 +229,10 @@ fn from_engine(a: &PlaceArgs, file: &std::path::Path) -> Result<()> {
     p.source.insert("format".into(), format.name().into());
     if let Some(t) = &a.trace {
         // Copies counted under the rule the file's engine picks them by.
-        use occult_core::interop::engine_placement::EngineFormat;
-        let rule = a.copy_rule.unwrap_or(match format {
-            EngineFormat::Sglang => CopyRule::Sglang,
-            EngineFormat::Trtllm => CopyRule::Trtllm,
-            _ => CopyRule::Cover,
-        });
+        let route = occult_core::interop::routes::Route::from(format);
+        let rule = a
+            .copy_rule
+            .unwrap_or(route.rule().unwrap_or(CopyRule::Cover));
         let trace = super::load_trace(t)?;
         let st = replica_trace_stats(&trace, &p, rule, false, None)
             .with_context(|| format!("counting {} on {}", file.display(), t.display()))?;
@@ -260,6 +272,58 @@ fn from_engine(a: &PlaceArgs, file: &std::path::Path) -> Result<()> {
         },
         a.output.display()
     );
+    Ok(())
+}
+
+/// `--loads DIR`: EPLB over the expert counts of an engine's statistic dump.
+fn from_loads(a: &PlaceArgs, dir: &std::path::Path) -> Result<()> {
+    use occult_core::analysis::drivers::load_only::{place_loads, LayerLoads};
+    super::check_io(&[Some(dir)], &[Some(&a.output)])?;
+    let devices = a
+        .devices
+        .context("--loads needs --devices (the EP size to place for)")?;
+    let (e, counts) = occult_core::interop::trtllm::statistic::read_statistic_counts(dir)
+        .map_err(anyhow::Error::msg)?;
+    let layers: Vec<LayerLoads> = counts
+        .into_iter()
+        .map(|(layer, loads)| LayerLoads { layer, loads })
+        .collect();
+    let eplb = EplbGroups {
+        groups: a.expert_groups,
+        nodes: node_level(a)?.map_or(1, |l| devices / l.devices_per_node),
+    };
+    let (mut p, balance) = place_loads(&layers, devices, a.replicas, eplb)
+        .with_context(|| format!("placing {} by its loads", dir.display()))?;
+    p.source
+        .insert("loads".into(), dir.display().to_string().into());
+    let mut t = Table::new(&[
+        "layer",
+        "tokens x top-k",
+        "contiguous max/mean load",
+        "eplb max/mean load",
+    ]);
+    for (l, b) in layers.iter().zip(&balance) {
+        let per = e / devices.max(1);
+        let contiguous: Vec<f64> = l.loads.chunks(per.max(1)).map(|c| c.iter().sum()).collect();
+        t.row(vec![
+            l.layer.to_string(),
+            format!("{}", l.loads.iter().sum::<f64>()),
+            if e.is_multiple_of(devices) {
+                format!("{:.3}", max_over_mean_f64(&contiguous))
+            } else {
+                "-".into()
+            },
+            format!("{b:.3}"),
+        ]);
+    }
+    print!("{}", t.render());
+    println!(
+        "EPLB from expert loads alone on {devices} devices with {} replicas: the counts do not \
+         say which experts a token uses together, so E[C_T] is neither searched nor known",
+        a.replicas
+    );
+    p.write(&a.output)?;
+    eprintln!("wrote {}", a.output.display());
     Ok(())
 }
 

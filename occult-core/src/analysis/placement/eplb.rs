@@ -145,13 +145,25 @@ pub fn eplb_map(
     nodes: usize,
 ) -> Result<super::replicas::ReplicaMap> {
     let loads = expert_loads(ids, num_experts);
+    eplb_map_of_loads(&loads, devices, replicas, groups, nodes)
+}
+
+/// [`eplb_map`] from each expert's load alone (what an engine's expert counts give).
+pub fn eplb_map_of_loads(
+    loads: &[f32],
+    devices: usize,
+    replicas: usize,
+    groups: usize,
+    nodes: usize,
+) -> Result<super::replicas::ReplicaMap> {
+    let num_experts = loads.len();
     let shape = EplbShape {
         physical: num_experts + replicas,
         groups,
         nodes,
         devices,
     };
-    let r = rebalance(&loads, shape)?;
+    let r = rebalance(loads, shape)?;
     let loads: Vec<f64> = loads.iter().map(|&x| x as f64).collect();
     super::replicas::ReplicaMap::new(r.phy2log, num_experts, devices, Some(&loads))
 }
