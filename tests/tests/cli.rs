@@ -1769,6 +1769,6 @@ fn a_counts_only_statistic_dump_places_for_load_alone() {
             "x.json",
         ],
     );
-    assert!(err.contains("devices"), "{err}");
+    assert!(err.contains("do not fill 3 devices evenly"), "{err}");
     assert!(!d.join("x.json").exists());
 }

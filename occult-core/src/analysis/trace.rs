@@ -19,6 +19,9 @@ pub const TRACE_FORMAT: &str = "occult.trace.v1";
 pub const MAX_EXPERTS: usize = 4096;
 /// Largest top-k accepted.
 pub const MAX_TOP_K: usize = 255;
+/// Largest layer index accepted: far past any model's depth, small enough that a table with a
+/// row per layer (an engine's file, a model's layout) stays small.
+pub const MAX_LAYER_INDEX: usize = 1 << 16;
 
 /// Checks E and k against each other and the limits; `what` prefixes the message.
 pub fn check_experts_top_k(num_experts: usize, top_k: usize) -> std::result::Result<(), String> {
@@ -107,6 +110,12 @@ impl Trace {
                 return Err(bad("layers must be unique and in ascending order".into()));
             }
             let name = |t: &str| format!("layers.{}.{t}", l.layer);
+            if l.layer > MAX_LAYER_INDEX {
+                return Err(bad(format!(
+                    "layer index {} is past {MAX_LAYER_INDEX}: no model has that many layers",
+                    l.layer
+                )));
+            }
             // Every statistic is per token: a layer without tokens would report zeros.
             if l.tokens == 0 {
                 return Err(bad(format!(
@@ -401,4 +410,25 @@ fn check_floats(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::analysis::synth::{synth_trace, SynthConfig};
+
+    /// A layer index past any model's depth is refused before a table per layer is sized from it.
+    #[test]
+    fn a_layer_index_past_any_model_is_refused() {
+        let mut c = SynthConfig::olmoe_like(20, 1);
+        c.layers = 1;
+        let mut t = synth_trace(&c, &|| ()).unwrap();
+        t.layers[0].layer = super::MAX_LAYER_INDEX;
+        t.validate("t").unwrap();
+        t.layers[0].layer = 5_000_000_000;
+        let err = t.validate("t").unwrap_err().to_string();
+        assert!(
+            err.contains("layer index 5000000000 is past 65536"),
+            "{err}"
+        );
+    }
 }

@@ -6,7 +6,7 @@
 //! cannot hold a placement (copies in a checkpoint, a map per layer in vLLM #34811) says so.
 
 use crate::table::Table;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use occult_core::analysis::drivers::replica_trace::{
     replica_trace_stats, replicate_trace, ReplicaJob,
 };
@@ -33,7 +33,8 @@ pub struct RouteRun {
     pub replicas: usize,
     /// The copy rule its copies were chosen under (none without copies).
     pub copies_for: Option<String>,
-    /// The copy rule it is counted under ("any" without replicas).
+    /// The copy rule it is counted under ("any" without replicas, "-" where the route cannot
+    /// hold it).
     pub rule: String,
     /// E[C_T] and the busiest device's load over the mean as the engine serves it; `None`
     /// where the route cannot hold the placement (`held` says why).
@@ -72,14 +73,16 @@ pub fn placements(
     cfg: &SearchConfig,
     replicas: usize,
 ) -> Result<Vec<Compared>> {
-    let cap = |what: &str| match cfg.max_load_factor {
-        Some(c) => format!("{what} within a load cap of {c}"),
-        None => what.to_string(),
+    let none = |what: &str, err: occult_core::Error| match cfg.max_load_factor {
+        Some(c) => anyhow::anyhow!(
+            "no {what} within --routes-load-cap {c} on {d} devices ({err}): loosen it"
+        ),
+        None => anyhow::Error::from(err).context(format!("{what} on {d} devices")),
     };
     let (per_layer, _) = place_trace(trace, d, Method::Occult, cfg, &|| {})
-        .with_context(|| cap("Occult's partition"))?;
+        .map_err(|e| none("partition per layer", e))?;
     let (shared, _) = place_trace_shared(trace, d, Method::Occult, cfg, &|| {})
-        .with_context(|| cap("one map for every layer"))?;
+        .map_err(|e| none("map shared by every layer", e))?;
     let mut out = vec![
         ("per layer".to_string(), None, per_layer.clone()),
         ("shared".to_string(), None, shared),
@@ -134,7 +137,8 @@ pub fn route_runs(
                 .transpose()?;
             let rule = match served {
                 Some((q, rule)) if q.has_replicas() => rule.name(),
-                _ => "any",
+                Some(_) => "any",
+                None => "-",
             };
             anyhow::Ok(RouteRun {
                 trace: name.to_string(),

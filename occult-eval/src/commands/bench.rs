@@ -157,9 +157,9 @@ pub struct PlaceBenchArgs {
     /// engine reads it and counted under its copy rule.
     #[arg(long)]
     pub routes: bool,
-    /// With --routes: the load cap (max over mean) the routes' partitions, shared map and
-    /// copies are placed within (default: none).
-    #[arg(long, requires = "routes")]
+    /// With --routes: the load cap (max over mean, at least 1) the routes' partitions, shared
+    /// map and copies are placed within (default: none).
+    #[arg(long, requires = "routes", value_parser = load_cap)]
     pub routes_load_cap: Option<f64>,
     /// Write the results as JSON here.
     #[arg(long)]
@@ -382,4 +382,14 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
         device,
     };
     bench::layer::run(&b, a.backend, link.as_ref(), a.json.as_deref())
+}
+
+/// A load cap: a finite factor of at least 1 (the mean itself).
+fn load_cap(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(c) if c.is_finite() && c >= 1.0 => Ok(c),
+        _ => Err(format!(
+            "{s:?} is not a load cap: a number of at least 1 (the busiest device over the mean)"
+        )),
+    }
 }

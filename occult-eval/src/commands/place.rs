@@ -9,7 +9,7 @@ use occult_core::analysis::drivers::replica_trace::{
     replica_trace_stats, replicate_trace, ReplicaJob,
 };
 use occult_core::analysis::placement::eplb::EplbGroups;
-use occult_core::analysis::placement::replicas::{max_over_mean_f64, CopyRule};
+use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::analysis::placement::{
     Method, NodeLevel, Placement, SearchConfig, DEFAULT_INTER_WEIGHT,
 };
@@ -51,12 +51,16 @@ pub struct PlaceArgs {
     /// Place from expert loads alone: a TensorRT-LLM expert-statistic dump folder whose
     /// rank*.safetensors hold tokens per expert (its plain dump). Counts say how busy each
     /// expert is but not which experts a token uses together, so the map is DeepSeek's EPLB
-    /// (load only, as TensorRT-LLM's generate_eplb_config.py places), with or without
-    /// --replicas; record TensorRT-LLM's co-occurrence dump for a trace Occult can search.
+    /// (load only), with or without --replicas; record TensorRT-LLM's co-occurrence dump for a
+    /// trace Occult can search. Record with TensorRT-LLM's load balancer off: with it on, the
+    /// dump counts slots, not experts.
     #[arg(
         long,
         value_name = "DIR",
-        conflicts_with_all = ["trace", "from", "method", "shared_across_layers", "max_load_factor", "copy_rule"]
+        conflicts_with_all = [
+            "trace", "from", "method", "shared_across_layers", "max_load_factor", "copy_rule",
+            "restarts", "seed", "inter_weight",
+        ]
     )]
     pub loads: Option<PathBuf>,
     /// With --from: the model the file places (a folder or a hub id in the local cache).
@@ -277,13 +281,14 @@ fn from_engine(a: &PlaceArgs, file: &std::path::Path) -> Result<()> {
 
 /// `--loads DIR`: EPLB over the expert counts of an engine's statistic dump.
 fn from_loads(a: &PlaceArgs, dir: &std::path::Path) -> Result<()> {
-    use occult_core::analysis::drivers::load_only::{place_loads, LayerLoads};
+    use occult_core::analysis::drivers::load_only::{contiguous_balance, place_loads, LayerLoads};
     super::check_io(&[Some(dir)], &[Some(&a.output)])?;
     let devices = a
         .devices
         .context("--loads needs --devices (the EP size to place for)")?;
-    let (e, counts) = occult_core::interop::trtllm::statistic::read_statistic_counts(dir)
-        .map_err(anyhow::Error::msg)?;
+    let start = Instant::now();
+    let (_, counts) = occult_core::interop::trtllm::statistic::read_statistic_counts(dir)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     let layers: Vec<LayerLoads> = counts
         .into_iter()
         .map(|(layer, loads)| LayerLoads { layer, loads })
@@ -294,8 +299,13 @@ fn from_loads(a: &PlaceArgs, dir: &std::path::Path) -> Result<()> {
     };
     let (mut p, balance) = place_loads(&layers, devices, a.replicas, eplb)
         .with_context(|| format!("placing {} by its loads", dir.display()))?;
-    p.source
-        .insert("loads".into(), dir.display().to_string().into());
+    let s = &mut p.source;
+    s.insert("loads".into(), dir.display().to_string().into());
+    s.insert("seconds".into(), start.elapsed().as_secs_f64().into());
+    s.insert(
+        "occult_version".into(),
+        env!("CARGO_PKG_VERSION").to_string().into(),
+    );
     let mut t = Table::new(&[
         "layer",
         "tokens x top-k",
@@ -303,23 +313,18 @@ fn from_loads(a: &PlaceArgs, dir: &std::path::Path) -> Result<()> {
         "eplb max/mean load",
     ]);
     for (l, b) in layers.iter().zip(&balance) {
-        let per = e / devices.max(1);
-        let contiguous: Vec<f64> = l.loads.chunks(per.max(1)).map(|c| c.iter().sum()).collect();
         t.row(vec![
             l.layer.to_string(),
             format!("{}", l.loads.iter().sum::<f64>()),
-            if e.is_multiple_of(devices) {
-                format!("{:.3}", max_over_mean_f64(&contiguous))
-            } else {
-                "-".into()
-            },
+            fmt_opt(contiguous_balance(&l.loads, devices), 3),
             format!("{b:.3}"),
         ]);
     }
     print!("{}", t.render());
     println!(
-        "EPLB from expert loads alone on {devices} devices with {} replicas: the counts do not \
-         say which experts a token uses together, so E[C_T] is neither searched nor known",
+        "EPLB from expert loads alone on {devices} devices with {} replicas (contiguous: one \
+         slot per expert): the counts do not say which experts a token uses together, so \
+         E[C_T] is neither searched nor known",
         a.replicas
     );
     p.write(&a.output)?;

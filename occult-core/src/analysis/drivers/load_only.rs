@@ -1,8 +1,9 @@
 //! Placement from expert loads alone: what an engine's per-expert token counts give (TensorRT-LLM's
-//! plain statistic dump, SGLang's `logical_count`), without which experts a token uses together.
-//! DeepSeek's EPLB balances each layer's loads over the devices, with or without redundant
-//! slots, as those engines' own load-only generators do; E[C_T] needs the tokens' experts, so
-//! only the balance is known, and co-activation cannot guide the map.
+//! plain statistic dump), without which experts a token uses together. DeepSeek's EPLB balances
+//! each layer's loads over the devices, with or without redundant slots (TensorRT-LLM's own
+//! `generate_eplb_config.py` also places such counts for load alone, with its C++
+//! `do_replication` and `do_placement`). E[C_T] needs the tokens' experts, so only the balance
+//! is known, and co-activation cannot guide the map.
 
 use crate::analysis::placement::eplb::{eplb_map_of_loads, EplbGroups};
 use crate::analysis::placement::replicas::{max_over_mean_f64, spread_duplicates, ReplicaMap};
@@ -92,6 +93,19 @@ pub fn place_loads(
     Ok((out, balance))
 }
 
+/// The busiest device's load over the mean under contiguous sharding (device d holds experts
+/// `d*E/D ..`), the map without a placement; `None` where D does not divide E or is 0.
+pub fn contiguous_balance(loads: &[f64], devices: usize) -> Option<f64> {
+    if devices == 0 || !loads.len().is_multiple_of(devices) {
+        return None;
+    }
+    let per_device: Vec<f64> = loads
+        .chunks(loads.len() / devices)
+        .map(|c| c.iter().sum())
+        .collect();
+    Some(max_over_mean_f64(&per_device))
+}
+
 /// Each device's expected load under `m`: every copy carries its expert's load over its copies.
 pub fn device_loads(m: &ReplicaMap, loads: &[f64]) -> Vec<f64> {
     (0..m.num_devices)
@@ -148,5 +162,11 @@ mod tests {
         let err = place_loads(&bad, 2, 0, EplbGroups::GLOBAL).unwrap_err();
         assert!(err.to_string().contains("layer 0"), "{err}");
         assert!(place_loads(&layers, 3, 0, EplbGroups::GLOBAL).is_err());
+        // Contiguous sharding keeps both hot experts on device 0.
+        let c = contiguous_balance(&loads, 2).unwrap();
+        assert!((c - 170.0 / 100.0).abs() < 1e-9, "{c}");
+        assert!(c > bal[0]);
+        assert_eq!(contiguous_balance(&loads, 3), None);
+        assert_eq!(contiguous_balance(&loads, 0), None);
     }
 }

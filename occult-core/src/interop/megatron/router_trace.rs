@@ -18,7 +18,8 @@
 //! What the file does not say, and a user must: under pipeline parallelism each stage numbers
 //! its layers from 0 (and virtual-pipeline chunks reuse the numbers in one file), so import one
 //! stage's ranks at a time; Megatron's inference path records TransformerLayer's global
-//! `layer_number` (from 1) with the ids in score order instead. Optional keys (`hs_offset`, `logit_offset`, ... of the sidecar files) are ignored.
+//! `layer_number` (from 1) with the ids in score order instead. Optional keys (`hs_offset`,
+//! `logit_offset`, ... of the sidecar files) are ignored.
 
 use super::super::arrays::{Array, Values};
 use serde::Deserialize;

@@ -4,7 +4,9 @@
 //! `rank{R}.safetensors`: each key `"{iter}_{layer}"` a count of tokens per expert. The
 //! co-occurrence variant of the dump (its `examples/wide_ep/ep_load_balancer` tooling) also
 //! writes `token_selected_experts_rank{R}.safetensors`, the same keys each holding the
-//! `[tokens, top_k]` experts of that iteration and layer.
+//! `[tokens, top_k]` experts of that iteration and layer. Another version of the writer keeps
+//! the ids as `rank{R}_raw.safetensors` (read by its `utils.py`'s `load_raw_expert_statistic`),
+//! one tensor per key: where a layer ran in several chunks in an iteration, the last chunk's.
 //!
 //! Read two ways: the per-token experts as routing ([`read_statistic_dir`]: per layer,
 //! iterations in order, ranks in order), which placement for E[C_T] needs; and the counts
@@ -95,45 +97,65 @@ pub fn parse_counts_file(bytes: &[u8], meta: DumpMeta) -> Result<Keyed, String> 
     Ok(out)
 }
 
-/// A dump folder: its meta and each rank's files of both kinds, in rank order.
+/// A dump folder: its meta and each rank's files of each kind, in rank order.
 struct Dump {
     meta: DumpMeta,
+    /// `token_selected_experts_rank{R}.safetensors` (the co-occurrence variant).
     ids: BTreeMap<usize, PathBuf>,
+    /// `rank{R}_raw.safetensors` (a variant that keeps each key's last batch of ids).
+    raw: BTreeMap<usize, PathBuf>,
+    /// `rank{R}.safetensors`: tokens per expert.
     counts: BTreeMap<usize, PathBuf>,
 }
 
+/// The rank in `name` if it is `{prefix}{R}{suffix}` (`R` decimal digits).
+fn rank_of(name: &str, prefix: &str, suffix: &str) -> Option<usize> {
+    let r = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
+    if r.is_empty() || !r.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    r.parse().ok()
+}
+
 fn open(dir: &Path) -> Result<Dump, String> {
-    let meta_path = dir.join("meta_info.json");
-    let text = std::fs::read_to_string(&meta_path).map_err(|e| {
-        format!(
-            "{}: {e} (not an expert-statistic dump?)",
-            meta_path.display()
-        )
-    })?;
-    let meta = parse_meta(&text).map_err(|e| format!("{}: {e}", meta_path.display()))?;
-    let (mut ids, mut counts) = (BTreeMap::new(), BTreeMap::new());
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let text = std::fs::read_to_string(dir.join("meta_info.json"))
+        .map_err(|e| format!("meta_info.json: {e} (not an expert-statistic dump?)"))?;
+    let meta = parse_meta(&text).map_err(|e| format!("meta_info.json: {e}"))?;
+    let mut dump = Dump {
+        meta,
+        ids: BTreeMap::new(),
+        raw: BTreeMap::new(),
+        counts: BTreeMap::new(),
+    };
+    let entries = std::fs::read_dir(dir).map_err(|e| e.to_string())?;
     for entry in entries {
-        let path = entry.map_err(|e| e.to_string())?.path();
+        let path = entry
+            .map_err(|e| format!("listing the folder: {e}"))?
+            .path();
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_default();
-        let rank = |prefix: &str| {
-            name.strip_prefix(prefix)
-                .and_then(|s| s.strip_suffix(".safetensors"))
-                .map(|r| {
-                    r.parse::<usize>()
-                        .map_err(|_| format!("{name}: not {prefix}{{R}}"))
-                })
-        };
-        if let Some(r) = rank("token_selected_experts_rank") {
-            ids.insert(r?, path);
-        } else if let Some(r) = rank("rank") {
-            counts.insert(r?, path);
+        let (kind, r) =
+            if let Some(r) = rank_of(&name, "token_selected_experts_rank", ".safetensors") {
+                (&mut dump.ids, r)
+            } else if let Some(r) = rank_of(&name, "rank", "_raw.safetensors") {
+                (&mut dump.raw, r)
+            } else if let Some(r) = rank_of(&name, "rank", ".safetensors") {
+                (&mut dump.counts, r)
+            } else {
+                continue;
+            };
+        if let Some(other) = kind.insert(r, path) {
+            return Err(format!(
+                "{name} and {} are both rank {r}'s",
+                other
+                    .file_name()
+                    .map_or(String::new(), |n| n.to_string_lossy().to_string())
+            ));
         }
     }
-    Ok(Dump { meta, ids, counts })
+    Ok(dump)
 }
 
 /// A parser of one rank's file.
@@ -150,32 +172,36 @@ fn read_all(
 ) -> Result<ByKey, String> {
     let mut by_key = BTreeMap::new();
     for (&r, path) in ranked {
-        let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        for ((layer, iter), v) in
-            parse(&bytes, meta).map_err(|e| format!("{}: {e}", path.display()))?
-        {
+        let name = path
+            .file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().to_string());
+        let bytes = std::fs::read(path).map_err(|e| format!("{name}: {e}"))?;
+        for ((layer, iter), v) in parse(&bytes, meta).map_err(|e| format!("{name}: {e}"))? {
             by_key.insert((layer, iter, r), v);
         }
     }
     Ok(by_key)
 }
 
-/// The routing in a dump folder, as `layers.{L}.topk_ids` arrays.
+/// The routing in a dump folder, as `layers.{L}.topk_ids` arrays: from the co-occurrence
+/// variant's `token_selected_experts_rank{R}.safetensors`, else from `rank{R}_raw.safetensors`.
+/// Errors name the file, not the folder (the caller does).
 pub fn read_statistic_dir(dir: &Path) -> Result<BTreeMap<String, Array>, String> {
     let dump = open(dir)?;
-    if dump.ids.is_empty() {
+    let ranked = if dump.ids.is_empty() {
+        &dump.raw
+    } else {
+        &dump.ids
+    };
+    if ranked.is_empty() {
         return Err(if dump.counts.is_empty() {
-            format!(
-                "{}: no token_selected_experts_rank*.safetensors",
-                dir.display()
-            )
+            "no token_selected_experts_rank*.safetensors (nor rank*_raw.safetensors)".to_string()
         } else {
             format!(
-                "{}: {} rank files of expert counts, which give loads but not which experts a \
+                "{} rank files of expert counts, which give loads but not which experts a \
                  token uses together: place for load alone with `occult place --loads {}`, or \
                  dump with TensorRT-LLM's co-occurrence statistics \
                  (token_selected_experts_rank*.safetensors) for a trace",
-                dir.display(),
                 dump.counts.len(),
                 dir.display()
             )
@@ -183,7 +209,7 @@ pub fn read_statistic_dir(dir: &Path) -> Result<BTreeMap<String, Array>, String>
     }
     let k = dump.meta.top_k;
     let mut layers: BTreeMap<usize, Vec<i64>> = BTreeMap::new();
-    for ((layer, _, _), ids) in read_all(&dump.ids, dump.meta, parse_ids_file)? {
+    for ((layer, _, _), ids) in read_all(ranked, dump.meta, parse_ids_file)? {
         layers.entry(layer).or_default().extend(ids);
     }
     Ok(layers
@@ -206,10 +232,7 @@ pub fn read_statistic_dir(dir: &Path) -> Result<BTreeMap<String, Array>, String>
 pub fn read_statistic_counts(dir: &Path) -> Result<(usize, BTreeMap<usize, Vec<f64>>), String> {
     let dump = open(dir)?;
     if dump.counts.is_empty() {
-        return Err(format!(
-            "{}: no rank*.safetensors of expert counts",
-            dir.display()
-        ));
+        return Err("no rank*.safetensors of expert counts".into());
     }
     let e = dump.meta.num_experts;
     let mut layers: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
@@ -220,7 +243,7 @@ pub fn read_statistic_counts(dir: &Path) -> Result<(usize, BTreeMap<usize, Vec<f
         }
     }
     if layers.is_empty() {
-        return Err(format!("{}: the rank files hold no counts", dir.display()));
+        return Err("the rank files hold no counts".into());
     }
     Ok((e, layers))
 }
@@ -407,5 +430,47 @@ mod tests {
                 .collect();
             assert_eq!(counts[&l.parse::<usize>().unwrap()], sums, "layer {l}");
         }
+    }
+
+    /// The raw variant's `rank{R}_raw.safetensors` read as the ids beside the counts; two files
+    /// that name one rank are refused by name.
+    #[test]
+    fn raw_ids_read_and_a_rank_named_twice_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join("meta_info.json"),
+            r#"{"num_experts": 4, "num_experts_per_token": 2}"#,
+        )
+        .unwrap();
+        write_counts(
+            &d.path().join("rank0.safetensors"),
+            &[("1_2", vec![1, 1, 0, 0])],
+        );
+        write_ids(
+            &d.path().join("rank0_raw.safetensors"),
+            &[("1_2", vec![0, 1], 2)],
+        );
+        let a = read_statistic_dir(d.path()).unwrap();
+        assert_eq!(a["layers.2.topk_ids"].values, Values::Ints(vec![0, 1]));
+        assert_eq!(
+            read_statistic_counts(d.path()).unwrap().1[&2],
+            vec![1.0, 1.0, 0.0, 0.0]
+        );
+        write_counts(
+            &d.path().join("rank00.safetensors"),
+            &[("1_2", vec![5, 0, 0, 0])],
+        );
+        let err = read_statistic_counts(d.path()).unwrap_err();
+        assert!(err.contains("are both rank 0's"), "{err}");
+        std::fs::remove_file(d.path().join("rank00.safetensors")).unwrap();
+        // Not a rank: left alone.
+        write_counts(
+            &d.path().join("rank+1.safetensors"),
+            &[("1_2", vec![5, 0, 0, 0])],
+        );
+        assert_eq!(
+            read_statistic_counts(d.path()).unwrap().1[&2],
+            vec![1.0, 1.0, 0.0, 0.0]
+        );
     }
 }
