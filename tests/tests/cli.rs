@@ -1141,11 +1141,16 @@ fn eplb_hierarchical_keeps_each_expert_group_in_one_node() {
             "4",
             "--expert-groups",
             "4",
+            "--method",
+            "contiguous",
             "-o",
             "x.json",
         ],
     );
-    assert!(e.contains("--expert-groups is EPLB's"), "{e}");
+    assert!(
+        e.contains("or is EPLB's hierarchical policy with --method eplb --replicas R"),
+        "{e}"
+    );
 }
 
 /// `occult export sglang` with replicas, as SGLang loads it: the file passes the check and the
@@ -1771,4 +1776,119 @@ fn a_counts_only_statistic_dump_places_for_load_alone() {
     );
     assert!(err.contains("do not fill 3 devices evenly"), "{err}");
     assert!(!d.join("x.json").exists());
+}
+
+/// A group-limited model (DeepSeek-V3's fixture: 8 experts in 4 groups, top-2 from 2 groups,
+/// MoE layers 1 and 2): `trace synth --groups` routes as it does, `place --expert-groups` keeps
+/// every group whole in both layouts, and the renumbered checkpoint takes what it wrote.
+#[test]
+fn group_whole_placements_export_for_a_group_limited_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/models/deepseek_v3");
+    occult_ok(
+        d,
+        &[
+            "trace",
+            "synth",
+            "--experts",
+            "8",
+            "--top-k",
+            "2",
+            "--layers",
+            "3",
+            "--tokens",
+            "400",
+            "--clusters",
+            "2",
+            "--groups",
+            "4",
+            "--topk-groups",
+            "2",
+            "-o",
+            "all.safetensors",
+        ],
+    );
+    // Group-limited: no token's experts span more than 2 groups of 2.
+    let mut t = occult_core::analysis::trace::Trace::read(&d.join("all.safetensors")).unwrap();
+    for row in t.layers[0].topk_ids.chunks_exact(2) {
+        let mut g: Vec<u32> = row.iter().map(|&x| x / 2).collect();
+        g.dedup();
+        assert!(g.len() <= 2);
+    }
+    // The model's MoE layers are 1 and 2.
+    t.layers.remove(0);
+    t.write(&d.join("t.safetensors")).unwrap();
+    for (devices, layout) in [
+        ("4", "each group fills whole devices"),
+        ("2", "each device holds whole groups"),
+    ] {
+        let out = occult_ok(
+            d,
+            &[
+                "place",
+                "--trace",
+                "t.safetensors",
+                "--devices",
+                devices,
+                "--expert-groups",
+                "4",
+                "-o",
+                "p.json",
+            ],
+        );
+        assert!(out.contains(layout), "{out}");
+        let _ = std::fs::remove_dir_all(d.join("placed"));
+        occult_ok(
+            d,
+            &[
+                "export",
+                "checkpoint",
+                "--model",
+                model.to_str().unwrap(),
+                "--placement",
+                "p.json",
+                "-o",
+                "placed",
+            ],
+        );
+    }
+    let err = occult_err(
+        d,
+        &[
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "2",
+            "--expert-groups",
+            "3",
+            "-o",
+            "x.json",
+        ],
+    );
+    assert!(
+        err.contains("3 expert groups do not divide the 8 experts"),
+        "{err}"
+    );
+    let err = occult_err(
+        d,
+        &[
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "2",
+            "--expert-groups",
+            "4",
+            "--method",
+            "greedy",
+            "-o",
+            "x.json",
+        ],
+    );
+    assert!(
+        err.contains("--expert-groups keeps the model's expert groups whole"),
+        "{err}"
+    );
 }

@@ -32,8 +32,8 @@ pub mod trace;
 pub use cost::cluster::{trace_node_stats, TraceNodeStats};
 pub use drivers::whole_trace::{
     check_placement_fits, check_router_matches, layer_similarity, place_steps_per_layer,
-    place_trace, place_trace_shared, prune_trace, prune_trace_to, source_split, trace_stats,
-    PlaceInfo, PruneLayer, PruneReport, TraceStats,
+    place_trace, place_trace_groups, place_trace_shared, prune_trace, prune_trace_to, source_split,
+    trace_stats, PlaceInfo, PruneLayer, PruneReport, TraceStats,
 };
 pub use placement::{Method, Placement};
 pub use pruning::{PruneLimit, PruneRule, Pruner};

@@ -7,7 +7,7 @@
 //! softmax-then-top-k rule. `strength = 0` and `skew = 0` give uniform-random routing: every
 //! k-subset of experts is equally likely (the null case for placement).
 
-use crate::analysis::routing::RouterRule;
+use crate::analysis::routing::{GroupLimit, RouterRule};
 use crate::analysis::trace::{LayerTrace, Trace, TraceMeta};
 use crate::{bail, Result};
 use rand::seq::SliceRandom;
@@ -34,6 +34,9 @@ pub struct SynthConfig {
     pub renormalize: bool,
     /// Store router logits (needed by pruning and similarity tables).
     pub with_logits: bool,
+    /// Route group-limited as DeepSeek-V3 does (each token's experts from its best groups,
+    /// groups scored by their two best experts); `None`: plain top-k.
+    pub group_limit: Option<GroupLimit>,
 }
 
 impl SynthConfig {
@@ -50,6 +53,7 @@ impl SynthConfig {
             skew: 0.3,
             renormalize: false,
             with_logits: true,
+            group_limit: None,
         }
     }
 
@@ -99,6 +103,14 @@ impl SynthConfig {
         if !(self.skew.is_finite() && self.skew >= 0.0) {
             bail!("synthetic trace: --skew must be a finite number >= 0");
         }
+        if self.group_limit.is_some() {
+            let rule = RouterRule {
+                group_limit: self.group_limit,
+                ..RouterRule::softmax_topk(self.num_experts, self.top_k, self.renormalize)
+            };
+            rule.validate()
+                .map_err(|e| crate::Error::invalid(format!("synthetic trace: {e}")))?;
+        }
         Ok(())
     }
 }
@@ -118,8 +130,16 @@ pub fn synth_trace(cfg: &SynthConfig, on_layer: &(dyn Fn() + Sync)) -> Result<Tr
     extra.insert(
         "synth".into(),
         format!(
-            "clusters={} strength={} skew={} seed={} renormalize={}",
-            cfg.clusters, cfg.strength, cfg.skew, cfg.seed, cfg.renormalize
+            "clusters={} strength={} skew={} seed={} renormalize={}{}",
+            cfg.clusters,
+            cfg.strength,
+            cfg.skew,
+            cfg.seed,
+            cfg.renormalize,
+            cfg.group_limit.map_or(String::new(), |g| format!(
+                " groups={} topk_groups={}",
+                g.num_groups, g.topk_groups
+            ))
         ),
     );
     Ok(Trace {
@@ -163,7 +183,10 @@ fn synth_layer(cfg: &SynthConfig, layer: usize) -> LayerTrace {
     } else {
         vec![0.0; e]
     };
-    let rule = RouterRule::softmax_topk(e, cfg.top_k, cfg.renormalize);
+    let rule = RouterRule {
+        group_limit: cfg.group_limit,
+        ..RouterRule::softmax_topk(e, cfg.top_k, cfg.renormalize)
+    };
     let mut ids = Vec::with_capacity(cfg.tokens * cfg.top_k);
     let mut weights = Vec::with_capacity(cfg.tokens * cfg.top_k);
     let mut logits_all = Vec::with_capacity(if cfg.with_logits { cfg.tokens * e } else { 0 });
@@ -206,6 +229,7 @@ mod tests {
             skew: 0.2,
             renormalize: false,
             with_logits: true,
+            group_limit: None,
         }
     }
 

@@ -16,7 +16,8 @@
 //! - files: [`checkpoint`] (a folder or a hub id in the local cache), [`weights`] (safetensors,
 //!   mapped, in the chosen dtype, a rank's experts only), [`tokenizer`], [`loader`] (all of it
 //!   opened and checked together), [`layout`] (the tensors a config implies), [`synth`]
-//!   (random checkpoints);
+//!   (random checkpoints), [`mxfp4`] (gpt-oss's packed expert weights, dequantized as
+//!   transformers does; no family reads them yet);
 //! - configuration: [`config_fields`] (the parts of `config.json` families read in their own
 //!   ways), [`family_types`] (what a family is: the record each family file fills in),
 //!   [`config`] (the fields every family shares, in one typed config) and [`family`] (the
@@ -42,6 +43,7 @@ pub mod layout;
 pub mod loader;
 pub mod memory;
 pub mod model;
+pub mod mxfp4;
 pub mod rope_infer;
 pub mod synth;
 pub mod tokenizer;

@@ -13,7 +13,9 @@ use occult_core::analysis::placement::replicas::CopyRule;
 use occult_core::analysis::placement::{
     Method, NodeLevel, Placement, SearchConfig, DEFAULT_INTER_WEIGHT,
 };
-use occult_core::analysis::{place_steps_per_layer, place_trace, place_trace_shared, PlaceInfo};
+use occult_core::analysis::{
+    place_steps_per_layer, place_trace, place_trace_groups, place_trace_shared, PlaceInfo,
+};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -103,9 +105,13 @@ pub struct PlaceArgs {
     /// Default: cover.
     #[arg(long, value_enum)]
     pub copy_rule: Option<CopyRule>,
-    /// eplb method with --replicas: DeepSeek's expert groups. Where they divide over the nodes
-    /// (--devices-per-node or --link), EPLB's hierarchical policy packs groups onto nodes, then
-    /// replicates within each node; otherwise (the default, one group) its global policy.
+    /// The model's expert groups (`n_group` of DeepSeek-V2/V3, Kimi-K2, GLM-4.5: group-limited
+    /// routing). With the occult method, every group is kept whole: each group fills whole
+    /// devices (D a multiple of the groups; with nodes, a token then reaches at most
+    /// `topk_group` nodes) or each device holds whole groups (the groups a multiple of D), as
+    /// the renumbered checkpoint of such a model needs. With the eplb method and --replicas,
+    /// EPLB's hierarchical policy where the groups divide over the nodes (--devices-per-node or
+    /// --link); otherwise (the default, one group) its global policy.
     #[arg(long, default_value_t = 1)]
     pub expert_groups: usize,
     /// Output placement (JSON, format occult.placement.v1, or v2 with --replicas).
@@ -139,10 +145,15 @@ pub fn run(a: PlaceArgs) -> Result<()> {
         );
     }
     let rule = a.copy_rule.unwrap_or(CopyRule::Cover);
-    if a.expert_groups != 1 && !eplb_replicas {
+    let groups_whole = a.expert_groups != 1 && a.method == Method::Occult && a.replicas == 0;
+    if a.expert_groups != 1 && !eplb_replicas && !groups_whole {
         anyhow::bail!(
-            "--expert-groups is EPLB's hierarchical policy: use it with --method eplb --replicas R"
+            "--expert-groups keeps the model's expert groups whole with --method occult (without \
+             --replicas), or is EPLB's hierarchical policy with --method eplb --replicas R"
         );
+    }
+    if groups_whole && a.shared_across_layers {
+        anyhow::bail!("--expert-groups and --shared-across-layers do not combine yet");
     }
     let cfg = SearchConfig {
         restarts: a.restarts,
@@ -154,6 +165,22 @@ pub fn run(a: PlaceArgs) -> Result<()> {
     let steps = place_steps_per_layer(a.method, &cfg) * trace.layers.len();
     let pb = bar(steps as u64, "search steps");
     let start = Instant::now();
+    if groups_whole {
+        let (mut placement, infos, layout) =
+            place_trace_groups(&trace, devices, a.expert_groups, &cfg, &|| pb.inc(1))
+                .with_context(|| trace_path.display().to_string())?;
+        pb.finish_and_clear();
+        record_source(&mut placement, &a, start.elapsed().as_secs_f64());
+        placement.write(&a.output)?;
+        print!("{}", render(&infos, &placement));
+        println!(
+            "{} expert groups kept whole: {}",
+            a.expert_groups,
+            layout.name()
+        );
+        eprintln!("wrote {}", a.output.display());
+        return Ok(());
+    }
     // EPLB and TensorRT-LLM's placement with replicas lay out every slot themselves: the
     // partition under them only lists the layers.
     let first = match a.method {

@@ -6,6 +6,7 @@ use crate::progress::bar;
 use crate::table::{count, Table};
 use anyhow::Result;
 use clap::{Args, Subcommand};
+use occult_core::analysis::routing::{GroupLimit, GroupScore};
 use occult_core::analysis::synth::{synth_trace, SynthConfig};
 use std::path::PathBuf;
 
@@ -129,6 +130,14 @@ pub struct SynthArgs {
     /// Record that tokens came from this many source ranks.
     #[arg(long)]
     pub num_ranks: Option<usize>,
+    /// Route group-limited as DeepSeek-V3 does: experts in this many groups of consecutive
+    /// ids, each token's experts from its best --topk-groups groups (a group scored by its two
+    /// best experts).
+    #[arg(long, requires = "topk_groups")]
+    pub groups: Option<usize>,
+    /// With --groups: the groups each token's experts come from.
+    #[arg(long, requires = "groups")]
+    pub topk_groups: Option<usize>,
     /// Output trace.
     #[arg(short, long)]
     pub output: PathBuf,
@@ -156,6 +165,11 @@ fn synth(a: SynthArgs) -> Result<()> {
         skew: a.skew,
         renormalize: a.renormalize,
         with_logits: !a.no_logits,
+        group_limit: a.groups.zip(a.topk_groups).map(|(g, m)| GroupLimit {
+            num_groups: g,
+            topk_groups: m,
+            score: GroupScore::Top2Sum,
+        }),
     };
     if a.uniform {
         cfg = cfg.uniform();

@@ -77,13 +77,7 @@ pub fn place_loads(
             for (p, &x) in m.slot_expert.iter().enumerate() {
                 device_of_expert[x as usize] = (p / per) as u32;
             }
-            LayerPlacement {
-                layer: l.layer,
-                device_of_expert,
-                metrics: None,
-                slots: None,
-                expert_load: None,
-            }
+            LayerPlacement::partition(l.layer, device_of_expert)
         });
     }
     out.source

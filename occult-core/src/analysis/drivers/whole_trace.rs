@@ -238,6 +238,83 @@ pub fn place_trace_shared(
     Ok((p, infos))
 }
 
+/// Every layer of `trace` placed by the occult method with each of the model's `groups` expert
+/// groups kept whole ([`placement::groups`]), for a group-limited model (DeepSeek-V2/V3,
+/// Kimi-K2, GLM-4.5): the placement, each layer's figures and the layout the groups took.
+pub fn place_trace_groups(
+    trace: &Trace,
+    num_devices: usize,
+    groups: usize,
+    cfg: &SearchConfig,
+    on_step: &(dyn Fn() + Sync),
+) -> Result<(Placement, Vec<PlaceInfo>, placement::groups::GroupLayout)> {
+    let (e, k) = (trace.meta.num_experts, trace.meta.top_k);
+    let layout = placement::groups::layout_of(e, num_devices, groups)?;
+    let placed = trace
+        .layers
+        .par_iter()
+        .map(|l| {
+            let out = placement::groups::place_groups_whole(
+                &l.topk_ids,
+                k,
+                e,
+                num_devices,
+                groups,
+                cfg,
+                on_step,
+            )
+            .map_err(|err| Error::invalid(format!("layer {}: {err}", l.layer)))?;
+            let per_token = |total: u64| total as f64 / l.tokens.max(1) as f64;
+            let map = out.map;
+            let info = PlaceInfo {
+                layer: l.layer,
+                tokens: l.tokens,
+                ect: per_token(total_devices(&l.topk_ids, k, &map, num_devices)),
+                greedy_ect: None,
+                start: Some(
+                    out.search
+                        .as_ref()
+                        .map_or("groups whole".into(), |s| s.start.clone()),
+                ),
+                swaps: out.search.as_ref().map(|s| s.swaps),
+                ecn: cfg.nodes.map(|n| {
+                    let nodes = placement::devices_and_nodes(
+                        &l.topk_ids,
+                        k,
+                        &map,
+                        num_devices,
+                        n.devices_per_node,
+                    );
+                    per_token(nodes.1)
+                }),
+            };
+            Ok((LayerPlacement::partition(l.layer, map), info))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (layers, infos): (Vec<_>, Vec<_>) = placed.into_iter().unzip();
+    let mut p = Placement {
+        format: placement::PLACEMENT_FORMAT.into(),
+        num_experts: e,
+        num_devices,
+        method: Method::Occult.name().into(),
+        source: Default::default(),
+        layers,
+    };
+    p.source.insert("expert_groups".into(), groups.into());
+    p.source
+        .insert("groups_layout".into(), layout.name().into());
+    let stats = trace_stats(trace, &p, 0, true)?;
+    for (lp, st) in p.layers.iter_mut().zip(&stats.layers) {
+        lp.metrics = Some(PlacementMetrics {
+            ect: st.ect,
+            intra_ratio: st.intra_ratio,
+            max_load_ratio: st.max_load_ratio,
+        });
+    }
+    p.validate()?;
+    Ok((p, infos, layout))
+}
+
 fn place_layer(
     l: &LayerTrace,
     k: usize,
@@ -264,13 +341,7 @@ fn place_layer(
         per_token(placement::devices_and_nodes(&l.topk_ids, k, &map, d, n.devices_per_node).1)
     });
     Ok((
-        LayerPlacement {
-            layer: l.layer,
-            device_of_expert: map,
-            metrics: None,
-            slots: None,
-            expert_load: None,
-        },
+        LayerPlacement::partition(l.layer, map),
         PlaceInfo {
             layer: l.layer,
             tokens: l.tokens,

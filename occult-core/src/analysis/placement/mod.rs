@@ -4,7 +4,8 @@
 //! `device_of_expert`) and the placement methods ([`Method::place`] runs one on a layer's
 //! routing; [`replica_search`], [`eplb`] and [`cooccurrence`] (TensorRT-LLM's) add replicas,
 //! [`replicas`] holds a layer's replicated slots and the copy rules that pick a copy for each
-//! token, and [`sglang_dispatch`] builds SGLang's static dispatch table as SGLang does).
+//! token, and [`sglang_dispatch`] builds SGLang's static dispatch table as SGLang does;
+//! [`groups`] keeps a group-limited model's expert groups whole).
 //!
 //! A valid map is *balanced*: every device holds `floor(E/D)` or `ceil(E/D)` experts, so there
 //! are never more devices than experts.
@@ -13,6 +14,7 @@ mod config;
 pub mod cooccurrence;
 pub mod eplb;
 mod greedy;
+pub mod groups;
 mod maps;
 mod nodes;
 pub mod replica_search;
@@ -46,6 +48,19 @@ pub const PLACEMENT_FORMAT: &str = "occult.placement.v1";
 
 /// The format of a placement file whose layers may have replicas (a v1 file reads as v2).
 pub const PLACEMENT_FORMAT_V2: &str = "occult.placement.v2";
+
+impl LayerPlacement {
+    /// A layer placed as a partition: `map[e]` is expert e's device, nothing else recorded.
+    pub fn partition(layer: usize, map: Vec<u32>) -> Self {
+        LayerPlacement {
+            layer,
+            device_of_expert: map,
+            metrics: None,
+            slots: None,
+            expert_load: None,
+        }
+    }
+}
 
 /// The placement methods `occult place` offers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

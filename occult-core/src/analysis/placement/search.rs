@@ -1187,6 +1187,7 @@ mod tests {
             skew: 0.2,
             renormalize: false,
             with_logits: false,
+            group_limit: None,
         };
         let t = synth_trace(&cfg, &|| {}).unwrap();
         for l in &t.layers {

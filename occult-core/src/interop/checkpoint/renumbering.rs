@@ -416,4 +416,36 @@ mod tests {
         r.format = "x".into();
         assert!(r.validate().is_err());
     }
+
+    /// What `occult place --expert-groups` writes for a group-limited model, the export
+    /// renumbers without refusing, in both layouts; the unconstrained search's map is refused.
+    #[test]
+    fn group_whole_placements_always_export() {
+        use crate::analysis::placement::groups::place_groups_whole;
+        use crate::analysis::placement::SearchConfig;
+        use crate::analysis::synth::{synth_trace, SynthConfig};
+        let mut c = SynthConfig::olmoe_like(1500, 4);
+        c.layers = 1;
+        c.group_limit = Some(crate::analysis::routing::GroupLimit {
+            num_groups: 8,
+            topk_groups: 3,
+            score: crate::analysis::routing::GroupScore::Top2Sum,
+        });
+        let t = synth_trace(&c, &|| ()).unwrap();
+        let ids = &t.layers[0].topk_ids;
+        let groups = ExpertGroups {
+            n_group: 8,
+            topk_group: 3,
+        };
+        for d in [2, 4, 8, 16, 32] {
+            let cfg = SearchConfig::default();
+            let out = place_groups_whole(ids, 8, 64, d, 8, &cfg, &|| ()).unwrap();
+            let p = placement(&[out.map], d);
+            Renumbering::from_placement(&p, Some(groups)).unwrap_or_else(|e| panic!("D={d}: {e}"));
+        }
+        // A map that splits groups is refused: the check is live.
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let split = random_balanced(64, 16, &mut rng);
+        assert!(Renumbering::from_placement(&placement(&[split], 16), Some(groups)).is_err());
+    }
 }
