@@ -34,13 +34,15 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_model_fixtures as mm  # noqa: E402
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
+from transformers import (  # noqa: E402
+    DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM)
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "fixtures" / "models"
 OUT = ROOT / "tests" / "fixtures" / "export"
 DEVICES = (2, 4, 8)
 V3 = "deepseek_v3"
+GLM = "glm4_moe"
 
 
 # ---------------------------------------------------------------- the DeepSeek-V3 fixture
@@ -56,25 +58,47 @@ def v3_config(vocab, eot):
 
 
 def make_v3(tok_vocab, eot):
-    config = v3_config(tok_vocab, eot)
-    model = mm.build(V3, DeepseekV3ForCausalLM, config, seed=2000)
+    make_export_only(V3, DeepseekV3ForCausalLM, v3_config(tok_vocab, eot), seed=2000)
+
+
+# ---------------------------------------------------------------- the GLM-4.5 fixture
+def glm_config(vocab, eot):
+    return Glm4MoeConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=48, moe_intermediate_size=8,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        partial_rotary_factor=0.5, use_qk_norm=True, attention_bias=True, n_shared_experts=1,
+        n_routed_experts=8, routed_scaling_factor=2.5, n_group=4, topk_group=2,
+        num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=True,
+        max_position_embeddings=128, tie_word_embeddings=False,
+        bos_token_id=eot, eos_token_id=eot, pad_token_id=None)
+
+
+def make_glm(tok_vocab, eot):
+    """A tiny GLM-4.5 (`Glm4MoeForCausalLM`: partial rotary, q/k norms, q/k/v biases, the
+    sigmoid router with its selection bias and 4 expert groups keeping 2, a shared expert, layer
+    0 dense), per expert in the hub's names."""
+    make_export_only(GLM, Glm4MoeForCausalLM, glm_config(tok_vocab, eot), seed=3000)
+
+
+def make_export_only(arch, cls, config, seed):
+    model = mm.build(arch, cls, config, seed=seed)
     with torch.no_grad():  # the selection bias is a buffer, not a parameter: give it values too
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.1 * torch.randn_like(b))
-    folder = MODELS / V3
+    folder = MODELS / arch
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
     d = config.to_dict()
-    d["architectures"] = ["DeepseekV3ForCausalLM"]
+    d["architectures"] = [cls.__name__]
     d["torch_dtype"] = d["dtype"] = "float32"
     (folder / "config.json").write_text(json.dumps(dict(sorted(d.items())), indent=2) + "\n")
-    save_file(mm.to_hub(V3, model.state_dict()), folder / "model.safetensors", metadata={"format": "pt"})
+    save_file(mm.to_hub(arch, model.state_dict()), folder / "model.safetensors", metadata={"format": "pt"})
     shutil.copy(MODELS / "tokenizer.json", folder / "tokenizer.json")
     ids = mm.encode(mm.Tokenizer.from_file(str(MODELS / "tokenizer.json")), mm.PROMPT)
-    loaded = DeepseekV3ForCausalLM.from_pretrained(folder, attn_implementation="eager",
-                                                   experts_implementation="eager").eval()
-    assert (mm.logits_of(loaded, ids) - mm.logits_of(model, ids)).abs().max() < 1e-5, "v3: reload differs"
+    loaded = cls.from_pretrained(folder, attn_implementation="eager",
+                                 experts_implementation="eager").eval()
+    assert (mm.logits_of(loaded, ids) - mm.logits_of(model, ids)).abs().max() < 1e-5, f"{arch}: reload differs"
 
 
 # ---------------------------------------------------------------- loading a fixture
@@ -84,6 +108,8 @@ def family(arch, folder):
         return mm.DeepseekForCausalLM, config
     if arch == V3:
         return DeepseekV3ForCausalLM, DeepseekV3Config.from_dict(config)
+    if arch == GLM:
+        return Glm4MoeForCausalLM, Glm4MoeConfig.from_dict(config)
     cls, _ = mm.hf_configs(config["vocab_size"], config["bos_token_id"])[arch]
     return cls, cls.config_class.from_dict(config)
 
@@ -213,15 +239,16 @@ def main():
     tok = mm.Tokenizer.from_file(str(MODELS / "tokenizer.json"))
     vocab = -(-tok.get_vocab_size() // 8) * 8
     make_v3(vocab, tok.token_to_id(mm.EOT))
+    make_glm(vocab, tok.token_to_id(mm.EOT))
     OUT.mkdir(parents=True, exist_ok=True)
     cases = []
-    for a, arch in enumerate(mm.ARCHS + (V3,)):
+    for a, arch in enumerate(mm.ARCHS + (V3, GLM)):
         folder = MODELS / arch
         cls, config = family(arch, folder)
         hub = mm.load_checkpoint(folder)
         layers = moe_layers(hub, arch)
         e = hub[f"model.layers.{layers[0]}.{block_of(arch)}.gate.weight"].shape[0]
-        groups = getattr(config, "n_group", None) if arch == V3 else None
+        groups = getattr(config, "n_group", None) if arch in (V3, GLM) else None
         want = run_with_transformers(arch, cls, config, hub, folder)
         for d in DEVICES:
             rng = random.Random(1000 * a + d)

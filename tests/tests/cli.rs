@@ -1778,115 +1778,74 @@ fn a_counts_only_statistic_dump_places_for_load_alone() {
     assert!(!d.join("x.json").exists());
 }
 
-/// A group-limited model (DeepSeek-V3's fixture: 8 experts in 4 groups, top-2 from 2 groups,
-/// MoE layers 1 and 2): `trace synth --groups` routes as it does, `place --expert-groups` keeps
-/// every group whole in both layouts, and the renumbered checkpoint takes what it wrote.
+/// Group-limited models (the DeepSeek-V3 and GLM-4.5 fixtures: 8 experts in 4 groups of 2, 2
+/// groups kept per token, MoE layers 1 and 2): `trace synth --groups` routes as they do (top-4
+/// from 2 groups: a token's experts are exactly its 2 groups), `place --expert-groups` keeps
+/// every group whole in both layouts, and the renumbered checkpoint and SGLang's file take what
+/// it wrote.
 #[test]
 fn group_whole_placements_export_for_a_group_limited_model() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/models/deepseek_v3");
-    occult_ok(
-        d,
-        &[
-            "trace",
-            "synth",
-            "--experts",
-            "8",
-            "--top-k",
-            "2",
-            "--layers",
-            "3",
-            "--tokens",
-            "400",
-            "--clusters",
-            "2",
-            "--groups",
-            "4",
-            "--topk-groups",
-            "2",
-            "-o",
-            "all.safetensors",
-        ],
-    );
-    // Group-limited: no token's experts span more than 2 groups of 2.
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/models");
+    let synth = "trace synth --experts 8 --top-k 4 --layers 3 --tokens 400 --clusters 2 \
+                 --groups 4 --topk-groups 2 -o all.safetensors";
+    occult_ok(d, &synth.split_whitespace().collect::<Vec<_>>());
     let mut t = occult_core::analysis::trace::Trace::read(&d.join("all.safetensors")).unwrap();
-    for row in t.layers[0].topk_ids.chunks_exact(2) {
+    for row in t.layers[0].topk_ids.chunks_exact(4) {
         let mut g: Vec<u32> = row.iter().map(|&x| x / 2).collect();
+        g.sort_unstable();
         g.dedup();
-        assert!(g.len() <= 2);
+        assert_eq!(g.len(), 2, "{row:?}");
     }
-    // The model's MoE layers are 1 and 2.
+    // The models' MoE layers are 1 and 2.
     t.layers.remove(0);
     t.write(&d.join("t.safetensors")).unwrap();
-    for (devices, layout) in [
+    let layouts = [
         ("4", "each group fills whole devices"),
         ("2", "each device holds whole groups"),
-    ] {
-        let out = occult_ok(
-            d,
-            &[
-                "place",
-                "--trace",
-                "t.safetensors",
-                "--devices",
-                devices,
-                "--expert-groups",
-                "4",
-                "-o",
-                "p.json",
-            ],
-        );
+    ];
+    for (devices, layout) in layouts {
+        let place =
+            format!("place --trace t.safetensors --devices {devices} --expert-groups 4 -o p.json");
+        let out = occult_ok(d, &place.split_whitespace().collect::<Vec<_>>());
         assert!(out.contains(layout), "{out}");
-        let _ = std::fs::remove_dir_all(d.join("placed"));
-        occult_ok(
-            d,
-            &[
+        for arch in ["deepseek_v3", "glm4_moe"] {
+            let model = models.join(arch);
+            let model = model.to_str().unwrap();
+            let _ = std::fs::remove_dir_all(d.join("placed"));
+            let ckpt = [
                 "export",
                 "checkpoint",
                 "--model",
-                model.to_str().unwrap(),
+                model,
                 "--placement",
                 "p.json",
                 "-o",
                 "placed",
-            ],
-        );
+            ];
+            occult_ok(d, &ckpt);
+            let sglang = [
+                "export",
+                "sglang",
+                "--model",
+                model,
+                "--placement",
+                "p.json",
+                "-o",
+                "loc.json",
+            ];
+            occult_ok(d, &sglang);
+        }
     }
-    let err = occult_err(
-        d,
-        &[
-            "place",
-            "--trace",
-            "t.safetensors",
-            "--devices",
-            "2",
-            "--expert-groups",
-            "3",
-            "-o",
-            "x.json",
-        ],
-    );
+    let bad = "place --trace t.safetensors --devices 2 --expert-groups 3 -o x.json";
+    let err = occult_err(d, &bad.split_whitespace().collect::<Vec<_>>());
     assert!(
         err.contains("3 expert groups do not divide the 8 experts"),
         "{err}"
     );
-    let err = occult_err(
-        d,
-        &[
-            "place",
-            "--trace",
-            "t.safetensors",
-            "--devices",
-            "2",
-            "--expert-groups",
-            "4",
-            "--method",
-            "greedy",
-            "-o",
-            "x.json",
-        ],
-    );
+    let bad = "place --trace t.safetensors --devices 2 --expert-groups 4 --method greedy -o x.json";
+    let err = occult_err(d, &bad.split_whitespace().collect::<Vec<_>>());
     assert!(
         err.contains("--expert-groups keeps the model's expert groups whole"),
         "{err}"

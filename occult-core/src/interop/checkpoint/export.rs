@@ -38,14 +38,15 @@ pub struct ExpertLayout {
     pub block: String,
     /// The router inside the block (`gate`).
     pub router: String,
-    /// Group-limited routing (DeepSeek-V2/V3 with `n_group` > 1).
+    /// Group-limited routing (DeepSeek-V2/V3, GLM-4.5 with `n_group` > 1).
     pub groups: Option<ExpertGroups>,
 }
 
 /// The `model_type`s the export reads besides the five families Occult runs: DeepSeek-V2/V3
-/// (and models that reuse V3's layout, such as Kimi-K2), whose attention Occult does not run
-/// but whose experts it can renumber.
-pub const EXPORT_ONLY_TYPES: [&str; 3] = ["deepseek_v2", "deepseek_v3", "kimi_k2"];
+/// (and models that reuse V3's layout, such as Kimi-K2) and GLM-4.5/4.6 (`glm4_moe`: V3's MoE
+/// block, router and config keys), whose attention Occult does not run but whose experts it
+/// can renumber.
+pub const EXPORT_ONLY_TYPES: [&str; 4] = ["deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe"];
 
 impl ExpertLayout {
     /// Reads the layout from a `config.json` value; `origin` names it in errors.
@@ -93,7 +94,8 @@ impl ExpertLayout {
         if num_experts == 0 {
             return Err(f.bad("n_routed_experts", "at least 1"));
         }
-        // As DeepSeek-V2/V3's modelling code decides which layers are MoE.
+        // As DeepSeek-V2/V3's modelling code decides which layers are MoE (GLM-4.5's has no
+        // `moe_layer_freq`: every layer from `first_k_dense_replace` on).
         let first_dense = f.usize_or("first_k_dense_replace", 0)?;
         let freq = f.usize_or("moe_layer_freq", 1)?.max(1);
         let n_group = f.usize_or("n_group", 1)?;
