@@ -30,6 +30,23 @@ pub fn family(model_type: &str) -> Option<&'static Family> {
     FAMILIES.into_iter().find(|f| f.model_type == model_type)
 }
 
+/// What Occult does for a family it does not run yet (docs/models.md, "The families of 2026").
+pub fn not_run_yet(model_type: &str) -> Option<&'static str> {
+    match model_type {
+        "deepseek_v2" | "deepseek_v3" | "kimi_k2" | "glm4_moe" => Some(
+            "Occult does not run this family yet, but exports it (`occult export checkpoint` \
+             renumbers its experts, `occult export sglang` writes SGLang's location file) and \
+             places for its expert groups (`occult place --expert-groups n_group`)",
+        ),
+        "gpt_oss" => Some(
+            "Occult does not run gpt-oss yet (its MXFP4 experts are dequantized as transformers \
+             does, its attention is not run); its routing, recorded as arrays or by an engine's \
+             dump, can still be imported and placed (`occult trace import`, `occult place`)",
+        ),
+        _ => None,
+    }
+}
+
 /// The supported `model_type`s, comma-separated (for messages).
 pub fn supported() -> String {
     FAMILIES.map(|f| f.model_type).join(", ")
@@ -55,8 +72,9 @@ impl ModelConfig {
             Error::bad_file(
                 origin,
                 format!(
-                    "model_type {model_type:?} is not supported (supported: {})",
-                    supported()
+                    "model_type {model_type:?} is not supported (supported: {}){}",
+                    supported(),
+                    not_run_yet(model_type).map_or(String::new(), |s| format!("; {s}"))
                 ),
             )
         })?;
@@ -70,6 +88,28 @@ mod tests {
     use crate::models::config::{QkNorm, SharedConfig};
     use crate::models::synth::SynthModel;
     use serde_json::json;
+
+    /// A family of 2026 that Occult exports but does not run says what it can do with it.
+    #[test]
+    fn families_not_run_yet_say_what_works() {
+        for (t, says) in [
+            ("deepseek_v3", "occult export checkpoint"),
+            ("glm4_moe", "--expert-groups"),
+            ("gpt_oss", "MXFP4"),
+        ] {
+            let err = ModelConfig::from_json(&json!({ "model_type": t }), "config.json")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("is not supported") && err.contains(says),
+                "{err}"
+            );
+        }
+        let err = ModelConfig::from_json(&json!({ "model_type": "llama" }), "config.json")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("does not run"), "{err}");
+    }
 
     #[test]
     fn registry_is_consistent() {
