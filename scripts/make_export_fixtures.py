@@ -35,7 +35,8 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_model_fixtures as mm  # noqa: E402
 from transformers import (  # noqa: E402
-    DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM)
+    DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM, GptOssConfig,
+    GptOssForCausalLM)
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "fixtures" / "models"
@@ -43,6 +44,7 @@ OUT = ROOT / "tests" / "fixtures" / "export"
 DEVICES = (2, 4, 8)
 V3 = "deepseek_v3"
 GLM = "glm4_moe"
+GPT_OSS = "gpt_oss"
 
 
 # ---------------------------------------------------------------- the DeepSeek-V3 fixture
@@ -80,6 +82,22 @@ def make_glm(tok_vocab, eot):
     make_export_only(GLM, Glm4MoeForCausalLM, glm_config(tok_vocab, eot), seed=3000)
 
 
+def gpt_oss_config(vocab, eot):
+    return GptOssConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=8,
+        num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"],
+        sliding_window=4, max_position_embeddings=128, tie_word_embeddings=False,
+        bos_token_id=eot, eos_token_id=eot, pad_token_id=None)
+
+
+def make_gpt_oss(tok_vocab, eot):
+    """A tiny gpt-oss (`GptOssForCausalLM`: attention sinks, a sliding and a full layer, the
+    router with a bias, fused experts with biases), unquantized, in transformers' own names
+    (as gpt-oss's bf16 checkpoints store them: `mlp.experts.gate_up_proj` [E, H, 2I])."""
+    make_export_only(GPT_OSS, GptOssForCausalLM, gpt_oss_config(tok_vocab, eot), seed=4000)
+
+
 def make_export_only(arch, cls, config, seed):
     model = mm.build(arch, cls, config, seed=seed)
     with torch.no_grad():  # the selection bias is a buffer, not a parameter: give it values too
@@ -93,7 +111,9 @@ def make_export_only(arch, cls, config, seed):
     d["architectures"] = [cls.__name__]
     d["torch_dtype"] = d["dtype"] = "float32"
     (folder / "config.json").write_text(json.dumps(dict(sorted(d.items())), indent=2) + "\n")
-    save_file(mm.to_hub(arch, model.state_dict()), folder / "model.safetensors", metadata={"format": "pt"})
+    sd = model.state_dict()
+    hub = {k: v.contiguous() for k, v in sd.items()} if arch == GPT_OSS else mm.to_hub(arch, sd)
+    save_file(hub, folder / "model.safetensors", metadata={"format": "pt"})
     shutil.copy(MODELS / "tokenizer.json", folder / "tokenizer.json")
     ids = mm.encode(mm.Tokenizer.from_file(str(MODELS / "tokenizer.json")), mm.PROMPT)
     loaded = cls.from_pretrained(folder, attn_implementation="eager",
@@ -110,6 +130,8 @@ def family(arch, folder):
         return DeepseekV3ForCausalLM, DeepseekV3Config.from_dict(config)
     if arch == GLM:
         return Glm4MoeForCausalLM, Glm4MoeConfig.from_dict(config)
+    if arch == GPT_OSS:
+        return GptOssForCausalLM, GptOssConfig.from_dict(config)
     cls, _ = mm.hf_configs(config["vocab_size"], config["bos_token_id"])[arch]
     return cls, cls.config_class.from_dict(config)
 
@@ -118,8 +140,12 @@ def block_of(arch):
     return "block_sparse_moe" if arch == "mixtral" else "mlp"
 
 
+def router_of(arch):
+    return "router" if arch == GPT_OSS else "gate"
+
+
 def moe_layers(hub, arch):
-    pat = re.compile(rf"model\.layers\.(\d+)\.{block_of(arch)}\.gate\.weight")
+    pat = re.compile(rf"model\.layers\.(\d+)\.{block_of(arch)}\.{router_of(arch)}\.weight")
     return sorted(int(m[1]) for m in map(pat.fullmatch, hub) if m)
 
 
@@ -169,7 +195,7 @@ def renumber(hub, arch, placement):
     """placement: {layer: [device of expert]} -> the renumbered checkpoint."""
     out = {}
     for name, t in hub.items():
-        m = re.fullmatch(rf"model\.layers\.(\d+)\.{block_of(arch)}\.(experts|gate)\.(.*)", name)
+        m = re.fullmatch(rf"model\.layers\.(\d+)\.{block_of(arch)}\.(experts|{router_of(arch)})\.(.*)", name)
         if not m or int(m[1]) not in placement:
             out[name] = t
             continue
@@ -225,8 +251,14 @@ def run_with_transformers(arch, cls, config, hub, folder):
         t = Path(t)
         shutil.copy(folder / "config.json", t / "config.json")
         layers = moe_layers(hub, arch)
-        # As the fixtures store them: qwen2_moe fused (transformers' own layout), the rest per expert.
-        as_stored = fused(hub, arch, layers) if arch == "qwen2_moe" else per_expert(hub, arch, layers)
+        # As the fixtures store them: qwen2_moe and gpt-oss fused (transformers' own layouts), the
+        # rest per expert.
+        if arch == GPT_OSS:
+            as_stored = hub
+        elif arch == "qwen2_moe":
+            as_stored = fused(hub, arch, layers)
+        else:
+            as_stored = per_expert(hub, arch, layers)
         save_file(as_stored, t / "model.safetensors", metadata={"format": "pt"})
         model, info = cls.from_pretrained(t, output_loading_info=True, attn_implementation="eager",
                                           experts_implementation="eager")
@@ -240,24 +272,28 @@ def main():
     vocab = -(-tok.get_vocab_size() // 8) * 8
     make_v3(vocab, tok.token_to_id(mm.EOT))
     make_glm(vocab, tok.token_to_id(mm.EOT))
+    make_gpt_oss(vocab, tok.token_to_id(mm.EOT))
     OUT.mkdir(parents=True, exist_ok=True)
     cases = []
-    for a, arch in enumerate(mm.ARCHS + (V3, GLM)):
+    for a, arch in enumerate(mm.ARCHS + (V3, GLM, GPT_OSS)):
         folder = MODELS / arch
         cls, config = family(arch, folder)
         hub = mm.load_checkpoint(folder)
         layers = moe_layers(hub, arch)
-        e = hub[f"model.layers.{layers[0]}.{block_of(arch)}.gate.weight"].shape[0]
+        e = hub[f"model.layers.{layers[0]}.{block_of(arch)}.{router_of(arch)}.weight"].shape[0]
         groups = getattr(config, "n_group", None) if arch in (V3, GLM) else None
         want = run_with_transformers(arch, cls, config, hub, folder)
         for d in DEVICES:
             rng = random.Random(1000 * a + d)
             placement = {l: random_placement(rng, e, d, groups) for l in layers}
-            base = per_expert(hub, arch, layers)
+            # gpt-oss's experts come fused only (with biases, [E, H, 2I]): renumbered as stored.
+            base = hub if arch == GPT_OSS else per_expert(hub, arch, layers)
             got = run_with_transformers(arch, cls, config, renumber(base, arch, placement), folder)
             gap = (got - want).abs().max().item()
             assert gap < 1e-5, f"{arch} D={d}: the renumbered checkpoint's logits differ by {gap}"
-            for layout, src in (("per_expert", base), ("fused", fused(base, arch, layers))):
+            layouts = (("fused", base),) if arch == GPT_OSS else (
+                ("per_expert", base), ("fused", fused(base, arch, layers)))
+            for layout, src in layouts:
                 cases.append({"model": arch, "layout": layout, "devices": d,
                               "placement": {str(l): m for l, m in placement.items()},
                               "sha256": digest(renumber(src, arch, placement)),

@@ -430,16 +430,20 @@ fn fuse_any(src: &Path, dst: &Path) {
 
 /// The exports of the placements in tests/fixtures/export/cases.json are, byte for byte, the
 /// checkpoints scripts/make_export_fixtures.py renumbered with its own code and ran under
-/// transformers with the original's logits (every family, and a DeepSeek-V3 and a GLM-4.5 with
-/// a sigmoid router, a selection bias and expert groups; per-expert and fused; 2, 4 and 8
-/// devices).
+/// transformers with the original's logits (every family, a DeepSeek-V3 and a GLM-4.5 with a
+/// sigmoid router, a selection bias and expert groups, and a gpt-oss with a router bias and
+/// fused experts with biases; per-expert and fused; 2, 4 and 8 devices).
 #[test]
 fn exports_are_the_checkpoints_transformers_ran_with_the_original_logits() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/export/cases.json");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let cases = v["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 42, "7 models x 2 layouts x 3 device counts");
+    assert_eq!(
+        cases.len(),
+        45,
+        "7 models x 2 layouts x 3 device counts, and gpt-oss fused x 3"
+    );
     for c in cases {
         let (arch, layout, d) = (
             c["model"].as_str().unwrap(),
@@ -451,7 +455,7 @@ fn exports_are_the_checkpoints_transformers_ran_with_the_original_logits() {
         let t = tempfile::tempdir().unwrap();
         let src = t.path().join("source");
         match (arch, layout) {
-            ("deepseek_v3" | "glm4_moe", "per_expert") => {
+            ("deepseek_v3" | "glm4_moe", "per_expert") | ("gpt_oss", "fused") => {
                 std::fs::create_dir(&src).unwrap();
                 for f in ["config.json", "model.safetensors"] {
                     std::fs::copy(fixture(arch).join(f), src.join(f)).unwrap();

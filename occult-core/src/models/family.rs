@@ -40,8 +40,8 @@ pub fn not_run_yet(model_type: &str) -> Option<&'static str> {
         ),
         "gpt_oss" => Some(
             "Occult does not run gpt-oss yet (its MXFP4 experts are dequantized as transformers \
-             does, its attention is not run); its routing, recorded as arrays or by an engine's \
-             dump, can still be imported and placed (`occult trace import`, `occult place`)",
+             does, its attention is not run), but exports it (`occult export checkpoint`, \
+             `occult export sglang`) and places for it from its recorded routing",
         ),
         _ => None,
     }
@@ -95,7 +95,7 @@ mod tests {
         for (t, says) in [
             ("deepseek_v3", "occult export checkpoint"),
             ("glm4_moe", "--expert-groups"),
-            ("gpt_oss", "MXFP4"),
+            ("gpt_oss", "occult export sglang"),
         ] {
             let err = ModelConfig::from_json(&json!({ "model_type": t }), "config.json")
                 .unwrap_err()

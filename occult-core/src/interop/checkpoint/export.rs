@@ -43,10 +43,17 @@ pub struct ExpertLayout {
 }
 
 /// The `model_type`s the export reads besides the five families Occult runs: DeepSeek-V2/V3
-/// (and models that reuse V3's layout, such as Kimi-K2) and GLM-4.5/4.6 (`glm4_moe`: V3's MoE
-/// block, router and config keys), whose attention Occult does not run but whose experts it
-/// can renumber.
-pub const EXPORT_ONLY_TYPES: [&str; 4] = ["deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe"];
+/// (and models that reuse V3's layout, such as Kimi-K2), GLM-4.5/4.6 (`glm4_moe`: V3's MoE
+/// block, router and config keys) and gpt-oss (`gpt_oss`: every layer MoE, the router
+/// `mlp.router` with a bias, experts fused with biases or as MXFP4 blocks and scales, all with
+/// the experts first), whose attention Occult does not run but whose experts it can renumber.
+pub const EXPORT_ONLY_TYPES: [&str; 5] = [
+    "deepseek_v2",
+    "deepseek_v3",
+    "kimi_k2",
+    "glm4_moe",
+    "gpt_oss",
+];
 
 impl ExpertLayout {
     /// Reads the layout from a `config.json` value; `origin` names it in errors.
@@ -89,6 +96,21 @@ impl ExpertLayout {
                 "num_hidden_layers",
                 &format!("at most {}", crate::models::config::MAX_LAYERS),
             ));
+        }
+        if model_type == "gpt_oss" {
+            let num_experts = f.usize("num_local_experts")?;
+            if num_experts == 0 {
+                return Err(f.bad("num_local_experts", "at least 1"));
+            }
+            return Ok(ExpertLayout {
+                model_type: model_type.into(),
+                num_experts,
+                num_layers,
+                moe_layers: (0..num_layers).collect(),
+                block: "mlp".into(),
+                router: "router".into(),
+                groups: None,
+            });
         }
         let num_experts = f.usize("n_routed_experts")?;
         if num_experts == 0 {

@@ -7,8 +7,8 @@
 //!
 //! SGLang reads it only for model classes that define `get_model_config_for_expert_location`:
 //! among the families here, DeepSeek-V2/V3 (and Kimi-K2), GLM-4.5 (`Glm4MoeForCausalLM`, its
-//! layers all hidden layers), Qwen2-MoE and Qwen3-MoE; not Mixtral, OLMoE or DeepSeek-MoE v1
-//! ([`SGLANG_TYPES`]).
+//! layers all hidden layers), gpt-oss (`GptOssForCausalLM`), Qwen2-MoE and Qwen3-MoE; not
+//! Mixtral, OLMoE or DeepSeek-MoE v1 ([`SGLANG_TYPES`]).
 
 use crate::analysis::placement::Placement;
 use crate::interop::checkpoint::ExpertLayout;
@@ -16,11 +16,12 @@ use crate::{bail, Result};
 use serde_json::{json, Value};
 
 /// The `model_type`s whose SGLang model class reads an expert-location file.
-pub const SGLANG_TYPES: [&str; 6] = [
+pub const SGLANG_TYPES: [&str; 7] = [
     "deepseek_v2",
     "deepseek_v3",
     "kimi_k2",
     "glm4_moe",
+    "gpt_oss",
     "qwen2_moe",
     "qwen3_moe",
 ];
