@@ -78,8 +78,39 @@ def glm_config(vocab, eot):
 def make_glm(tok_vocab, eot):
     """A tiny GLM-4.5 (`Glm4MoeForCausalLM`: partial rotary, q/k norms, q/k/v biases, the
     sigmoid router with its selection bias and 4 expert groups keeping 2, a shared expert, layer
-    0 dense), per expert in the hub's names."""
-    make_export_only(GLM, Glm4MoeForCausalLM, glm_config(tok_vocab, eot), seed=3000)
+    0 dense), per expert in the hub's names, with reference outputs (reference.json, as
+    scripts/make_model_fixtures.py writes them): Occult runs it."""
+    make_with_reference(GLM, Glm4MoeForCausalLM, glm_config(tok_vocab, eot), seeds=range(3000, 3100))
+
+
+def make_with_reference(arch, cls, config, seeds):
+    """The first seed whose routing and argmaxes clear mm.MARGIN on every reference input (as
+    make_model_fixtures.py picks them), written with its reference.json."""
+    tok = mm.Tokenizer.from_file(str(MODELS / "tokenizer.json"))
+    eot_id = tok.token_to_id(mm.EOT)
+    for seed in seeds:
+        model = build_with_buffers(arch, cls, config, seed)
+        ref, route_gap, argmax_gap = mm.reference(model, tok, eot_id, config.num_experts_per_tok, seed)
+        new = ref["greedy"]["ids"]
+        varied = max(new) < tok.get_vocab_size() and eot_id not in new and len(set(new)) >= 3
+        if route_gap >= mm.MARGIN and argmax_gap >= mm.MARGIN and varied and ref["loglik"][-1]["is_greedy"]:
+            break
+        print(f"  {arch}: seed {seed} rejected (routing gap {route_gap:.2e}, argmax gap {argmax_gap:.2e})")
+    else:
+        raise SystemExit(f"{arch}: no seed in range gives clear routing")
+    make_export_only(arch, cls, config, seed)
+    mm.dump_reference(MODELS / arch / "reference.json", ref)
+    print(f"{arch}: seed {seed}, routing gap {route_gap:.2e}, argmax gap {argmax_gap:.2e}, greedy {new}")
+
+
+def build_with_buffers(arch, cls, config, seed):
+    """mm.build, and the selection bias (a buffer, not a parameter) given values too."""
+    model = mm.build(arch, cls, config, seed=seed)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn_like(b))
+    return model
 
 
 def gpt_oss_config(vocab, eot):
@@ -99,11 +130,7 @@ def make_gpt_oss(tok_vocab, eot):
 
 
 def make_export_only(arch, cls, config, seed):
-    model = mm.build(arch, cls, config, seed=seed)
-    with torch.no_grad():  # the selection bias is a buffer, not a parameter: give it values too
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.copy_(0.1 * torch.randn_like(b))
+    model = build_with_buffers(arch, cls, config, seed)
     folder = MODELS / arch
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()

@@ -306,10 +306,31 @@ def router_hooks(model, top_k, record):
             continue
         def hook(mod, inputs, _out):
             h = inputs[0].reshape(-1, mod.weight.shape[1])
+            if hasattr(mod, "e_score_correction_bias"):  # DeepSeek-V3's router (GLM-4.5's too)
+                record.append(grouped_sigmoid_gap(mod, h, top_k))
+                return
             probs = F.linear(h, mod.weight).float().softmax(-1).sort(-1, descending=True).values
             record.append((probs[:, top_k - 1] - probs[:, top_k]).min().item())
         handles.append(gate.register_forward_hook(hook))
     return handles
+
+
+def grouped_sigmoid_gap(mod, h, top_k):
+    """The smallest gap a token's routing turns on under DeepSeek-V3's rule: between the
+    topk_group-th and the next group score (sum of a group's two best biased sigmoid scores), and
+    between the k-th and (k+1)-th biased score inside the kept groups."""
+    choice = F.linear(h.float(), mod.weight.float()).sigmoid() + mod.e_score_correction_bias
+    n = getattr(mod, "n_group", None) or mod.num_group
+    per = choice.shape[-1] // n
+    gaps = []
+    if n > 1:
+        groups = choice.view(-1, n, per).topk(2, dim=-1).values.sum(-1).sort(-1, descending=True)
+        gaps.append((groups.values[:, mod.topk_group - 1] - groups.values[:, mod.topk_group]).min().item())
+        kept = torch.zeros_like(choice.view(-1, n, per)[..., 0]).scatter_(1, groups.indices[:, :mod.topk_group], 1)
+        choice = choice.masked_fill(~kept.repeat_interleave(per, 1).bool(), float("-inf"))
+    top = choice.sort(-1, descending=True).values
+    gaps.append((top[:, top_k - 1] - top[:, top_k]).min().item())
+    return min(gaps)
 
 
 def encode(tok, text):

@@ -20,7 +20,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-const ARCHS: [&str; 5] = ["olmoe", "qwen2_moe", "deepseek", "mixtral", "qwen3_moe"];
+const ARCHS: [&str; 6] = [
+    "olmoe",
+    "qwen2_moe",
+    "deepseek",
+    "mixtral",
+    "qwen3_moe",
+    "glm4_moe",
+];
 
 fn fixture(arch: &str) -> (Checkpoint, Value) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -8,7 +8,9 @@ use crate::analysis::routing::RouterRule;
 use crate::{Error, Result};
 use serde_json::Value;
 
-pub use super::config_fields::{AuxForm, AuxLoss, ConfigFields, MoeConfig, QkNorm, SharedConfig};
+pub use super::config_fields::{
+    AuxForm, AuxLoss, ConfigFields, MoeConfig, QkNorm, RouterConfig, SharedConfig,
+};
 
 /// One model's configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,6 +22,9 @@ pub struct ModelConfig {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// The features of each head RoPE rotates, the first ones (`head_dim` times GLM-4.5's
+    /// `partial_rotary_factor`; all of them elsewhere).
+    pub rotary_dim: usize,
     /// Intermediate size of dense MLP layers.
     pub dense_intermediate: usize,
     pub rms_norm_eps: f64,
@@ -39,6 +44,9 @@ pub struct ModelConfig {
     pub moe: MoeConfig,
     /// Whether each layer's MLP is an MoE block (else a dense MLP).
     pub moe_layers: Vec<bool>,
+    /// Multi-token-prediction layers stored after the decoder's (`num_nextn_predict_layers`,
+    /// as `model.layers.{num_layers}...`): not run, their tensors left unread.
+    pub mtp_layers: usize,
 }
 /// Positions a model covers when its config does not say (`max_position_embeddings`).
 pub const DEFAULT_MAX_POSITIONS: usize = 4096;
@@ -97,12 +105,30 @@ impl ModelConfig {
             sliding_window,
             attention_bias,
             aux_loss,
+            qk_norm,
+            partial_rotary_factor,
+            router,
         } = (family.read_config)(&f, num_layers)?;
         let head_dim = head_dim.unwrap_or(hidden_size / num_heads);
         if head_dim == 0 || head_dim % 2 == 1 {
             return Err(Error::bad_file(
                 origin,
                 format!("head_dim {head_dim} must be even and positive (RoPE rotates pairs)"),
+            ));
+        }
+        // As transformers sizes the rotation: int(head_dim * partial_rotary_factor).
+        let rotary_dim = (head_dim as f64 * partial_rotary_factor) as usize;
+        if !(partial_rotary_factor > 0.0 && partial_rotary_factor <= 1.0)
+            || rotary_dim == 0
+            || rotary_dim % 2 == 1
+        {
+            return Err(Error::bad_file(
+                origin,
+                format!(
+                    "partial_rotary_factor {partial_rotary_factor} of head_dim {head_dim} \
+                     rotates {rotary_dim} features: it must be in (0, 1] and rotate an even \
+                     number of them"
+                ),
             ));
         }
         let dense_intermediate = f.usize_or("intermediate_size", 0)?;
@@ -199,12 +225,13 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
+            rotary_dim,
             dense_intermediate,
             rms_norm_eps,
             rope_theta,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
             attention_bias,
-            qk_norm: family.qk_norm,
+            qk_norm: qk_norm.unwrap_or(family.qk_norm),
             clip_qkv,
             sliding_window,
             max_positions,
@@ -227,12 +254,12 @@ impl ModelConfig {
                 top_k,
                 expert_intermediate,
                 renormalize,
-                // None of the five families scales routed outputs.
-                scaling_factor: 1.0,
+                router,
                 shared,
                 aux_loss,
             },
             moe_layers,
+            mtp_layers: f.usize_or("num_nextn_predict_layers", 0)?,
         })
     }
 

@@ -3,6 +3,7 @@
 //! parts become and [`super::config::ModelConfig`] holds: query/key norms, shared experts, the
 //! auxiliary loss and the MoE blocks' configuration.
 
+use crate::analysis::routing::{GroupLimit, GroupScore, Scoring};
 use crate::{Error, Result};
 use serde_json::Value;
 
@@ -62,6 +63,71 @@ impl AuxLoss {
     }
 }
 
+/// How a family's router scores and selects, beyond top-k: softmax over all experts for the
+/// five families of 2024, DeepSeek-V3's sigmoid with groups for GLM-4.5.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterConfig {
+    pub scoring: Scoring,
+    /// `n_group` groups of which each token keeps `topk_group` (none when `n_group` is 1).
+    pub group_limit: Option<GroupLimit>,
+    /// `routed_scaling_factor`.
+    pub scaling_factor: f32,
+    /// Each MoE layer's router carries `e_score_correction_bias` `[E]`, added to the scores
+    /// for selection only.
+    pub selection_bias: bool,
+}
+
+impl Default for RouterConfig {
+    /// Softmax over all experts, no groups, no scaling, no selection bias.
+    fn default() -> Self {
+        RouterConfig {
+            scoring: Scoring::Softmax,
+            group_limit: None,
+            scaling_factor: 1.0,
+            selection_bias: false,
+        }
+    }
+}
+
+impl RouterConfig {
+    /// DeepSeek-V3's router (`topk_method` `noaux_tc`): sigmoid scores, `e_score_correction_bias`
+    /// for selection, groups scored by the sum of their two best biased scores
+    /// (`n_group`, `topk_group`, 1 and 1 when absent), `routed_scaling_factor` (1 when absent).
+    pub fn read_noaux_tc(f: &ConfigFields, num_experts: usize) -> Result<Self> {
+        let n_group = f.usize_or("n_group", 1)?;
+        let topk_group = f.usize_or("topk_group", 1)?;
+        if n_group == 0 || !num_experts.is_multiple_of(n_group) {
+            return Err(f.bad(
+                "n_group",
+                &format!("a divisor of the {num_experts} experts"),
+            ));
+        }
+        if topk_group == 0 || topk_group > n_group {
+            return Err(f.bad("topk_group", &format!("in 1..={n_group} (n_group)")));
+        }
+        if n_group > 1 && num_experts / n_group < 2 {
+            return Err(f.bad(
+                "n_group",
+                "a group size of at least 2 (groups are scored by their two best experts)",
+            ));
+        }
+        let scaling_factor = f.f64_or("routed_scaling_factor", 1.0)?;
+        if !(scaling_factor.is_finite() && scaling_factor > 0.0) {
+            return Err(f.bad("routed_scaling_factor", "a positive number"));
+        }
+        Ok(RouterConfig {
+            scoring: Scoring::Sigmoid,
+            group_limit: (n_group > 1).then_some(GroupLimit {
+                num_groups: n_group,
+                topk_groups: topk_group,
+                score: GroupScore::Top2Sum,
+            }),
+            scaling_factor: scaling_factor as f32,
+            selection_bias: true,
+        })
+    }
+}
+
 /// The MoE blocks' configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MoeConfig {
@@ -69,7 +135,7 @@ pub struct MoeConfig {
     pub top_k: usize,
     pub expert_intermediate: usize,
     pub renormalize: bool,
-    pub scaling_factor: f32,
+    pub router: RouterConfig,
     pub shared: Option<SharedConfig>,
     pub aux_loss: AuxLoss,
 }

@@ -7,7 +7,7 @@
 //! `config.json`: experts `n_routed_experts`, expert size `moe_intermediate_size`; a
 //! `scoring_func` other than softmax (DeepSeek-V2/V3) is refused.
 
-use super::config_fields::{AuxForm, AuxLoss, ConfigFields, QkNorm, SharedConfig};
+use super::config_fields::{AuxForm, AuxLoss, ConfigFields, QkNorm, RouterConfig, SharedConfig};
 use super::family_types::{
     softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts, SynthSizes,
 };
@@ -68,6 +68,9 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         sliding_window: None,
         attention_bias: f.bool_or("attention_bias", false)?,
         aux_loss: read_aux_loss(f)?,
+        qk_norm: None,
+        partial_rotary_factor: 1.0,
+        router: RouterConfig::default(),
     })
 }
 

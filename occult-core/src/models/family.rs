@@ -7,22 +7,24 @@
 //! [`FAMILIES`].
 
 use super::config::ModelConfig;
-use super::{deepseek, mixtral, olmoe, qwen2_moe, qwen3_moe};
+use super::{deepseek, glm4_moe, mixtral, olmoe, qwen2_moe, qwen3_moe};
 use crate::{Error, Result};
 use serde_json::Value;
 use std::path::Path;
 
 pub use super::family_types::{
-    softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts, SynthSizes,
+    configured_top_k, softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts,
+    SynthSizes,
 };
 
 /// Every supported family, in the order they are listed to users.
-pub const FAMILIES: [&Family; 5] = [
+pub const FAMILIES: [&Family; 6] = [
     &olmoe::FAMILY,
     &qwen2_moe::FAMILY,
     &deepseek::FAMILY,
     &mixtral::FAMILY,
     &qwen3_moe::FAMILY,
+    &glm4_moe::FAMILY,
 ];
 
 /// The family whose `model_type` this is.
@@ -33,7 +35,7 @@ pub fn family(model_type: &str) -> Option<&'static Family> {
 /// What Occult does for a family it does not run yet (docs/models.md, "The families of 2026").
 pub fn not_run_yet(model_type: &str) -> Option<&'static str> {
     match model_type {
-        "deepseek_v2" | "deepseek_v3" | "kimi_k2" | "glm4_moe" => Some(
+        "deepseek_v2" | "deepseek_v3" | "kimi_k2" => Some(
             "Occult does not run this family yet, but exports it (`occult export checkpoint` \
              renumbers its experts, `occult export sglang` writes SGLang's location file) and \
              places for its expert groups (`occult place --expert-groups n_group`)",
@@ -94,7 +96,7 @@ mod tests {
     fn families_not_run_yet_say_what_works() {
         for (t, says) in [
             ("deepseek_v3", "occult export checkpoint"),
-            ("glm4_moe", "--expert-groups"),
+            ("deepseek_v2", "--expert-groups"),
             ("gpt_oss", "occult export sglang"),
         ] {
             let err = ModelConfig::from_json(&json!({ "model_type": t }), "config.json")

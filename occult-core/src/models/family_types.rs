@@ -3,7 +3,7 @@
 //! `config.json`, write a synthetic `config.json` and give its router rule. Each family defines
 //! one in its own file with the types here; the registry ([`super::family`]) lists them.
 
-use super::config_fields::{AuxLoss, ConfigFields, MoeConfig, QkNorm, SharedConfig};
+use super::config_fields::{AuxLoss, ConfigFields, MoeConfig, QkNorm, RouterConfig, SharedConfig};
 use super::weights::ExpertNames;
 use crate::analysis::routing::RouterRule;
 use crate::Result;
@@ -42,6 +42,12 @@ pub struct FamilyConfig {
     pub sliding_window: Option<usize>,
     pub attention_bias: bool,
     pub aux_loss: AuxLoss,
+    /// `None`: the family's [`Family::qk_norm`] (GLM-4.5 reads `use_qk_norm`).
+    pub qk_norm: Option<QkNorm>,
+    /// The share of each head's features RoPE rotates (the first ones; GLM-4.5's
+    /// `partial_rotary_factor`), 1 elsewhere.
+    pub partial_rotary_factor: f64,
+    pub router: RouterConfig,
 }
 
 /// One model family.
@@ -116,6 +122,16 @@ impl std::fmt::Display for Family {
 /// rule of all five families.
 pub fn softmax_top_k(moe: &MoeConfig) -> RouterRule {
     let mut rule = RouterRule::softmax_topk(moe.num_experts, moe.top_k, moe.renormalize);
-    rule.scaling_factor = moe.scaling_factor;
+    rule.scaling_factor = moe.router.scaling_factor;
+    rule
+}
+
+/// The router `moe.router` describes (sigmoid with groups for GLM-4.5), top-k, renormalised if
+/// the config says so, then scaled. The selection bias is each layer's own (read with the
+/// router's weights), not part of this rule.
+pub fn configured_top_k(moe: &MoeConfig) -> RouterRule {
+    let mut rule = softmax_top_k(moe);
+    rule.scoring = moe.router.scoring;
+    rule.group_limit = moe.router.group_limit;
     rule
 }

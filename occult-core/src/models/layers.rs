@@ -47,7 +47,8 @@ pub struct Rope {
 }
 
 impl Rope {
-    /// Tables for `head_dim` with base `theta`, computed in f64 and stored in `dtype`.
+    /// Tables for `head_dim` rotated features (all of a head's, or the first ones under partial
+    /// rotary) with base `theta`, computed in f64 and stored in `dtype`.
     pub fn new(
         head_dim: usize,
         theta: f64,
@@ -106,19 +107,31 @@ impl Rope {
             Some((w, eps)) => rms_norm(x, w, eps, fused)?,
             None => x.clone(),
         };
-        if fused {
-            return Ok(candle_nn::rotary_emb::rope(
-                &x.contiguous()?,
-                &cos.contiguous()?,
-                &sin.contiguous()?,
-            )?);
+        // Partial rotary (GLM-4.5): the first features rotate, the rest pass through.
+        let (d, rot) = (x.dim(3)?, 2 * cos.dim(1)?);
+        if rot < d {
+            let turned = rotate_all(&x.narrow(3, 0, rot)?, &cos, &sin, fused)?;
+            return Ok(Tensor::cat(&[&turned, &x.narrow(3, rot, d - rot)?], 3)?);
         }
-        Ok(candle_nn::rotary_emb::rope_slow(
-            &x.contiguous()?,
-            &cos,
-            &sin,
-        )?)
+        rotate_all(&x, &cos, &sin, fused)
     }
+}
+
+/// Rotate-half RoPE of all of `x`'s features by `cos`, `sin` (already at its positions): candle's
+/// fused kernel, or its differentiable form.
+fn rotate_all(x: &Tensor, cos: &Tensor, sin: &Tensor, fused: bool) -> Result<Tensor> {
+    if fused {
+        return Ok(candle_nn::rotary_emb::rope(
+            &x.contiguous()?,
+            &cos.contiguous()?,
+            &sin.contiguous()?,
+        )?);
+    }
+    Ok(candle_nn::rotary_emb::rope_slow(
+        &x.contiguous()?,
+        cos,
+        sin,
+    )?)
 }
 
 /// The keys a query at position `pos` attends to, of `keys`: those at or before it, and fewer

@@ -55,6 +55,12 @@ pub fn tensors(cfg: &ModelConfig, fused: bool) -> Vec<(String, Vec<usize>)> {
         let b = format!("{p}.{}", names.block);
         let (e, i) = (cfg.moe.num_experts, cfg.moe.expert_intermediate);
         out.push((format!("{b}.{}.weight", names.router), vec![e, h]));
+        if cfg.moe.router.selection_bias {
+            out.push((
+                format!("{b}.{}.e_score_correction_bias", names.router),
+                vec![e],
+            ));
+        }
         if fused {
             out.push((format!("{b}.experts.gate_up_proj"), vec![e, 2 * i, h]));
             out.push((format!("{b}.experts.down_proj"), vec![e, h, i]));
@@ -119,6 +125,15 @@ pub fn first_misfit(
     None
 }
 
+/// Whether `name` belongs to a multi-token-prediction layer stored after the decoder's
+/// (`model.layers.{l}` with `num_layers <= l < num_layers + mtp_layers`), which is not run.
+fn is_mtp_layer(cfg: &ModelConfig, name: &str) -> bool {
+    name.strip_prefix("model.layers.")
+        .and_then(|rest| rest.split('.').next())
+        .and_then(|l| l.parse::<usize>().ok())
+        .is_some_and(|l| l >= cfg.num_layers && l - cfg.num_layers < cfg.mtp_layers)
+}
+
 /// The checkpoint's tensors that `cfg` does not explain (either expert layout is accepted), in
 /// name order.
 pub fn unexplained<'a>(cfg: &ModelConfig, names: impl Iterator<Item = &'a str>) -> Vec<String> {
@@ -128,7 +143,11 @@ pub fn unexplained<'a>(cfg: &ModelConfig, names: impl Iterator<Item = &'a str>) 
         known.insert("lm_head.weight".into());
     }
     let mut out: Vec<String> = names
-        .filter(|n| !known.contains(*n) && !IGNORED_SUFFIXES.iter().any(|s| n.ends_with(s)))
+        .filter(|n| {
+            !known.contains(*n)
+                && !IGNORED_SUFFIXES.iter().any(|s| n.ends_with(s))
+                && !is_mtp_layer(cfg, n)
+        })
         .map(String::from)
         .collect();
     out.sort();

@@ -5,7 +5,7 @@
 //! `config.json`: experts `num_local_experts`, expert size `intermediate_size`, an optional
 //! `head_dim` (newer configs), `sliding_window`, RoPE theta 1e6 by default.
 
-use super::config_fields::{AuxLoss, ConfigFields, QkNorm};
+use super::config_fields::{AuxLoss, ConfigFields, QkNorm, RouterConfig};
 use super::family_types::{
     softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts, SynthSizes,
 };
@@ -47,6 +47,9 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         sliding_window: optional(f, "sliding_window")?,
         attention_bias: f.bool_or("attention_bias", false)?,
         aux_loss: AuxLoss::read_all_layers(f, 0.001)?,
+        qk_norm: None,
+        partial_rotary_factor: 1.0,
+        router: RouterConfig::default(),
     })
 }
 

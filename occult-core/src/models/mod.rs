@@ -8,6 +8,7 @@
 //! | DeepSeek-MoE v1 | [`deepseek`] | `mlp` | `gate` | same | `shared_experts` |
 //! | Mixtral | [`mixtral`] | `block_sparse_moe` | `gate` | `w1`/`w3`/`w2` | none |
 //! | Qwen3-MoE | [`qwen3_moe`] | `mlp` | `gate` | same as OLMoE | none |
+//! | GLM-4.5/4.6 | [`glm4_moe`] | `mlp` | `gate` (sigmoid, groups, `e_score_correction_bias`) | same as OLMoE | `shared_experts` |
 //!
 //! Experts may also be stored fused (`experts.gate_up_proj`, `experts.down_proj`), as
 //! transformers v5 saves them; [`weights::Weights::experts`] reads both.
@@ -51,6 +52,7 @@ pub mod weights;
 
 // The families, one file each; listed in [`family::FAMILIES`].
 pub mod deepseek;
+pub mod glm4_moe;
 pub mod mixtral;
 pub mod olmoe;
 pub mod qwen2_moe;

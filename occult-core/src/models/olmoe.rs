@@ -6,7 +6,7 @@
 //!
 //! `config.json`: experts `num_experts`, expert size `intermediate_size`, every layer MoE.
 
-use super::config_fields::{AuxLoss, ConfigFields, QkNorm};
+use super::config_fields::{AuxLoss, ConfigFields, QkNorm, RouterConfig};
 use super::family_types::{
     softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts, SynthSizes,
 };
@@ -47,6 +47,9 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         sliding_window: None,
         attention_bias: f.bool_or("attention_bias", false)?,
         aux_loss: AuxLoss::read_all_layers(f, 0.01)?,
+        qk_norm: None,
+        partial_rotary_factor: 1.0,
+        router: RouterConfig::default(),
     })
 }
 

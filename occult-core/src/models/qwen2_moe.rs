@@ -7,7 +7,7 @@
 //! size `moe_intermediate_size`, biases `qkv_bias` (default true); `use_sliding_window` is
 //! refused. Qwen3-MoE reads its experts and layers with the helpers here.
 
-use super::config_fields::{AuxLoss, ConfigFields, QkNorm, SharedConfig};
+use super::config_fields::{AuxLoss, ConfigFields, QkNorm, RouterConfig, SharedConfig};
 use super::family_types::{
     softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts, SynthSizes,
 };
@@ -52,6 +52,9 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         sliding_window: no_sliding_window(f)?,
         attention_bias: f.bool_or("qkv_bias", true)?,
         aux_loss: AuxLoss::read_all_layers(f, 0.001)?,
+        qk_norm: None,
+        partial_rotary_factor: 1.0,
+        router: RouterConfig::default(),
     })
 }
 

@@ -5,7 +5,7 @@
 //! `config.json`: read as Qwen2-MoE's for experts and MoE layers (see [`super::qwen2_moe`]),
 //! plus `head_dim`; no shared experts, no q/k/v biases unless `attention_bias`.
 
-use super::config_fields::{AuxLoss, ConfigFields, QkNorm};
+use super::config_fields::{AuxLoss, ConfigFields, QkNorm, RouterConfig};
 use super::family_types::{
     softmax_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts, SynthSizes,
 };
@@ -52,6 +52,9 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         sliding_window: no_sliding_window(f)?,
         attention_bias: f.bool_or("attention_bias", false)?,
         aux_loss: AuxLoss::read_all_layers(f, 0.001)?,
+        qk_norm: None,
+        partial_rotary_factor: 1.0,
+        router: RouterConfig::default(),
     })
 }
 

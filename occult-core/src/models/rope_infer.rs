@@ -16,8 +16,8 @@ use rayon::prelude::*;
 type Norm<'a> = Option<(&'a [f32], f32)>;
 
 /// `x` (elements from `start` with strides `st` over `[B, H, T, D]`, the last 1), normalised by
-/// `norm` if given, then rotated by `cos`, `sin` (`[T, D / 2]`, f32), into a new contiguous
-/// `[B, H, T, D]`.
+/// `norm` if given, then its first `2 * R` features rotated by `cos`, `sin` (`[T, R]`, f32) and
+/// the rest passed through, into a new contiguous `[B, H, T, D]`.
 fn rotate<E: Stored>(
     x: &[E],
     start: usize,
@@ -26,7 +26,7 @@ fn rotate<E: Stored>(
     (cos, sin): (&[f32], &[f32]),
     norm: Norm<'_>,
 ) -> Vec<E> {
-    let half = d / 2;
+    let half = cos.len() / t.max(1);
     let mut out = vec![E::default(); b * h * t * d];
     out.par_chunks_mut(t * d).enumerate().for_each(|(bh, dst)| {
         let base = start + (bh / h) * st[0] + (bh % h) * st[1];
@@ -47,15 +47,17 @@ fn rotate<E: Stored>(
                 ys[i] = x1 * c[i] - x2 * s[i];
                 ys[i + half] = x1 * s[i] + x2 * c[i];
             }
+            ys[2 * half..].copy_from_slice(&xs[2 * half..]);
             E::round(&ys, row);
         }
     });
     out
 }
 
-/// Rotate-half RoPE of `x` `[B, H, T, D]` (any strides, the last 1) by `cos`, `sin` `[T, D / 2]`,
-/// as candle's `rope`, after an RMSNorm over `D` if `norm` (`(weight [D], eps)`) is given;
-/// `None` where this path does not apply (see the module doc).
+/// Rotate-half RoPE of `x` `[B, H, T, D]` (any strides, the last 1) by `cos`, `sin` `[T, R]`,
+/// as candle's `rope`, on the first `2 * R <= D` features (partial rotary; the others pass
+/// through), after an RMSNorm over `D` if `norm` (`(weight [D], eps)`) is given; `None` where
+/// this path does not apply (see the module doc).
 pub fn apply(
     x: &Tensor,
     cos: &Tensor,
@@ -72,7 +74,8 @@ pub fn apply(
     if !on_cpu || !matches!(x.dtype(), DType::F32 | DType::BF16) || d % 2 != 0 {
         return Ok(None);
     }
-    if cos.dims2()? != (t, d / 2) || sin.dims2()? != (t, d / 2) {
+    let (ct, half) = cos.dims2()?;
+    if ct != t || half == 0 || 2 * half > d || sin.dims2()? != (t, half) {
         return Ok(None);
     }
     if norm.is_some_and(|(w, _)| w.dims() != [d]) {
@@ -118,7 +121,7 @@ mod tests {
     fn rotation_of_a_strided_view_matches_plain_loops() {
         let dev = Device::Cpu;
         let (b, t, h, d) = (2, 5, 3, 8);
-        for dtype in [DType::F32, DType::BF16] {
+        for (dtype, rot) in [(DType::F32, d), (DType::BF16, d), (DType::F32, d / 2)] {
             for normed in [false, true] {
                 // [B, T, H, D] seen as [B, H, T, D], as attention hands it over.
                 let x = Tensor::randn(0f32, 2.0, (b, t, h, d), &dev)
@@ -126,8 +129,8 @@ mod tests {
                     .to_dtype(dtype)
                     .unwrap();
                 let view = x.transpose(1, 2).unwrap();
-                let cos = Tensor::randn(0f32, 1.0, (t, d / 2), &dev).unwrap();
-                let sin = Tensor::randn(0f32, 1.0, (t, d / 2), &dev).unwrap();
+                let cos = Tensor::randn(0f32, 1.0, (t, rot / 2), &dev).unwrap();
+                let sin = Tensor::randn(0f32, 1.0, (t, rot / 2), &dev).unwrap();
                 let w = Tensor::randn(0f32, 1.0, d, &dev).unwrap();
                 let norm = normed.then_some((&w, 1e-6));
                 let got = values(
@@ -136,7 +139,7 @@ mod tests {
                         .expect("the inference path applies"),
                 );
                 let (xs, c, s, wv) = (values(&x), values(&cos), values(&sin), values(&w));
-                let half = d / 2;
+                let half = rot / 2;
                 for bi in 0..b {
                     for hi in 0..h {
                         for p in 0..t {
@@ -152,7 +155,9 @@ mod tests {
                             }
                             for i in 0..d {
                                 let (ci, si) = (c[p * half + i % half], s[p * half + i % half]);
-                                let want = if i < half {
+                                let want = if i >= rot {
+                                    row[i]
+                                } else if i < half {
                                     row[i] * ci - row[i + half] * si
                                 } else {
                                     row[i - half] * si + row[i] * ci
@@ -161,7 +166,7 @@ mod tests {
                                 let tol = if dtype == DType::BF16 { 1e-2 } else { 1e-5 };
                                 assert!(
                                     (got[at] - want).abs() <= tol * want.abs().max(1.0),
-                                    "{dtype:?} normed {normed} [{bi} {hi} {p} {i}]: {} vs {want}",
+                                    "{dtype:?} rot {rot} normed {normed} [{bi} {hi} {p} {i}]: {} vs {want}",
                                     got[at]
                                 );
                             }

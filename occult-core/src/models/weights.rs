@@ -144,7 +144,8 @@ impl Weights {
         })
     }
 
-    fn origin(&self) -> String {
+    /// The checkpoint's file (or files), as errors name it.
+    pub fn origin(&self) -> String {
         match self.files.as_slice() {
             [one] => one.display().to_string(),
             many => format!(
@@ -264,6 +265,21 @@ impl Weights {
     /// Tensor `name` in the chosen dtype, which must have shape `expected`.
     pub fn get(&self, name: &str, expected: &[usize]) -> Result<Tensor> {
         self.get_rows(name, expected, None)
+    }
+
+    /// Tensor `name` of shape `expected` in f32, whatever the model's dtype, and never
+    /// trainable: a buffer such as a router's selection bias, not a weight.
+    pub fn get_frozen(&self, name: &str, expected: &[usize]) -> Result<Tensor> {
+        let shape = self
+            .shape(name)
+            .ok_or_else(|| Error::bad_file(self.origin(), format!("tensor {name} is missing")))?;
+        if shape != expected {
+            return Err(Error::bad_file(
+                self.origin(),
+                format!("tensor {name} has shape {shape:?}, expected {expected:?}"),
+            ));
+        }
+        Ok(self.load(name, None)?.to_dtype(DType::F32)?)
     }
 
     /// Rows `rows` of tensor `name`'s first dimension (the whole tensor for `None`), which must

@@ -50,6 +50,9 @@ impl Model {
             let mlp = match (d.dense, d.router) {
                 (Some(m), _) => Mlp::Dense(m),
                 (None, Some(router)) => {
+                    // The layer's own selection bias, where its router has one.
+                    let mut rule = rule.clone();
+                    rule.selection_bias = d.selection_bias;
                     let prefix = format!("model.layers.{l}.{}", names.block);
                     let map = setup.map(l, e);
                     let replicas = setup.replicas.get(&l).cloned();
@@ -97,7 +100,7 @@ impl Model {
                     };
                     Mlp::Moe(Box::new(MoeBlock {
                         layer: l,
-                        rule: rule.clone(),
+                        rule,
                         exec,
                     }))
                 }

@@ -38,6 +38,9 @@ pub struct DenseLayer {
     pub dense: Option<DenseMlp>,
     /// `[E, H]` for MoE layers.
     pub router: Option<Tensor>,
+    /// The router's `e_score_correction_bias` `[E]`, where the family's router has one: added
+    /// to the scores to choose experts, never to their weights, and never trained.
+    pub selection_bias: Option<Vec<f32>>,
     pub shared: Option<SharedExperts>,
 }
 
@@ -62,12 +65,26 @@ impl DenseParts {
                     down: w.get(&format!("{prefix}.down_proj.weight"), &[h, i])?,
                 })
             };
-            let (dense, router, shared) = if cfg.moe_layers[l] {
+            let (dense, router, shared, selection_bias) = if cfg.moe_layers[l] {
                 let b = format!("{p}.{}", names.block);
                 let router = w.get(
                     &format!("{b}.{}.weight", names.router),
                     &[cfg.moe.num_experts, h],
                 )?;
+                let selection_bias = if cfg.moe.router.selection_bias {
+                    let name = format!("{b}.{}.e_score_correction_bias", names.router);
+                    let bias = w.get_frozen(&name, &[cfg.moe.num_experts])?;
+                    let bias = bias.to_vec1::<f32>()?;
+                    if let Some(j) = bias.iter().position(|b| !b.is_finite()) {
+                        return Err(crate::Error::bad_file(
+                            w.origin(),
+                            format!("{name}[{j}] = {} is not a finite number", bias[j]),
+                        ));
+                    }
+                    Some(bias)
+                } else {
+                    None
+                };
                 let shared = match (cfg.moe.shared, names.shared) {
                     (Some(s), Some(sn)) => {
                         let m = mlp3(&format!("{b}.{sn}"), s.intermediate)?;
@@ -84,10 +101,11 @@ impl DenseParts {
                     }
                     _ => None,
                 };
-                (None, Some(router), shared)
+                (None, Some(router), shared, selection_bias)
             } else {
                 (
                     Some(mlp3(&format!("{p}.mlp"), cfg.dense_intermediate)?),
+                    None,
                     None,
                     None,
                 )
@@ -98,11 +116,12 @@ impl DenseParts {
                 post_norm: w.get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
                 dense,
                 router,
+                selection_bias,
                 shared,
             });
         }
         let rope = Rope::new(
-            cfg.head_dim,
+            cfg.rotary_dim,
             cfg.rope_theta,
             cfg.positions(),
             w.dtype(),
