@@ -3,7 +3,9 @@
 fine-tuned from the committed fixtures, so that a test can hold occult's reading of its own
 saved checkpoints to transformers' without Python.
 
-    cargo build --release && /tmp/pyenv/bin/python scripts/make_finetuned_fixtures.py
+    cargo build --release && /tmp/pyenv/bin/python scripts/make_finetuned_fixtures.py [ARCH...]
+
+(every run below, or only the named ones).
 
 For each run below, the script fine-tunes tests/fixtures/models/ARCH with `target/release/occult
 train` on tests/fixtures/finetuned/alpaca.jsonl (written here), loads the saved folder with
@@ -30,7 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_model_fixtures as base  # noqa: E402  (the tokenizer, prompt, hooks and writers)
-from transformers import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM  # noqa: E402
+from transformers import (Glm4MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM,  # noqa: E402
+                          Qwen3MoeForCausalLM)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "finetuned"
@@ -40,6 +43,8 @@ RUNS = {
     "qwen2_moe": (Qwen2MoeForCausalLM, ["--train", "all", "--devices", "2", "--mode", "occult"]),
     "qwen3_moe": (Qwen3MoeForCausalLM, ["--devices", "2", "--max-devices", "1"]),
     "mixtral": (MixtralForCausalLM, ["--devices", "2", "--aux-loss", "--grad-accum", "2"]),
+    # The grouped sigmoid router with its selection bias (kept, untrained), on 4 ranks in 2 nodes.
+    "glm4_moe": (Glm4MoeForCausalLM, ["--devices", "4", "--mode", "two-level", "--devices-per-node", "2"]),
 }
 
 
@@ -63,7 +68,10 @@ def main():
     write_data(data)
     tok = base.build_tokenizer()
     ids = base.encode(tok, base.PROMPT)
+    only = set(sys.argv[1:])
     for arch, (cls, flags) in RUNS.items():
+        if only and arch not in only:
+            continue
         source = base.OUT / arch
         base_logits = torch.tensor(json.loads((source / "reference.json").read_text())["logits"])
         for seed in range(20):

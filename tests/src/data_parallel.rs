@@ -16,7 +16,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The committed transformers fixtures (`tests/fixtures/models`).
-pub const ARCHS: [&str; 5] = ["olmoe", "qwen2_moe", "deepseek", "mixtral", "qwen3_moe"];
+pub const ARCHS: [&str; 6] = [
+    "olmoe",
+    "qwen2_moe",
+    "deepseek",
+    "mixtral",
+    "qwen3_moe",
+    "glm4_moe",
+];
 
 /// Opens a committed fixture in f32, its weights trainable if asked.
 pub fn open(arch: &str, trainable: bool) -> Checkpoint {
@@ -44,14 +51,15 @@ fn batch(seqs: &[&Vec<u32>]) -> candle::Result<Tensor> {
     Tensor::from_slice(&flat, (seqs.len(), t), &Device::Cpu)
 }
 
-/// The EP setup of a D-rank run: a seeded random placement per MoE layer.
+/// The EP setup of a D-rank run: a seeded random placement per MoE layer; the two-level mode
+/// in nodes of 2 devices.
 pub fn setup(ck: &Checkpoint, d: usize, mode: DispatchMode, seed: u64) -> MoeSetup {
     MoeSetup {
         mode: Some(mode),
         maps: random_maps(&ck.cfg, d, seed),
         num_devices: d,
         prune: BTreeMap::new(),
-        devices_per_node: None,
+        devices_per_node: (mode == DispatchMode::TwoLevel && d.is_multiple_of(2)).then_some(2),
         replicas: BTreeMap::new(),
     }
 }

@@ -1,5 +1,5 @@
 //! Whole models data + expert parallel on local ranks (threads), on the committed transformers
-//! fixtures of all five families: each rank runs its own sequences (uneven shares, one rank
+//! fixtures of all six families: each rank runs its own sequences (uneven shares, one rank
 //! with none) and every sequence's logits equal the one-device reference; and the gradients of
 //! D ranks on the union of their batches equal one device's on the whole batch. The same checks
 //! run under mpirun in `mpi.rs`.
@@ -24,6 +24,7 @@ fn every_rank_runs_its_own_sequences_and_matches_one_device() {
             (3, DispatchMode::Occult),
             (4, DispatchMode::Standard),
             (4, DispatchMode::Occult),
+            (4, DispatchMode::TwoLevel),
         ] {
             let out = run_local_with_timeout(d, TIMEOUT, |comm: &Arc<dyn Communicator>| {
                 check_logits(&ck, comm, mode, 10 * a as u64 + d as u64)
@@ -50,6 +51,7 @@ fn gradients_of_d_ranks_on_the_union_batch_equal_one_device() {
             (2, DispatchMode::Standard),
             (4, DispatchMode::Occult),
             (4, DispatchMode::Standard),
+            (4, DispatchMode::TwoLevel),
         ] {
             let shares = gradient_shares(d);
             let out = run_local_with_timeout(d, TIMEOUT, |comm: &Arc<dyn Communicator>| {

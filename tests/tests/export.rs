@@ -18,11 +18,12 @@ use occult_core::ep::comm::local::run_local_with_timeout;
 use occult_core::ep::comm::{Communicator, PeerStats};
 use occult_core::ep::StepStats;
 use occult_core::interop::checkpoint::export::shard_tensors;
+use occult_core::interop::checkpoint::export::ExpertLayout;
 use occult_core::interop::checkpoint::{export_checkpoint, Renumbering, RENUMBERING_FILE};
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::{DenseParts, Logits, Model, MoeSetup, RoutingRecorder};
 use occult_tests::data_parallel::{sequences, ARCHS};
-use occult_tests::placements::random_maps;
+use occult_tests::placements::{random_group_whole_maps, random_maps};
 use occult_tests::storage::{relayout, ExpertStorage};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -209,9 +210,17 @@ fn export_and_check(arch: &str, storage: Option<ExpertStorage>, d: usize, seed: 
         }
     };
     let ck = open(&src);
-    let maps = random_maps(&ck.cfg, d, seed);
+    // Group-limited models' groups kept whole (a renumbering that broke one would route
+    // otherwise, and is refused).
+    let maps = random_group_whole_maps(&ck.cfg, d, seed);
     let p = placement(&maps, d);
-    let ren = Renumbering::from_placement(&p, None).unwrap();
+    let groups = ExpertLayout::read(&src).unwrap().groups;
+    assert_eq!(
+        groups.is_some(),
+        ck.cfg.moe.router.group_limit.is_some(),
+        "{label}"
+    );
+    let ren = Renumbering::from_placement(&p, groups).unwrap();
     let out = t.path().join("exported");
     let summary = export_checkpoint(&src, &out, &ren, false, &|_, _| {}).unwrap();
     assert!(summary.renamed + summary.permuted > 0, "{label}");

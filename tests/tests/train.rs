@@ -264,7 +264,7 @@ fn train_full(
                 maps: occult_tests::placements::random_maps(&ck.cfg, d, 9),
                 num_devices: d,
                 prune: Default::default(),
-                devices_per_node: None,
+                devices_per_node: (mode == DispatchMode::TwoLevel).then_some(2),
                 replicas,
             };
             let out = run_local_with_timeout(
@@ -316,7 +316,14 @@ fn m_locations(
 
 #[test]
 fn d_ranks_take_the_steps_of_one_device_and_only_moe_tensors_move() {
-    let arch = "qwen2_moe";
+    for arch in ["qwen2_moe", "glm4_moe"] {
+        d_ranks_take_one_devices_steps(arch);
+    }
+}
+
+/// [`d_ranks_take_the_steps_of_one_device_and_only_moe_tensors_move`] for one family, in every
+/// dispatch mode.
+fn d_ranks_take_one_devices_steps(arch: &str) {
     let before = train_on(arch, None, 0, 0.0);
     let (one, frozen_one, rep_one) = train_on(arch, None, 3, 1e-3);
     assert_eq!(
@@ -327,19 +334,28 @@ fn d_ranks_take_the_steps_of_one_device_and_only_moe_tensors_move() {
         one.keys().all(|k| k.contains(".mlp.")),
         "only MoE blocks train"
     );
-    let moved = one.iter().filter(|(k, v)| before.0[*k] != **v).count();
+    let still: Vec<&String> = one
+        .iter()
+        .filter(|(k, v)| before.0[*k] == **v)
+        .map(|(k, _)| k)
+        .collect();
+    // Only experts no token reached may stay put (a few, on 54 tokens).
     assert!(
-        moved * 10 >= one.len() * 9,
-        "{moved} of {} tensors moved",
-        one.len()
+        still.len() * 5 <= one.len() && still.iter().all(|k| k.contains(".experts.")),
+        "{arch}: these did not move: {still:?}"
     );
     for (d, mode) in [
         (2, DispatchMode::Occult),
         (3, DispatchMode::Standard),
         (4, DispatchMode::Occult),
+        (4, DispatchMode::TwoLevel),
     ] {
         let (many, _, rep) = train_on(arch, Some((d, mode)), 3, 1e-3);
-        same_steps((&one, &rep_one), (&many, &rep), &format!("D={d} {mode:?}"));
+        same_steps(
+            (&one, &rep_one),
+            (&many, &rep),
+            &format!("{arch} D={d} {mode:?}"),
+        );
         assert!(rep.iter().all(|r| r.ect >= 1.0 && r.ect <= d as f64));
     }
 }

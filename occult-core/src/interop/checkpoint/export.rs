@@ -42,18 +42,11 @@ pub struct ExpertLayout {
     pub groups: Option<ExpertGroups>,
 }
 
-/// The `model_type`s the export reads besides the five families Occult runs: DeepSeek-V2/V3
-/// (and models that reuse V3's layout, such as Kimi-K2), GLM-4.5/4.6 (`glm4_moe`: V3's MoE
-/// block, router and config keys) and gpt-oss (`gpt_oss`: every layer MoE, the router
+/// The `model_type`s the export reads besides the families Occult runs: DeepSeek-V2/V3
+/// (and models that reuse V3's layout, such as Kimi-K2) and gpt-oss (`gpt_oss`: every layer MoE, the router
 /// `mlp.router` with a bias, experts fused with biases or as MXFP4 blocks and scales, all with
 /// the experts first), whose attention Occult does not run but whose experts it can renumber.
-pub const EXPORT_ONLY_TYPES: [&str; 5] = [
-    "deepseek_v2",
-    "deepseek_v3",
-    "kimi_k2",
-    "glm4_moe",
-    "gpt_oss",
-];
+pub const EXPORT_ONLY_TYPES: [&str; 4] = ["deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss"];
 
 impl ExpertLayout {
     /// Reads the layout from a `config.json` value; `origin` names it in errors.
@@ -72,7 +65,10 @@ impl ExpertLayout {
                 moe_layers: (0..cfg.num_layers).filter(|&l| cfg.moe_layers[l]).collect(),
                 block: names.block.into(),
                 router: names.router.into(),
-                groups: None,
+                groups: cfg.moe.router.group_limit.map(|g| ExpertGroups {
+                    n_group: g.num_groups,
+                    topk_group: g.topk_groups,
+                }),
             });
         }
         if !EXPORT_ONLY_TYPES.contains(&model_type) {
