@@ -1051,3 +1051,186 @@ fn gpu_options_in_a_build_without_them_are_named() {
         contains_all(&occult_err(t.path(), &args), want);
     }
 }
+
+/// GLM-4.5 (grouped sigmoid routing, partial rotary) through every model command on its
+/// transformers fixture: loglik and generate as transformers computes them, on one device and on
+/// 4 ranks in 2 nodes; eval the same on 1 and 4 ranks; profile, then a placement that keeps its
+/// expert groups whole, which the model runs with one device's results and both exports take;
+/// and bench model.
+#[test]
+fn glm_runs_through_every_model_command() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    let m = fixture("glm4_moe");
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(&m).join("reference.json")).unwrap(),
+    )
+    .unwrap();
+    let want = &reference["loglik"][0];
+    let loglik = |extra: &[&str]| -> Value {
+        let mut a = vec![
+            "loglik",
+            "--model",
+            &m,
+            "--context",
+            want["context"].as_str().unwrap(),
+            "--continuation",
+            want["continuation"].as_str().unwrap(),
+        ];
+        a.extend(extra);
+        serde_json::from_str(&occult_ok(d, &a)).unwrap()
+    };
+    let two_level = [
+        "--devices",
+        "4",
+        "--mode",
+        "two-level",
+        "--devices-per-node",
+        "2",
+    ];
+    for extra in [&[][..], &two_level[..]] {
+        let got = loglik(extra);
+        let gap = (got["loglikelihood"].as_f64().unwrap()
+            - want["loglikelihood"].as_f64().unwrap())
+        .abs();
+        assert!(gap < 1e-4, "{extra:?}: {got} vs {want}");
+        assert_eq!(got["is_greedy"], want["is_greedy"], "{extra:?}");
+    }
+    let mut gen = vec![
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        reference["prompt"].as_str().unwrap(),
+        "--max-new-tokens",
+        "8",
+        "--json",
+    ];
+    gen.extend(two_level);
+    let v: Value = serde_json::from_str(&occult_ok(d, &gen)).unwrap();
+    assert_eq!(v["new_ids"], reference["greedy"]["ids"]);
+
+    let eval = |tag: &str, extra: &[&str]| -> Value {
+        let out = format!("{tag}.json");
+        let mut a = vec![
+            "eval",
+            "--model",
+            &m,
+            "--tasks",
+            "piqa,copa",
+            "--samples",
+            "--output",
+            &out,
+        ];
+        a.extend(extra);
+        occult_ok(d, &a);
+        serde_json::from_str(&std::fs::read_to_string(d.join(&out)).unwrap()).unwrap()
+    };
+    let (one, four) = (eval("one", &[]), eval("four", &two_level));
+    for task in ["piqa", "copa"] {
+        assert_eq!(
+            one["results"][task]["acc,none"], four["results"][task]["acc,none"],
+            "{task}"
+        );
+    }
+
+    std::fs::write(
+        d.join("cal.jsonl"),
+        "{\"text\": \"The cake was baked in a hot oven until it rose.\"}\n\
+         {\"text\": \"Clouds gather over the hills before the rain.\"}\n",
+    )
+    .unwrap();
+    occult_ok(
+        d,
+        &[
+            "profile",
+            "--model",
+            &m,
+            "--data",
+            "cal.jsonl",
+            "-o",
+            "t.safetensors",
+        ],
+    );
+    // 4 groups of 2 on 4 devices: each device holds one whole group.
+    occult_ok(
+        d,
+        &[
+            "place",
+            "--trace",
+            "t.safetensors",
+            "--devices",
+            "4",
+            "--expert-groups",
+            "4",
+            "-o",
+            "p.json",
+        ],
+    );
+    let placed = loglik(&["--devices", "4", "--placement", "p.json"]);
+    assert!(
+        (placed["loglikelihood"].as_f64().unwrap() - want["loglikelihood"].as_f64().unwrap()).abs()
+            < 1e-4
+    );
+    occult_ok(
+        d,
+        &[
+            "export",
+            "checkpoint",
+            "--model",
+            &m,
+            "--placement",
+            "p.json",
+            "-o",
+            "renumbered",
+        ],
+    );
+    let exported = d.join("renumbered").display().to_string();
+    let mut again = vec![
+        "loglik",
+        "--model",
+        &exported,
+        "--context",
+        want["context"].as_str().unwrap(),
+        "--continuation",
+        want["continuation"].as_str().unwrap(),
+    ];
+    again.extend(["--devices", "4"]);
+    let v: Value = serde_json::from_str(&occult_ok(d, &again)).unwrap();
+    assert!(
+        (v["loglikelihood"].as_f64().unwrap() - want["loglikelihood"].as_f64().unwrap()).abs()
+            < 1e-4
+    );
+    occult_ok(
+        d,
+        &[
+            "export",
+            "sglang",
+            "--model",
+            &m,
+            "--placement",
+            "p.json",
+            "-o",
+            "sglang.json",
+        ],
+    );
+    occult_ok(
+        d,
+        &[
+            "bench",
+            "model",
+            "--model",
+            &m,
+            "--devices",
+            "4",
+            "--prompt-len",
+            "12",
+            "--decode-tokens",
+            "2",
+            "--repeats",
+            "1",
+            "--json",
+            "b.json",
+        ],
+    );
+}

@@ -137,3 +137,92 @@ fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
         ),
     ])
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::analysis::routing::{GroupScore, Scoring};
+    use crate::models::config::{ModelConfig, QkNorm};
+    use serde_json::{json, Value};
+
+    fn glm(extra: Value) -> crate::Result<ModelConfig> {
+        let mut v = json!({"model_type": "glm4_moe", "vocab_size": 151552, "hidden_size": 4096,
+            "num_hidden_layers": 46, "num_attention_heads": 96, "num_key_value_heads": 8,
+            "head_dim": 128, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+            "n_routed_experts": 128, "n_shared_experts": 1, "num_experts_per_tok": 8,
+            "first_k_dense_replace": 3, "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+            "n_group": 1, "topk_group": 1, "use_qk_norm": true, "attention_bias": true,
+            "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5, "rope_theta": 1000000});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        ModelConfig::from_json(&v, "config.json")
+    }
+
+    /// GLM-4.5-Air's published `config.json` as Occult reads it.
+    #[test]
+    fn glm_4_5_reads_as_transformers_builds_it() {
+        let c = glm(json!({})).unwrap();
+        assert_eq!((c.head_dim, c.rotary_dim), (128, 64));
+        assert_eq!(c.qk_norm, QkNorm::PerHead);
+        assert!(c.attention_bias);
+        assert_eq!(c.moe_layers.iter().filter(|&&m| !m).count(), 3);
+        assert_eq!(c.mtp_layers, 1);
+        assert_eq!(c.moe.shared.unwrap().intermediate, 1408);
+        let rule = c.router_rule();
+        assert_eq!(rule.scoring, Scoring::Sigmoid);
+        assert_eq!(
+            (rule.top_k, rule.scaling_factor, rule.renormalize),
+            (8, 2.5, true)
+        );
+        // One group: no group limit.
+        assert_eq!(rule.group_limit, None);
+        // transformers v5 keeps the factor in rope_parameters; 0.5 when absent.
+        let c = glm(json!({"partial_rotary_factor": null,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25}}))
+        .unwrap();
+        assert_eq!(c.rotary_dim, 32);
+        assert_eq!(
+            glm(json!({"partial_rotary_factor": null}))
+                .unwrap()
+                .rotary_dim,
+            64
+        );
+        let g = glm(json!({"n_group": 8, "topk_group": 4}))
+            .unwrap()
+            .router_rule();
+        let g = g.group_limit.unwrap();
+        assert_eq!(
+            (g.num_groups, g.topk_groups, g.score),
+            (8, 4, GroupScore::Top2Sum)
+        );
+    }
+
+    #[test]
+    fn bad_glm_configs_are_named() {
+        for (extra, says) in [
+            (json!({"n_group": 3}), "n_group"),
+            (json!({"n_group": 8, "topk_group": 9}), "topk_group"),
+            (json!({"n_group": 128}), "n_group"),
+            (
+                json!({"routed_scaling_factor": -1.0}),
+                "routed_scaling_factor",
+            ),
+            (
+                json!({"partial_rotary_factor": 0.0}),
+                "partial_rotary_factor",
+            ),
+            (
+                json!({"partial_rotary_factor": 1.5}),
+                "partial_rotary_factor",
+            ),
+            (
+                json!({"head_dim": 6, "partial_rotary_factor": 0.5}),
+                "partial_rotary_factor",
+            ),
+            (json!({"n_routed_experts": null}), "num_local_experts"),
+        ] {
+            let err = glm(extra.clone()).unwrap_err().to_string();
+            assert!(err.contains(says), "{extra}: {err}");
+        }
+    }
+}
