@@ -1,5 +1,5 @@
 #![no_main]
-//! Fuzz target:  a model's `config.json` (any of the five families, chosen by the `model_type` the
+//! Fuzz target:  a model's `config.json` (any of the families Occult runs, chosen by the `model_type` the
 //! input names), in a folder whose weights and tokenizer are good; the checkpoint is opened and
 //! the model built from it.
 use libfuzzer_sys::fuzz_target;

@@ -119,7 +119,7 @@ impl std::fmt::Display for Family {
 }
 
 /// Softmax over the experts, then top-k, renormalised if the config says so, then scaled: the
-/// rule of all five families.
+/// rule of the five families of 2024 (GLM-4.5 takes [`configured_top_k`]).
 pub fn softmax_top_k(moe: &MoeConfig) -> RouterRule {
     let mut rule = RouterRule::softmax_topk(moe.num_experts, moe.top_k, moe.renormalize);
     rule.scaling_factor = moe.router.scaling_factor;

@@ -237,6 +237,13 @@ fn info(a: InfoArgs) -> Result<()> {
         "top_k": c.moe.top_k,
         "expert_intermediate": c.moe.expert_intermediate,
         "renormalize": c.moe.renormalize,
+        "router": {
+            "scoring": c.moe.router.scoring,
+            "group_limit": c.moe.router.group_limit,
+            "scaling_factor": c.moe.router.scaling_factor,
+            "selection_bias": c.moe.router.selection_bias,
+        },
+        "rotary_dim": c.rotary_dim,
         "shared_intermediate": c.moe.shared.map(|s| s.intermediate),
         "weight_files": ck.files.weights.len(),
         "weight_bytes": bytes,

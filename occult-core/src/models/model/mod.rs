@@ -1,4 +1,4 @@
-//! The decoder shared by the five families: embeddings, pre-norm attention and MLP blocks, the
+//! The decoder shared by every family: embeddings, pre-norm attention and MLP blocks, the
 //! final norm and the LM head, giving logits at every position. MLP blocks are dense SwiGLU or
 //! MoE; MoE blocks run the single-device reference or the expert-parallel layer
 //! ([`crate::ep::EpMoe`]) in either dispatch mode, with optional collaboration pruning.
