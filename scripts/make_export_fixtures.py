@@ -49,18 +49,24 @@ GPT_OSS = "gpt_oss"
 
 # ---------------------------------------------------------------- the DeepSeek-V3 fixture
 def v3_config(vocab, eot):
+    """Latent attention with every optional part on: low-rank queries, biases, a value width
+    (12) other than the query/key width (16), and YaRN with a softmax scale (mscale_all_dim) and
+    an attention factor (mscale / mscale_all_dim) other than 1."""
     return DeepseekV3Config(
         vocab_size=vocab, hidden_size=32, intermediate_size=48, moe_intermediate_size=8,
         num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, n_shared_experts=1,
-        n_routed_experts=8, routed_scaling_factor=2.5, kv_lora_rank=8, q_lora_rank=None,
-        qk_rope_head_dim=8, v_head_dim=8, qk_nope_head_dim=8, n_group=4, topk_group=2,
-        num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=True,
-        max_position_embeddings=128, tie_word_embeddings=False, rope_theta=10000.0,
+        n_routed_experts=8, routed_scaling_factor=2.5, kv_lora_rank=8, q_lora_rank=16,
+        qk_rope_head_dim=8, v_head_dim=12, qk_nope_head_dim=8, n_group=4, topk_group=2,
+        num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=True, attention_bias=True,
+        max_position_embeddings=128, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
+                         "mscale_all_dim": 0.8, "original_max_position_embeddings": 32},
         bos_token_id=eot, eos_token_id=eot, pad_token_id=None)
 
 
 def make_v3(tok_vocab, eot):
-    make_export_only(V3, DeepseekV3ForCausalLM, v3_config(tok_vocab, eot), seed=2000)
+    """A tiny DeepSeek-V3 with its reference outputs (reference.json): Occult runs it."""
+    make_with_reference(V3, DeepseekV3ForCausalLM, v3_config(tok_vocab, eot), seeds=range(2000, 2100))
 
 
 # ---------------------------------------------------------------- the GLM-4.5 fixture

@@ -20,13 +20,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-const ARCHS: [&str; 6] = [
+const ARCHS: [&str; 7] = [
     "olmoe",
     "qwen2_moe",
     "deepseek",
     "mixtral",
     "qwen3_moe",
     "glm4_moe",
+    "deepseek_v3",
 ];
 
 fn fixture(arch: &str) -> (Checkpoint, Value) {

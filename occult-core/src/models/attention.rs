@@ -1,9 +1,13 @@
-//! Causal self-attention of the supported families, with grouped key/value heads, optional
-//! q/k/v biases, q/k RMSNorm over the whole projection (OLMoE) or per head (Qwen3), optional
-//! q/k/v clipping (OLMoE), rotate-half RoPE, an optional sliding window, and a key/value
-//! cache for incremental decoding.
+//! Causal self-attention of the supported families: [`Attention`] is grouped-query attention
+//! ([`GroupedAttention`]) or DeepSeek-V3's latent attention
+//! ([`super::attention_latent::LatentAttention`]), both through one core ([`attend`]) with a
+//! key/value cache for incremental decoding. Grouped attention has optional q/k/v biases, q/k
+//! RMSNorm over the whole projection (OLMoE) or per head (Qwen3, GLM-4.5), optional q/k/v
+//! clipping (OLMoE), rotate-half RoPE (on all of each head or its first features) and an
+//! optional sliding window.
 
 use super::attention_infer;
+use super::attention_latent::LatentAttention;
 use super::config::{ModelConfig, QkNorm};
 use super::layers::{causal_mask, linear, rms_norm, softmax_f32, Rope};
 use crate::ep::experts::par_map;
@@ -11,9 +15,50 @@ use crate::models::weights::Weights;
 use crate::{bail, Result};
 use candle::{DType, Tensor};
 
-/// One layer's attention weights.
+/// One layer's attention.
 #[derive(Clone, Debug)]
-pub struct Attention {
+pub enum Attention {
+    Grouped(GroupedAttention),
+    Latent(Box<LatentAttention>),
+}
+
+impl Attention {
+    /// Reads layer `l`'s attention (`model.layers.{l}.self_attn.*`): latent where the config
+    /// says so (DeepSeek-V3), grouped otherwise.
+    pub fn load(w: &Weights, cfg: &ModelConfig, l: usize) -> Result<Self> {
+        Ok(match &cfg.mla {
+            Some(mla) => Attention::Latent(Box::new(LatentAttention::load(w, cfg, mla, l)?)),
+            None => Attention::Grouped(GroupedAttention::load(w, cfg, l)?),
+        })
+    }
+
+    /// The tensors, named as the checkpoint names them inside `self_attn`.
+    pub fn params(&self) -> Vec<(&'static str, &Tensor)> {
+        match self {
+            Attention::Grouped(a) => a.params(),
+            Attention::Latent(a) => a.params(),
+        }
+    }
+
+    /// Attention of `x` `[B, T, H]` whose first position is the cache's length (see
+    /// [`GroupedAttention::forward`]).
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        cache: Option<&mut LayerCache>,
+        fused: bool,
+    ) -> Result<Tensor> {
+        match self {
+            Attention::Grouped(a) => a.forward(x, rope, cache, fused),
+            Attention::Latent(a) => a.forward(x, rope, cache, fused),
+        }
+    }
+}
+
+/// One layer's grouped-query attention weights.
+#[derive(Clone, Debug)]
+pub struct GroupedAttention {
     pub q: Tensor,
     pub k: Tensor,
     pub v: Tensor,
@@ -49,7 +94,7 @@ impl LayerCache {
     }
 }
 
-impl Attention {
+impl GroupedAttention {
     /// Reads layer `l`'s attention (`model.layers.{l}.self_attn.*`).
     pub fn load(w: &Weights, cfg: &ModelConfig, l: usize) -> Result<Self> {
         let p = format!("model.layers.{l}.self_attn");
@@ -77,7 +122,7 @@ impl Attention {
                 Some(w.get(&format!("{p}.k_norm.weight"), &[hd])?),
             ),
         };
-        Ok(Attention {
+        Ok(GroupedAttention {
             q: w.get(&format!("{p}.q_proj.weight"), &[nh * hd, h])?,
             k: w.get(&format!("{p}.k_proj.weight"), &[nkv * hd, h])?,
             v: w.get(&format!("{p}.v_proj.weight"), &[nkv * hd, h])?,
@@ -166,53 +211,77 @@ impl Attention {
         let q = rope.apply_normed(&q.transpose(1, 2)?, offset, fused, qn)?;
         let k = rope.apply_normed(&k.transpose(1, 2)?, offset, fused, kn)?;
         let v = v.transpose(1, 2)?.contiguous()?;
-        let (k, v) = match cache {
-            Some(c) => {
-                let kv = match c.kv.take() {
-                    Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
-                    None => (k, v),
-                };
-                c.kv = Some(kv.clone());
-                kv
-            }
-            None => (k, v),
-        };
-        // Grouped-query attention reads each key/value head in place: the g = nh / nkv query
-        // heads that share one (consecutive, as transformers' repeat_kv lays them out) are
-        // stacked as g * T rows against it, instead of copying the cache g times.
-        let g = nh / nkv;
-        let s = k.dim(2)?;
-        let q = q.contiguous()?.reshape((b, nkv, g * t, hd))?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let y = match attention_infer::core(&q, &k, &v, t, offset, self.window, scale)? {
-            Some(y) => y,
-            None => {
-                let mask = causal_mask(t, offset, self.window, DType::F32, x.device())?;
-                let vt = v.transpose(2, 3)?.contiguous()?; // [B, nkv, hd, S]
-                let (q3, k3) = (
-                    q.reshape((b * nkv, g * t, hd))?,
-                    k.reshape((b * nkv, s, hd))?,
-                );
-                let vt3 = vt.reshape((b * nkv, hd, s))?;
-                // Each key/value head (and its g query heads) on its own thread: scores, then scale,
-                // mask and softmax in f32 (transformers scales and masks in the model's dtype, then
-                // softmaxes in f32: one rounding fewer here), then the values. The element-wise work
-                // runs on every core this way, where candle runs it on one.
-                let heads: Vec<usize> = (0..b * nkv).collect();
-                let ys = par_map(&heads, |&i| {
-                    let scores =
-                        (linear(&q3.get(i)?, &k3.get(i)?, None)?.to_dtype(DType::F32)? * scale)?;
-                    let scores = scores.reshape((g, t, s))?.broadcast_add(&mask)?;
-                    let probs = softmax_f32(&scores, fused)?.to_dtype(v.dtype())?;
-                    linear(&probs.reshape((g * t, s))?, &vt3.get(i)?, None)
-                })?;
-                Tensor::stack(&ys, 0)?.reshape((b, nkv, g * t, hd))?
-            }
-        };
-        let y = y
-            .reshape((b, nh, t, hd))?
-            .transpose(1, 2)?
-            .reshape((b, t, nh * hd))?;
+        let y = attend(q, k, v, cache, offset, self.window, scale, fused)?;
         linear(&y, &self.o, None)
     }
+}
+
+/// Causal attention's core: queries `q` `[B, nh, T, hd]` at positions `offset..offset + T`,
+/// this step's keys and values `[B, nkv, T, hd]` (appended to `cache` if given, which then
+/// holds the earlier ones), scores scaled by `scale`, keys further back than `window` unseen.
+/// Returns `[B, T, nh * hd]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cache: Option<&mut LayerCache>,
+    offset: usize,
+    window: Option<usize>,
+    scale: f64,
+    fused: bool,
+) -> Result<Tensor> {
+    let (b, nh, t, hd) = q.dims4()?;
+    let nkv = k.dim(1)?;
+    if nkv == 0 || nh % nkv != 0 {
+        bail!("{nh} query heads cannot share {nkv} key/value heads");
+    }
+    let (k, v) = match cache {
+        Some(c) => {
+            let kv = match c.kv.take() {
+                Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
+                None => (k, v),
+            };
+            c.kv = Some(kv.clone());
+            kv
+        }
+        None => (k, v),
+    };
+    // Grouped-query attention reads each key/value head in place: the g = nh / nkv query
+    // heads that share one (consecutive, as transformers' repeat_kv lays them out) are
+    // stacked as g * T rows against it, instead of copying the cache g times.
+    let g = nh / nkv;
+    let s = k.dim(2)?;
+    let q = q.contiguous()?.reshape((b, nkv, g * t, hd))?;
+    let y = match attention_infer::core(&q, &k, &v, t, offset, window, scale)? {
+        Some(y) => y,
+        None => {
+            let mask = causal_mask(t, offset, window, DType::F32, q.device())?;
+            let vt = v.transpose(2, 3)?.contiguous()?; // [B, nkv, hd, S]
+            let (q3, k3) = (
+                q.reshape((b * nkv, g * t, hd))?,
+                k.reshape((b * nkv, s, hd))?,
+            );
+            let vt3 = vt.reshape((b * nkv, hd, s))?;
+            // Each key/value head (and its g query heads) on its own thread: scores, then scale,
+            // mask and softmax in f32 (transformers scales and masks in the model's dtype, then
+            // softmaxes in f32: one rounding fewer here), then the values. The element-wise work
+            // runs on every core this way, where candle runs it on one.
+            let heads: Vec<usize> = (0..b * nkv).collect();
+            let ys = par_map(&heads, |&i| {
+                let scores =
+                    (linear(&q3.get(i)?, &k3.get(i)?, None)?.to_dtype(DType::F32)? * scale)?;
+                let scores = scores.reshape((g, t, s))?.broadcast_add(&mask)?;
+                let probs = softmax_f32(&scores, fused)?.to_dtype(v.dtype())?;
+                linear(&probs.reshape((g * t, s))?, &vt3.get(i)?, None)
+            })?;
+            Tensor::stack(&ys, 0)?.reshape((b, nkv, g * t, hd))?
+        }
+    };
+    let y = y
+        .reshape((b, nh, t, hd))?
+        .transpose(1, 2)?
+        .reshape((b, t, nh * hd))?;
+    Ok(y)
 }

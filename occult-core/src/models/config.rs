@@ -4,12 +4,13 @@
 //! Which family a `config.json` is of is the registry's to say ([`super::family`]).
 
 use super::family_types::{Family, FamilyConfig};
+use super::rope_scaling::RopeScaling;
 use crate::analysis::routing::RouterRule;
 use crate::{Error, Result};
 use serde_json::Value;
 
 pub use super::config_fields::{
-    AuxForm, AuxLoss, ConfigFields, MoeConfig, QkNorm, RouterConfig, SharedConfig,
+    AuxForm, AuxLoss, ConfigFields, MlaConfig, MoeConfig, QkNorm, RouterConfig, SharedConfig,
 };
 
 /// One model's configuration.
@@ -29,6 +30,8 @@ pub struct ModelConfig {
     pub dense_intermediate: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
+    /// Plain RoPE or YaRN (`rope_scaling`, or `rope_parameters` in transformers v5).
+    pub rope_scaling: RopeScaling,
     pub tie_word_embeddings: bool,
     pub attention_bias: bool,
     pub qk_norm: QkNorm,
@@ -44,6 +47,9 @@ pub struct ModelConfig {
     pub moe: MoeConfig,
     /// Whether each layer's MLP is an MoE block (else a dense MLP).
     pub moe_layers: Vec<bool>,
+    /// Latent attention (DeepSeek-V3); `head_dim` is then its query/key width and `rotary_dim`
+    /// its rotated part.
+    pub mla: Option<MlaConfig>,
     /// Multi-token-prediction layers stored after the decoder's (`num_nextn_predict_layers`,
     /// as `model.layers.{num_layers}...`): not run, their tensors left unread.
     pub mtp_layers: usize,
@@ -108,6 +114,7 @@ impl ModelConfig {
             qk_norm,
             partial_rotary_factor,
             router,
+            mla,
         } = (family.read_config)(&f, num_layers)?;
         let head_dim = head_dim.unwrap_or(hidden_size / num_heads);
         if head_dim == 0 || head_dim % 2 == 1 {
@@ -117,7 +124,10 @@ impl ModelConfig {
             ));
         }
         // As transformers sizes the rotation: int(head_dim * partial_rotary_factor).
-        let rotary_dim = (head_dim as f64 * partial_rotary_factor) as usize;
+        let rotary_dim = match &mla {
+            Some(m) => m.qk_rope_head_dim,
+            None => (head_dim as f64 * partial_rotary_factor) as usize,
+        };
         if !(partial_rotary_factor > 0.0 && partial_rotary_factor <= 1.0)
             || rotary_dim == 0
             || rotary_dim % 2 == 1
@@ -137,22 +147,13 @@ impl ModelConfig {
             .map_err(|m| Error::bad_file(origin, m))?;
         // transformers v5 moves RoPE settings into `rope_parameters`.
         let rope_params = v.get("rope_parameters").filter(|p| p.is_object());
-        for (scaling, untyped) in [(v.get("rope_scaling"), "?"), (rope_params, "default")] {
-            let Some(scaling) = scaling.filter(|s| !s.is_null()) else {
-                continue;
-            };
-            let kind = scaling
-                .get("rope_type")
-                .or_else(|| scaling.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or(untyped);
-            if kind != "default" {
-                return Err(Error::bad_file(
-                    origin,
-                    format!("rope_scaling of type {kind:?} is not supported (only plain RoPE)"),
-                ));
-            }
-        }
+        let rope_scaling = RopeScaling::read(
+            v,
+            origin,
+            v.get("max_position_embeddings")
+                .and_then(Value::as_u64)
+                .map(|n| n as usize),
+        )?;
         if sliding_window == Some(0) {
             return Err(f.bad("sliding_window", "a positive window"));
         }
@@ -229,6 +230,7 @@ impl ModelConfig {
             dense_intermediate,
             rms_norm_eps,
             rope_theta,
+            rope_scaling,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
             attention_bias,
             qk_norm: qk_norm.unwrap_or(family.qk_norm),
@@ -259,6 +261,7 @@ impl ModelConfig {
                 aux_loss,
             },
             moe_layers,
+            mla,
             mtp_layers: f.usize_or("num_nextn_predict_layers", 0)?,
         })
     }

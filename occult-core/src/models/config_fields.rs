@@ -91,11 +91,16 @@ impl Default for RouterConfig {
 
 impl RouterConfig {
     /// DeepSeek-V3's router (`topk_method` `noaux_tc`): sigmoid scores, `e_score_correction_bias`
-    /// for selection, groups scored by the sum of their two best biased scores
-    /// (`n_group`, `topk_group`, 1 and 1 when absent), `routed_scaling_factor` (1 when absent).
-    pub fn read_noaux_tc(f: &ConfigFields, num_experts: usize) -> Result<Self> {
-        let n_group = f.usize_or("n_group", 1)?;
-        let topk_group = f.usize_or("topk_group", 1)?;
+    /// for selection, groups scored by the sum of their two best biased scores (`n_group`,
+    /// `topk_group`), `routed_scaling_factor`; `defaults` are the family's for those three when
+    /// absent.
+    pub fn read_noaux_tc(
+        f: &ConfigFields,
+        num_experts: usize,
+        defaults: (usize, usize, f64),
+    ) -> Result<Self> {
+        let n_group = f.usize_or("n_group", defaults.0)?;
+        let topk_group = f.usize_or("topk_group", defaults.1)?;
         if n_group == 0 || !num_experts.is_multiple_of(n_group) {
             return Err(f.bad(
                 "n_group",
@@ -111,7 +116,7 @@ impl RouterConfig {
                 "a group size of at least 2 (groups are scored by their two best experts)",
             ));
         }
-        let scaling_factor = f.f64_or("routed_scaling_factor", 1.0)?;
+        let scaling_factor = f.f64_or("routed_scaling_factor", defaults.2)?;
         if !(scaling_factor.is_finite() && scaling_factor > 0.0) {
             return Err(f.bad("routed_scaling_factor", "a positive number"));
         }
@@ -125,6 +130,28 @@ impl RouterConfig {
             scaling_factor: scaling_factor as f32,
             selection_bias: true,
         })
+    }
+}
+
+/// DeepSeek-V3's multi-head latent attention: queries through a low-rank projection (or
+/// directly), keys and values from one shared latent of `kv_lora_rank` features plus one
+/// rotated key of `qk_rope_head_dim` shared by every head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaConfig {
+    /// `None`: one `q_proj`.
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// `rope_interleave`: the rotated features come in pairs `(x0, x1), (x2, x3), ...`.
+    pub rope_interleave: bool,
+}
+
+impl MlaConfig {
+    /// A query's and a key's features: `qk_nope_head_dim + qk_rope_head_dim`.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
     }
 }
 

@@ -7,7 +7,7 @@
 //! [`FAMILIES`].
 
 use super::config::ModelConfig;
-use super::{deepseek, glm4_moe, mixtral, olmoe, qwen2_moe, qwen3_moe};
+use super::{deepseek, deepseek_v3, glm4_moe, mixtral, olmoe, qwen2_moe, qwen3_moe};
 use crate::{Error, Result};
 use serde_json::Value;
 use std::path::Path;
@@ -18,24 +18,28 @@ pub use super::family_types::{
 };
 
 /// Every supported family, in the order they are listed to users.
-pub const FAMILIES: [&Family; 6] = [
+pub const FAMILIES: [&Family; 7] = [
     &olmoe::FAMILY,
     &qwen2_moe::FAMILY,
     &deepseek::FAMILY,
     &mixtral::FAMILY,
     &qwen3_moe::FAMILY,
     &glm4_moe::FAMILY,
+    &deepseek_v3::FAMILY,
 ];
 
-/// The family whose `model_type` this is.
+/// The family whose `model_type` this is (Kimi-K2's `kimi_k2` is DeepSeek-V3's).
 pub fn family(model_type: &str) -> Option<&'static Family> {
+    if deepseek_v3::ALIASES.contains(&model_type) {
+        return Some(&deepseek_v3::FAMILY);
+    }
     FAMILIES.into_iter().find(|f| f.model_type == model_type)
 }
 
 /// What Occult does for a family it does not run yet (docs/models.md, "The families of 2026").
 pub fn not_run_yet(model_type: &str) -> Option<&'static str> {
     match model_type {
-        "deepseek_v2" | "deepseek_v3" | "kimi_k2" => Some(
+        "deepseek_v2" => Some(
             "Occult does not run this family yet, but exports it (`occult export checkpoint` \
              renumbers its experts, `occult export sglang` writes SGLang's location file) and \
              places for its expert groups (`occult place --expert-groups n_group`)",
@@ -95,7 +99,7 @@ mod tests {
     #[test]
     fn families_not_run_yet_say_what_works() {
         for (t, says) in [
-            ("deepseek_v3", "occult export checkpoint"),
+            ("deepseek_v2", "occult export checkpoint"),
             ("deepseek_v2", "--expert-groups"),
             ("gpt_oss", "occult export sglang"),
         ] {
@@ -268,11 +272,11 @@ mod tests {
             json!({"model_type": "qwen3_moe", "vocab_size": 10, "hidden_size": 64,
             "num_hidden_layers": 1, "num_attention_heads": 4, "moe_intermediate_size": 16,
             "num_experts": 8, "num_experts_per_tok": 2,
-            "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+            "rope_scaling": {"rope_type": "longrope", "factor": 4.0}}),
         )
         .unwrap_err()
         .to_string();
-        assert!(yarn.contains("\"yarn\" is not supported"), "{yarn}");
+        assert!(yarn.contains("\"longrope\" is not supported"), "{yarn}");
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! `config.json`, write a synthetic `config.json` and give its router rule. Each family defines
 //! one in its own file with the types here; the registry ([`super::family`]) lists them.
 
-use super::config_fields::{AuxLoss, ConfigFields, MoeConfig, QkNorm, RouterConfig, SharedConfig};
+use super::config_fields::{
+    AuxLoss, ConfigFields, MlaConfig, MoeConfig, QkNorm, RouterConfig, SharedConfig,
+};
 use super::weights::ExpertNames;
 use crate::analysis::routing::RouterRule;
 use crate::Result;
@@ -48,6 +50,8 @@ pub struct FamilyConfig {
     /// `partial_rotary_factor`), 1 elsewhere.
     pub partial_rotary_factor: f64,
     pub router: RouterConfig,
+    /// Latent attention (DeepSeek-V3) instead of grouped-query attention.
+    pub mla: Option<MlaConfig>,
 }
 
 /// One model family.

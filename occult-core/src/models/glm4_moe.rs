@@ -96,7 +96,9 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
             QkNorm::None
         }),
         partial_rotary_factor: partial,
-        router: RouterConfig::read_noaux_tc(f, num_experts)?,
+        // transformers' Glm4MoeConfig defaults: one group, no scaling.
+        router: RouterConfig::read_noaux_tc(f, num_experts, (1, 1, 1.0))?,
+        mla: None,
     })
 }
 

@@ -7,6 +7,7 @@
 //! trainable, and candle's fused kernels for inference (`fused = true`). Tests hold the two
 //! together.
 
+use super::rope_scaling::RopeScaling;
 use crate::Result;
 use candle::{DType, Device, Tensor, D};
 
@@ -56,18 +57,40 @@ impl Rope {
         dtype: DType,
         dev: &Device,
     ) -> Result<Self> {
+        Self::scaled(
+            head_dim,
+            theta,
+            &RopeScaling::Plain,
+            max_positions,
+            dtype,
+            dev,
+        )
+    }
+
+    /// [`Rope::new`] with the frequencies and the cos/sin factor `scaling` gives (YaRN).
+    pub fn scaled(
+        head_dim: usize,
+        theta: f64,
+        scaling: &RopeScaling,
+        max_positions: usize,
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<Self> {
         let half = head_dim / 2;
         // transformers computes the inverse frequencies in f32: match it, then the angles.
-        let inv: Vec<f32> = (0..half)
-            .map(|i| 1.0 / (theta.powf((2 * i) as f64 / head_dim as f64)) as f32)
-            .collect();
+        let (inv, factor) = scaling.frequencies(head_dim, theta);
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
         for p in 0..max_positions {
             for &f in &inv {
                 let a = p as f32 * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
+                if factor == 1.0 {
+                    cos.push(a.cos());
+                    sin.push(a.sin());
+                } else {
+                    cos.push(a.cos() * factor);
+                    sin.push(a.sin() * factor);
+                }
             }
         }
         let cos = Tensor::from_vec(cos, (max_positions, half), dev)?.to_dtype(dtype)?;

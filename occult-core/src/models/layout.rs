@@ -2,13 +2,12 @@
 //! Hugging Face checkpoints use: what synthetic checkpoints write and what loading checks a
 //! checkpoint against (a tensor the configuration does not explain means the two disagree).
 
-use super::config::{ModelConfig, QkNorm};
+use super::config::{MlaConfig, ModelConfig, QkNorm};
 use std::collections::BTreeSet;
 
 /// Every tensor's name and shape in a checkpoint of `cfg`, with experts per expert or fused.
 pub fn tensors(cfg: &ModelConfig, fused: bool) -> Vec<(String, Vec<usize>)> {
     let (v, h) = (cfg.vocab_size, cfg.hidden_size);
-    let (nh, nkv, hd) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
     let names = cfg.family.names;
     let mut out = vec![
         ("model.embed_tokens.weight".to_string(), vec![v, h]),
@@ -28,25 +27,10 @@ pub fn tensors(cfg: &ModelConfig, fused: bool) -> Vec<(String, Vec<usize>)> {
         out.push((format!("{p}.input_layernorm.weight"), vec![h]));
         out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
         let a = format!("{p}.self_attn");
-        out.push((format!("{a}.q_proj.weight"), vec![nh * hd, h]));
-        out.push((format!("{a}.k_proj.weight"), vec![nkv * hd, h]));
-        out.push((format!("{a}.v_proj.weight"), vec![nkv * hd, h]));
-        out.push((format!("{a}.o_proj.weight"), vec![h, nh * hd]));
-        if cfg.attention_bias {
-            out.push((format!("{a}.q_proj.bias"), vec![nh * hd]));
-            out.push((format!("{a}.k_proj.bias"), vec![nkv * hd]));
-            out.push((format!("{a}.v_proj.bias"), vec![nkv * hd]));
-        }
-        match cfg.qk_norm {
-            QkNorm::None => {}
-            QkNorm::Full => {
-                out.push((format!("{a}.q_norm.weight"), vec![nh * hd]));
-                out.push((format!("{a}.k_norm.weight"), vec![nkv * hd]));
-            }
-            QkNorm::PerHead => {
-                out.push((format!("{a}.q_norm.weight"), vec![hd]));
-                out.push((format!("{a}.k_norm.weight"), vec![hd]));
-            }
+        if let Some(m) = &cfg.mla {
+            latent_attention(&mut out, &a, cfg, m);
+        } else {
+            grouped_attention(&mut out, &a, cfg);
         }
         if !cfg.moe_layers[l] {
             mlp(&mut out, &format!("{p}.mlp"), cfg.dense_intermediate, plain);
@@ -83,6 +67,80 @@ pub fn tensors(cfg: &ModelConfig, fused: bool) -> Vec<(String, Vec<usize>)> {
         }
     }
     out
+}
+
+/// Grouped-query attention's tensors under `a` (`model.layers.{l}.self_attn`).
+fn grouped_attention(out: &mut Vec<(String, Vec<usize>)>, a: &str, cfg: &ModelConfig) {
+    let (h, nh, nkv, hd) = (
+        cfg.hidden_size,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+    );
+    out.push((format!("{a}.q_proj.weight"), vec![nh * hd, h]));
+    out.push((format!("{a}.k_proj.weight"), vec![nkv * hd, h]));
+    out.push((format!("{a}.v_proj.weight"), vec![nkv * hd, h]));
+    out.push((format!("{a}.o_proj.weight"), vec![h, nh * hd]));
+    if cfg.attention_bias {
+        out.push((format!("{a}.q_proj.bias"), vec![nh * hd]));
+        out.push((format!("{a}.k_proj.bias"), vec![nkv * hd]));
+        out.push((format!("{a}.v_proj.bias"), vec![nkv * hd]));
+    }
+    match cfg.qk_norm {
+        QkNorm::None => {}
+        QkNorm::Full => {
+            out.push((format!("{a}.q_norm.weight"), vec![nh * hd]));
+            out.push((format!("{a}.k_norm.weight"), vec![nkv * hd]));
+        }
+        QkNorm::PerHead => {
+            out.push((format!("{a}.q_norm.weight"), vec![hd]));
+            out.push((format!("{a}.k_norm.weight"), vec![hd]));
+        }
+    }
+}
+
+/// Latent attention's tensors under `a` (DeepSeek-V3's names).
+fn latent_attention(
+    out: &mut Vec<(String, Vec<usize>)>,
+    a: &str,
+    cfg: &ModelConfig,
+    m: &MlaConfig,
+) {
+    let (h, nh) = (cfg.hidden_size, cfg.num_heads);
+    let rope = m.qk_rope_head_dim;
+    match m.q_lora_rank {
+        None => out.push((format!("{a}.q_proj.weight"), vec![nh * m.qk_head_dim(), h])),
+        Some(r) => {
+            out.push((format!("{a}.q_a_proj.weight"), vec![r, h]));
+            if cfg.attention_bias {
+                out.push((format!("{a}.q_a_proj.bias"), vec![r]));
+            }
+            out.push((format!("{a}.q_a_layernorm.weight"), vec![r]));
+            out.push((
+                format!("{a}.q_b_proj.weight"),
+                vec![nh * m.qk_head_dim(), r],
+            ));
+        }
+    }
+    out.push((
+        format!("{a}.kv_a_proj_with_mqa.weight"),
+        vec![m.kv_lora_rank + rope, h],
+    ));
+    if cfg.attention_bias {
+        out.push((
+            format!("{a}.kv_a_proj_with_mqa.bias"),
+            vec![m.kv_lora_rank + rope],
+        ));
+    }
+    out.push((format!("{a}.kv_a_layernorm.weight"), vec![m.kv_lora_rank]));
+    out.push((
+        format!("{a}.kv_b_proj.weight"),
+        vec![nh * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank],
+    ));
+    out.push((format!("{a}.o_proj.weight"), vec![h, nh * m.v_head_dim]));
+    if cfg.attention_bias {
+        out.push((format!("{a}.o_proj.bias"), vec![h]));
+    }
 }
 
 /// Tensors some checkpoints carry that no model reads.

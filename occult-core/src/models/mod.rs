@@ -8,6 +8,7 @@
 //! | DeepSeek-MoE v1 | [`deepseek`] | `mlp` | `gate` | same | `shared_experts` |
 //! | Mixtral | [`mixtral`] | `block_sparse_moe` | `gate` | `w1`/`w3`/`w2` | none |
 //! | Qwen3-MoE | [`qwen3_moe`] | `mlp` | `gate` | same as OLMoE | none |
+//! | DeepSeek-V3/R1, Kimi-K2 | [`deepseek_v3`] | `mlp` | `gate` (sigmoid, groups, `e_score_correction_bias`) | same as OLMoE | `shared_experts` |
 //! | GLM-4.5/4.6 | [`glm4_moe`] | `mlp` | `gate` (sigmoid, groups, `e_score_correction_bias`) | same as OLMoE | `shared_experts` |
 //!
 //! Experts may also be stored fused (`experts.gate_up_proj`, `experts.down_proj`), as
@@ -23,7 +24,9 @@
 //!   ways), [`family_types`] (what a family is: the record each family file fills in),
 //!   [`config`] (the fields every family shares, in one typed config) and [`family`] (the
 //!   registry, and reading the config of any family);
-//! - the decoder: [`layers`] (norms, RoPE, masks), [`attention`] (with its KV cache), [`model`];
+//! - the decoder: [`layers`] (norms, RoPE, masks), [`rope_scaling`] (RoPE's frequencies:
+//!   plain or YaRN), [`attention_latent`] (DeepSeek-V3's latent attention beside the grouped
+//!   one in [`attention`]), [`attention`] (with its KV cache), [`model`];
 //!   at inference on CPU (nothing on the graph), [`attention_infer`] (attention's core) and
 //!   [`rope_infer`] (RoPE with Qwen3's per-head norms) run on slices instead of candle's
 //!   tensor ops;
@@ -33,6 +36,7 @@
 
 pub mod attention;
 pub mod attention_infer;
+pub mod attention_latent;
 pub mod checkpoint;
 pub mod config;
 pub mod config_fields;
@@ -46,12 +50,14 @@ pub mod memory;
 pub mod model;
 pub mod mxfp4;
 pub mod rope_infer;
+pub mod rope_scaling;
 pub mod synth;
 pub mod tokenizer;
 pub mod weights;
 
 // The families, one file each; listed in [`family::FAMILIES`].
 pub mod deepseek;
+pub mod deepseek_v3;
 pub mod glm4_moe;
 pub mod mixtral;
 pub mod olmoe;

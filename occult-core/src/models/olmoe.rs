@@ -50,6 +50,7 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         qk_norm: None,
         partial_rotary_factor: 1.0,
         router: RouterConfig::default(),
+        mla: None,
     })
 }
 

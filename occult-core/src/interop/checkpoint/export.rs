@@ -42,11 +42,11 @@ pub struct ExpertLayout {
     pub groups: Option<ExpertGroups>,
 }
 
-/// The `model_type`s the export reads besides the families Occult runs: DeepSeek-V2/V3
-/// (and models that reuse V3's layout, such as Kimi-K2) and gpt-oss (`gpt_oss`: every layer MoE, the router
+/// The `model_type`s the export reads besides the families Occult runs: DeepSeek-V2 and
+/// gpt-oss (`gpt_oss`: every layer MoE, the router
 /// `mlp.router` with a bias, experts fused with biases or as MXFP4 blocks and scales, all with
 /// the experts first), whose attention Occult does not run but whose experts it can renumber.
-pub const EXPORT_ONLY_TYPES: [&str; 4] = ["deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss"];
+pub const EXPORT_ONLY_TYPES: [&str; 2] = ["deepseek_v2", "gpt_oss"];
 
 impl ExpertLayout {
     /// Reads the layout from a `config.json` value; `origin` names it in errors.

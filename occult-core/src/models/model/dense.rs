@@ -120,9 +120,10 @@ impl DenseParts {
                 shared,
             });
         }
-        let rope = Rope::new(
+        let rope = Rope::scaled(
             cfg.rotary_dim,
             cfg.rope_theta,
+            &cfg.rope_scaling,
             cfg.positions(),
             w.dtype(),
             embed.device(),

@@ -1,0 +1,154 @@
+//! DeepSeek-V3 and R1, and Kimi-K2 (model_type `deepseek_v3`, or `kimi_k2` with V3's
+//! architecture; transformers' `DeepseekV3ForCausalLM`): multi-head latent attention
+//! ([`super::attention_latent`]) with YaRN's softmax scale where `rope_scaling` says so; the
+//! first `first_k_dense_replace` layers dense, then MoE blocks every `moe_layer_freq` layers with
+//! the `noaux_tc` router (sigmoid scores, each layer's `e_score_correction_bias` for selection
+//! only, `n_group` groups of which each token keeps `topk_group`, scored by their two best
+//! biased scores, `norm_topk_prob`, `routed_scaling_factor`) and `n_shared_experts` shared
+//! experts fused into one ungated MLP.
+//!
+//! `config.json`: experts `n_routed_experts`, expert size `moe_intermediate_size`; latent sizes
+//! `q_lora_rank` (null: one `q_proj`), `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`,
+//! `v_head_dim`, `rope_interleave`; transformers' defaults where a field is absent. The
+//! multi-token-prediction layer stored after the decoder (`num_nextn_predict_layers`) is not
+//! run. The balance of fine-tuning is the selection bias's, as V3 trains: no auxiliary loss.
+
+use super::config_fields::{
+    AuxForm, AuxLoss, ConfigFields, MlaConfig, QkNorm, RouterConfig, SharedConfig,
+};
+use super::family_types::{
+    configured_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts, SynthSizes,
+};
+use super::weights::GATE_UP_DOWN;
+use crate::{bail, Result};
+use serde_json::json;
+
+pub const FAMILY: Family = Family {
+    model_type: "deepseek_v3",
+    architecture: "DeepseekV3ForCausalLM",
+    names: MoeNames {
+        block: "mlp",
+        router: "gate",
+        experts: GATE_UP_DOWN,
+        shared: Some("shared_experts"),
+        shared_gate: None,
+    },
+    qk_norm: QkNorm::None,
+    default_rms_norm_eps: 1e-6,
+    default_rope_theta: 10000.0,
+    read_config,
+    synth_config,
+    router_rule: configured_top_k,
+    synth_parts: SynthParts {
+        shared_experts: true,
+        dense_layers: true,
+    },
+};
+
+/// Other `model_type`s that are DeepSeek-V3's architecture.
+pub const ALIASES: [&str; 1] = ["kimi_k2"];
+
+fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
+    let num_experts = f.usize("n_routed_experts")?;
+    let expert_intermediate = f.usize("moe_intermediate_size")?;
+    let first_dense = f.usize_or("first_k_dense_replace", 3)?;
+    let freq = f.usize_or("moe_layer_freq", 1)?.max(1);
+    let q_lora_rank = match f.v.get("q_lora_rank") {
+        Some(v) if v.is_null() => None,
+        None => Some(1536),
+        Some(_) => Some(f.usize("q_lora_rank")?),
+    };
+    let mla = MlaConfig {
+        q_lora_rank,
+        kv_lora_rank: f.usize_or("kv_lora_rank", 512)?,
+        qk_nope_head_dim: f.usize_or("qk_nope_head_dim", 128)?,
+        qk_rope_head_dim: f.usize_or("qk_rope_head_dim", 64)?,
+        v_head_dim: f.usize_or("v_head_dim", 128)?,
+        rope_interleave: f.bool_or("rope_interleave", true)?,
+    };
+    for (key, value) in [
+        ("kv_lora_rank", mla.kv_lora_rank),
+        ("qk_rope_head_dim", mla.qk_rope_head_dim),
+        ("v_head_dim", mla.v_head_dim),
+        ("q_lora_rank", mla.q_lora_rank.unwrap_or(1)),
+    ] {
+        if value == 0 {
+            return Err(f.bad(key, "at least 1"));
+        }
+    }
+    if mla.qk_rope_head_dim % 2 == 1 {
+        return Err(f.bad("qk_rope_head_dim", "even (RoPE rotates pairs)"));
+    }
+    Ok(FamilyConfig {
+        head_dim: Some(mla.qk_head_dim()),
+        num_experts,
+        expert_intermediate,
+        renormalize: f.bool_or("norm_topk_prob", true)?,
+        shared: match f.usize_or("n_shared_experts", 1)? {
+            0 => None,
+            n => Some(SharedConfig {
+                intermediate: n * expert_intermediate,
+                gated: false,
+            }),
+        },
+        moe_layers: (0..num_layers)
+            .map(|l| l >= first_dense && l % freq == 0)
+            .collect(),
+        sliding_window: None,
+        attention_bias: f.bool_or("attention_bias", false)?,
+        aux_loss: AuxLoss {
+            form: AuxForm::AllLayers,
+            coef: 0.0,
+        },
+        qk_norm: None,
+        partial_rotary_factor: 1.0,
+        // transformers' DeepseekV3Config defaults: 8 groups keeping 4, scaled by 2.5.
+        router: RouterConfig::read_noaux_tc(f, num_experts, (8, 4, 2.5))?,
+        mla: Some(mla),
+    })
+}
+
+fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
+    if s.expert_intermediate == 0 || !s.shared_intermediate.is_multiple_of(s.expert_intermediate) {
+        bail!(
+            "DeepSeek-V3's shared experts are whole experts: {} is not a multiple of {}",
+            s.shared_intermediate,
+            s.expert_intermediate
+        );
+    }
+    let head = s.hidden / s.heads;
+    if head < 4 || !head.is_multiple_of(4) {
+        bail!(
+            "a synthetic DeepSeek-V3 splits each head of --hidden / --heads = {head} features \
+             into a rotated and an unrotated half of even widths: give a multiple of 4"
+        );
+    }
+    let groups = [4usize, 2, 1]
+        .into_iter()
+        .find(|g| s.experts.is_multiple_of(*g) && s.experts / g >= 2)
+        .unwrap_or(1);
+    Ok(vec![
+        ("n_routed_experts", json!(s.experts)),
+        (
+            "n_shared_experts",
+            json!(s.shared_intermediate / s.expert_intermediate),
+        ),
+        ("moe_intermediate_size", json!(s.expert_intermediate)),
+        ("intermediate_size", json!(s.dense_intermediate)),
+        ("first_k_dense_replace", json!(s.dense_layers)),
+        ("moe_layer_freq", json!(1)),
+        ("norm_topk_prob", json!(true)),
+        ("routed_scaling_factor", json!(2.5)),
+        ("n_group", json!(groups)),
+        ("topk_group", json!(groups.div_ceil(2))),
+        ("q_lora_rank", json!(s.hidden / 2)),
+        ("kv_lora_rank", json!(s.hidden / 4)),
+        ("qk_nope_head_dim", json!(head / 2)),
+        ("qk_rope_head_dim", json!(head / 2)),
+        ("v_head_dim", json!(head)),
+        ("rope_interleave", json!(true)),
+        ("num_nextn_predict_layers", json!(0)),
+        ("topk_method", json!("noaux_tc")),
+        ("scoring_func", json!("sigmoid")),
+    ])
+}
