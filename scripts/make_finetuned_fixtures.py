@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_model_fixtures as base  # noqa: E402  (the tokenizer, prompt, hooks and writers)
-from transformers import (Glm4MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM,  # noqa: E402
+from transformers import (DeepseekV3ForCausalLM, Glm4MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM,  # noqa: E402
                           Qwen3MoeForCausalLM)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +45,8 @@ RUNS = {
     "mixtral": (MixtralForCausalLM, ["--devices", "2", "--aux-loss", "--grad-accum", "2"]),
     # The grouped sigmoid router with its selection bias (kept, untrained), on 4 ranks in 2 nodes.
     "glm4_moe": (Glm4MoeForCausalLM, ["--devices", "4", "--mode", "two-level", "--devices-per-node", "2"]),
+    # Latent attention trained too (--train all), on 2 ranks, standard dispatch.
+    "deepseek_v3": (DeepseekV3ForCausalLM, ["--train", "all", "--devices", "2", "--mode", "standard"]),
 }
 
 

@@ -16,13 +16,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The committed transformers fixtures (`tests/fixtures/models`).
-pub const ARCHS: [&str; 6] = [
+pub const ARCHS: [&str; 7] = [
     "olmoe",
     "qwen2_moe",
     "deepseek",
     "mixtral",
     "qwen3_moe",
     "glm4_moe",
+    "deepseek_v3",
 ];
 
 /// Opens a committed fixture in f32, its weights trainable if asked.

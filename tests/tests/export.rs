@@ -552,7 +552,7 @@ fn deepseek_configs_are_read_at_their_bounds() {
     for n_group in [0, 3] {
         let e = read(&[("n_group", n_group.into())]).unwrap_err();
         assert!(
-            e.contains("n_group") && e.contains("a divisor of n_routed_experts"),
+            e.contains("n_group") && e.contains("a divisor of the 8 experts"),
             "{n_group}: {e}"
         );
     }

@@ -1052,16 +1052,22 @@ fn gpu_options_in_a_build_without_them_are_named() {
     }
 }
 
-/// GLM-4.5 (grouped sigmoid routing, partial rotary) through every model command on its
-/// transformers fixture: loglik and generate as transformers computes them, on one device and on
-/// 4 ranks in 2 nodes; eval the same on 1 and 4 ranks; profile, then a placement that keeps its
-/// expert groups whole, which the model runs with one device's results and both exports take;
-/// and bench model.
+/// GLM-4.5 (grouped sigmoid routing, partial rotary) and DeepSeek-V3 (latent attention, YaRN)
+/// through every model command on their transformers fixtures: loglik and generate as
+/// transformers computes them, on one device and on 4 ranks in 2 nodes; eval the same on 1 and 4
+/// ranks; profile, then a placement that keeps the expert groups whole, which the model runs
+/// with one device's results and both exports take; and bench model.
 #[test]
-fn glm_runs_through_every_model_command() {
+fn the_families_of_2026_run_through_every_model_command() {
+    for arch in ["glm4_moe", "deepseek_v3"] {
+        every_model_command(arch);
+    }
+}
+
+fn every_model_command(arch: &str) {
     let t = tempfile::tempdir().unwrap();
     let d = t.path();
-    let m = fixture("glm4_moe");
+    let m = fixture(arch);
     let reference: Value = serde_json::from_str(
         &std::fs::read_to_string(Path::new(&m).join("reference.json")).unwrap(),
     )
@@ -1093,8 +1099,8 @@ fn glm_runs_through_every_model_command() {
         let gap = (got["loglikelihood"].as_f64().unwrap()
             - want["loglikelihood"].as_f64().unwrap())
         .abs();
-        assert!(gap < 1e-4, "{extra:?}: {got} vs {want}");
-        assert_eq!(got["is_greedy"], want["is_greedy"], "{extra:?}");
+        assert!(gap < 1e-4, "{arch} {extra:?}: {got} vs {want}");
+        assert_eq!(got["is_greedy"], want["is_greedy"], "{arch} {extra:?}");
     }
     let mut gen = vec![
         "generate",
@@ -1108,7 +1114,7 @@ fn glm_runs_through_every_model_command() {
     ];
     gen.extend(two_level);
     let v: Value = serde_json::from_str(&occult_ok(d, &gen)).unwrap();
-    assert_eq!(v["new_ids"], reference["greedy"]["ids"]);
+    assert_eq!(v["new_ids"], reference["greedy"]["ids"], "{arch}");
 
     let eval = |tag: &str, extra: &[&str]| -> Value {
         let out = format!("{tag}.json");
@@ -1130,7 +1136,7 @@ fn glm_runs_through_every_model_command() {
     for task in ["piqa", "copa"] {
         assert_eq!(
             one["results"][task]["acc,none"], four["results"][task]["acc,none"],
-            "{task}"
+            "{arch} {task}"
         );
     }
 

@@ -206,7 +206,13 @@ fn expert_parallel_logits_match_transformers_under_random_placements() {
 fn models_fine_tuned_by_occult_give_transformers_logits() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures");
     let t = tempfile::tempdir().unwrap();
-    for arch in ["qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe"] {
+    for arch in [
+        "qwen2_moe",
+        "qwen3_moe",
+        "mixtral",
+        "glm4_moe",
+        "deepseek_v3",
+    ] {
         let text = std::fs::read_to_string(root.join(format!("finetuned/{arch}.json"))).unwrap();
         let r: Value = serde_json::from_str(&text).unwrap();
         let out = t.path().join(arch);

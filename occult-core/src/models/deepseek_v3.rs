@@ -152,3 +152,93 @@ fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
         ("scoring_func", json!("sigmoid")),
     ])
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::analysis::routing::{GroupScore, Scoring};
+    use crate::models::config::ModelConfig;
+    use crate::models::rope_scaling::RopeScaling;
+    use serde_json::{json, Value};
+
+    /// DeepSeek-V3's published `config.json`, its fields as the hub has them.
+    fn v3(extra: Value) -> crate::Result<ModelConfig> {
+        let mut v = json!({"model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168,
+            "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+            "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1,
+            "n_routed_experts": 256, "routed_scaling_factor": 2.5, "kv_lora_rank": 512,
+            "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+            "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4,
+            "num_experts_per_tok": 8, "moe_layer_freq": 1, "first_k_dense_replace": 3,
+            "norm_topk_prob": true, "scoring_func": "sigmoid", "num_nextn_predict_layers": 1,
+            "max_position_embeddings": 163840, "rope_theta": 10000, "rms_norm_eps": 1e-6,
+            "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+            "attention_bias": false, "tie_word_embeddings": false});
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        ModelConfig::from_json(&v, "config.json")
+    }
+
+    #[test]
+    fn deepseek_v3_reads_as_transformers_builds_it() {
+        let c = v3(json!({})).unwrap();
+        let m = c.mla.unwrap();
+        assert_eq!((c.head_dim, c.rotary_dim), (192, 64));
+        assert_eq!(
+            (m.q_lora_rank, m.kv_lora_rank, m.v_head_dim),
+            (Some(1536), 512, 128)
+        );
+        assert!(m.rope_interleave);
+        assert_eq!(c.moe_layers.iter().filter(|&&x| !x).count(), 3);
+        assert_eq!(c.mtp_layers, 1);
+        assert!(matches!(c.rope_scaling, RopeScaling::Yarn(_)));
+        let rule = c.router_rule();
+        assert_eq!(rule.scoring, Scoring::Sigmoid);
+        assert_eq!(
+            (rule.top_k, rule.scaling_factor, rule.renormalize),
+            (8, 2.5, true)
+        );
+        let g = rule.group_limit.unwrap();
+        assert_eq!(
+            (g.num_groups, g.topk_groups, g.score),
+            (8, 4, GroupScore::Top2Sum)
+        );
+        // Kimi-K2 names its own model_type over V3's architecture.
+        let k2 = v3(
+            json!({"model_type": "kimi_k2", "n_routed_experts": 384, "n_group": 1,
+            "topk_group": 1, "routed_scaling_factor": 2.827}),
+        )
+        .unwrap();
+        assert_eq!(k2.family.model_type, "deepseek_v3");
+        assert_eq!(k2.router_rule().group_limit, None);
+        // A direct query projection.
+        assert_eq!(
+            v3(json!({"q_lora_rank": null}))
+                .unwrap()
+                .mla
+                .unwrap()
+                .q_lora_rank,
+            None
+        );
+    }
+
+    #[test]
+    fn bad_v3_configs_are_named() {
+        for (extra, says) in [
+            (json!({"qk_rope_head_dim": 63}), "qk_rope_head_dim"),
+            (json!({"kv_lora_rank": 0}), "kv_lora_rank"),
+            (json!({"q_lora_rank": 0}), "q_lora_rank"),
+            (json!({"n_group": 7}), "n_group"),
+            (json!({"topk_group": 9}), "topk_group"),
+            (
+                json!({"rope_scaling": {"type": "dynamic", "factor": 2}}),
+                "dynamic",
+            ),
+            (json!({"n_routed_experts": null}), "n_routed_experts"),
+        ] {
+            let err = v3(extra.clone()).unwrap_err().to_string();
+            assert!(err.contains(says), "{extra}: {err}");
+        }
+    }
+}
