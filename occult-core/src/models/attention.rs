@@ -179,14 +179,7 @@ impl GroupedAttention {
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let offset = cache.as_ref().map_or(0, |c| c.len());
-        if offset + t > rope.max_positions() {
-            bail!(
-                "sequence of {} positions exceeds the model's {} (max_position_embeddings)",
-                offset + t,
-                rope.max_positions()
-            );
-        }
+        let offset = first_position(cache.as_deref(), t, rope)?;
         let mut q = linear(x, &self.q, self.q_bias.as_ref())?;
         let mut k = linear(x, &self.k, self.k_bias.as_ref())?;
         let mut v = linear(x, &self.v, self.v_bias.as_ref())?;
@@ -215,6 +208,20 @@ impl GroupedAttention {
         let y = attend(q, k, v, cache, offset, self.window, scale, fused)?;
         linear(&y, &self.o, None)
     }
+}
+
+/// The position of this step's first token: the cache's length, checked with the step's `t`
+/// tokens against the positions `rope` covers.
+pub fn first_position(cache: Option<&LayerCache>, t: usize, rope: &Rope) -> Result<usize> {
+    let offset = cache.map_or(0, |c| c.len());
+    if offset + t > rope.max_positions() {
+        bail!(
+            "sequence of {} positions exceeds the model's {} (max_position_embeddings)",
+            offset + t,
+            rope.max_positions()
+        );
+    }
+    Ok(offset)
 }
 
 /// Causal attention's core: queries `q` `[B, nh, T, hd]` at positions `offset..offset + T`,

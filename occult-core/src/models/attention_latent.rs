@@ -15,11 +15,11 @@
 //! ([`super::attention::attend`]); where the value width differs from the query/key width, the
 //! narrower side is padded with zeros, which changes no score and no output.
 
-use super::attention::{attend, LayerCache};
+use super::attention::{attend, first_position, LayerCache};
 use super::config::{MlaConfig, ModelConfig};
 use super::layers::{linear, rms_norm, Rope};
 use crate::models::weights::Weights;
-use crate::{bail, Result};
+use crate::Result;
 use candle::Tensor;
 
 /// How queries are projected.
@@ -168,14 +168,7 @@ impl LatentAttention {
             m.v_head_dim,
         );
         let qk = nope + rot;
-        let offset = cache.as_ref().map_or(0, |c| c.len());
-        if offset + t > rope.max_positions() {
-            bail!(
-                "sequence of {} positions exceeds the model's {} (max_position_embeddings)",
-                offset + t,
-                rope.max_positions()
-            );
-        }
+        let offset = first_position(cache.as_deref(), t, rope)?;
         let q = match &self.queries {
             Queries::Direct(w) => linear(x, w, None)?,
             Queries::LowRank { a, a_bias, norm, b } => {

@@ -13,12 +13,11 @@
 //! multi-token-prediction layer stored after the decoder (`num_nextn_predict_layers`) is not
 //! run. The balance of fine-tuning is the selection bias's, as V3 trains: no auxiliary loss.
 
-use super::config_fields::{
-    AuxForm, AuxLoss, ConfigFields, MlaConfig, QkNorm, RouterConfig, SharedConfig,
-};
+use super::config_fields::{AuxForm, AuxLoss, ConfigFields, MlaConfig, QkNorm, RouterConfig};
 use super::family_types::{
     configured_top_k, ConfigEntries, Family, FamilyConfig, MoeNames, SynthParts, SynthSizes,
 };
+use super::glm4_moe::{noaux_synth, shared_experts};
 use super::weights::GATE_UP_DOWN;
 use crate::{bail, Result};
 use serde_json::json;
@@ -84,13 +83,7 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         num_experts,
         expert_intermediate,
         renormalize: f.bool_or("norm_topk_prob", true)?,
-        shared: match f.usize_or("n_shared_experts", 1)? {
-            0 => None,
-            n => Some(SharedConfig {
-                intermediate: n * expert_intermediate,
-                gated: false,
-            }),
-        },
+        shared: shared_experts(f, expert_intermediate)?,
         moe_layers: (0..num_layers)
             .map(|l| l >= first_dense && l % freq == 0)
             .collect(),
@@ -109,13 +102,6 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
 }
 
 fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
-    if s.expert_intermediate == 0 || !s.shared_intermediate.is_multiple_of(s.expert_intermediate) {
-        bail!(
-            "DeepSeek-V3's shared experts are whole experts: {} is not a multiple of {}",
-            s.shared_intermediate,
-            s.expert_intermediate
-        );
-    }
     let head = s.hidden / s.heads;
     if head < 4 || !head.is_multiple_of(4) {
         bail!(
@@ -123,34 +109,19 @@ fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
              into a rotated and an unrotated half of even widths: give a multiple of 4"
         );
     }
-    let groups = [4usize, 2, 1]
-        .into_iter()
-        .find(|g| s.experts.is_multiple_of(*g) && s.experts / g >= 2)
-        .unwrap_or(1);
-    Ok(vec![
-        ("n_routed_experts", json!(s.experts)),
-        (
-            "n_shared_experts",
-            json!(s.shared_intermediate / s.expert_intermediate),
-        ),
-        ("moe_intermediate_size", json!(s.expert_intermediate)),
-        ("intermediate_size", json!(s.dense_intermediate)),
-        ("first_k_dense_replace", json!(s.dense_layers)),
+    let mut c = noaux_synth(s, "DeepSeek-V3")?;
+    c.extend([
         ("moe_layer_freq", json!(1)),
-        ("norm_topk_prob", json!(true)),
-        ("routed_scaling_factor", json!(2.5)),
-        ("n_group", json!(groups)),
-        ("topk_group", json!(groups.div_ceil(2))),
         ("q_lora_rank", json!(s.hidden / 2)),
         ("kv_lora_rank", json!(s.hidden / 4)),
         ("qk_nope_head_dim", json!(head / 2)),
         ("qk_rope_head_dim", json!(head / 2)),
         ("v_head_dim", json!(head)),
         ("rope_interleave", json!(true)),
-        ("num_nextn_predict_layers", json!(0)),
         ("topk_method", json!("noaux_tc")),
         ("scoring_func", json!("sigmoid")),
-    ])
+    ]);
+    Ok(c)
 }
 
 #[cfg(test)]

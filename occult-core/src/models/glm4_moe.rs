@@ -74,13 +74,7 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         num_experts,
         expert_intermediate,
         renormalize: f.bool_or("norm_topk_prob", true)?,
-        shared: match f.usize_or("n_shared_experts", 1)? {
-            0 => None,
-            n => Some(SharedConfig {
-                intermediate: n * expert_intermediate,
-                gated: false,
-            }),
-        },
+        shared: shared_experts(f, expert_intermediate)?,
         moe_layers: (0..num_layers).map(|l| l >= first_dense).collect(),
         sliding_window: None,
         attention_bias: f.bool_or("attention_bias", false)?,
@@ -102,16 +96,47 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
     })
 }
 
+/// `n_shared_experts` (1 when absent) experts of `expert_intermediate`, fused into one ungated
+/// MLP, as DeepSeek-V3 and GLM-4.5 keep them.
+pub(super) fn shared_experts(
+    f: &ConfigFields,
+    expert_intermediate: usize,
+) -> Result<Option<SharedConfig>> {
+    Ok(match f.usize_or("n_shared_experts", 1)? {
+        0 => None,
+        n => Some(SharedConfig {
+            intermediate: n * expert_intermediate,
+            gated: false,
+        }),
+    })
+}
+
 fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
+    let mut c = noaux_synth(s, "GLM-4.5")?;
+    c.extend([
+        ("head_dim", json!(s.hidden / s.heads)),
+        ("use_qk_norm", json!(true)),
+        ("attention_bias", json!(true)),
+        (
+            "rope_parameters",
+            json!({"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+        ),
+    ]);
+    Ok(c)
+}
+
+/// The fields of a synthetic config that DeepSeek-V3 and GLM-4.5 (`name`) share: experts, whole
+/// shared experts, dense first layers, and the `noaux_tc` router with groups of at least 2
+/// experts of which each token keeps half (GLM-4.5 itself has one group, DeepSeek-V3 8 keeping
+/// 4).
+pub(super) fn noaux_synth(s: &SynthSizes, name: &str) -> Result<ConfigEntries> {
     if s.expert_intermediate == 0 || !s.shared_intermediate.is_multiple_of(s.expert_intermediate) {
         bail!(
-            "GLM-4.5's shared experts are whole experts: {} is not a multiple of {}",
+            "{name}'s shared experts are whole experts: {} is not a multiple of {}",
             s.shared_intermediate,
             s.expert_intermediate
         );
     }
-    // Groups of at least 2 experts, each token keeping half of them: the released models' shape
-    // (GLM-4.5 itself has one group, DeepSeek-V3 8 keeping 4).
     let groups = [4usize, 2, 1]
         .into_iter()
         .find(|g| s.experts.is_multiple_of(*g) && s.experts / g >= 2)
@@ -125,18 +150,11 @@ fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
         ("moe_intermediate_size", json!(s.expert_intermediate)),
         ("intermediate_size", json!(s.dense_intermediate)),
         ("first_k_dense_replace", json!(s.dense_layers)),
-        ("head_dim", json!(s.hidden / s.heads)),
         ("norm_topk_prob", json!(true)),
         ("routed_scaling_factor", json!(2.5)),
         ("n_group", json!(groups)),
         ("topk_group", json!(groups.div_ceil(2))),
-        ("use_qk_norm", json!(true)),
-        ("attention_bias", json!(true)),
         ("num_nextn_predict_layers", json!(0)),
-        (
-            "rope_parameters",
-            json!({"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
-        ),
     ])
 }
 
