@@ -111,6 +111,9 @@ fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
     }
     let mut c = noaux_synth(s, "DeepSeek-V3")?;
     c.extend([
+        // Every head has its own key and value from the latent: transformers' V3 repeats them
+        // by `num_attention_heads / num_key_value_heads`, so the two must be equal.
+        ("num_key_value_heads", json!(s.heads)),
         ("moe_layer_freq", json!(1)),
         ("q_lora_rank", json!(s.hidden / 2)),
         ("kv_lora_rank", json!(s.hidden / 4)),
