@@ -1173,6 +1173,61 @@ fn every_model_command(arch: &str) {
             "p.json",
         ],
     );
+    // Pruning the recorded trace with the model's own rule (each layer's selection bias
+    // included) re-picks, at the first MoE layer, exactly what the model pruned on 4 ranks
+    // picks (later layers see the pruned model's other hidden states).
+    occult_ok(
+        d,
+        &[
+            "prune",
+            "--trace",
+            "t.safetensors",
+            "--placement",
+            "p.json",
+            "--rule",
+            "router",
+            "--max-devices",
+            "1",
+            "--model",
+            &m,
+            "-o",
+            "pruned.safetensors",
+        ],
+    );
+    occult_ok(
+        d,
+        &[
+            "profile",
+            "--model",
+            &m,
+            "--data",
+            "cal.jsonl",
+            "--devices",
+            "4",
+            "--placement",
+            "p.json",
+            "--max-devices",
+            "1",
+            "--prune-rule",
+            "router",
+            "-o",
+            "tp.safetensors",
+        ],
+    );
+    let read = |f: &str| occult_core::analysis::trace::Trace::read(&d.join(f)).unwrap();
+    let (offline, served, before) = (
+        read("pruned.safetensors"),
+        read("tp.safetensors"),
+        read("t.safetensors"),
+    );
+    let first = before.layers[0].layer;
+    let ids = |t: &occult_core::analysis::trace::Trace| t.layer(first).unwrap().topk_ids.clone();
+    assert_eq!(ids(&offline), ids(&served), "{arch} layer {first}");
+    assert_ne!(
+        ids(&offline),
+        ids(&before),
+        "{arch}: pruning to 1 device changed nothing"
+    );
     let placed = loglik(&["--devices", "4", "--placement", "p.json"]);
     assert!(
         (placed["loglikelihood"].as_f64().unwrap() - want["loglikelihood"].as_f64().unwrap()).abs()

@@ -61,6 +61,37 @@ pub struct RouterRule {
     pub selection_bias: Option<Vec<f32>>,
 }
 
+/// Each MoE layer's router rule: one rule for every layer, with a layer's own selection bias
+/// where the model's routers carry one (`e_score_correction_bias`: DeepSeek-V3, GLM-4.5), which
+/// a routing trace does not hold.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerRouters {
+    pub rule: RouterRule,
+    pub selection_bias: std::collections::BTreeMap<usize, Vec<f32>>,
+}
+
+impl LayerRouters {
+    /// `rule` for every layer.
+    pub fn same(rule: RouterRule) -> Self {
+        LayerRouters {
+            rule,
+            selection_bias: Default::default(),
+        }
+    }
+
+    /// The rule of model layer `layer`.
+    pub fn of(&self, layer: usize) -> std::borrow::Cow<'_, RouterRule> {
+        match self.selection_bias.get(&layer) {
+            Some(b) => {
+                let mut r = self.rule.clone();
+                r.selection_bias = Some(b.clone());
+                std::borrow::Cow::Owned(r)
+            }
+            None => std::borrow::Cow::Borrowed(&self.rule),
+        }
+    }
+}
+
 /// One token's routing decision: experts in descending selection score, and their gate weights.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Selection {

@@ -8,8 +8,11 @@ use crate::table::Table;
 use anyhow::{Context, Result};
 use clap::Args;
 use occult_core::analysis::pruning::PruneRule;
-use occult_core::analysis::routing::{GroupLimit, GroupScore, RouterRule, Scoring};
+use occult_core::analysis::routing::{GroupLimit, GroupScore, LayerRouters, RouterRule, Scoring};
+use occult_core::analysis::trace::Trace;
 use occult_core::analysis::{check_router_matches, prune_trace_to, PruneReport};
+use occult_core::models::loader::Checkpoint;
+use occult_core::models::model::layer_routers;
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -18,13 +21,15 @@ use std::path::PathBuf;
                 the top-k among their experts by router score\n  \
     similarity  keep the chosen experts on those devices, replace each other one by the most\n              \
                 similar unselected expert on them (cosine of router-logit columns)\n\n\
-The trace must hold router logits. Gate weights follow the model's rule given by --scoring,\n\
---renormalize and --scaling-factor (and --num-groups/--topk-groups for group-limited\n\
-routing); if the trace holds gate weights, the rule is checked against them. DeepSeek-V3's\n\
-selection bias is not part of a trace, so V3 traces are pruned without it.\n\n\
+The trace must hold router logits. Gate weights follow the model's rule: --model reads it\n\
+from the checkpoint, each layer's selection bias included (DeepSeek-V3, GLM-4.5: a trace does\n\
+not hold it); otherwise --scoring, --renormalize and --scaling-factor (and --num-groups/\n\
+--topk-groups for group-limited routing) give it. If the trace holds gate weights, the rule is\n\
+checked against them.\n\n\
 Examples:\n  \
     occult prune --trace olmoe-like.safetensors --placement placed.json --max-devices 2 --rule similarity\n  \
-    occult prune --trace t.safetensors --devices 4 --max-devices 1 --rule router --json prune.json -o pruned.safetensors")]
+    occult prune --trace t.safetensors --devices 4 --max-devices 1 --rule router --json prune.json -o pruned.safetensors\n  \
+    occult prune --trace v3.safetensors --model deepseek-ai/DeepSeek-V3 --devices 32 --max-devices 4 --rule router")]
 pub struct PruneArgs {
     /// Routing trace with router logits.
     #[arg(long)]
@@ -42,6 +47,10 @@ pub struct PruneArgs {
     /// Build similarity tables from this trace's router logits instead of --trace's.
     #[arg(long)]
     pub calibration: Option<PathBuf>,
+    /// The model whose routing the trace recorded (a folder or an id in the Hugging Face cache):
+    /// its router rule, with each layer's selection bias, instead of the flags below.
+    #[arg(long, conflicts_with_all = ["scoring", "renormalize", "scaling_factor", "num_groups"])]
+    pub model: Option<String>,
     /// How router logits become scores.
     #[arg(long, value_enum, default_value_t = Scoring::Softmax)]
     pub scoring: Scoring,
@@ -86,19 +95,9 @@ pub fn run(a: PruneArgs) -> Result<()> {
     occult_core::analysis::source_split(&trace, 0, placement.num_devices, a.resplit)
         .with_context(|| a.trace.display().to_string())?;
     let calibration = a.calibration.as_deref().map(load_trace).transpose()?;
-    let mut router =
-        RouterRule::softmax_topk(trace.meta.num_experts, trace.meta.top_k, a.renormalize);
-    router.scoring = a.scoring;
-    router.scaling_factor = a.scaling_factor;
-    if let (Some(num_groups), Some(topk_groups)) = (a.num_groups, a.topk_groups) {
-        router.group_limit = Some(GroupLimit {
-            num_groups,
-            topk_groups,
-            score: a.group_score,
-        });
-    }
-    router.validate()?;
-    check_router_matches(&trace, &router).with_context(|| a.trace.display().to_string())?;
+    let routers = routers_of(&a, &trace)?;
+    routers.rule.validate()?;
+    check_router_matches(&trace, &routers).with_context(|| a.trace.display().to_string())?;
     let rule = a.rule;
     let pb = bar(trace.layers.len() as u64, "layers");
     let Some(limit) = a.limit.limit() else {
@@ -107,7 +106,7 @@ pub fn run(a: PruneArgs) -> Result<()> {
     let (pruned, report) = prune_trace_to(
         &trace,
         &placement,
-        &router,
+        &routers,
         rule,
         limit,
         calibration.as_ref(),
@@ -128,6 +127,35 @@ pub fn run(a: PruneArgs) -> Result<()> {
         eprintln!("wrote {}", out.display());
     }
     Ok(())
+}
+
+/// The router rule of each layer: the model's (with each layer's selection bias) or the flags'.
+fn routers_of(a: &PruneArgs, trace: &Trace) -> Result<LayerRouters> {
+    let (e, k) = (trace.meta.num_experts, trace.meta.top_k);
+    if let Some(m) = &a.model {
+        let ck = Checkpoint::open(m, None, candle::DType::F32)
+            .with_context(|| format!("--model {m}"))?;
+        let routers = layer_routers(&ck.weights, &ck.cfg)?;
+        if (routers.rule.num_experts, routers.rule.top_k) != (e, k) {
+            anyhow::bail!(
+                "--model {m} routes top-{} of {} experts, the trace top-{k} of {e}",
+                routers.rule.top_k,
+                routers.rule.num_experts
+            );
+        }
+        return Ok(routers);
+    }
+    let mut router = RouterRule::softmax_topk(e, k, a.renormalize);
+    router.scoring = a.scoring;
+    router.scaling_factor = a.scaling_factor;
+    if let (Some(num_groups), Some(topk_groups)) = (a.num_groups, a.topk_groups) {
+        router.group_limit = Some(GroupLimit {
+            num_groups,
+            topk_groups,
+            score: a.group_score,
+        });
+    }
+    Ok(LayerRouters::same(router))
 }
 
 pub fn render(r: &PruneReport) -> String {

@@ -9,7 +9,7 @@ use crate::analysis::placement::{
 };
 use crate::analysis::pruning::{changed_choices, PruneLimit, PruneRule, Pruner};
 use crate::analysis::ranks::RankSplit;
-use crate::analysis::routing::RouterRule;
+use crate::analysis::routing::{LayerRouters, RouterRule};
 use crate::analysis::similarity::{SimilarityAccumulator, SimilarityTable};
 use crate::analysis::trace::{LayerTrace, Trace};
 use crate::{bail, Error, Result};
@@ -394,12 +394,14 @@ pub fn layer_similarity(trace: &Trace, layer: usize) -> Result<SimilarityTable> 
     Ok(acc.finish())
 }
 
-/// Checks that `router` reproduces the gate weights a trace recorded, on its first tokens.
-pub fn check_router_matches(trace: &Trace, router: &RouterRule) -> Result<()> {
+/// Checks that each layer's router rule reproduces the gate weights a trace recorded, on its
+/// first tokens.
+pub fn check_router_matches(trace: &Trace, routers: &LayerRouters) -> Result<()> {
     for l in &trace.layers {
         let (Some(logits), Some(w)) = (&l.router_logits, &l.topk_weights) else {
             continue;
         };
+        let router = routers.of(l.layer);
         let (e, k) = (trace.meta.num_experts, trace.meta.top_k);
         for t in 0..l.tokens.min(16) {
             let ids = l.ids(t, k);
@@ -412,7 +414,7 @@ pub fn check_router_matches(trace: &Trace, router: &RouterRule) -> Result<()> {
                         "the router rule ({}) does not reproduce the trace's gate weights at \
                          layer {} token {t} (trace {b}, rule {a}); check --renormalize, \
                          --scoring and --scaling-factor",
-                        describe_rule(router),
+                        describe_rule(&router),
                         l.layer
                     );
                 }
@@ -484,14 +486,24 @@ pub fn prune_trace(
     on_layer: &(dyn Fn() + Sync),
 ) -> Result<(Trace, PruneReport)> {
     let limit = PruneLimit::Devices(max_devices);
-    prune_trace_to(trace, placement, router, rule, limit, calibration, on_layer)
+    let routers = LayerRouters::same(router.clone());
+    prune_trace_to(
+        trace,
+        placement,
+        &routers,
+        rule,
+        limit,
+        calibration,
+        on_layer,
+    )
 }
 
-/// [`prune_trace`] under any [`PruneLimit`] (such as a node limit).
+/// [`prune_trace`] under any [`PruneLimit`] (such as a node limit), each layer under its own
+/// router rule.
 pub fn prune_trace_to(
     trace: &Trace,
     placement: &Placement,
-    router: &RouterRule,
+    routers: &LayerRouters,
     rule: PruneRule,
     limit: PruneLimit,
     calibration: Option<&Trace>,
@@ -499,6 +511,7 @@ pub fn prune_trace_to(
 ) -> Result<(Trace, PruneReport)> {
     check_placement_fits(trace, placement)?;
     let (e, k) = (trace.meta.num_experts, trace.meta.top_k);
+    let router = &routers.rule;
     if router.num_experts != e || router.top_k != k {
         bail!(
             "the router rule is for {} experts top-{}, the trace has {e} experts top-{k}",
@@ -527,6 +540,8 @@ pub fn prune_trace_to(
                 ))
             })?;
             let map = placement.layer(l.layer)?;
+            let router = routers.of(l.layer);
+            let router = router.as_ref();
             let sim = match rule {
                 PruneRule::Similarity => Some(layer_similarity(calibration, l.layer)?),
                 PruneRule::Router => None,

@@ -2,6 +2,7 @@
 //! ([`DenseParts`]: embeddings, norms, attention, dense MLPs, routers and shared experts), read
 //! from a checkpoint.
 
+use crate::analysis::routing::LayerRouters;
 use crate::ep::SharedExperts;
 use crate::models::attention::Attention;
 use crate::models::config::ModelConfig;
@@ -71,20 +72,7 @@ impl DenseParts {
                     &format!("{b}.{}.weight", names.router),
                     &[cfg.moe.num_experts, h],
                 )?;
-                let selection_bias = if cfg.moe.router.selection_bias {
-                    let name = format!("{b}.{}.e_score_correction_bias", names.router);
-                    let bias = w.get_frozen(&name, &[cfg.moe.num_experts])?;
-                    let bias = bias.to_vec1::<f32>()?;
-                    if let Some(j) = bias.iter().position(|b| !b.is_finite()) {
-                        return Err(crate::Error::bad_file(
-                            w.origin(),
-                            format!("{name}[{j}] = {} is not a finite number", bias[j]),
-                        ));
-                    }
-                    Some(bias)
-                } else {
-                    None
-                };
+                let selection_bias = selection_bias(w, cfg, l)?;
                 let shared = match (cfg.moe.shared, names.shared) {
                     (Some(s), Some(sn)) => {
                         let m = mlp3(&format!("{b}.{sn}"), s.intermediate)?;
@@ -137,4 +125,39 @@ impl DenseParts {
             rope,
         })
     }
+}
+
+/// Layer `l`'s router's `e_score_correction_bias` `[E]` in f32, where the family's routers
+/// carry one; checked finite.
+pub fn selection_bias(w: &Weights, cfg: &ModelConfig, l: usize) -> Result<Option<Vec<f32>>> {
+    if !cfg.moe.router.selection_bias || !cfg.moe_layers.get(l).copied().unwrap_or(false) {
+        return Ok(None);
+    }
+    let names = cfg.family.names;
+    let name = format!(
+        "model.layers.{l}.{}.{}.e_score_correction_bias",
+        names.block, names.router
+    );
+    let bias = w
+        .get_frozen(&name, &[cfg.moe.num_experts])?
+        .to_vec1::<f32>()?;
+    if let Some(j) = bias.iter().position(|b| !b.is_finite()) {
+        return Err(crate::Error::bad_file(
+            w.origin(),
+            format!("{name}[{j}] = {} is not a finite number", bias[j]),
+        ));
+    }
+    Ok(Some(bias))
+}
+
+/// Every MoE layer's router rule: the family's, with each layer's own selection bias (what
+/// pruning a recorded trace needs of the model, as a trace does not hold the bias).
+pub fn layer_routers(w: &Weights, cfg: &ModelConfig) -> Result<LayerRouters> {
+    let mut routers = LayerRouters::same(cfg.router_rule());
+    for l in 0..cfg.num_layers {
+        if let Some(b) = selection_bias(w, cfg, l)? {
+            routers.selection_bias.insert(l, b);
+        }
+    }
+    Ok(routers)
 }

@@ -38,7 +38,7 @@ mod same_layout;
 
 pub use cache::KvCache;
 pub use decoder::{Layer, Mlp, Model};
-pub use dense::{DenseLayer, DenseMlp, DenseParts};
+pub use dense::{layer_routers, selection_bias, DenseLayer, DenseMlp, DenseParts};
 pub use forward::Logits;
 pub use moe::{MoeBlock, MoeExec, MoeSetup};
 pub use recorder::{LayerRouting, RouterTap, RoutingRecorder};
