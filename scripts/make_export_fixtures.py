@@ -35,13 +35,14 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_model_fixtures as mm  # noqa: E402
 from transformers import (  # noqa: E402
-    DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM, GptOssConfig,
+    DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM, GptOssConfig,
     GptOssForCausalLM)
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "fixtures" / "models"
 OUT = ROOT / "tests" / "fixtures" / "export"
 DEVICES = (2, 4, 8)
+V2 = "deepseek_v2"
 V3 = "deepseek_v3"
 GLM = "glm4_moe"
 GPT_OSS = "gpt_oss"
@@ -67,6 +68,28 @@ def v3_config(vocab, eot):
 def make_v3(tok_vocab, eot):
     """A tiny DeepSeek-V3 with its reference outputs (reference.json): Occult runs it."""
     make_with_reference(V3, DeepseekV3ForCausalLM, v3_config(tok_vocab, eot), seeds=range(2000, 2100))
+
+
+# ---------------------------------------------------------------- the DeepSeek-V2 fixture
+def v2_config(vocab, eot):
+    """V2-Lite's shape: direct queries, the softmax router keeping 2 of 4 groups by their best
+    expert (group_limited_greedy), no renormalisation, scaled, 2 shared experts, YaRN with V2's
+    mscale of 0.707 on both sides (its softmax scale moves, its cos/sin do not)."""
+    return DeepseekV2Config(
+        vocab_size=vocab, hidden_size=32, intermediate_size=48, moe_intermediate_size=8,
+        num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, n_shared_experts=2,
+        n_routed_experts=8, routed_scaling_factor=1.5, kv_lora_rank=8, q_lora_rank=None,
+        qk_rope_head_dim=8, v_head_dim=8, qk_nope_head_dim=8, topk_method="group_limited_greedy",
+        n_group=4, topk_group=2, num_experts_per_tok=2, first_k_dense_replace=1,
+        norm_topk_prob=False, max_position_embeddings=128, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.707,
+                         "mscale_all_dim": 0.707, "original_max_position_embeddings": 32},
+        bos_token_id=eot, eos_token_id=eot, pad_token_id=None)
+
+
+def make_v2(tok_vocab, eot):
+    """A tiny DeepSeek-V2 with its reference outputs: Occult runs it."""
+    make_with_reference(V2, DeepseekV2ForCausalLM, v2_config(tok_vocab, eot), seeds=range(5000, 5100))
 
 
 # ---------------------------------------------------------------- the GLM-4.5 fixture
@@ -159,6 +182,8 @@ def family(arch, folder):
     config = json.loads((folder / "config.json").read_text())
     if arch == "deepseek":
         return mm.DeepseekForCausalLM, config
+    if arch == V2:
+        return DeepseekV2ForCausalLM, DeepseekV2Config.from_dict(config)
     if arch == V3:
         return DeepseekV3ForCausalLM, DeepseekV3Config.from_dict(config)
     if arch == GLM:
@@ -303,18 +328,19 @@ def main():
     torch.set_num_threads(1)
     tok = mm.Tokenizer.from_file(str(MODELS / "tokenizer.json"))
     vocab = -(-tok.get_vocab_size() // 8) * 8
+    make_v2(vocab, tok.token_to_id(mm.EOT))
     make_v3(vocab, tok.token_to_id(mm.EOT))
     make_glm(vocab, tok.token_to_id(mm.EOT))
     make_gpt_oss(vocab, tok.token_to_id(mm.EOT))
     OUT.mkdir(parents=True, exist_ok=True)
     cases = []
-    for a, arch in enumerate(mm.ARCHS + (V3, GLM, GPT_OSS)):
+    for a, arch in enumerate(mm.ARCHS + (V3, GLM, GPT_OSS, V2)):
         folder = MODELS / arch
         cls, config = family(arch, folder)
         hub = mm.load_checkpoint(folder)
         layers = moe_layers(hub, arch)
         e = hub[f"model.layers.{layers[0]}.{block_of(arch)}.{router_of(arch)}.weight"].shape[0]
-        groups = getattr(config, "n_group", None) if arch in (V3, GLM) else None
+        groups = getattr(config, "n_group", None) if arch in (V2, V3, GLM) else None
         want = run_with_transformers(arch, cls, config, hub, folder)
         for d in DEVICES:
             rng = random.Random(1000 * a + d)

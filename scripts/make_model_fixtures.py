@@ -309,6 +309,10 @@ def router_hooks(model, top_k, record):
             if hasattr(mod, "e_score_correction_bias"):  # DeepSeek-V3's router (GLM-4.5's too)
                 record.append(grouped_sigmoid_gap(mod, h, top_k))
                 return
+            if getattr(mod, "topk_method", None) == "group_limited_greedy":  # DeepSeek-V2's
+                probs = F.linear(h.float(), mod.weight.float()).softmax(-1)
+                record.append(grouped_gap(probs, mod.num_group, mod.topk_group, top_k, "max"))
+                return
             probs = F.linear(h, mod.weight).float().softmax(-1).sort(-1, descending=True).values
             record.append((probs[:, top_k - 1] - probs[:, top_k]).min().item())
         handles.append(gate.register_forward_hook(hook))
@@ -321,12 +325,21 @@ def grouped_sigmoid_gap(mod, h, top_k):
     between the k-th and (k+1)-th biased score inside the kept groups."""
     choice = F.linear(h.float(), mod.weight.float()).sigmoid() + mod.e_score_correction_bias
     n = getattr(mod, "n_group", None) or mod.num_group
+    return grouped_gap(choice, n, mod.topk_group, top_k, "top2")
+
+
+def grouped_gap(choice, n, topk_group, top_k, group_score):
+    """The smallest gap a group-limited choice turns on: the topk_group-th against the next group
+    score (a group's best score, or the sum of its two best), and the k-th against the (k+1)-th
+    score inside the kept groups."""
     per = choice.shape[-1] // n
     gaps = []
     if n > 1:
-        groups = choice.view(-1, n, per).topk(2, dim=-1).values.sum(-1).sort(-1, descending=True)
-        gaps.append((groups.values[:, mod.topk_group - 1] - groups.values[:, mod.topk_group]).min().item())
-        kept = torch.zeros_like(choice.view(-1, n, per)[..., 0]).scatter_(1, groups.indices[:, :mod.topk_group], 1)
+        grouped = choice.view(-1, n, per)
+        scores = grouped.max(-1).values if group_score == "max" else grouped.topk(2, dim=-1).values.sum(-1)
+        groups = scores.sort(-1, descending=True)
+        gaps.append((groups.values[:, topk_group - 1] - groups.values[:, topk_group]).min().item())
+        kept = torch.zeros_like(grouped[..., 0]).scatter_(1, groups.indices[:, :topk_group], 1)
         choice = choice.masked_fill(~kept.repeat_interleave(per, 1).bool(), float("-inf"))
     top = choice.sort(-1, descending=True).values
     gaps.append((top[:, top_k - 1] - top[:, top_k]).min().item())

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The committed transformers fixtures (`tests/fixtures/models`).
-pub const ARCHS: [&str; 7] = [
+pub const ARCHS: [&str; 8] = [
     "olmoe",
     "qwen2_moe",
     "deepseek",
@@ -24,6 +24,7 @@ pub const ARCHS: [&str; 7] = [
     "qwen3_moe",
     "glm4_moe",
     "deepseek_v3",
+    "deepseek_v2",
 ];
 
 /// Opens a committed fixture in f32, its weights trainable if asked.

@@ -1,5 +1,5 @@
 //! Whole models data + expert parallel on local ranks (threads), on the committed transformers
-//! fixtures of all seven families: each rank runs its own sequences (uneven shares, one rank
+//! fixtures of all eight families: each rank runs its own sequences (uneven shares, one rank
 //! with none) and every sequence's logits equal the one-device reference; and the gradients of
 //! D ranks on the union of their batches equal one device's on the whole batch. The same checks
 //! run under mpirun in `mpi.rs`.

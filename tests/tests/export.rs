@@ -440,7 +440,7 @@ fn fuse_any(src: &Path, dst: &Path) {
 /// The exports of the placements in tests/fixtures/export/cases.json are, byte for byte, the
 /// checkpoints scripts/make_export_fixtures.py renumbered with its own code and ran under
 /// transformers with the original's logits (every family, a DeepSeek-V3 and a GLM-4.5 with a
-/// sigmoid router, a selection bias and expert groups, and a gpt-oss with a router bias and
+/// sigmoid router, a selection bias and expert groups, a DeepSeek-V2 with softmax groups, and a gpt-oss with a router bias and
 /// fused experts with biases; per-expert and fused; 2, 4 and 8 devices).
 #[test]
 fn exports_are_the_checkpoints_transformers_ran_with_the_original_logits() {
@@ -450,8 +450,8 @@ fn exports_are_the_checkpoints_transformers_ran_with_the_original_logits() {
     let cases = v["cases"].as_array().unwrap();
     assert_eq!(
         cases.len(),
-        45,
-        "7 models x 2 layouts x 3 device counts, and gpt-oss fused x 3"
+        51,
+        "8 models x 2 layouts x 3 device counts, and gpt-oss fused x 3"
     );
     for c in cases {
         let (arch, layout, d) = (

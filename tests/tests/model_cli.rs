@@ -1059,7 +1059,7 @@ fn gpu_options_in_a_build_without_them_are_named() {
 /// with one device's results and both exports take; and bench model.
 #[test]
 fn the_families_of_2026_run_through_every_model_command() {
-    for arch in ["glm4_moe", "deepseek_v3"] {
+    for arch in ["glm4_moe", "deepseek_v3", "deepseek_v2"] {
         every_model_command(arch);
     }
 }

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-const ARCHS: [&str; 7] = [
+const ARCHS: [&str; 8] = [
     "olmoe",
     "qwen2_moe",
     "deepseek",
@@ -28,6 +28,7 @@ const ARCHS: [&str; 7] = [
     "qwen3_moe",
     "glm4_moe",
     "deepseek_v3",
+    "deepseek_v2",
 ];
 
 fn fixture(arch: &str) -> (Checkpoint, Value) {

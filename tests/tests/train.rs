@@ -316,7 +316,7 @@ fn m_locations(
 
 #[test]
 fn d_ranks_take_the_steps_of_one_device_and_only_moe_tensors_move() {
-    for arch in ["qwen2_moe", "glm4_moe", "deepseek_v3"] {
+    for arch in ["qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2"] {
         d_ranks_take_one_devices_steps(arch);
     }
 }

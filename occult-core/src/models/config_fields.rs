@@ -99,17 +99,7 @@ impl RouterConfig {
         num_experts: usize,
         defaults: (usize, usize, f64),
     ) -> Result<Self> {
-        let n_group = f.usize_or("n_group", defaults.0)?;
-        let topk_group = f.usize_or("topk_group", defaults.1)?;
-        if n_group == 0 || !num_experts.is_multiple_of(n_group) {
-            return Err(f.bad(
-                "n_group",
-                &format!("a divisor of the {num_experts} experts"),
-            ));
-        }
-        if topk_group == 0 || topk_group > n_group {
-            return Err(f.bad("topk_group", &format!("in 1..={n_group} (n_group)")));
-        }
+        let (n_group, topk_group) = read_groups(f, num_experts, (defaults.0, defaults.1))?;
         if n_group > 1 && num_experts / n_group < 2 {
             return Err(f.bad(
                 "n_group",
@@ -153,6 +143,27 @@ impl MlaConfig {
     pub fn qk_head_dim(&self) -> usize {
         self.qk_nope_head_dim + self.qk_rope_head_dim
     }
+}
+
+/// `n_group` and `topk_group` (`defaults` when absent), checked: the groups divide the
+/// experts, and a token keeps between 1 and all of them.
+pub fn read_groups(
+    f: &ConfigFields,
+    num_experts: usize,
+    defaults: (usize, usize),
+) -> Result<(usize, usize)> {
+    let n_group = f.usize_or("n_group", defaults.0)?;
+    let topk_group = f.usize_or("topk_group", defaults.1)?;
+    if n_group == 0 || !num_experts.is_multiple_of(n_group) {
+        return Err(f.bad(
+            "n_group",
+            &format!("a divisor of the {num_experts} experts"),
+        ));
+    }
+    if topk_group == 0 || topk_group > n_group {
+        return Err(f.bad("topk_group", &format!("in 1..={n_group} (n_group)")));
+    }
+    Ok((n_group, topk_group))
 }
 
 /// The MoE blocks' configuration.

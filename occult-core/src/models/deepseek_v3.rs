@@ -52,6 +52,34 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
     let expert_intermediate = f.usize("moe_intermediate_size")?;
     let first_dense = f.usize_or("first_k_dense_replace", 3)?;
     let freq = f.usize_or("moe_layer_freq", 1)?.max(1);
+    let mla = read_mla(f)?;
+    Ok(FamilyConfig {
+        head_dim: Some(mla.qk_head_dim()),
+        num_experts,
+        expert_intermediate,
+        renormalize: f.bool_or("norm_topk_prob", true)?,
+        shared: shared_experts(f, expert_intermediate, 1)?,
+        moe_layers: (0..num_layers)
+            .map(|l| l >= first_dense && l % freq == 0)
+            .collect(),
+        sliding_window: None,
+        attention_bias: f.bool_or("attention_bias", false)?,
+        aux_loss: AuxLoss {
+            form: AuxForm::AllLayers,
+            coef: 0.0,
+        },
+        qk_norm: None,
+        partial_rotary_factor: 1.0,
+        // transformers' DeepseekV3Config defaults: 8 groups keeping 4, scaled by 2.5.
+        router: RouterConfig::read_noaux_tc(f, num_experts, (8, 4, 2.5))?,
+        mla: Some(mla),
+    })
+}
+
+/// Multi-head latent attention's sizes, with transformers' defaults where a field is absent
+/// (DeepSeek-V2's and V3's are the same): `q_lora_rank` (null: one `q_proj`), `kv_lora_rank`,
+/// `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`, `rope_interleave`.
+pub(super) fn read_mla(f: &ConfigFields) -> Result<MlaConfig> {
     let q_lora_rank = match f.v.get("q_lora_rank") {
         Some(v) if v.is_null() => None,
         None => Some(1536),
@@ -78,53 +106,42 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
     if mla.qk_rope_head_dim % 2 == 1 {
         return Err(f.bad("qk_rope_head_dim", "even (RoPE rotates pairs)"));
     }
-    Ok(FamilyConfig {
-        head_dim: Some(mla.qk_head_dim()),
-        num_experts,
-        expert_intermediate,
-        renormalize: f.bool_or("norm_topk_prob", true)?,
-        shared: shared_experts(f, expert_intermediate)?,
-        moe_layers: (0..num_layers)
-            .map(|l| l >= first_dense && l % freq == 0)
-            .collect(),
-        sliding_window: None,
-        attention_bias: f.bool_or("attention_bias", false)?,
-        aux_loss: AuxLoss {
-            form: AuxForm::AllLayers,
-            coef: 0.0,
-        },
-        qk_norm: None,
-        partial_rotary_factor: 1.0,
-        // transformers' DeepseekV3Config defaults: 8 groups keeping 4, scaled by 2.5.
-        router: RouterConfig::read_noaux_tc(f, num_experts, (8, 4, 2.5))?,
-        mla: Some(mla),
-    })
+    Ok(mla)
 }
 
 fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
-    let head = s.hidden / s.heads;
-    if head < 4 || !head.is_multiple_of(4) {
-        bail!(
-            "a synthetic DeepSeek-V3 splits each head of --hidden / --heads = {head} features \
-             into a rotated and an unrotated half of even widths: give a multiple of 4"
-        );
-    }
     let mut c = noaux_synth(s, "DeepSeek-V3")?;
+    c.extend(latent_synth(s, "DeepSeek-V3")?);
     c.extend([
-        // Every head has its own key and value from the latent: transformers' V3 repeats them
-        // by `num_attention_heads / num_key_value_heads`, so the two must be equal.
-        ("num_key_value_heads", json!(s.heads)),
         ("moe_layer_freq", json!(1)),
-        ("q_lora_rank", json!(s.hidden / 2)),
-        ("kv_lora_rank", json!(s.hidden / 4)),
-        ("qk_nope_head_dim", json!(head / 2)),
-        ("qk_rope_head_dim", json!(head / 2)),
-        ("v_head_dim", json!(head)),
         ("rope_interleave", json!(true)),
         ("topk_method", json!("noaux_tc")),
         ("scoring_func", json!("sigmoid")),
     ]);
     Ok(c)
+}
+
+/// The latent attention of a synthetic DeepSeek-V2 or V3 (`name`): each head's features split
+/// into an unrotated and a rotated half, values as wide as the head, the query rank half the
+/// hidden size and the latent a quarter; a key and value per head.
+pub(super) fn latent_synth(s: &SynthSizes, name: &str) -> Result<ConfigEntries> {
+    let head = s.hidden / s.heads;
+    if head < 4 || !head.is_multiple_of(4) {
+        bail!(
+            "a synthetic {name} splits each head of --hidden / --heads = {head} features into a \
+             rotated and an unrotated half of even widths: give a multiple of 4"
+        );
+    }
+    Ok(vec![
+        // Every head has its own key and value from the latent: transformers repeats them by
+        // `num_attention_heads / num_key_value_heads`, so the two must be equal.
+        ("num_key_value_heads", json!(s.heads)),
+        ("q_lora_rank", json!(s.hidden / 2)),
+        ("kv_lora_rank", json!(s.hidden / 4)),
+        ("qk_nope_head_dim", json!(head / 2)),
+        ("qk_rope_head_dim", json!(head / 2)),
+        ("v_head_dim", json!(head)),
+    ])
 }
 
 #[cfg(test)]

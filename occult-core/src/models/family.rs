@@ -7,7 +7,7 @@
 //! [`FAMILIES`].
 
 use super::config::ModelConfig;
-use super::{deepseek, deepseek_v3, glm4_moe, mixtral, olmoe, qwen2_moe, qwen3_moe};
+use super::{deepseek, deepseek_v2, deepseek_v3, glm4_moe, mixtral, olmoe, qwen2_moe, qwen3_moe};
 use crate::{Error, Result};
 use serde_json::Value;
 use std::path::Path;
@@ -18,7 +18,7 @@ pub use super::family_types::{
 };
 
 /// Every supported family, in the order they are listed to users.
-pub const FAMILIES: [&Family; 7] = [
+pub const FAMILIES: [&Family; 8] = [
     &olmoe::FAMILY,
     &qwen2_moe::FAMILY,
     &deepseek::FAMILY,
@@ -26,6 +26,7 @@ pub const FAMILIES: [&Family; 7] = [
     &qwen3_moe::FAMILY,
     &glm4_moe::FAMILY,
     &deepseek_v3::FAMILY,
+    &deepseek_v2::FAMILY,
 ];
 
 /// The family whose `model_type` this is (Kimi-K2's `kimi_k2` is DeepSeek-V3's).
@@ -39,11 +40,6 @@ pub fn family(model_type: &str) -> Option<&'static Family> {
 /// What Occult does for a family it does not run yet (docs/models.md, "The families of 2026").
 pub fn not_run_yet(model_type: &str) -> Option<&'static str> {
     match model_type {
-        "deepseek_v2" => Some(
-            "Occult does not run this family yet, but exports it (`occult export checkpoint` \
-             renumbers its experts, `occult export sglang` writes SGLang's location file) and \
-             places for its expert groups (`occult place --expert-groups n_group`)",
-        ),
         "gpt_oss" => Some(
             "Occult does not run gpt-oss yet (its MXFP4 experts are dequantized as transformers \
              does, its attention is not run), but exports it (`occult export checkpoint`, \
@@ -99,8 +95,7 @@ mod tests {
     #[test]
     fn families_not_run_yet_say_what_works() {
         for (t, says) in [
-            ("deepseek_v2", "occult export checkpoint"),
-            ("deepseek_v2", "--expert-groups"),
+            ("gpt_oss", "occult export checkpoint"),
             ("gpt_oss", "occult export sglang"),
         ] {
             let err = ModelConfig::from_json(&json!({ "model_type": t }), "config.json")

@@ -74,7 +74,7 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         num_experts,
         expert_intermediate,
         renormalize: f.bool_or("norm_topk_prob", true)?,
-        shared: shared_experts(f, expert_intermediate)?,
+        shared: shared_experts(f, expert_intermediate, 1)?,
         moe_layers: (0..num_layers).map(|l| l >= first_dense).collect(),
         sliding_window: None,
         attention_bias: f.bool_or("attention_bias", false)?,
@@ -96,13 +96,14 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
     })
 }
 
-/// `n_shared_experts` (1 when absent) experts of `expert_intermediate`, fused into one ungated
-/// MLP, as DeepSeek-V3 and GLM-4.5 keep them.
+/// `n_shared_experts` (`default` when absent) experts of `expert_intermediate`, fused into one
+/// ungated MLP, as DeepSeek-V2/V3 and GLM-4.5 keep them.
 pub(super) fn shared_experts(
     f: &ConfigFields,
     expert_intermediate: usize,
+    default: usize,
 ) -> Result<Option<SharedConfig>> {
-    Ok(match f.usize_or("n_shared_experts", 1)? {
+    Ok(match f.usize_or("n_shared_experts", default)? {
         0 => None,
         n => Some(SharedConfig {
             intermediate: n * expert_intermediate,
@@ -125,11 +126,9 @@ fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
     Ok(c)
 }
 
-/// The fields of a synthetic config that DeepSeek-V3 and GLM-4.5 (`name`) share: experts, whole
-/// shared experts, dense first layers, and the `noaux_tc` router with groups of at least 2
-/// experts of which each token keeps half (GLM-4.5 itself has one group, DeepSeek-V3 8 keeping
-/// 4).
-pub(super) fn noaux_synth(s: &SynthSizes, name: &str) -> Result<ConfigEntries> {
+/// How many whole experts the synthetic shared-expert size makes (`name`'s shared experts are
+/// whole experts).
+pub(super) fn whole_shared_experts(s: &SynthSizes, name: &str) -> Result<usize> {
     if s.expert_intermediate == 0 || !s.shared_intermediate.is_multiple_of(s.expert_intermediate) {
         bail!(
             "{name}'s shared experts are whole experts: {} is not a multiple of {}",
@@ -137,16 +136,22 @@ pub(super) fn noaux_synth(s: &SynthSizes, name: &str) -> Result<ConfigEntries> {
             s.expert_intermediate
         );
     }
+    Ok(s.shared_intermediate / s.expert_intermediate)
+}
+
+/// The fields of a synthetic config that DeepSeek-V3 and GLM-4.5 (`name`) share: experts, whole
+/// shared experts, dense first layers, and the `noaux_tc` router with groups of at least 2
+/// experts of which each token keeps half (GLM-4.5 itself has one group, DeepSeek-V3 8 keeping
+/// 4).
+pub(super) fn noaux_synth(s: &SynthSizes, name: &str) -> Result<ConfigEntries> {
+    let shared = whole_shared_experts(s, name)?;
     let groups = [4usize, 2, 1]
         .into_iter()
         .find(|g| s.experts.is_multiple_of(*g) && s.experts / g >= 2)
         .unwrap_or(1);
     Ok(vec![
         ("n_routed_experts", json!(s.experts)),
-        (
-            "n_shared_experts",
-            json!(s.shared_intermediate / s.expert_intermediate),
-        ),
+        ("n_shared_experts", json!(shared)),
         ("moe_intermediate_size", json!(s.expert_intermediate)),
         ("intermediate_size", json!(s.dense_intermediate)),
         ("first_k_dense_replace", json!(s.dense_layers)),

@@ -8,6 +8,7 @@
 //! | DeepSeek-MoE v1 | [`deepseek`] | `mlp` | `gate` | same | `shared_experts` |
 //! | Mixtral | [`mixtral`] | `block_sparse_moe` | `gate` | `w1`/`w3`/`w2` | none |
 //! | Qwen3-MoE | [`qwen3_moe`] | `mlp` | `gate` | same as OLMoE | none |
+//! | DeepSeek-V2 | [`deepseek_v2`] | `mlp` | `gate` (softmax, optional groups by their best) | same as OLMoE | `shared_experts` |
 //! | DeepSeek-V3/R1, Kimi-K2 | [`deepseek_v3`] | `mlp` | `gate` (sigmoid, groups, `e_score_correction_bias`) | same as OLMoE | `shared_experts` |
 //! | GLM-4.5/4.6 | [`glm4_moe`] | `mlp` | `gate` (sigmoid, groups, `e_score_correction_bias`) | same as OLMoE | `shared_experts` |
 //!
@@ -57,6 +58,7 @@ pub mod weights;
 
 // The families, one file each; listed in [`family::FAMILIES`].
 pub mod deepseek;
+pub mod deepseek_v2;
 pub mod deepseek_v3;
 pub mod glm4_moe;
 pub mod mixtral;

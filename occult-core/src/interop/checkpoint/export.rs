@@ -42,11 +42,10 @@ pub struct ExpertLayout {
     pub groups: Option<ExpertGroups>,
 }
 
-/// The `model_type`s the export reads besides the families Occult runs: DeepSeek-V2 and
-/// gpt-oss (`gpt_oss`: every layer MoE, the router
+/// The `model_type`s the export reads besides the families Occult runs: gpt-oss (`gpt_oss`: every layer MoE, the router
 /// `mlp.router` with a bias, experts fused with biases or as MXFP4 blocks and scales, all with
 /// the experts first), whose attention Occult does not run but whose experts it can renumber.
-pub const EXPORT_ONLY_TYPES: [&str; 2] = ["deepseek_v2", "gpt_oss"];
+pub const EXPORT_ONLY_TYPES: [&str; 1] = ["gpt_oss"];
 
 impl ExpertLayout {
     /// Reads the layout from a `config.json` value; `origin` names it in errors.
@@ -93,47 +92,19 @@ impl ExpertLayout {
                 &format!("at most {}", crate::models::config::MAX_LAYERS),
             ));
         }
-        if model_type == "gpt_oss" {
-            let num_experts = f.usize("num_local_experts")?;
-            if num_experts == 0 {
-                return Err(f.bad("num_local_experts", "at least 1"));
-            }
-            return Ok(ExpertLayout {
-                model_type: model_type.into(),
-                num_experts,
-                num_layers,
-                moe_layers: (0..num_layers).collect(),
-                block: "mlp".into(),
-                router: "router".into(),
-                groups: None,
-            });
-        }
-        let num_experts = f.usize("n_routed_experts")?;
+        // gpt-oss, the one type here: every layer MoE, its router `mlp.router`.
+        let num_experts = f.usize("num_local_experts")?;
         if num_experts == 0 {
-            return Err(f.bad("n_routed_experts", "at least 1"));
-        }
-        // As DeepSeek-V2/V3's modelling code decides which layers are MoE (GLM-4.5's has no
-        // `moe_layer_freq`: every layer from `first_k_dense_replace` on).
-        let first_dense = f.usize_or("first_k_dense_replace", 0)?;
-        let freq = f.usize_or("moe_layer_freq", 1)?.max(1);
-        let n_group = f.usize_or("n_group", 1)?;
-        let topk_group = f.usize_or("topk_group", 1)?;
-        if n_group == 0 || !num_experts.is_multiple_of(n_group) {
-            return Err(f.bad("n_group", "a divisor of n_routed_experts"));
+            return Err(f.bad("num_local_experts", "at least 1"));
         }
         Ok(ExpertLayout {
             model_type: model_type.into(),
             num_experts,
             num_layers,
-            moe_layers: (0..num_layers)
-                .filter(|&l| l >= first_dense && l % freq == 0)
-                .collect(),
+            moe_layers: (0..num_layers).collect(),
             block: "mlp".into(),
-            router: "gate".into(),
-            groups: (n_group > 1).then_some(ExpertGroups {
-                n_group,
-                topk_group,
-            }),
+            router: "router".into(),
+            groups: None,
         })
     }
 
