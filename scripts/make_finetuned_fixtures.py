@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_model_fixtures as base  # noqa: E402  (the tokenizer, prompt, hooks and writers)
-from transformers import (DeepseekV3ForCausalLM, Glm4MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM,  # noqa: E402
+from transformers import (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM,  # noqa: E402
                           Qwen3MoeForCausalLM)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +47,8 @@ RUNS = {
     "glm4_moe": (Glm4MoeForCausalLM, ["--devices", "4", "--mode", "two-level", "--devices-per-node", "2"]),
     # Latent attention trained too (--train all), on 2 ranks, standard dispatch.
     "deepseek_v3": (DeepseekV3ForCausalLM, ["--train", "all", "--devices", "2", "--mode", "standard"]),
+    # Softmax routing with groups kept by their best expert, on 4 ranks, occult dispatch.
+    "deepseek_v2": (DeepseekV2ForCausalLM, ["--devices", "4", "--mode", "occult"]),
 }
 
 
