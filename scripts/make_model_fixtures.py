@@ -297,14 +297,24 @@ def logits_of(model, ids):
 
 
 def router_hooks(model, top_k, record):
-    """Record, for every token seen by every router, the gap between its k-th and (k+1)-th probability."""
+    """Record, for every token seen by every router, the gap between its k-th and (k+1)-th
+    probability (gpt-oss: logit, see below)."""
     layers = model.model.layers
     handles = []
     for layer in layers:
         gate = getattr(layer.mlp, "gate", None)
+        if gate is None:  # gpt-oss names its router `mlp.router`
+            gate = getattr(layer.mlp, "router", None)
         if gate is None:
             continue
-        def hook(mod, inputs, _out):
+        def hook(mod, inputs, out):
+            if type(mod).__name__ == "GptOssTopKRouter":
+                # gpt-oss takes the top k of the biased logits (out[0] = W h + b, as the model
+                # computed them) and softmaxes those k only: no full softmax exists, the choice
+                # turns on the k-th against the (k+1)-th logit.
+                top = out[0].float().sort(-1, descending=True).values
+                record.append((top[:, top_k - 1] - top[:, top_k]).min().item())
+                return
             h = inputs[0].reshape(-1, mod.weight.shape[1])
             if hasattr(mod, "e_score_correction_bias"):  # DeepSeek-V3's router (GLM-4.5's too)
                 record.append(grouped_sigmoid_gap(mod, h, top_k))

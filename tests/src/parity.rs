@@ -201,6 +201,7 @@ impl Fixture {
         .expect("shapes");
         let w = MoeWeights {
             router: router.as_tensor().clone(),
+            router_bias: None,
             experts,
             shared,
         };
@@ -840,6 +841,7 @@ impl Fixture {
         let t = |i: usize| vars[i].as_tensor().clone();
         let w = MoeWeights {
             router: t(0),
+            router_bias: None,
             experts: SwigluStack::new(t(1), t(2), t(3))?,
             shared: self.w.shared.as_ref().map(|s| SharedExperts {
                 gate_proj: t(4),

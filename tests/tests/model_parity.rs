@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-const ARCHS: [&str; 8] = [
+const ARCHS: [&str; 10] = [
     "olmoe",
     "qwen2_moe",
     "deepseek",
@@ -29,6 +29,8 @@ const ARCHS: [&str; 8] = [
     "glm4_moe",
     "deepseek_v3",
     "deepseek_v2",
+    "gpt_oss",
+    "gpt_oss_mxfp4",
 ];
 
 fn fixture(arch: &str) -> (Checkpoint, Value) {

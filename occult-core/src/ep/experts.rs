@@ -31,6 +31,8 @@ pub fn par_map<I: Sync, T: Send>(
 pub struct MoeWeights {
     /// `[E, H]`, replicated on every rank.
     pub router: Tensor,
+    /// `[E]`, added to the router's logits (gpt-oss).
+    pub router_bias: Option<Tensor>,
     pub experts: SwigluStack,
     pub shared: Option<SharedExperts>,
 }
@@ -184,9 +186,22 @@ impl SwigluStack {
         let xs = Tensor::cat(&[&xs, &zero], 0)?
             .index_select(&Tensor::from_vec(row_at, n * cap, dev)?, 0)?
             .reshape((n, cap, hidden))?;
-        let gate = xs.matmul(&self.gate.transpose(1, 2)?)?.silu()?;
-        let up = xs.matmul(&self.up.transpose(1, 2)?)?;
-        let y = (gate * up)?.matmul(&self.down.transpose(1, 2)?)?;
+        // Biases `[n, X]` are added to every padded row of their expert.
+        let add = |y: Tensor, b: Option<&Tensor>| -> Result<Tensor> {
+            Ok(match b {
+                Some(b) => y.broadcast_add(&b.to_dtype(y.dtype())?.unsqueeze(1)?)?,
+                None => y,
+            })
+        };
+        let b = self.bias.as_ref();
+        let gate = add(xs.matmul(&self.gate.transpose(1, 2)?)?, b.map(|b| &b.gate))?;
+        let up = add(xs.matmul(&self.up.transpose(1, 2)?)?, b.map(|b| &b.up))?;
+        let y = add(
+            self.act
+                .apply(&gate, &up)?
+                .matmul(&self.down.transpose(1, 2)?)?,
+            b.map(|b| &b.down),
+        )?;
         let pair_at = Tensor::from_vec(pair_at, plan.pairs(), dev)?;
         let y = y.reshape((n * cap, hidden))?.index_select(&pair_at, 0)?;
         Ok(y.to_dtype(sum_dtype(g.xs_all.dtype()))?)

@@ -5,8 +5,9 @@
 //! and two element-wise ops, concatenates every expert's outputs and pre-reduces them
 //! ([`crate::ep::pre_reduce`]): about ten tensors per expert, most of them large and fresh.
 //! Here each expert's rows are gathered into a reused buffer, the projections run on the same
-//! kernels ([`linear_rows`]: the same kernel for the same rows, so the same bits), `silu(g) * u`
-//! is formed in place a vector at a time ([`silu_mul`]: its `exp` is within a few ulp of libm's, the only departure from the tensor
+//! kernels ([`linear_rows`]: the same kernel for the same rows, so the same bits), biases are
+//! added where the experts have them (gpt-oss), `silu(g) * u` (or gpt-oss's clamped form,
+//! [`super::swiglu::Activation::apply_in_place`]) is formed in place a vector at a time ([`crate::kernels::vmath::silu_mul`]: its `exp` is within a few ulp of libm's, the only departure from the tensor
 //! path), and the down projection writes straight into one buffer of every pair's output. One
 //! parallel pass then weights and sums each row's pairs in the order the tensor path adds them
 //! (by expert, from zero) and rounds once to the output dtype (bf16 with `vcvtneps2bf16` on
@@ -19,7 +20,7 @@
 
 use super::swiglu::SwigluStack;
 use crate::kernels::scratch::{give, take};
-use crate::kernels::vmath::{silu_mul, Stored};
+use crate::kernels::vmath::Stored;
 use crate::kernels::{linear_rows, operand_of, Operand};
 use crate::{bail, Result};
 use candle::{DType, Device, Tensor};
@@ -80,9 +81,7 @@ pub fn grouped_sum(
 ) -> Result<Option<Tensor>> {
     let on_graph = xs.track_op()
         || weights.is_some_and(|w| w.track_op())
-        || [&stack.gate, &stack.up, &stack.down]
-            .iter()
-            .any(|t| t.track_op());
+        || stack.tensors().iter().any(|(_, t)| t.track_op());
     let cpu = |t: &Tensor| matches!(t.device(), Device::Cpu);
     if on_graph
         || !cpu(xs)
@@ -115,6 +114,28 @@ pub fn grouped_sum(
     );
     let (Some(Operand::F32(x)), Some(gate), Some(up), Some(down)) = elems else {
         return Ok(None);
+    };
+    // Biases in f32, `[n, I]`, `[n, I]`, `[n, H]` (small: read once per call).
+    let biases = match &stack.bias {
+        Some(b) => Some([
+            b.gate
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?,
+            b.up.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+            b.down
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?,
+        ]),
+        None => None,
+    };
+    let add_bias = |ys: &mut [f32], bias: &[f32], slot: usize| {
+        let width = bias.len() / experts;
+        let b = &bias[slot * width..(slot + 1) * width];
+        for row in ys.chunks_exact_mut(width) {
+            row.iter_mut().zip(b).for_each(|(y, &b)| *y += b);
+        }
     };
     let flat_weights = match wg.as_ref().map(|(g, l)| operand_of(g, l)) {
         Some(Some(Operand::F32(w))) => Some(w),
@@ -190,7 +211,11 @@ pub fn grouped_sum(
                 (n, inter, hidden),
             );
             if ok {
-                silu_mul(&mut gb, &ub);
+                if let Some([bg, bu, _]) = &biases {
+                    add_bias(&mut gb, bg, g.slot);
+                    add_bias(&mut ub, bu, g.slot);
+                }
+                stack.act.apply_in_place(&mut gb, &ub);
             }
             let ok = ok
                 && linear_rows(
@@ -199,6 +224,9 @@ pub fn grouped_sum(
                     y,
                     (n, hidden, inter),
                 );
+            if let (true, Some([_, _, bd])) = (ok, &biases) {
+                add_bias(y, bd, g.slot);
+            }
             give(xe);
             give(gb);
             give(ub);
@@ -263,11 +291,17 @@ pub fn grouped_sum(
 mod tests {
     use super::*;
     use crate::ep::dispatch::ComputePlan;
+    use crate::ep::swiglu::{Activation, ExpertBiases};
     use candle::Var;
 
     /// Rows, weights and a plan with every case: experts with several rows, one row, none;
     /// rows named by several experts and by none.
-    fn setup(dtype: DType) -> (SwigluStack, Tensor, Tensor, Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    /// With `gpt_oss`, biases and the clamped activation, its limit low enough that both
+    /// clamps bite.
+    fn setup(
+        dtype: DType,
+        gpt_oss: bool,
+    ) -> (SwigluStack, Tensor, Tensor, Vec<Vec<u32>>, Vec<Vec<u32>>) {
         let dev = Device::Cpu;
         let (e, i, h, rows) = (5, 48, 40, 9);
         let w = |shape: (usize, usize, usize)| {
@@ -276,7 +310,20 @@ mod tests {
                 .to_dtype(dtype)
                 .unwrap()
         };
-        let stack = SwigluStack::new(w((e, i, h)), w((e, i, h)), w((e, h, i))).unwrap();
+        let mut stack = SwigluStack::new(w((e, i, h)), w((e, i, h)), w((e, h, i))).unwrap();
+        if gpt_oss {
+            let b = |n: usize| Tensor::randn(0f32, 0.5, (e, n), &dev).unwrap();
+            let bias = ExpertBiases {
+                gate: b(i),
+                up: b(i),
+                down: b(h),
+            };
+            let act = Activation::ClampedSwiglu {
+                alpha: 1.702,
+                limit: 1.0,
+            };
+            stack = stack.with_form(act, Some(bias)).unwrap();
+        }
         let xs = Tensor::randn(0f32, 1.0, (rows, h), &dev).unwrap();
         let weights = Tensor::rand(0f32, 1.0, 30, &dev).unwrap();
         // Expert 2 has no rows; row 8 is in no group.
@@ -309,7 +356,10 @@ mod tests {
         out: DType,
     ) -> Tensor {
         let var = |t: &Tensor| Var::from_tensor(t).unwrap().as_tensor().clone();
-        let tracked = SwigluStack::new(var(&stack.gate), var(&stack.up), var(&stack.down)).unwrap();
+        let tracked = SwigluStack::new(var(&stack.gate), var(&stack.up), var(&stack.down))
+            .unwrap()
+            .with_form(stack.act, stack.bias.clone())
+            .unwrap();
         assert!(grouped_sum(&tracked, xs, weights, groups, out)
             .unwrap()
             .is_none());
@@ -346,12 +396,14 @@ mod tests {
             return;
         }
         eprintln!("inference path at {level}");
-        for (wdt, out) in [
-            (DType::F32, DType::F32),
-            (DType::BF16, DType::BF16),
-            (DType::BF16, DType::F32),
+        for (wdt, out, gpt_oss) in [
+            (DType::F32, DType::F32, false),
+            (DType::BF16, DType::BF16, false),
+            (DType::BF16, DType::F32, false),
+            (DType::F32, DType::F32, true),
+            (DType::BF16, DType::F32, true),
         ] {
-            let (stack, xs, weights, rows_of, weight_at) = setup(wdt);
+            let (stack, xs, weights, rows_of, weight_at) = setup(wdt, gpt_oss);
             for weighted in [true, false] {
                 let groups: Vec<Group> = (0..stack.len())
                     .map(|slot| Group {
@@ -382,7 +434,8 @@ mod tests {
                     for (c, (a, b)) in fr.iter().zip(tr).enumerate() {
                         assert!(
                             (a - b).abs() <= tol,
-                            "{wdt:?}/{out:?} weighted {weighted}: [{r}, {c}] {a} vs {b}"
+                            "{wdt:?}/{out:?} gpt-oss {gpt_oss} weighted {weighted}: [{r}, {c}] \
+                             {a} vs {b}"
                         );
                     }
                 }
@@ -396,7 +449,7 @@ mod tests {
 
     #[test]
     fn indices_out_of_range_are_errors() {
-        let (stack, xs, weights, _, _) = setup(DType::F32);
+        let (stack, xs, weights, _, _) = setup(DType::F32, false);
         let bad_row = [Group {
             slot: 0,
             rows: &[9],

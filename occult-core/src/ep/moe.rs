@@ -29,7 +29,7 @@ use super::comm::{all_to_all_v, Communicator};
 use super::dispatch::{ComputePlan, ExpertLocations, NodePlan, SendPlan};
 use super::exchange::exchange_rows;
 use super::experts::MoeWeights;
-use super::router::{route, PruneSpec, Routed};
+use super::router::{route_biased, PruneSpec, Routed};
 use crate::analysis::collab::total_devices;
 use crate::analysis::cost::cluster::Cluster;
 use crate::analysis::placement::devices_and_nodes;
@@ -287,6 +287,7 @@ impl EpMoe {
         let locations = settings.locations(comm.size());
         let weights = MoeWeights {
             router: full.router.clone(),
+            router_bias: full.router_bias.clone(),
             experts: full.experts.select(&locations.experts_of[comm.rank()])?,
             shared: full.shared.clone(),
         };
@@ -320,6 +321,15 @@ impl EpMoe {
                 weights.router.dims(),
                 rule.num_experts,
             );
+        }
+        if let Some(b) = &weights.router_bias {
+            if b.dims() != [rule.num_experts] {
+                bail!(
+                    "router bias has shape {:?}, expected [{}]",
+                    b.dims(),
+                    rule.num_experts
+                );
+            }
         }
         match settings.devices_per_node {
             Some(g) if g == 0 || g > ranks => bail!(
@@ -435,7 +445,14 @@ impl EpMoe {
             .as_ref()
             .map(|p| p.pruner(&s.rule, &self.locations.rank_of, self.locations.num_ranks))
             .transpose()?;
-        route(x, &self.weights.router, &s.rule, pruner.as_ref())
+        let w = &self.weights;
+        route_biased(
+            x,
+            &w.router,
+            w.router_bias.as_ref(),
+            &s.rule,
+            pruner.as_ref(),
+        )
     }
 
     /// Plan: which rows go to which rank, carrying which slots. Counts the traffic.

@@ -7,7 +7,7 @@
 
 use super::experts::{par_map, MoeWeights};
 use super::experts_infer::{grouped_sum, Group};
-use super::router::{route, PruneSpec, Routed};
+use super::router::{route_biased, PruneSpec, Routed};
 use super::swiglu::sum_dtype;
 use crate::analysis::routing::RouterRule;
 use crate::Result;
@@ -34,7 +34,7 @@ pub fn reference_forward_routed(
     let pruner = prune
         .map(|(spec, map, devices)| spec.pruner(rule, map, devices))
         .transpose()?;
-    let routed = route(x, &w.router, rule, pruner.as_ref())?;
+    let routed = route_biased(x, &w.router, w.router_bias.as_ref(), rule, pruner.as_ref())?;
     let (tokens, hidden) = x.dims2()?;
     let k = rule.top_k;
     // Rows, gate weights and the sum in the sum dtype (f32 for bf16), rounded once, as the EP

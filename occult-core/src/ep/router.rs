@@ -56,7 +56,23 @@ pub fn route(
     rule: &RouterRule,
     pruner: Option<&Pruner>,
 ) -> Result<Routed> {
+    route_biased(x, router, None, rule, pruner)
+}
+
+/// [`route`] with the router's logit bias `[E]` (gpt-oss's `mlp.router.bias`), added to the
+/// logits: it moves both the choice and the weights, unlike a selection bias.
+pub fn route_biased(
+    x: &Tensor,
+    router: &Tensor,
+    bias: Option<&Tensor>,
+    rule: &RouterRule,
+    pruner: Option<&Pruner>,
+) -> Result<Routed> {
     let logits = crate::kernels::linear(x, router)?;
+    let logits = match bias {
+        Some(b) => logits.broadcast_add(&b.to_dtype(logits.dtype())?)?,
+        None => logits,
+    };
     let tokens = logits.dims2()?.0;
     let k = rule.top_k;
     if tokens == 0 {

@@ -1,8 +1,9 @@
 //! SwiGLU MLPs, the compute of every expert: one MLP on rows ([`swiglu`], and [`swiglu_wide`],
 //! which keeps the result in the dtype expert sums are kept in), experts stored stacked
-//! ([`SwigluStack`]: `[n, I, H]` gate and up, `[n, H, I]` down) and shared experts
-//! ([`SharedExperts`]). Every op here is differentiable in candle; the grouped compute of a
-//! stack over received rows is [`super::experts`]'s.
+//! ([`SwigluStack`]: `[n, I, H]` gate and up, `[n, H, I]` down, with gpt-oss's biases and
+//! clamped activation where the model has them: [`ExpertBiases`], [`Activation`]) and shared
+//! experts ([`SharedExperts`]). Every op here is differentiable in candle; the grouped compute
+//! of a stack over received rows is [`super::experts`]'s.
 
 use crate::kernels::linear;
 use crate::{bail, Result};
@@ -33,16 +34,89 @@ pub fn sum_dtype(dtype: DType) -> DType {
 /// twice). On a GPU the projections run on bf16 tensor cores (f32 accumulation, one rounding
 /// per product, as in transformers and Megatron-Core), and only the result is widened.
 pub fn swiglu_wide(x: &Tensor, gate: &Tensor, up: &Tensor, down: &Tensor) -> Result<Tensor> {
+    glu_wide(x, [gate, up, down], None, Activation::Silu)
+}
+
+/// The gated MLP of every expert, in [`sum_dtype`]: `down(act(gate(x) + bg, up(x) + bu)) + bd`
+/// with `weights` `[gate, up, down]` and, if given, `biases` `[bg, bu, bd]` (`[I]`, `[I]`,
+/// `[H]`). See [`swiglu_wide`] for the dtypes.
+pub fn glu_wide(
+    x: &Tensor,
+    weights: [&Tensor; 3],
+    biases: Option<[Tensor; 3]>,
+    act: Activation,
+) -> Result<Tensor> {
+    let [gate, up, down] = weights;
     let wide = sum_dtype(x.dtype());
     let x = if wide != x.dtype() && gate.dtype() == DType::BF16 && x.device().is_cpu() {
         x.to_dtype(wide)?
     } else {
         x.clone()
     };
-    let g = linear(&x, gate)?.silu()?;
-    let u = linear(&x, up)?;
-    let y = linear(&(g * u)?, down)?;
+    let add = |y: Tensor, b: Option<&Tensor>| -> Result<Tensor> {
+        Ok(match b {
+            Some(b) => y.broadcast_add(&b.to_dtype(y.dtype())?)?,
+            None => y,
+        })
+    };
+    let [bg, bu, bd] = match &biases {
+        Some([g, u, d]) => [Some(g), Some(u), Some(d)],
+        None => [None; 3],
+    };
+    let g = add(linear(&x, gate)?, bg)?;
+    let u = add(linear(&x, up)?, bu)?;
+    let y = add(linear(&act.apply(&g, &u)?, down)?, bd)?;
     Ok(y.to_dtype(wide)?)
+}
+
+/// The gated activation between an expert's projections.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    /// `silu(g) * u`.
+    Silu,
+    /// gpt-oss's: `g' = min(g, limit)`, `u' = clamp(u, -limit, limit)`, then
+    /// `g' * sigmoid(alpha * g') * (u' + 1)` (`swiglu_alpha` 1.702, `swiglu_limit` 7).
+    ClampedSwiglu { alpha: f32, limit: f32 },
+}
+
+impl Activation {
+    /// The activation of gate and up projections `g`, `u` (same shape), differentiable.
+    pub fn apply(self, g: &Tensor, u: &Tensor) -> Result<Tensor> {
+        match self {
+            Activation::Silu => Ok((g.silu()? * u)?),
+            Activation::ClampedSwiglu { alpha, limit } => {
+                let limit = limit as f64;
+                let g = g.minimum(limit)?;
+                let u = u.clamp(-limit, limit)?;
+                let glu = (&g * sigmoid(&g.affine(alpha as f64, 0.0)?)?)?;
+                Ok(((u + 1.0)? * glu)?)
+            }
+        }
+    }
+
+    /// [`Activation::apply`] on slices, in place into `g`: the same steps in the same order.
+    pub fn apply_in_place(self, g: &mut [f32], u: &[f32]) {
+        match self {
+            Activation::Silu => crate::kernels::vmath::silu_mul(g, u),
+            Activation::ClampedSwiglu { alpha, limit } => {
+                for (g, &u) in g.iter_mut().zip(u) {
+                    let gc = g.min(limit);
+                    let uc = u.max(-limit).min(limit);
+                    let s = 1.0 / ((-(gc * alpha)).exp() + 1.0);
+                    *g = (uc + 1.0) * (gc * s);
+                }
+            }
+        }
+    }
+}
+
+/// The biases of stacked experts (gpt-oss): `[n, I]` on the gate and up projections, `[n, H]`
+/// on the down projection.
+#[derive(Clone, Debug)]
+pub struct ExpertBiases {
+    pub gate: Tensor,
+    pub up: Tensor,
+    pub down: Tensor,
 }
 
 /// `sigmoid(z)` from differentiable primitives.
@@ -56,10 +130,14 @@ pub struct SwigluStack {
     pub gate: Tensor,
     pub up: Tensor,
     pub down: Tensor,
+    /// gpt-oss's projection biases.
+    pub bias: Option<ExpertBiases>,
+    pub act: Activation,
 }
 
 impl SwigluStack {
-    /// Checks shapes: gate and up `[n, I, H]`, down `[n, H, I]`.
+    /// Checks shapes: gate and up `[n, I, H]`, down `[n, H, I]`. SiLU, no biases; see
+    /// [`SwigluStack::with_form`].
     pub fn new(gate: Tensor, up: Tensor, down: Tensor) -> Result<Self> {
         let (n, i, h) = gate.dims3()?;
         if up.dims() != [n, i, h] {
@@ -74,7 +152,57 @@ impl SwigluStack {
                 down.dims()
             );
         }
-        Ok(SwigluStack { gate, up, down })
+        Ok(SwigluStack {
+            gate,
+            up,
+            down,
+            bias: None,
+            act: Activation::Silu,
+        })
+    }
+
+    /// The stack with activation `act` and projection biases `bias` (shapes checked).
+    pub fn with_form(mut self, act: Activation, bias: Option<ExpertBiases>) -> Result<Self> {
+        let (n, i, h) = self.gate.dims3()?;
+        if let Some(b) = &bias {
+            for (name, t, want) in [
+                ("gate", &b.gate, [n, i]),
+                ("up", &b.up, [n, i]),
+                ("down", &b.down, [n, h]),
+            ] {
+                if t.dims() != want {
+                    bail!(
+                        "expert {name} biases have shape {:?}, expected {want:?}",
+                        t.dims()
+                    );
+                }
+            }
+        }
+        self.act = act;
+        self.bias = bias;
+        Ok(self)
+    }
+
+    /// Expert `x`'s biases (gate, up, down), if the stack has them.
+    pub fn biases_of(&self, x: usize) -> Result<Option<[Tensor; 3]>> {
+        self.bias
+            .as_ref()
+            .map(|b| Ok([b.gate.get(x)?, b.up.get(x)?, b.down.get(x)?]))
+            .transpose()
+    }
+
+    /// Every tensor of the stack, named: `gate`, `up`, `down` and, with biases, `gate_bias`,
+    /// `up_bias`, `down_bias`.
+    pub fn tensors(&self) -> Vec<(&'static str, &Tensor)> {
+        let mut out = vec![("gate", &self.gate), ("up", &self.up), ("down", &self.down)];
+        if let Some(b) = &self.bias {
+            out.extend([
+                ("gate_bias", &b.gate),
+                ("up_bias", &b.up),
+                ("down_bias", &b.down),
+            ]);
+        }
+        out
     }
 
     pub fn len(&self) -> usize {
@@ -96,20 +224,32 @@ impl SwigluStack {
     /// The experts `ids`, in that order (how a rank takes its experts from the full set).
     pub fn select(&self, ids: &[u32]) -> Result<Self> {
         let idx = Tensor::from_slice(ids, ids.len(), self.gate.device())?;
+        let bias = self
+            .bias
+            .as_ref()
+            .map(|b| -> Result<ExpertBiases> {
+                Ok(ExpertBiases {
+                    gate: b.gate.index_select(&idx, 0)?,
+                    up: b.up.index_select(&idx, 0)?,
+                    down: b.down.index_select(&idx, 0)?,
+                })
+            })
+            .transpose()?;
         SwigluStack::new(
             self.gate.index_select(&idx, 0)?,
             self.up.index_select(&idx, 0)?,
             self.down.index_select(&idx, 0)?,
-        )
+        )?
+        .with_form(self.act, bias)
     }
 
     /// Expert `x` applied to rows `[n, H]`, in [`sum_dtype`] of the rows' dtype.
     pub fn expert(&self, x: usize, rows: &Tensor) -> Result<Tensor> {
-        swiglu_wide(
+        glu_wide(
             rows,
-            &self.gate.get(x)?,
-            &self.up.get(x)?,
-            &self.down.get(x)?,
+            [&self.gate.get(x)?, &self.up.get(x)?, &self.down.get(x)?],
+            self.biases_of(x)?,
+            self.act,
         )
     }
 }

@@ -3,8 +3,9 @@
 //! ([`super::attention_latent::LatentAttention`]), both through one core ([`attend`]) with a
 //! key/value cache for incremental decoding. Grouped attention has optional q/k/v biases, q/k
 //! RMSNorm over the whole projection (OLMoE) or per head (Qwen3, GLM-4.5), optional q/k/v
-//! clipping (OLMoE), rotate-half RoPE (on all of each head or its first features) and an
-//! optional sliding window.
+//! clipping (OLMoE), rotate-half RoPE (on all of each head or its first features), an
+//! optional sliding window (on every layer, or on those `layer_types` marks) and gpt-oss's
+//! output bias and attention sinks.
 
 use super::attention_infer;
 use super::attention_latent::LatentAttention;
@@ -63,6 +64,10 @@ pub struct GroupedAttention {
     pub k: Tensor,
     pub v: Tensor,
     pub o: Tensor,
+    /// gpt-oss's `o_proj.bias`.
+    pub o_bias: Option<Tensor>,
+    /// gpt-oss's per-head sink logits `[num_heads]`.
+    pub sinks: Option<Tensor>,
     pub q_bias: Option<Tensor>,
     pub k_bias: Option<Tensor>,
     pub v_bias: Option<Tensor>,
@@ -127,6 +132,16 @@ impl GroupedAttention {
             k: w.get(&format!("{p}.k_proj.weight"), &[nkv * hd, h])?,
             v: w.get(&format!("{p}.v_proj.weight"), &[nkv * hd, h])?,
             o: w.get(&format!("{p}.o_proj.weight"), &[h, nh * hd])?,
+            o_bias: if cfg.attention.output_bias {
+                Some(w.get(&format!("{p}.o_proj.bias"), &[h])?)
+            } else {
+                None
+            },
+            sinks: if cfg.attention.sinks {
+                Some(w.get(&format!("{p}.sinks"), &[nh])?)
+            } else {
+                None
+            },
             q_bias: bias("q_proj", nh * hd)?,
             k_bias: bias("k_proj", nkv * hd)?,
             v_bias: bias("v_proj", nkv * hd)?,
@@ -138,7 +153,7 @@ impl GroupedAttention {
             qk_norm: cfg.qk_norm,
             clip: cfg.clip_qkv,
             eps: cfg.rms_norm_eps,
-            window: cfg.sliding_window,
+            window: cfg.window(l),
         })
     }
 
@@ -149,6 +164,8 @@ impl GroupedAttention {
             ("q_proj.bias", &self.q_bias),
             ("k_proj.bias", &self.k_bias),
             ("v_proj.bias", &self.v_bias),
+            ("o_proj.bias", &self.o_bias),
+            ("sinks", &self.sinks),
             ("q_norm.weight", &self.q_norm),
             ("k_norm.weight", &self.k_norm),
         ];
@@ -205,8 +222,18 @@ impl GroupedAttention {
         let k = rope.apply_normed(&k.transpose(1, 2)?, offset, fused, kn)?;
         let v = v.transpose(1, 2)?.contiguous()?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let y = attend(q, k, v, cache, offset, self.window, scale, fused)?;
-        linear(&y, &self.o, None)
+        let y = attend(
+            q,
+            k,
+            v,
+            cache,
+            offset,
+            self.window,
+            scale,
+            self.sinks.as_ref(),
+            fused,
+        )?;
+        linear(&y, &self.o, self.o_bias.as_ref())
     }
 }
 
@@ -226,8 +253,9 @@ pub fn first_position(cache: Option<&LayerCache>, t: usize, rope: &Rope) -> Resu
 
 /// Causal attention's core: queries `q` `[B, nh, T, hd]` at positions `offset..offset + T`,
 /// this step's keys and values `[B, nkv, T, hd]` (appended to `cache` if given, which then
-/// holds the earlier ones), scores scaled by `scale`, keys further back than `window` unseen.
-/// Returns `[B, T, nh * hd]`.
+/// holds the earlier ones), scores scaled by `scale`, keys further back than `window` unseen;
+/// with `sinks` (`[nh]`, gpt-oss), each head's sink logit joins its softmax and takes its
+/// share of the probability to nowhere. Returns `[B, T, nh * hd]`.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     q: Tensor,
@@ -237,6 +265,7 @@ pub fn attend(
     offset: usize,
     window: Option<usize>,
     scale: f64,
+    sinks: Option<&Tensor>,
     fused: bool,
 ) -> Result<Tensor> {
     let (b, nh, t, hd) = q.dims4()?;
@@ -261,7 +290,26 @@ pub fn attend(
     let g = nh / nkv;
     let s = k.dim(2)?;
     let q = q.contiguous()?.reshape((b, nkv, g * t, hd))?;
-    let y = match attention_infer::core(&q, &k, &v, t, offset, window, scale)? {
+    if let Some(sk) = sinks {
+        if sk.dims() != [nh] {
+            bail!(
+                "attention sinks have shape {:?}, expected [{nh}]",
+                sk.dims()
+            );
+        }
+    }
+    let sinks_f32 = sinks.map(|sk| sk.to_dtype(DType::F32)).transpose()?;
+    // The inference path takes the sinks as values; none there while they train.
+    let sink_values = match &sinks_f32 {
+        Some(sk) if !sk.track_op() => Some(sk.to_vec1::<f32>()?),
+        Some(_) => None,
+        None => None,
+    };
+    let infer = match (&sinks_f32, &sink_values) {
+        (Some(_), None) => None,
+        _ => attention_infer::core(&q, &k, &v, t, offset, window, scale, sink_values.as_deref())?,
+    };
+    let y = match infer {
         Some(y) => y,
         None => {
             let mask = causal_mask(t, offset, window, DType::F32, q.device())?;
@@ -280,7 +328,17 @@ pub fn attend(
                 let scores =
                     (linear(&q3.get(i)?, &k3.get(i)?, None)?.to_dtype(DType::F32)? * scale)?;
                 let scores = scores.reshape((g, t, s))?.broadcast_add(&mask)?;
-                let probs = softmax_f32(&scores, fused)?.to_dtype(v.dtype())?;
+                let probs = match &sinks_f32 {
+                    // The g query heads of key/value head i % nkv, each with its sink as one
+                    // more column, dropped after the softmax.
+                    Some(sk) => {
+                        let sk = sk.narrow(0, (i % nkv) * g, g)?.reshape((g, 1, 1))?;
+                        let with = Tensor::cat(&[&scores, &sk.broadcast_as((g, t, 1))?], 2)?;
+                        softmax_f32(&with, false)?.narrow(2, 0, s)?
+                    }
+                    None => softmax_f32(&scores, fused)?,
+                };
+                let probs = probs.to_dtype(v.dtype())?;
                 linear(&probs.reshape((g * t, s))?, &vt3.get(i)?, None)
             })?;
             Tensor::stack(&ys, 0)?.reshape((b, nkv, g * t, hd))?

@@ -46,11 +46,30 @@ impl Dims {
     }
 }
 
-/// `softmax(scale * scores + mask)` of one row in place: `seen` visible, the rest 0.
-fn softmax_row(row: &mut [f32], seen: Range<usize>, scale: f32) {
+/// `softmax(scale * scores + mask)` of one row in place: `seen` visible, the rest 0; with a
+/// `sink` logit (gpt-oss), the softmax over the visible scores and the sink, the sink's share
+/// dropped (the tensor path's steps: max, `exp(x - max)`, sum, divide).
+fn softmax_row(row: &mut [f32], seen: Range<usize>, scale: f32, sink: Option<f32>) {
     row[..seen.start].fill(0.0);
     row[seen.end..].fill(0.0);
-    scaled_softmax(&mut row[seen], scale);
+    let Some(sink) = sink else {
+        return scaled_softmax(&mut row[seen], scale);
+    };
+    let xs = &mut row[seen];
+    let mut max = sink;
+    for x in xs.iter_mut() {
+        *x *= scale;
+        max = max.max(*x);
+    }
+    let mut sum = 0f32;
+    for x in xs.iter_mut() {
+        *x = (*x - max).exp();
+        sum += *x;
+    }
+    sum += (sink - max).exp();
+    for x in xs.iter_mut() {
+        *x /= sum;
+    }
 }
 
 /// `dst` `[cols, rows]` = `src` `[rows, cols]` transposed, in blocks of 16 rows (each column of
@@ -67,15 +86,23 @@ fn transpose<E: Copy>(src: &[E], dst: &mut [E], rows: usize, cols: usize) {
     }
 }
 
-/// One key/value head: `q` `[rows, hd]`, `k` and `v` `[s, hd]`, into `out` `[rows, hd]`.
-/// Returns false where the kernels do not take the operands.
-fn head<E: Stored>(q: &[E], k: &[E], v: &[E], out: &mut [E], d: &Dims) -> bool {
+/// One key/value head: `q` `[rows, hd]`, `k` and `v` `[s, hd]`, into `out` `[rows, hd]`;
+/// `sinks`: the sink logits of its g query heads. Returns false where the kernels do not take
+/// the operands.
+fn head<E: Stored>(
+    q: &[E],
+    k: &[E],
+    v: &[E],
+    out: &mut [E],
+    d: &Dims,
+    sinks: Option<&[f32]>,
+) -> bool {
     let (rows, s, hd) = (d.rows, d.s, d.hd);
     let mut scores = take(rows * s);
     let mut ok = linear_rows(E::operand(q), E::operand(k), &mut scores, (rows, s, hd));
     if ok {
         for (r, row) in scores.chunks_exact_mut(s).enumerate() {
-            softmax_row(row, d.visible(r), d.scale);
+            softmax_row(row, d.visible(r), d.scale, sinks.map(|sk| sk[r / d.t]));
         }
         // Probabilities in the values' dtype, and the values transposed (`[hd, s]`: the
         // kernels take the second operand as rows of the reduced dimension).
@@ -94,9 +121,17 @@ fn head<E: Stored>(q: &[E], k: &[E], v: &[E], out: &mut [E], d: &Dims) -> bool {
     ok
 }
 
-/// Every head of `q`, `k`, `v` (slices of `heads` heads each), into a new vector, or `None`.
-fn all_heads<E: Stored>(q: &[E], k: &[E], v: &[E], d: &Dims) -> Option<Vec<E>> {
+/// Every head of `q`, `k`, `v` (slices of `heads` heads each), into a new vector, or `None`;
+/// `sinks`: every query head's sink logit, `nkv` key/value heads' worth.
+fn all_heads<E: Stored>(
+    q: &[E],
+    k: &[E],
+    v: &[E],
+    d: &Dims,
+    sinks: Option<&[f32]>,
+) -> Option<Vec<E>> {
     let (qn, kn, on) = (d.rows * d.hd, d.s * d.hd, d.rows * d.hd);
+    let g = d.rows / d.t;
     let mut out = vec![E::default(); d.heads * on];
     let ok = out
         .par_chunks_mut(on)
@@ -108,6 +143,10 @@ fn all_heads<E: Stored>(q: &[E], k: &[E], v: &[E], d: &Dims) -> Option<Vec<E>> {
                 &v[i * kn..(i + 1) * kn],
                 o,
                 d,
+                sinks.map(|sk| {
+                    let nkv = sk.len() / g;
+                    &sk[(i % nkv) * g..(i % nkv + 1) * g]
+                }),
             )
         })
         .collect::<Vec<bool>>();
@@ -117,8 +156,10 @@ fn all_heads<E: Stored>(q: &[E], k: &[E], v: &[E], d: &Dims) -> Option<Vec<E>> {
 /// Attention's core at inference: queries `q` `[B, nkv, g * t, hd]` (each key/value head's g
 /// query heads stacked), keys and values `[B, nkv, S, hd]`, one dtype; the queries at
 /// positions `offset..offset + t` (`S = offset + t`), `window` as in the causal mask, scores
-/// scaled by `scale`. Returns `[B, nkv, g * t, hd]` in the operands' dtype, or `None` where
-/// this path does not apply (see the module doc).
+/// scaled by `scale`, `sinks` every query head's sink logit (`[nkv * g]`, gpt-oss). Returns
+/// `[B, nkv, g * t, hd]` in the operands' dtype, or `None` where this path does not apply (see
+/// the module doc).
+#[allow(clippy::too_many_arguments)]
 pub fn core(
     q: &Tensor,
     k: &Tensor,
@@ -127,6 +168,7 @@ pub fn core(
     offset: usize,
     window: Option<usize>,
     scale: f64,
+    sinks: Option<&[f32]>,
 ) -> Result<Option<Tensor>> {
     let dtype = q.dtype();
     let applies = [q, k, v]
@@ -139,6 +181,9 @@ pub fn core(
     let (b, nkv, rows, hd) = q.dims4()?;
     let s = k.dim(2)?;
     if t == 0 || rows % t != 0 || k.dims4()? != (b, nkv, s, hd) || v.dims4()? != (b, nkv, s, hd) {
+        return Ok(None);
+    }
+    if sinks.is_some_and(|sk| sk.len() != nkv * (rows / t)) {
         return Ok(None);
     }
     let d = Dims {
@@ -160,10 +205,12 @@ pub fn core(
         operand_of(&vg, vl),
     ) {
         (Some(Operand::F32(q)), Some(Operand::F32(k)), Some(Operand::F32(v))) => {
-            all_heads(q, k, v, &d).map(|o| Tensor::from_vec(o, (b, nkv, rows, hd), &Device::Cpu))
+            all_heads(q, k, v, &d, sinks)
+                .map(|o| Tensor::from_vec(o, (b, nkv, rows, hd), &Device::Cpu))
         }
         (Some(Operand::Bf16(q)), Some(Operand::Bf16(k)), Some(Operand::Bf16(v))) => {
-            all_heads(q, k, v, &d).map(|o| Tensor::from_vec(o, (b, nkv, rows, hd), &Device::Cpu))
+            all_heads(q, k, v, &d, sinks)
+                .map(|o| Tensor::from_vec(o, (b, nkv, rows, hd), &Device::Cpu))
         }
         _ => None,
     };
@@ -176,7 +223,13 @@ mod tests {
     use crate::test_util::values;
 
     /// Causal attention in f64 from the operands' values: `[heads][rows][hd]`.
-    fn plain(q: &Tensor, k: &Tensor, v: &Tensor, d: &Dims) -> Vec<Vec<Vec<f64>>> {
+    fn plain(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        d: &Dims,
+        sinks: Option<&[f32]>,
+    ) -> Vec<Vec<Vec<f64>>> {
         let (q, k, v) = (values(q), values(k), values(v));
         (0..d.heads)
             .map(|h| {
@@ -195,8 +248,21 @@ mod tests {
                                 qr.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() * d.scale as f64
                             })
                             .collect();
-                        let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                        let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                        // The sink of this row's query head joins the softmax's denominator.
+                        let sink = sinks.map(|sk| {
+                            let g = d.rows / d.t;
+                            sk[(h % (sk.len() / g)) * g + r / d.t] as f64
+                        });
+                        let max = scores
+                            .iter()
+                            .cloned()
+                            .chain(sink)
+                            .fold(f64::NEG_INFINITY, f64::max);
+                        let sum: f64 = scores
+                            .iter()
+                            .chain(sink.as_ref())
+                            .map(|s| (s - max).exp())
+                            .sum();
                         (0..d.hd)
                             .map(|c| {
                                 seen.iter()
@@ -225,12 +291,18 @@ mod tests {
         eprintln!("inference path at {level}");
         let dev = Device::Cpu;
         // (batch, kv heads, query heads per kv head, t, offset, hd, window)
-        for (b, nkv, g, t, offset, hd, window) in [
-            (1, 2, 1, 7, 0, 16, None),
-            (2, 1, 3, 5, 4, 8, None),
-            (1, 2, 2, 40, 0, 32, Some(6)),
-            (1, 1, 1, 1, 9, 16, None),
+        // (.., with gpt-oss's sinks)
+        for (b, nkv, g, t, offset, hd, window, sinks) in [
+            (1, 2, 1, 7, 0, 16, None, false),
+            (2, 1, 3, 5, 4, 8, None, false),
+            (1, 2, 2, 40, 0, 32, Some(6), false),
+            (1, 1, 1, 1, 9, 16, None, false),
+            (2, 2, 2, 9, 3, 8, Some(4), true),
+            (1, 2, 3, 1, 6, 8, None, true),
         ] {
+            let sinks: Option<Vec<f32>> =
+                sinks.then(|| (0..nkv * g).map(|i| i as f32 * 0.7 - 1.0).collect());
+            let sinks = sinks.as_deref();
             let s = offset + t;
             for dtype in [DType::F32, DType::BF16] {
                 let r = |shape: (usize, usize, usize, usize)| {
@@ -246,7 +318,7 @@ mod tests {
                 );
                 let scale = 1.0 / (hd as f64).sqrt();
                 let got = values(
-                    &core(&q, &k, &v, t, offset, window, scale)
+                    &core(&q, &k, &v, t, offset, window, scale, sinks)
                         .unwrap()
                         .expect("the inference path applies"),
                 );
@@ -260,7 +332,7 @@ mod tests {
                     window,
                     scale: scale as f32,
                 };
-                let want: Vec<f64> = plain(&q, &k, &v, &d)
+                let want: Vec<f64> = plain(&q, &k, &v, &d, sinks)
                     .into_iter()
                     .flatten()
                     .flatten()
@@ -270,7 +342,8 @@ mod tests {
                 for (i, (&a, &w)) in got.iter().zip(&want).enumerate() {
                     assert!(
                         (a - w).abs() <= tol * w.abs().max(0.5),
-                        "{dtype:?} b{b} nkv{nkv} g{g} t{t} offset{offset} window{window:?} [{i}]: {a} vs {w}"
+                        "{dtype:?} b{b} nkv{nkv} g{g} t{t} offset{offset} window{window:?} \
+                         sinks {sinks:?} [{i}]: {a} vs {w}"
                     );
                 }
             }
@@ -283,7 +356,11 @@ mod tests {
         let q = Tensor::randn(0f32, 1.0, (1, 1, 4, 8), &dev).unwrap();
         let var = candle::Var::from_tensor(&q).unwrap();
         let tracked = var.as_tensor();
-        assert!(core(tracked, &q, &q, 4, 0, None, 0.3).unwrap().is_none());
-        assert!(core(&q, tracked, &q, 4, 0, None, 0.3).unwrap().is_none());
+        assert!(core(tracked, &q, &q, 4, 0, None, 0.3, None)
+            .unwrap()
+            .is_none());
+        assert!(core(&q, tracked, &q, 4, 0, None, 0.3, None)
+            .unwrap()
+            .is_none());
     }
 }

@@ -216,7 +216,7 @@ impl LatentAttention {
             pad(k, qk)?.contiguous()?,
             pad(v, vd)?.contiguous()?,
         );
-        let y = attend(q, k, v, cache, offset, None, self.scale, fused)?;
+        let y = attend(q, k, v, cache, offset, None, self.scale, None, fused)?;
         let y = y
             .reshape((b, t, nh, width))?
             .narrow(3, 0, vd)?

@@ -10,7 +10,8 @@ use crate::{Error, Result};
 use serde_json::Value;
 
 pub use super::config_fields::{
-    AuxForm, AuxLoss, ConfigFields, MlaConfig, MoeConfig, QkNorm, RouterConfig, SharedConfig,
+    AttentionExtras, AuxForm, AuxLoss, ConfigFields, ExpertForm, MlaConfig, MoeConfig, QkNorm,
+    RouterConfig, SharedConfig,
 };
 
 /// One model's configuration.
@@ -53,6 +54,8 @@ pub struct ModelConfig {
     /// Multi-token-prediction layers stored after the decoder's (`num_nextn_predict_layers`,
     /// as `model.layers.{num_layers}...`): not run, their tensors left unread.
     pub mtp_layers: usize,
+    /// Attention sinks, an output bias and per-layer windows (gpt-oss).
+    pub attention: AttentionExtras,
 }
 /// Positions a model covers when its config does not say (`max_position_embeddings`).
 pub const DEFAULT_MAX_POSITIONS: usize = 4096;
@@ -115,7 +118,17 @@ impl ModelConfig {
             partial_rotary_factor,
             router,
             mla,
+            attention,
+            experts,
         } = (family.read_config)(&f, num_layers)?;
+        if let Some(layers) = &attention.sliding_layers {
+            if layers.len() != num_layers {
+                return Err(f.bad(
+                    "layer_types",
+                    &format!("a list of {num_layers} layer types (num_hidden_layers)"),
+                ));
+            }
+        }
         let head_dim = head_dim.unwrap_or(hidden_size / num_heads);
         if head_dim == 0 || head_dim % 2 == 1 {
             return Err(Error::bad_file(
@@ -259,9 +272,11 @@ impl ModelConfig {
                 router,
                 shared,
                 aux_loss,
+                experts,
             },
             moe_layers,
             mla,
+            attention,
             mtp_layers: f.usize_or("num_nextn_predict_layers", 0)?,
         })
     }
@@ -273,6 +288,15 @@ impl ModelConfig {
             .filter(|&l| self.moe_layers[l])
             .map(|l| format!("model.layers.{l}.{}.", self.family.names.block))
             .collect()
+    }
+
+    /// Layer `l`'s sliding window: `sliding_window` on the layers `layer_types` marks sliding
+    /// (every layer when it marks none).
+    pub fn window(&self, l: usize) -> Option<usize> {
+        match &self.attention.sliding_layers {
+            Some(sliding) if !sliding.get(l).copied().unwrap_or(false) => None,
+            _ => self.sliding_window,
+        }
     }
 
     /// The router rule of the model's MoE blocks (the family's).

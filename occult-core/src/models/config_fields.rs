@@ -75,6 +75,9 @@ pub struct RouterConfig {
     /// Each MoE layer's router carries `e_score_correction_bias` `[E]`, added to the scores
     /// for selection only.
     pub selection_bias: bool,
+    /// Each MoE layer's router has a bias `[E]` added to its logits (gpt-oss's
+    /// `mlp.router.bias`): it moves the weights as well as the choice.
+    pub logit_bias: bool,
 }
 
 impl Default for RouterConfig {
@@ -85,6 +88,7 @@ impl Default for RouterConfig {
             group_limit: None,
             scaling_factor: 1.0,
             selection_bias: false,
+            logit_bias: false,
         }
     }
 }
@@ -119,7 +123,43 @@ impl RouterConfig {
             }),
             scaling_factor: scaling_factor as f32,
             selection_bias: true,
+            logit_bias: false,
         })
+    }
+}
+
+/// What some families add to grouped-query attention (gpt-oss: all three).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AttentionExtras {
+    /// Each head's learned sink logit (`self_attn.sinks` `[heads]`): one more entry in the
+    /// softmax's denominator, attending to nothing.
+    pub sinks: bool,
+    /// `o_proj` has a bias too (gpt-oss's `attention_bias` covers all four projections).
+    pub output_bias: bool,
+    /// Which layers use the sliding window (`layer_types`: `sliding_attention` or
+    /// `full_attention`); `None`: every layer, when there is a window.
+    pub sliding_layers: Option<Vec<bool>>,
+}
+
+/// How the routed experts compute: the activation between their projections and whether the
+/// projections have biases (gpt-oss: the clamped SwiGLU, with biases).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ExpertForm {
+    pub activation: crate::ep::swiglu::Activation,
+    pub biases: bool,
+    /// Stored as gpt-oss stores them ([`super::gpt_oss_experts`]): `gate_up_proj` `[E, H, 2I]`
+    /// with gate and up columns alternating, or as MXFP4 blocks and scales.
+    pub interleaved_gate_up: bool,
+}
+
+impl Default for ExpertForm {
+    /// SiLU, no biases.
+    fn default() -> Self {
+        ExpertForm {
+            activation: crate::ep::swiglu::Activation::Silu,
+            biases: false,
+            interleaved_gate_up: false,
+        }
     }
 }
 
@@ -176,6 +216,7 @@ pub struct MoeConfig {
     pub router: RouterConfig,
     pub shared: Option<SharedConfig>,
     pub aux_loss: AuxLoss,
+    pub experts: ExpertForm,
 }
 /// `config.json` being read, with typed accessors whose errors name the file and the field.
 pub struct ConfigFields<'a> {

@@ -89,12 +89,15 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
             group_limit,
             scaling_factor: scaling_factor as f32,
             selection_bias: false,
+            logit_bias: false,
         },
         // V2 always pairs its rotated features.
         mla: Some(super::config_fields::MlaConfig {
             rope_interleave: true,
             ..mla
         }),
+        attention: Default::default(),
+        experts: Default::default(),
     })
 }
 

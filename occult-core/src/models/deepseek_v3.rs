@@ -73,6 +73,8 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         // transformers' DeepseekV3Config defaults: 8 groups keeping 4, scaled by 2.5.
         router: RouterConfig::read_noaux_tc(f, num_experts, (8, 4, 2.5))?,
         mla: Some(mla),
+        attention: Default::default(),
+        experts: Default::default(),
     })
 }
 

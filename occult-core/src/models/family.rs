@@ -7,7 +7,9 @@
 //! [`FAMILIES`].
 
 use super::config::ModelConfig;
-use super::{deepseek, deepseek_v2, deepseek_v3, glm4_moe, mixtral, olmoe, qwen2_moe, qwen3_moe};
+use super::{
+    deepseek, deepseek_v2, deepseek_v3, glm4_moe, gpt_oss, mixtral, olmoe, qwen2_moe, qwen3_moe,
+};
 use crate::{Error, Result};
 use serde_json::Value;
 use std::path::Path;
@@ -18,7 +20,7 @@ pub use super::family_types::{
 };
 
 /// Every supported family, in the order they are listed to users.
-pub const FAMILIES: [&Family; 8] = [
+pub const FAMILIES: [&Family; 9] = [
     &olmoe::FAMILY,
     &qwen2_moe::FAMILY,
     &deepseek::FAMILY,
@@ -27,6 +29,7 @@ pub const FAMILIES: [&Family; 8] = [
     &glm4_moe::FAMILY,
     &deepseek_v3::FAMILY,
     &deepseek_v2::FAMILY,
+    &gpt_oss::FAMILY,
 ];
 
 /// The family whose `model_type` this is (Kimi-K2's `kimi_k2` is DeepSeek-V3's).
@@ -35,18 +38,6 @@ pub fn family(model_type: &str) -> Option<&'static Family> {
         return Some(&deepseek_v3::FAMILY);
     }
     FAMILIES.into_iter().find(|f| f.model_type == model_type)
-}
-
-/// What Occult does for a family it does not run yet (docs/models.md, "The families of 2026").
-pub fn not_run_yet(model_type: &str) -> Option<&'static str> {
-    match model_type {
-        "gpt_oss" => Some(
-            "Occult does not run gpt-oss yet (its MXFP4 experts are dequantized as transformers \
-             does, its attention is not run), but exports it (`occult export checkpoint`, \
-             `occult export sglang`) and places for it from its recorded routing",
-        ),
-        _ => None,
-    }
 }
 
 /// The supported `model_type`s, comma-separated (for messages).
@@ -74,9 +65,8 @@ impl ModelConfig {
             Error::bad_file(
                 origin,
                 format!(
-                    "model_type {model_type:?} is not supported (supported: {}){}",
-                    supported(),
-                    not_run_yet(model_type).map_or(String::new(), |s| format!("; {s}"))
+                    "model_type {model_type:?} is not supported (supported: {})",
+                    supported()
                 ),
             )
         })?;
@@ -90,27 +80,6 @@ mod tests {
     use crate::models::config::{QkNorm, SharedConfig};
     use crate::models::synth::SynthModel;
     use serde_json::json;
-
-    /// A family of 2026 that Occult exports but does not run says what it can do with it.
-    #[test]
-    fn families_not_run_yet_say_what_works() {
-        for (t, says) in [
-            ("gpt_oss", "occult export checkpoint"),
-            ("gpt_oss", "occult export sglang"),
-        ] {
-            let err = ModelConfig::from_json(&json!({ "model_type": t }), "config.json")
-                .unwrap_err()
-                .to_string();
-            assert!(
-                err.contains("is not supported") && err.contains(says),
-                "{err}"
-            );
-        }
-        let err = ModelConfig::from_json(&json!({ "model_type": "llama" }), "config.json")
-            .unwrap_err()
-            .to_string();
-        assert!(!err.contains("does not run"), "{err}");
-    }
 
     #[test]
     fn registry_is_consistent() {

@@ -4,7 +4,8 @@
 //! one in its own file with the types here; the registry ([`super::family`]) lists them.
 
 use super::config_fields::{
-    AuxLoss, ConfigFields, MlaConfig, MoeConfig, QkNorm, RouterConfig, SharedConfig,
+    AttentionExtras, AuxLoss, ConfigFields, ExpertForm, MlaConfig, MoeConfig, QkNorm, RouterConfig,
+    SharedConfig,
 };
 use super::weights::ExpertNames;
 use crate::analysis::routing::RouterRule;
@@ -52,6 +53,10 @@ pub struct FamilyConfig {
     pub router: RouterConfig,
     /// Latent attention (DeepSeek-V3) instead of grouped-query attention.
     pub mla: Option<MlaConfig>,
+    /// Attention sinks, an output bias, per-layer windows (gpt-oss).
+    pub attention: AttentionExtras,
+    /// The experts' activation and biases.
+    pub experts: ExpertForm,
 }
 
 /// One model family.

@@ -93,6 +93,8 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         // transformers' Glm4MoeConfig defaults: one group, no scaling.
         router: RouterConfig::read_noaux_tc(f, num_experts, (1, 1, 1.0))?,
         mla: None,
+        attention: Default::default(),
+        experts: Default::default(),
     })
 }
 

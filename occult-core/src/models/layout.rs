@@ -5,7 +5,8 @@
 use super::config::{MlaConfig, ModelConfig, QkNorm};
 use std::collections::BTreeSet;
 
-/// Every tensor's name and shape in a checkpoint of `cfg`, with experts per expert or fused.
+/// Every tensor's name and shape in a checkpoint of `cfg`, with experts per expert or fused
+/// (gpt-oss's, always fused: unquantized, or with `fused` as MXFP4 blocks and scales).
 pub fn tensors(cfg: &ModelConfig, fused: bool) -> Vec<(String, Vec<usize>)> {
     let (v, h) = (cfg.vocab_size, cfg.hidden_size);
     let names = cfg.family.names;
@@ -45,7 +46,12 @@ pub fn tensors(cfg: &ModelConfig, fused: bool) -> Vec<(String, Vec<usize>)> {
                 vec![e],
             ));
         }
-        if fused {
+        if cfg.moe.router.logit_bias {
+            out.push((format!("{b}.{}.bias", names.router), vec![e]));
+        }
+        if cfg.moe.experts.interleaved_gate_up {
+            gpt_oss_experts(&mut out, &b, cfg, fused);
+        } else if fused {
             out.push((format!("{b}.experts.gate_up_proj"), vec![e, 2 * i, h]));
             out.push((format!("{b}.experts.down_proj"), vec![e, h, i]));
         } else {
@@ -69,6 +75,33 @@ pub fn tensors(cfg: &ModelConfig, fused: bool) -> Vec<(String, Vec<usize>)> {
     out
 }
 
+/// gpt-oss's experts under `b` (`model.layers.{l}.mlp`): `[E, H, 2I]` and `[E, I, H]`, or
+/// with `mxfp4` their blocks and scales (32 inputs a group, 16 bytes); biases always.
+fn gpt_oss_experts(out: &mut Vec<(String, Vec<usize>)>, b: &str, cfg: &ModelConfig, mxfp4: bool) {
+    let (e, h, i) = (
+        cfg.moe.num_experts,
+        cfg.hidden_size,
+        cfg.moe.expert_intermediate,
+    );
+    for (name, inputs, outputs) in [("gate_up_proj", h, 2 * i), ("down_proj", i, h)] {
+        if mxfp4 {
+            let groups = inputs.div_ceil(32);
+            out.push((
+                format!("{b}.experts.{name}_blocks"),
+                vec![e, outputs, groups, 16],
+            ));
+            out.push((
+                format!("{b}.experts.{name}_scales"),
+                vec![e, outputs, groups],
+            ));
+        } else {
+            out.push((format!("{b}.experts.{name}"), vec![e, inputs, outputs]));
+        }
+    }
+    out.push((format!("{b}.experts.gate_up_proj_bias"), vec![e, 2 * i]));
+    out.push((format!("{b}.experts.down_proj_bias"), vec![e, h]));
+}
+
 /// Grouped-query attention's tensors under `a` (`model.layers.{l}.self_attn`).
 fn grouped_attention(out: &mut Vec<(String, Vec<usize>)>, a: &str, cfg: &ModelConfig) {
     let (h, nh, nkv, hd) = (
@@ -85,6 +118,12 @@ fn grouped_attention(out: &mut Vec<(String, Vec<usize>)>, a: &str, cfg: &ModelCo
         out.push((format!("{a}.q_proj.bias"), vec![nh * hd]));
         out.push((format!("{a}.k_proj.bias"), vec![nkv * hd]));
         out.push((format!("{a}.v_proj.bias"), vec![nkv * hd]));
+    }
+    if cfg.attention.output_bias {
+        out.push((format!("{a}.o_proj.bias"), vec![h]));
+    }
+    if cfg.attention.sinks {
+        out.push((format!("{a}.sinks"), vec![nh]));
     }
     match cfg.qk_norm {
         QkNorm::None => {}
@@ -172,8 +211,15 @@ pub fn first_misfit(
         if shape != expected && !(fused_experts && transposed(&shape)) {
             return Some((name, format!("has shape {shape:?}, expected {expected:?}")));
         }
-        use safetensors::Dtype::{BF16, F16, F32, F64};
-        if !matches!(dtype, F32 | F16 | BF16 | F64) {
+        use safetensors::Dtype::{BF16, F16, F32, F64, U8};
+        let packed = name.ends_with("_blocks") || name.ends_with("_scales");
+        if packed && dtype != U8 {
+            return Some((
+                name,
+                format!("is stored as {dtype:?}; MXFP4 blocks and scales are uint8"),
+            ));
+        }
+        if !packed && !matches!(dtype, F32 | F16 | BF16 | F64) {
             return Some((
                 name,
                 format!("is stored as {dtype:?}; weights must be floating point"),

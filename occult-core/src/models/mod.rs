@@ -11,6 +11,7 @@
 //! | DeepSeek-V2 | [`deepseek_v2`] | `mlp` | `gate` (softmax, optional groups by their best) | same as OLMoE | `shared_experts` |
 //! | DeepSeek-V3/R1, Kimi-K2 | [`deepseek_v3`] | `mlp` | `gate` (sigmoid, groups, `e_score_correction_bias`) | same as OLMoE | `shared_experts` |
 //! | GLM-4.5/4.6 | [`glm4_moe`] | `mlp` | `gate` (sigmoid, groups, `e_score_correction_bias`) | same as OLMoE | `shared_experts` |
+//! | gpt-oss | [`gpt_oss`] | `mlp` | `router` (with a bias) | fused and interleaved, with biases, bf16 or MXFP4 ([`gpt_oss_experts`]) | none |
 //!
 //! Experts may also be stored fused (`experts.gate_up_proj`, `experts.down_proj`), as
 //! transformers v5 saves them; [`weights::Weights::experts`] reads both.
@@ -20,7 +21,7 @@
 //!   mapped, in the chosen dtype, a rank's experts only), [`tokenizer`], [`loader`] (all of it
 //!   opened and checked together), [`layout`] (the tensors a config implies), [`synth`]
 //!   (random checkpoints), [`mxfp4`] (gpt-oss's packed expert weights, dequantized as
-//!   transformers does; no family reads them yet);
+//!   transformers does) and [`gpt_oss_experts`] (gpt-oss's expert layout, read and written);
 //! - configuration: [`config_fields`] (the parts of `config.json` families read in their own
 //!   ways), [`family_types`] (what a family is: the record each family file fills in),
 //!   [`config`] (the fields every family shares, in one typed config) and [`family`] (the
@@ -44,6 +45,7 @@ pub mod config_fields;
 pub mod data_parallel;
 pub mod family;
 pub mod family_types;
+pub mod gpt_oss_experts;
 pub mod layers;
 pub mod layout;
 pub mod loader;
@@ -61,6 +63,7 @@ pub mod deepseek;
 pub mod deepseek_v2;
 pub mod deepseek_v3;
 pub mod glm4_moe;
+pub mod gpt_oss;
 pub mod mixtral;
 pub mod olmoe;
 pub mod qwen2_moe;

@@ -56,6 +56,8 @@ fn read_config(f: &ConfigFields, num_layers: usize) -> Result<FamilyConfig> {
         partial_rotary_factor: 1.0,
         router: RouterConfig::default(),
         mla: None,
+        attention: Default::default(),
+        experts: Default::default(),
     })
 }
 

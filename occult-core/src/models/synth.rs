@@ -150,6 +150,13 @@ impl SynthModel {
             safetensors::Dtype::BF16 | safetensors::Dtype::F16 => 2,
             other => bail!("synthetic weights are f32, bf16 or f16, not {other:?}"),
         };
+        if self.fused && cfg.moe.experts.interleaved_gate_up {
+            bail!(
+                "synthetic {} checkpoints store their experts unquantized, fused as the family \
+                 does: leave out --fused",
+                self.family.model_type
+            );
+        }
         let shapes = super::layout::tensors(&cfg, self.fused);
         // Every tensor's size, checked before anything is allocated or created: the weights are
         // held twice while serialising.

@@ -8,6 +8,7 @@
 //!
 //! Under expert parallelism a rank reads only its own experts.
 
+use super::config::ModelConfig;
 use crate::ep::swiglu::SwigluStack;
 use crate::{Error, Result};
 use candle::{DType, Device, Tensor};
@@ -240,6 +241,46 @@ impl Weights {
     pub fn set_trainable_only(&mut self, prefixes: Vec<String>) {
         self.trainable = true;
         self.trainable_prefixes = prefixes;
+    }
+
+    /// `t`, read from tensor `name`, made a trainable leaf if the settings say so (for tensors
+    /// a reader rearranges after reading them).
+    pub fn leaf_of(&self, name: &str, t: Tensor) -> Result<Tensor> {
+        self.leaf(name, t)
+    }
+
+    /// Rows `rows` of tensor `name`'s first dimension as stored (its own dtype, never
+    /// trainable), which must have shape `expected`: packed data such as MXFP4 blocks.
+    pub fn get_raw_rows(&self, name: &str, expected: &[usize], rows: &[u32]) -> Result<Tensor> {
+        let shape = self
+            .shape(name)
+            .ok_or_else(|| Error::bad_file(self.origin(), format!("tensor {name} is missing")))?;
+        if shape != expected {
+            return Err(Error::bad_file(
+                self.origin(),
+                format!("tensor {name} has shape {shape:?}, expected {expected:?}"),
+            ));
+        }
+        self.load(name, Some(rows))
+    }
+
+    /// The experts `ids` of the MoE block at `prefix` as `cfg`'s family stores them (gpt-oss's
+    /// own layout, or [`Weights::experts`]), with the family's activation and biases.
+    pub fn model_experts(
+        &self,
+        prefix: &str,
+        cfg: &ModelConfig,
+        ids: &[u32],
+    ) -> Result<SwigluStack> {
+        if cfg.moe.experts.interleaved_gate_up {
+            return super::gpt_oss_experts::read(self, prefix, cfg, ids);
+        }
+        let (e, h, i) = (
+            cfg.moe.num_experts,
+            cfg.hidden_size,
+            cfg.moe.expert_intermediate,
+        );
+        self.experts(prefix, cfg.family.names.experts, ids, e, h, i)
     }
 
     fn leaf(&self, name: &str, t: Tensor) -> Result<Tensor> {

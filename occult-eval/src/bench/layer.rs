@@ -165,6 +165,7 @@ impl LayerBench {
         )?;
         let weights = MoeWeights {
             router: t(router, &[e, h])?,
+            router_bias: None,
             experts,
             shared: None,
         };
@@ -310,6 +311,7 @@ impl LayerBench {
         let e = &w.experts;
         Ok(MoeWeights {
             router: self.on_device(w.router.clone())?,
+            router_bias: None,
             experts: SwigluStack::new(
                 self.on_device(e.gate.clone())?,
                 self.on_device(e.up.clone())?,

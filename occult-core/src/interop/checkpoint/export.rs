@@ -42,11 +42,6 @@ pub struct ExpertLayout {
     pub groups: Option<ExpertGroups>,
 }
 
-/// The `model_type`s the export reads besides the families Occult runs: gpt-oss (`gpt_oss`: every layer MoE, the router
-/// `mlp.router` with a bias, experts fused with biases or as MXFP4 blocks and scales, all with
-/// the experts first), whose attention Occult does not run but whose experts it can renumber.
-pub const EXPORT_ONLY_TYPES: [&str; 1] = ["gpt_oss"];
-
 impl ExpertLayout {
     /// Reads the layout from a `config.json` value; `origin` names it in errors.
     pub fn from_config(v: &Value, origin: &str) -> Result<Self> {
@@ -70,42 +65,13 @@ impl ExpertLayout {
                 }),
             });
         }
-        if !EXPORT_ONLY_TYPES.contains(&model_type) {
-            return Err(Error::bad_file(
-                origin,
-                format!(
-                    "model_type {model_type:?} is not one the export knows (it knows {}, {})",
-                    crate::models::family::supported(),
-                    EXPORT_ONLY_TYPES.join(", ")
-                ),
-            ));
-        }
-        let f = crate::models::config_fields::ConfigFields {
-            v,
+        Err(Error::bad_file(
             origin,
-            model_type,
-        };
-        let num_layers = f.usize("num_hidden_layers")?;
-        if num_layers > crate::models::config::MAX_LAYERS {
-            return Err(f.bad(
-                "num_hidden_layers",
-                &format!("at most {}", crate::models::config::MAX_LAYERS),
-            ));
-        }
-        // gpt-oss, the one type here: every layer MoE, its router `mlp.router`.
-        let num_experts = f.usize("num_local_experts")?;
-        if num_experts == 0 {
-            return Err(f.bad("num_local_experts", "at least 1"));
-        }
-        Ok(ExpertLayout {
-            model_type: model_type.into(),
-            num_experts,
-            num_layers,
-            moe_layers: (0..num_layers).collect(),
-            block: "mlp".into(),
-            router: "router".into(),
-            groups: None,
-        })
+            format!(
+                "model_type {model_type:?} is not one the export knows (it knows {})",
+                crate::models::family::supported()
+            ),
+        ))
     }
 
     /// Reads the layout of the model folder `dir` (its `config.json`).

@@ -27,11 +27,7 @@ impl Model {
     ) -> Result<Self> {
         let cfg = dense.cfg.clone();
         let names = cfg.family.names;
-        let (e, h, i) = (
-            cfg.moe.num_experts,
-            cfg.hidden_size,
-            cfg.moe.expert_intermediate,
-        );
+        let e = cfg.moe.num_experts;
         let rule = cfg.router_rule();
         match (setup.mode, &comm) {
             (Some(_), None) => bail!("the expert-parallel modes need a communicator"),
@@ -47,6 +43,7 @@ impl Model {
         }
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (l, d) in dense.layers.into_iter().enumerate() {
+            let router_bias = d.router_bias;
             let mlp = match (d.dense, d.router) {
                 (Some(m), _) => Mlp::Dense(m),
                 (None, Some(router)) => {
@@ -80,17 +77,19 @@ impl Model {
                             let mine = &locs.experts_of[c.rank()];
                             let weights = MoeWeights {
                                 router,
-                                experts: w.experts(&prefix, names.experts, mine, e, h, i)?,
+                                router_bias,
+                                experts: w.model_experts(&prefix, &cfg, mine)?,
                                 shared: d.shared,
                             };
                             MoeExec::Parallel(Box::new(EpMoe::new(weights, settings, c.clone())?))
                         }
                         _ => {
                             let all: Vec<u32> = (0..e as u32).collect();
-                            let experts = w.experts(&prefix, names.experts, &all, e, h, i)?;
+                            let experts = w.model_experts(&prefix, &cfg, &all)?;
                             MoeExec::Reference {
                                 weights: MoeWeights {
                                     router,
+                                    router_bias,
                                     experts,
                                     shared: d.shared,
                                 },

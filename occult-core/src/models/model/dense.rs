@@ -39,6 +39,8 @@ pub struct DenseLayer {
     pub dense: Option<DenseMlp>,
     /// `[E, H]` for MoE layers.
     pub router: Option<Tensor>,
+    /// `[E]`, added to the router's logits, where the family's router has one (gpt-oss).
+    pub router_bias: Option<Tensor>,
     /// The router's `e_score_correction_bias` `[E]`, where the family's router has one: added
     /// to the scores to choose experts, never to their weights, and never trained.
     pub selection_bias: Option<Vec<f32>>,
@@ -66,12 +68,19 @@ impl DenseParts {
                     down: w.get(&format!("{prefix}.down_proj.weight"), &[h, i])?,
                 })
             };
+            let mut router_bias = None;
             let (dense, router, shared, selection_bias) = if cfg.moe_layers[l] {
                 let b = format!("{p}.{}", names.block);
                 let router = w.get(
                     &format!("{b}.{}.weight", names.router),
                     &[cfg.moe.num_experts, h],
                 )?;
+                if cfg.moe.router.logit_bias {
+                    router_bias = Some(w.get(
+                        &format!("{b}.{}.bias", names.router),
+                        &[cfg.moe.num_experts],
+                    )?);
+                }
                 let selection_bias = selection_bias(w, cfg, l)?;
                 let shared = match (cfg.moe.shared, names.shared) {
                     (Some(s), Some(sn)) => {
@@ -104,6 +113,7 @@ impl DenseParts {
                 post_norm: w.get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
                 dense,
                 router,
+                router_bias,
                 selection_bias,
                 shared,
             });

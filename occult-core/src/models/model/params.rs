@@ -9,7 +9,8 @@ use candle::Tensor;
 
 impl Model {
     /// Every tensor of this rank, named as in the checkpoint, but the routed experts, which
-    /// are stacked as `...experts.{gate,up,down}` (this rank's, in slot order).
+    /// are stacked as `...experts.{gate,up,down}` and, with biases, `...experts.{gate,up,
+    /// down}_bias` (this rank's, in slot order).
     pub fn params(&self) -> Vec<(String, Tensor)> {
         self.tagged_params()
             .into_iter()
@@ -75,6 +76,7 @@ impl Model {
                 Mlp::Moe(b) => {
                     let MoeWeights {
                         router,
+                        router_bias,
                         experts,
                         shared,
                     } = match &b.exec {
@@ -83,11 +85,10 @@ impl Model {
                     };
                     let q = format!("{p}.{}", names.block);
                     out.push((format!("{q}.{}.weight", names.router), router.clone()));
-                    for (n, t) in [
-                        ("gate", &experts.gate),
-                        ("up", &experts.up),
-                        ("down", &experts.down),
-                    ] {
+                    if let Some(b) = router_bias {
+                        out.push((format!("{q}.{}.bias", names.router), b.clone()));
+                    }
+                    for (n, t) in experts.tensors() {
                         experts_at.push(out.len());
                         out.push((format!("{q}.experts.{n}"), t.clone()));
                     }
