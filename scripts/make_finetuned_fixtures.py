@@ -17,8 +17,9 @@ steps turn a kernel's rounding of a near-zero gradient into a step of 2 lr.
 
 The runs cover the three ways a checkpoint keeps its experts and what training can touch:
 fused experts with every tensor trained (`--train all`, Qwen2-MoE), per-expert tensors read from
-two shards and written as one file under pruning to one device (Qwen3-MoE), and Mixtral's
-`block_sparse_moe` names with the load-balancing loss and gradient accumulation. The data seed
+two shards and written as one file under pruning to one device (Qwen3-MoE), Mixtral's
+`block_sparse_moe` names with the load-balancing loss and gradient accumulation, and gpt-oss's
+fused, interleaved experts with biases (read unquantized, or from MXFP4 and written unquantized). The data seed
 is chosen so that no router decision on the prompt is closer than MARGIN after fine-tuning.
 """
 import json
@@ -32,8 +33,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_model_fixtures as base  # noqa: E402  (the tokenizer, prompt, hooks and writers)
-from transformers import (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM,  # noqa: E402
-                          Qwen3MoeForCausalLM)
+from transformers import (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, GptOssForCausalLM,  # noqa: E402
+                          MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "finetuned"
@@ -49,6 +50,11 @@ RUNS = {
     "deepseek_v3": (DeepseekV3ForCausalLM, ["--train", "all", "--devices", "2", "--mode", "standard"]),
     # Softmax routing with groups kept by their best expert, on 4 ranks, occult dispatch.
     "deepseek_v2": (DeepseekV2ForCausalLM, ["--devices", "4", "--mode", "occult"]),
+    # gpt-oss with everything trained (sinks, biases, the biased router), saved fused and
+    # interleaved, on 2 ranks, occult dispatch.
+    "gpt_oss": (GptOssForCausalLM, ["--train", "all", "--devices", "2", "--mode", "occult"]),
+    # gpt-oss read from MXFP4 and saved unquantized (no quantization_config), on 4 ranks.
+    "gpt_oss_mxfp4": (GptOssForCausalLM, ["--devices", "4", "--mode", "standard"]),
 }
 
 

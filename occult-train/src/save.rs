@@ -7,12 +7,16 @@
 //! no names: experts are gathered from their owners and written in global order.
 //!
 //! Everything is written to one `model.safetensors` (a sharded source is written whole), atomically,
-//! by rank 0. Collective on D ranks.
+//! by rank 0. Collective on D ranks. gpt-oss's experts are written in its fused, interleaved
+//! layout with their biases; from an MXFP4 source, trained experts are written unquantized (as
+//! gpt-oss's bf16 checkpoints store them) and `quantization_config` leaves `config.json`.
 
 use crate::{Error, Result};
 use candle::{DType, Tensor};
 use occult_core::atomic::write_atomic;
 use occult_core::ep::dispatch::ExpertLocations;
+use occult_core::ep::swiglu::{ExpertBiases, SwigluStack};
+use occult_core::models::gpt_oss_experts;
 use occult_core::models::loader::Checkpoint;
 use occult_core::models::model::{Mlp, Model, MoeExec};
 use std::collections::{BTreeMap, HashMap};
@@ -85,8 +89,9 @@ fn trained_tensors(m: &Model, ck: &Checkpoint) -> Result<BTreeMap<String, Tensor
         let p = format!("model.layers.{l}.{}", names.block);
         // The routed experts in global order, gathered from their owners on rank 0.
         let mut stacks = Vec::new();
-        for t in [&w.experts.gate, &w.experts.up, &w.experts.down] {
+        for (_, t) in w.experts.tensors() {
             let mine = f32s(t)?;
+            let per = t.dims()[1..].iter().product();
             let all = match (owners, m.comm().filter(|_| size > 1)) {
                 (Some(loc), Some(c)) => {
                     let bytes: Vec<u8> = mine.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -94,17 +99,32 @@ fn trained_tensors(m: &Model, ck: &Checkpoint) -> Result<BTreeMap<String, Tensor
                     if rank != 0 {
                         continue;
                     }
-                    global_order(loc, &blocks, t.dims()[1] * t.dims()[2])?
+                    global_order(loc, &blocks, per)?
                 }
                 _ => mine,
             };
-            let dims = t.dims();
-            stacks.push(Tensor::from_vec(all, (e, dims[1], dims[2]), t.device())?);
+            let mut dims = t.dims().to_vec();
+            dims[0] = e;
+            stacks.push(Tensor::from_vec(all, dims, t.device())?);
         }
         if rank != 0 {
             continue;
         }
         let (gate, up, down) = (&stacks[0], &stacks[1], &stacks[2]);
+        if cfg.moe.experts.interleaved_gate_up {
+            // gpt-oss's own layout (unquantized; an MXFP4 source's blocks are replaced).
+            let bias = (stacks.len() == 6).then(|| ExpertBiases {
+                gate: stacks[3].clone(),
+                up: stacks[4].clone(),
+                down: stacks[5].clone(),
+            });
+            let all = SwigluStack::new(gate.clone(), up.clone(), down.clone())?
+                .with_form(cfg.moe.experts.activation, bias)?;
+            for (suffix, t) in gpt_oss_experts::fused_tensors(&all)? {
+                out.insert(format!("{p}.experts.{suffix}"), t);
+            }
+            continue;
+        }
         let n = names.experts;
         if ck
             .weights
@@ -144,6 +164,16 @@ fn trained_tensors(m: &Model, ck: &Checkpoint) -> Result<BTreeMap<String, Tensor
         }
     }
     Ok(out)
+}
+
+/// The tensors stored as MXFP4 (`{base}_blocks` with `{base}_scales`), by base name.
+fn mxfp4_bases(names: &[String]) -> Vec<String> {
+    names
+        .iter()
+        .filter_map(|n| n.strip_suffix("_blocks"))
+        .filter(|b| names.iter().any(|n| *n == format!("{b}_scales")))
+        .map(String::from)
+        .collect()
 }
 
 /// Every rank's experts (`blocks[r]`: rank r's, in slot order, `per` values each) in global
@@ -203,9 +233,31 @@ pub fn save_model(m: &Model, ck: &Checkpoint, dir: &Path) -> Result<()> {
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::Invalid(format!("{}: {e}", dir.display())))?;
     let mut names: Vec<String> = ck.weights.names().map(String::from).collect();
+    // MXFP4 experts are written trained and unquantized, under their unquantized names (in
+    // the dtype of their biases, as gpt-oss's bf16 checkpoints store them), and config.json
+    // loses its quantization_config.
+    let mut dequantized = false;
+    for base in mxfp4_bases(&names) {
+        if trained.contains_key(&base) {
+            for suffix in ["_blocks", "_scales"] {
+                names.retain(|n| *n != format!("{base}{suffix}"));
+            }
+            names.push(base);
+            dequantized = true;
+        }
+    }
     names.sort();
     let mut data: Vec<Entry> = Vec::new();
     for name in names {
+        if dequantized && !ck.weights.contains(&name) {
+            let t = &trained[&name];
+            let dtype = ck
+                .weights
+                .source_dtype(&format!("{name}_bias"))
+                .unwrap_or(safetensors::Dtype::F32);
+            data.push((name, t.dims().to_vec(), dtype, bytes_as(t, dtype)?));
+            continue;
+        }
         let dtype = ck
             .weights
             .source_dtype(&name)
@@ -238,6 +290,14 @@ pub fn save_model(m: &Model, ck: &Checkpoint, dir: &Path) -> Result<()> {
     write_safetensors(&dir.join("model.safetensors"), &data, Some(meta))?;
     for f in BESIDE {
         let src = ck.files.dir.join(f);
+        if f == "config.json" && dequantized {
+            let mut config = occult_core::models::checkpoint::read_config(&src)?;
+            if let Some(c) = config.as_object_mut() {
+                c.remove("quantization_config");
+            }
+            occult_core::atomic::write_json_atomic(&dir.join(f), &config)?;
+            continue;
+        }
         if src.is_file() {
             let text = std::fs::read(&src)
                 .map_err(|e| Error::Invalid(format!("{}: {e}", src.display())))?;

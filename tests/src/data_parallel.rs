@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The committed transformers fixtures (`tests/fixtures/models`).
-pub const ARCHS: [&str; 8] = [
+pub const ARCHS: [&str; 10] = [
     "olmoe",
     "qwen2_moe",
     "deepseek",
@@ -25,13 +25,20 @@ pub const ARCHS: [&str; 8] = [
     "glm4_moe",
     "deepseek_v3",
     "deepseek_v2",
+    "gpt_oss",
+    "gpt_oss_mxfp4",
 ];
+
+/// The folder of committed fixture `arch`.
+pub fn fixture_dir(arch: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/models")
+        .join(arch)
+}
 
 /// Opens a committed fixture in f32, its weights trainable if asked.
 pub fn open(arch: &str, trainable: bool) -> Checkpoint {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/models")
-        .join(arch);
+    let dir = fixture_dir(arch);
     let mut ck = Checkpoint::open(dir.to_str().expect("a UTF-8 path"), None, DType::F32)
         .expect("the committed fixture opens");
     ck.weights.set_trainable(trainable);

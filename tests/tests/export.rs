@@ -304,6 +304,11 @@ fn every_family_in_every_layout_exports_exactly() {
         .into_iter()
         .enumerate()
         {
+            // gpt-oss stores its experts one way only (fused, interleaved, with biases; or as
+            // MXFP4 blocks): exported as stored.
+            if storage.is_some() && arch.starts_with("gpt_oss") {
+                continue;
+            }
             for d in [2, 4, 8] {
                 export_and_check(arch, storage, d, (100 * a + 10 * s + d) as u64);
             }

@@ -1059,7 +1059,13 @@ fn gpu_options_in_a_build_without_them_are_named() {
 /// with one device's results and both exports take; and bench model.
 #[test]
 fn the_families_of_2026_run_through_every_model_command() {
-    for arch in ["glm4_moe", "deepseek_v3", "deepseek_v2"] {
+    for arch in [
+        "glm4_moe",
+        "deepseek_v3",
+        "deepseek_v2",
+        "gpt_oss",
+        "gpt_oss_mxfp4",
+    ] {
         every_model_command(arch);
     }
 }

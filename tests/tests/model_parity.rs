@@ -216,6 +216,8 @@ fn models_fine_tuned_by_occult_give_transformers_logits() {
         "glm4_moe",
         "deepseek_v3",
         "deepseek_v2",
+        "gpt_oss",
+        "gpt_oss_mxfp4",
     ] {
         let text = std::fs::read_to_string(root.join(format!("finetuned/{arch}.json"))).unwrap();
         let r: Value = serde_json::from_str(&text).unwrap();

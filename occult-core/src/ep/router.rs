@@ -97,15 +97,24 @@ pub fn route_biased(
             None => ids.extend(chosen.ids),
         }
     }
-    let scores = match rule.scoring {
-        Scoring::Softmax => candle_nn::ops::softmax(&logits, D::Minus1)?,
-        Scoring::Sigmoid => sigmoid(&logits)?,
-    };
     let idx = Tensor::from_slice(&ids, (tokens, k), x.device())?;
-    let mut weights = scores.gather(&idx, 1)?;
-    if rule.renormalize {
-        weights = weights.broadcast_div(&weights.sum_keepdim(1)?)?;
-    }
+    let mut weights = match (rule.scoring, rule.renormalize) {
+        // The softmax over every expert renormalised over the chosen ones is the softmax of
+        // the chosen logits (gpt-oss's own form), whose gradient is exactly zero for the
+        // experts not chosen (the other form's is rounding noise, which AdamW turns into steps).
+        (Scoring::Softmax, true) => candle_nn::ops::softmax(&logits.gather(&idx, 1)?, D::Minus1)?,
+        (Scoring::Softmax, false) => {
+            candle_nn::ops::softmax(&logits, D::Minus1)?.gather(&idx, 1)?
+        }
+        (Scoring::Sigmoid, renormalize) => {
+            let w = sigmoid(&logits)?.gather(&idx, 1)?;
+            if renormalize {
+                w.broadcast_div(&w.sum_keepdim(1)?)?
+            } else {
+                w
+            }
+        }
+    };
     if rule.scaling_factor != 1.0 {
         weights = weights.affine(rule.scaling_factor as f64, 0.0)?;
     }
