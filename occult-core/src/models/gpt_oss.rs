@@ -129,7 +129,7 @@ fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
         ("num_local_experts", json!(s.experts)),
         ("intermediate_size", json!(s.expert_intermediate)),
         ("head_dim", json!(s.hidden / s.heads)),
-        ("sliding_window", json!(4)),
+        ("sliding_window", json!(DEFAULT_SLIDING_WINDOW)),
         ("attention_bias", json!(true)),
         // A limit the synthetic weights reach, so that the clamps are exercised.
         ("swiglu_limit", json!(1.0)),
