@@ -83,7 +83,7 @@ fn trained_tensors(m: &Model, ck: &Checkpoint) -> Result<BTreeMap<String, Tensor
             continue;
         };
         let (w, owners) = match &block.exec {
-            MoeExec::Reference { weights, .. } => (weights, None),
+            MoeExec::Reference { weights, .. } => (&**weights, None),
             MoeExec::Parallel(ep) => (&ep.weights, Some(&ep.locations)),
         };
         let p = format!("model.layers.{l}.{}", names.block);

@@ -4,7 +4,7 @@
 //! A run that cannot fit is refused with the estimate instead of being killed part way.
 //!
 //! The estimate counts the weights in the compute dtype (under MPI: the dense weights and this
-//! rank's share of the experts), and for training the gradients and AdamW's two moments in
+//! rank's share of the experts; MXFP4 experts as they are dequantized), and for training the gradients and AdamW's two moments in
 //! f32 (and f32 masters for bf16/f16 weights) of every parameter. Activations are not counted.
 
 use super::weights::Weights;
@@ -37,9 +37,18 @@ pub fn estimate(w: &Weights, dtype: DType, ranks: usize, train: bool) -> Estimat
     let width = dtype.size_in_bytes() as u64;
     let (mut dense, mut experts) = (0u64, 0u64);
     for name in w.names() {
-        let n = w.shape(name).map_or(0u64, |s| {
+        let mut n = w.shape(name).map_or(0u64, |s| {
             s.iter().fold(1u64, |p, &d| p.saturating_mul(d as u64))
         });
+        // MXFP4 (gpt-oss) is dequantized on load: two weights a block byte, the scales folded
+        // into them.
+        if w.source_dtype(name) == Some(safetensors::Dtype::U8) {
+            if name.ends_with("_blocks") {
+                n = n.saturating_mul(2);
+            } else if name.ends_with("_scales") {
+                n = 0;
+            }
+        }
         if is_routed_expert(name) {
             experts = experts.saturating_add(n);
         } else {
@@ -209,6 +218,26 @@ fn check_room(need: Estimate, room: u64, source: &str, what: &str) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mxfp4_experts_count_as_dequantized() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/models");
+        let open = |arch: &str| {
+            let files = crate::models::checkpoint::from_folder(&dir.join(arch)).unwrap();
+            Weights::open(&files.weights, &candle::Device::Cpu).unwrap()
+        };
+        let w = open("gpt_oss_mxfp4");
+        let e = estimate(&w, DType::F32, 1, false);
+        // Expert weights: per layer gate_up [8, 64, 64] and down [8, 32, 64] dequantized, the
+        // rest as stored; the parameter count `occult model check` reports.
+        let params: u64 = w
+            .names()
+            .filter(|n| !n.ends_with("_blocks") && !n.ends_with("_scales"))
+            .map(|n| w.shape(n).unwrap().iter().product::<usize>() as u64)
+            .sum::<u64>()
+            + 2 * (8 * 64 * 64 + 8 * 32 * 64);
+        assert_eq!(e.weights, 4 * params);
+    }
 
     #[test]
     fn sizes_parse_in_binary_units_and_bad_ones_are_named() {

@@ -87,12 +87,12 @@ impl Model {
                             let all: Vec<u32> = (0..e as u32).collect();
                             let experts = w.model_experts(&prefix, &cfg, &all)?;
                             MoeExec::Reference {
-                                weights: MoeWeights {
+                                weights: Box::new(MoeWeights {
                                     router,
                                     router_bias,
                                     experts,
                                     shared: d.shared,
-                                },
+                                }),
                                 prune: prune.map(|p| (p, map, setup.num_devices)),
                             }
                         }

@@ -53,7 +53,7 @@ pub enum MoeExec {
     /// The plain single-device loop over experts; `prune` gives the pruning rule with the
     /// placement (map, devices) it refers to.
     Reference {
-        weights: MoeWeights,
+        weights: Box<MoeWeights>,
         prune: Option<(PruneSpec, Vec<u32>, usize)>,
     },
     /// This rank's part of the expert-parallel layer.
