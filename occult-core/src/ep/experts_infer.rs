@@ -215,7 +215,7 @@ pub fn grouped_sum(
                     add_bias(&mut gb, bg, g.slot);
                     add_bias(&mut ub, bu, g.slot);
                 }
-                stack.act.apply_in_place(&mut gb, &ub);
+                stack.act.apply_in_place(&mut gb, &mut ub);
             }
             let ok = ok
                 && linear_rows(

@@ -94,17 +94,13 @@ impl Activation {
         }
     }
 
-    /// [`Activation::apply`] on slices, in place into `g`: the same steps in the same order.
-    pub fn apply_in_place(self, g: &mut [f32], u: &[f32]) {
+    /// [`Activation::apply`] on slices, in place into `g` (`u` is scratch), on the vector
+    /// kernels ([`crate::kernels::vmath`]: the same products within a few roundings).
+    pub fn apply_in_place(self, g: &mut [f32], u: &mut [f32]) {
         match self {
             Activation::Silu => crate::kernels::vmath::silu_mul(g, u),
             Activation::ClampedSwiglu { alpha, limit } => {
-                for (g, &u) in g.iter_mut().zip(u) {
-                    let gc = g.min(limit);
-                    let uc = u.max(-limit).min(limit);
-                    let s = 1.0 / ((-(gc * alpha)).exp() + 1.0);
-                    *g = (uc + 1.0) * (gc * s);
-                }
+                crate::kernels::vmath::clamped_swiglu(g, u, alpha, limit)
             }
         }
     }

@@ -84,20 +84,33 @@ pub fn scaled_softmax(xs: &mut [f32], scale: f32) {
 
 /// [`scaled_softmax`] with the instruction sets `isa` (at most this CPU's).
 pub fn scaled_softmax_on(isa: Isa, xs: &mut [f32], scale: f32) {
+    scaled_softmax_sink_on(isa, xs, scale, None)
+}
+
+/// [`scaled_softmax`] with an attention sink (gpt-oss): the softmax over `scale * xs` and the
+/// logit `sink`, whose share is dropped (its `exp` joins the max and the sum only).
+pub fn scaled_softmax_sink(xs: &mut [f32], scale: f32, sink: Option<f32>) {
+    scaled_softmax_sink_on(isa(), xs, scale, sink)
+}
+
+/// [`scaled_softmax_sink`] with the instruction sets `isa` (at most this CPU's).
+pub fn scaled_softmax_sink_on(isa: Isa, xs: &mut [f32], scale: f32, sink: Option<f32>) {
     if xs.is_empty() {
         return;
     }
+    let with_sink = |max: f32| sink.map_or(max, |s| max.max(s));
+    let sink_term = |max: f32| sink.map_or(0.0, |s| (s - max).exp());
     #[cfg(target_arch = "x86_64")]
     if isa.avx512f {
         // SAFETY: AVX-512 F is in `isa`, at most this CPU's.
-        let max = unsafe { x86::scale_max(xs, scale) };
-        let sum = exp_sub_sum_on(isa, xs, max);
+        let max = with_sink(unsafe { x86::scale_max(xs, scale) });
+        let sum = exp_sub_sum_on(isa, xs, max) + sink_term(max);
         // SAFETY: as above.
         return unsafe { x86::div(xs, sum) };
     } else if isa.avx2 {
         // SAFETY: AVX2 and FMA are in `isa`.
-        let max = unsafe { avx2::scale_max(xs, scale) };
-        let sum = exp_sub_sum_on(isa, xs, max);
+        let max = with_sink(unsafe { avx2::scale_max(xs, scale) });
+        let sum = exp_sub_sum_on(isa, xs, max) + sink_term(max);
         // SAFETY: as above.
         return unsafe { avx2::div(xs, sum) };
     }
@@ -106,7 +119,8 @@ pub fn scaled_softmax_on(isa: Isa, xs: &mut [f32], scale: f32) {
         *x *= scale;
         max = max.max(*x);
     }
-    let sum = exp_sub_sum_on(isa, xs, max);
+    let max = with_sink(max);
+    let sum = exp_sub_sum_on(isa, xs, max) + sink_term(max);
     for x in xs.iter_mut() {
         *x /= sum;
     }
@@ -132,6 +146,32 @@ pub fn silu_mul_on(isa: Isa, g: &mut [f32], u: &[f32]) {
     for (g, &u) in g.iter_mut().zip(u) {
         *g = *g / (1.0 + (-*g).exp()) * u;
     }
+}
+
+/// gpt-oss's clamped SwiGLU in place: `g[i] = g' sigmoid(alpha g') (u' + 1)` with `g' =
+/// min(g, limit)` and `u' = clamp(u, -limit, limit)`; `u` is scratch (overwritten). Runs as
+/// [`silu_mul`] of `alpha g'` and `(u' + 1) / alpha`, which is the same product: two more
+/// roundings (3 U more, relative) than the formula's.
+pub fn clamped_swiglu(g: &mut [f32], u: &mut [f32], alpha: f32, limit: f32) {
+    clamped_swiglu_on(isa(), g, u, alpha, limit)
+}
+
+/// [`clamped_swiglu`] with the instruction sets `isa` (at most this CPU's).
+pub fn clamped_swiglu_on(isa: Isa, g: &mut [f32], u: &mut [f32], alpha: f32, limit: f32) {
+    assert_eq!(
+        g.len(),
+        u.len(),
+        "clamped_swiglu: operands of different lengths"
+    );
+    let inv = 1.0 / alpha;
+    // Plain loops the compiler vectorises (min, max, multiply).
+    for x in g.iter_mut() {
+        *x = x.min(limit) * alpha;
+    }
+    for x in u.iter_mut() {
+        *x = (x.max(-limit).min(limit) + 1.0) * inv;
+    }
+    silu_mul_on(isa, g, u)
 }
 
 /// `dst[i] = bf16(src[i])`, rounded to nearest even.
@@ -508,6 +548,58 @@ mod tests {
                         x[i]
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_with_a_sink_matches_its_definition() {
+        for (level, isa) in levels() {
+            for (n, sink) in [(1usize, 0.3f32), (9, -2.0), (17, 5.0), (100, 40.0)] {
+                let x0: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin() * 30.0).collect();
+                let mut x = x0.clone();
+                scaled_softmax_sink_on(isa, &mut x, 0.125, Some(sink));
+                let y: Vec<f64> = x0.iter().map(|&v| v as f64 * 0.125).collect();
+                let max = y.iter().cloned().fold(sink as f64, f64::max);
+                let sum: f64 =
+                    y.iter().map(|v| (v - max).exp()).sum::<f64>() + (sink as f64 - max).exp();
+                // As in the plain softmax, with the sink as one more term.
+                let m = y.iter().fold((sink as f64).abs(), |a, v| a.max(v.abs()));
+                let rel = 1.01 * (n as f64 + 17.0 + 8.0 * m) * U;
+                for (i, &v) in y.iter().enumerate() {
+                    let want = (v - max).exp() / sum;
+                    assert!(
+                        (x[i] as f64 - want).abs() <= rel * want + 1e-30,
+                        "{level}: n {n}, sink {sink}, element {i}: {} against {want}",
+                        x[i]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn clamped_swiglu_matches_its_definition() {
+        let g0: Vec<f32> = (0..1003).map(|i| (i as f32 * 0.37).sin() * 9.0).collect();
+        let u0: Vec<f32> = (0..1003).map(|i| (i as f32 * 0.11).cos() * 9.0).collect();
+        let (alpha, limit) = (1.702f32, 7.0f32);
+        for (level, isa) in levels() {
+            let (mut g, mut u) = (g0.clone(), u0.clone());
+            clamped_swiglu_on(isa, &mut g, &mut u, alpha, limit);
+            for i in 0..g.len() {
+                let x = (g0[i] as f64).min(limit as f64);
+                let v = (u0[i] as f64).clamp(-limit as f64, limit as f64) + 1.0;
+                let want = x / (1.0 + (-(alpha as f64) * x).exp()) * v;
+                // silu_mul's 12 U, the scaled inputs' 3 U (alpha g', u' + 1, the division),
+                // and the cancellation in u' + 1 near u' = -1 (absolute: U times |u'| + 1).
+                let bound = 16.0 * U * want.abs() + 2.0 * U * (limit as f64 + 1.0) * x.abs();
+                assert!(
+                    (g[i] as f64 - want).abs() <= bound,
+                    "{level}: g {} u {}: {} against {want}",
+                    g0[i],
+                    u0[i],
+                    g[i]
+                );
             }
         }
     }

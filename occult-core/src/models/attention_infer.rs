@@ -15,7 +15,7 @@
 //! path.
 
 use crate::kernels::scratch::{give, take};
-use crate::kernels::vmath::{scaled_softmax, Stored};
+use crate::kernels::vmath::{scaled_softmax_sink, Stored};
 use crate::kernels::{linear_rows, operand_of, Operand};
 use crate::models::layers::visible_keys;
 use crate::Result;
@@ -48,28 +48,11 @@ impl Dims {
 
 /// `softmax(scale * scores + mask)` of one row in place: `seen` visible, the rest 0; with a
 /// `sink` logit (gpt-oss), the softmax over the visible scores and the sink, the sink's share
-/// dropped (the tensor path's steps: max, `exp(x - max)`, sum, divide).
+/// dropped.
 fn softmax_row(row: &mut [f32], seen: Range<usize>, scale: f32, sink: Option<f32>) {
     row[..seen.start].fill(0.0);
     row[seen.end..].fill(0.0);
-    let Some(sink) = sink else {
-        return scaled_softmax(&mut row[seen], scale);
-    };
-    let xs = &mut row[seen];
-    let mut max = sink;
-    for x in xs.iter_mut() {
-        *x *= scale;
-        max = max.max(*x);
-    }
-    let mut sum = 0f32;
-    for x in xs.iter_mut() {
-        *x = (*x - max).exp();
-        sum += *x;
-    }
-    sum += (sink - max).exp();
-    for x in xs.iter_mut() {
-        *x /= sum;
-    }
+    scaled_softmax_sink(&mut row[seen], scale, sink);
 }
 
 /// `dst` `[cols, rows]` = `src` `[rows, cols]` transposed, in blocks of 16 rows (each column of

@@ -137,8 +137,7 @@ fn synth_config(s: &SynthSizes) -> Result<ConfigEntries> {
         (
             "rope_parameters",
             json!({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                   "truncate": false, "original_max_position_embeddings": 4096,
-                   "rope_theta": 150000.0}),
+                   "truncate": false, "original_max_position_embeddings": 4096}),
         ),
     ])
 }
