@@ -211,11 +211,11 @@ pub fn grouped_sum(
                 (n, inter, hidden),
             );
             if ok {
-                if let Some([bg, bu, _]) = &biases {
-                    add_bias(&mut gb, bg, g.slot);
-                    add_bias(&mut ub, bu, g.slot);
-                }
-                stack.act.apply_in_place(&mut gb, &mut ub);
+                let at = g.slot * inter..(g.slot + 1) * inter;
+                let bias = biases
+                    .as_ref()
+                    .map(|[bg, bu, _]| (&bg[at.clone()], &bu[at.clone()]));
+                stack.act.apply_in_place(&mut gb, &mut ub, bias);
             }
             let ok = ok
                 && linear_rows(

@@ -94,13 +94,23 @@ impl Activation {
         }
     }
 
-    /// [`Activation::apply`] on slices, in place into `g` (`u` is scratch), on the vector
-    /// kernels ([`crate::kernels::vmath`]: the same products within a few roundings).
-    pub fn apply_in_place(self, g: &mut [f32], u: &mut [f32]) {
+    /// [`Activation::apply`] on slices, in place into `g` (`u` is scratch), after adding the
+    /// bias rows `(bg, bu)` to every row of `g` and `u` if given, on the vector kernels
+    /// ([`crate::kernels::vmath`]: the same products within a few roundings).
+    pub fn apply_in_place(self, g: &mut [f32], u: &mut [f32], bias: Option<(&[f32], &[f32])>) {
         match self {
-            Activation::Silu => crate::kernels::vmath::silu_mul(g, u),
+            Activation::Silu => {
+                if let Some((bg, bu)) = bias {
+                    for (x, b) in [(&mut *g, bg), (&mut *u, bu)] {
+                        for row in x.chunks_exact_mut(b.len().max(1)) {
+                            row.iter_mut().zip(b).for_each(|(x, &b)| *x += b);
+                        }
+                    }
+                }
+                crate::kernels::vmath::silu_mul(g, u)
+            }
             Activation::ClampedSwiglu { alpha, limit } => {
-                crate::kernels::vmath::clamped_swiglu(g, u, alpha, limit)
+                crate::kernels::vmath::clamped_swiglu(g, u, alpha, limit, bias)
             }
         }
     }

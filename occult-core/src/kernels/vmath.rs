@@ -149,27 +149,54 @@ pub fn silu_mul_on(isa: Isa, g: &mut [f32], u: &[f32]) {
 }
 
 /// gpt-oss's clamped SwiGLU in place: `g[i] = g' sigmoid(alpha g') (u' + 1)` with `g' =
-/// min(g, limit)` and `u' = clamp(u, -limit, limit)`; `u` is scratch (overwritten). Runs as
+/// min(g + bg, limit)` and `u' = clamp(u + bu, -limit, limit)`, the biases `(bg, bu)` (one row
+/// each, added to every row of `g` and `u`) if given; `u` is scratch (overwritten). Runs as
 /// [`silu_mul`] of `alpha g'` and `(u' + 1) / alpha`, which is the same product: two more
 /// roundings (3 U more, relative) than the formula's.
-pub fn clamped_swiglu(g: &mut [f32], u: &mut [f32], alpha: f32, limit: f32) {
-    clamped_swiglu_on(isa(), g, u, alpha, limit)
+pub fn clamped_swiglu(
+    g: &mut [f32],
+    u: &mut [f32],
+    alpha: f32,
+    limit: f32,
+    bias: Option<(&[f32], &[f32])>,
+) {
+    clamped_swiglu_on(isa(), g, u, alpha, limit, bias)
 }
 
 /// [`clamped_swiglu`] with the instruction sets `isa` (at most this CPU's).
-pub fn clamped_swiglu_on(isa: Isa, g: &mut [f32], u: &mut [f32], alpha: f32, limit: f32) {
+pub fn clamped_swiglu_on(
+    isa: Isa,
+    g: &mut [f32],
+    u: &mut [f32],
+    alpha: f32,
+    limit: f32,
+    bias: Option<(&[f32], &[f32])>,
+) {
     assert_eq!(
         g.len(),
         u.len(),
         "clamped_swiglu: operands of different lengths"
     );
     let inv = 1.0 / alpha;
-    // Plain loops the compiler vectorises (min, max, multiply).
-    for x in g.iter_mut() {
-        *x = x.min(limit) * alpha;
+    let zero = [0f32; 1];
+    let (bg, bu) = bias.unwrap_or((&zero, &zero));
+    assert!(
+        !bg.is_empty() && bg.len() == bu.len() && g.len() % bg.len() == 0,
+        "clamped_swiglu: bias rows of {} and {} for {} values",
+        bg.len(),
+        bu.len(),
+        g.len()
+    );
+    // Plain loops the compiler vectorises (add, min, max, multiply): one pass over each.
+    for row in g.chunks_exact_mut(bg.len()) {
+        for (x, &b) in row.iter_mut().zip(bg) {
+            *x = (*x + b).min(limit) * alpha;
+        }
     }
-    for x in u.iter_mut() {
-        *x = (x.max(-limit).min(limit) + 1.0) * inv;
+    for row in u.chunks_exact_mut(bu.len()) {
+        for (x, &b) in row.iter_mut().zip(bu) {
+            *x = ((*x + b).max(-limit).min(limit) + 1.0) * inv;
+        }
     }
     silu_mul_on(isa, g, u)
 }
@@ -582,24 +609,37 @@ mod tests {
     fn clamped_swiglu_matches_its_definition() {
         let g0: Vec<f32> = (0..1003).map(|i| (i as f32 * 0.37).sin() * 9.0).collect();
         let u0: Vec<f32> = (0..1003).map(|i| (i as f32 * 0.11).cos() * 9.0).collect();
+        // A bias row over rows of 17 (1003 = 59 x 17).
+        let bg: Vec<f32> = (0..17).map(|i| i as f32 * 0.3 - 2.0).collect();
+        let bu: Vec<f32> = (0..17).map(|i| 1.5 - i as f32 * 0.2).collect();
         let (alpha, limit) = (1.702f32, 7.0f32);
         for (level, isa) in levels() {
-            let (mut g, mut u) = (g0.clone(), u0.clone());
-            clamped_swiglu_on(isa, &mut g, &mut u, alpha, limit);
-            for i in 0..g.len() {
-                let x = (g0[i] as f64).min(limit as f64);
-                let v = (u0[i] as f64).clamp(-limit as f64, limit as f64) + 1.0;
-                let want = x / (1.0 + (-(alpha as f64) * x).exp()) * v;
-                // silu_mul's 12 U, the scaled inputs' 3 U (alpha g', u' + 1, the division),
-                // and the cancellation in u' + 1 near u' = -1 (absolute: U times |u'| + 1).
-                let bound = 16.0 * U * want.abs() + 2.0 * U * (limit as f64 + 1.0) * x.abs();
-                assert!(
-                    (g[i] as f64 - want).abs() <= bound,
-                    "{level}: g {} u {}: {} against {want}",
-                    g0[i],
-                    u0[i],
-                    g[i]
-                );
+            for biased in [false, true] {
+                let (mut g, mut u) = (g0.clone(), u0.clone());
+                let bias = biased.then_some((bg.as_slice(), bu.as_slice()));
+                clamped_swiglu_on(isa, &mut g, &mut u, alpha, limit, bias);
+                for i in 0..g.len() {
+                    // The biased inputs as f32 adds them (that rounding is the definition's).
+                    let (b0, b1) = if biased {
+                        (bg[i % 17], bu[i % 17])
+                    } else {
+                        (0.0, 0.0)
+                    };
+                    let x = ((g0[i] + b0) as f64).min(limit as f64);
+                    let v = ((u0[i] + b1) as f64).clamp(-limit as f64, limit as f64) + 1.0;
+                    let want = x / (1.0 + (-(alpha as f64) * x).exp()) * v;
+                    // silu_mul's 12 U, the scaled inputs' 3 U (alpha g', u' + 1, the
+                    // division), and the cancellation in u' + 1 near u' = -1 (absolute: U
+                    // times |u'| + 1).
+                    let bound = 16.0 * U * want.abs() + 2.0 * U * (limit as f64 + 1.0) * x.abs();
+                    assert!(
+                        (g[i] as f64 - want).abs() <= bound,
+                        "{level} biased {biased}: g {} u {}: {} against {want}",
+                        g0[i],
+                        u0[i],
+                        g[i]
+                    );
+                }
             }
         }
     }
