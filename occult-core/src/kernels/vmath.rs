@@ -181,7 +181,7 @@ pub fn clamped_swiglu_on(
     let zero = [0f32; 1];
     let (bg, bu) = bias.unwrap_or((&zero, &zero));
     assert!(
-        !bg.is_empty() && bg.len() == bu.len() && g.len() % bg.len() == 0,
+        !bg.is_empty() && bg.len() == bu.len() && g.len().is_multiple_of(bg.len()),
         "clamped_swiglu: bias rows of {} and {} for {} values",
         bg.len(),
         bu.len(),
