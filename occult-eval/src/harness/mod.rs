@@ -10,6 +10,8 @@
 //!   and continuation, the input window, the score and `is_greedy`);
 //! - [`scorer`]: log-likelihoods of the requests, with or without context reuse;
 //! - [`evaluate`]: the steps of a task's evaluation: its items prepared, then scored;
+//! - [`extract`]: what the harness does with a generated answer (`generate_until` tasks such
+//!   as GSM8K): the cut at stop strings, the filters, `exact_match` and its standard error;
 //! - [`metrics`]: `acc`, `acc_norm` of an item, means with standard errors, pooled groups;
 //! - [`paired`]: two models' difference on the same items, with a paired bootstrap interval;
 //! - [`results`]: a task's aggregation: per task, group and category, as the results JSON
@@ -17,6 +19,7 @@
 
 pub mod data;
 pub mod evaluate;
+pub mod extract;
 pub mod loglik;
 pub mod metrics;
 pub mod paired;
