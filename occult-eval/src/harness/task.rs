@@ -92,11 +92,11 @@ impl Metric {
     }
 }
 
-fn space() -> String {
+pub(crate) fn space() -> String {
     " ".into()
 }
 
-fn blank_line() -> String {
+pub(crate) fn blank_line() -> String {
     "\n\n".into()
 }
 
@@ -178,13 +178,37 @@ impl Item {
     }
 }
 
+/// Parses a task file of either kind (`origin` names it in errors), then checks it.
+pub(crate) fn parse_task_file<T: serde::de::DeserializeOwned>(
+    text: &str,
+    origin: &str,
+    check: fn(&T) -> Result<()>,
+) -> Result<T> {
+    let t: T = toml::from_str(text).with_context(|| format!("{origin}: not a valid task file"))?;
+    check(&t).with_context(|| origin.to_string())?;
+    Ok(t)
+}
+
+/// A task's name becomes part of file names (samples_NAME.jsonl): one plain name.
+pub(crate) fn check_task_name(n: &str) -> Result<()> {
+    let plain = !n.is_empty()
+        && n.len() <= 128
+        && !n.starts_with('.')
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+    if !plain {
+        bail!(
+            "task name {n:?} must be 1 to 128 letters, digits, '_', '-' or '.', not starting \
+             with '.' (it names output files)"
+        );
+    }
+    Ok(())
+}
+
 impl TaskSpec {
     /// Parses a task file; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Self> {
-        let t: TaskSpec =
-            toml::from_str(text).with_context(|| format!("{origin}: not a valid task file"))?;
-        t.check().with_context(|| origin.to_string())?;
-        Ok(t)
+        parse_task_file(text, origin, Self::check)
     }
 
     /// Reads a task file.
@@ -194,19 +218,7 @@ impl TaskSpec {
     }
 
     fn check(&self) -> Result<()> {
-        // The name becomes part of file names (samples_NAME.jsonl): keep it one plain name.
-        let n = &self.name;
-        let plain = !n.is_empty()
-            && n.len() <= 128
-            && !n.starts_with('.')
-            && n.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
-        if !plain {
-            bail!(
-                "task name {n:?} must be 1 to 128 letters, digits, '_', '-' or '.', not \
-                 starting with '.' (it names output files)"
-            );
-        }
+        check_task_name(&self.name)?;
         let p = &self.prompt;
         match (&p.text, &p.contexts) {
             (Some(_), None) => {

@@ -1,7 +1,9 @@
 //! Prompt templates over a document (a JSON object): `{field}` and `{field.sub}` insert a
 //! field's text (strings as they are, numbers and booleans printed), `{field|strip}` strips
 //! whitespace, `{field|lstrip}` strips it on the left, `{field|spaces}` turns `_` into spaces
-//! (MMLU's subject names), and `{{` / `}}` are literal braces.
+//! (MMLU's subject names), `{field|after:SEP}` keeps the text after the last `SEP` (GSM8K's
+//! final answer after `####`), filters apply in turn (`{answer|after:####|strip}`), and `{{` /
+//! `}}` are literal braces.
 
 use anyhow::{bail, Result};
 use serde_json::Value;
@@ -49,20 +51,29 @@ pub fn render(template: &str, doc: &Value) -> Result<String> {
             bail!("template {template:?}: `{{` is never closed");
         };
         let spec = &tail[1..end];
-        let (path, filter) = match spec.split_once('|') {
-            Some((p, f)) => (p.trim(), Some(f.trim())),
-            None => (spec.trim(), None),
-        };
+        let mut parts = spec.split('|');
+        let path = parts.next().unwrap_or_default().trim();
         let value = lookup(doc, path).ok_or_else(|| anyhow::anyhow!("no field `{path}`"))?;
-        let text = as_text(value)
+        let mut text = as_text(value)
             .ok_or_else(|| anyhow::anyhow!("field `{path}` is not text (it is {value})"))?;
-        match filter {
-            None => out.push_str(&text),
-            Some("strip") => out.push_str(text.trim()),
-            Some("lstrip") => out.push_str(text.trim_start()),
-            Some("spaces") => out.push_str(&text.replace('_', " ")),
-            Some(other) => bail!("template {template:?}: unknown filter `{other}`"),
+        // Filters apply in turn.
+        for filter in parts {
+            let filter = filter.trim();
+            text = match filter {
+                "strip" => text.trim().to_string(),
+                "lstrip" => text.trim_start().to_string(),
+                "spaces" => text.replace('_', " "),
+                f => match f.strip_prefix("after:") {
+                    // Python's `text.split(sep)[-1]`: the text after the last `sep`, or all
+                    // of it.
+                    Some(sep) if !sep.is_empty() => {
+                        text.rsplit(sep).next().unwrap_or_default().to_string()
+                    }
+                    _ => bail!("template {template:?}: unknown filter `{f}`"),
+                },
+            };
         }
+        out.push_str(&text);
         rest = &tail[end + 1..];
     }
     out.push_str(rest);
@@ -91,6 +102,13 @@ mod tests {
             .to_string()
             .contains("not text"));
         assert!(render("{q", &doc).is_err());
+        let a = json!({"answer": "3 + 4 = 7.\n#### 7 ", "plain": "The answer is 6."});
+        assert_eq!(render("{answer|after:####|strip}", &a).unwrap(), "7");
+        assert_eq!(
+            render("{plain|after:####|strip}", &a).unwrap(),
+            "The answer is 6."
+        );
+        assert!(render("{plain|after:}", &a).is_err());
         assert!(render("{q|upper}", &doc).is_err());
     }
 }
