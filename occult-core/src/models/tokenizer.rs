@@ -81,6 +81,14 @@ impl TextTokenizer {
             .map_err(|e| Error::bad_file(&self.path, format!("decoding failed: {e}")))
     }
 
+    /// The text of `ids` with special tokens kept (how lm-evaluation-harness reads the tail
+    /// of a generation for its stop strings, and the EOS token's text).
+    pub fn decode_with_special(&self, ids: &[u32]) -> Result<String> {
+        self.tok
+            .decode(ids, false)
+            .map_err(|e| Error::bad_file(&self.path, format!("decoding failed: {e}")))
+    }
+
     /// The token that stands for "no context": BOS, else the first EOS
     /// (lm-evaluation-harness's `prefix_token_id`).
     pub fn prefix_token(&self) -> Option<u32> {

@@ -13,6 +13,7 @@
 //! - [`extract`]: what the harness does with a generated answer (`generate_until` tasks such
 //!   as GSM8K): the cut at stop strings, the filters, `exact_match` and its standard error;
 //! - [`gen_task`]: generative task files and the requests they make (contexts, the tokens fed);
+//! - [`generate_until`]: greedy generation until a stop string, as the harness's HF backend;
 //! - [`metrics`]: `acc`, `acc_norm` of an item, means with standard errors, pooled groups;
 //! - [`paired`]: two models' difference on the same items, with a paired bootstrap interval;
 //! - [`results`]: a task's aggregation: per task, group and category, as the results JSON
@@ -22,6 +23,7 @@ pub mod data;
 pub mod evaluate;
 pub mod extract;
 pub mod gen_task;
+pub mod generate_until;
 pub mod loglik;
 pub mod metrics;
 pub mod paired;
