@@ -57,6 +57,23 @@ impl Stopping {
     }
 }
 
+/// The last position's logits as f32, refused if any is not finite (a NaN would silently
+/// pick token 0): generation step `step`.
+pub(crate) fn finite_row(logits: &Tensor, step: usize) -> Result<Vec<f32>> {
+    let row = logits
+        .flatten_all()?
+        .to_dtype(DType::F32)?
+        .to_vec1::<f32>()?;
+    if let Some(i) = row.iter().position(|v| !v.is_finite()) {
+        bail!(
+            "the model's logits are not finite ({} at token id {i}) at generation step \
+             {step}: the weights or the dtype overflow",
+            row[i]
+        );
+    }
+    Ok(row)
+}
+
 /// The greedy argmax of a row of logits (the first on ties, as torch's).
 fn argmax(row: &[f32]) -> u32 {
     let mut best = 0;
@@ -86,18 +103,7 @@ pub fn generate_greedy(
     let mut logits = m.forward(&ids, Some(&mut cache), None, Logits::Last)?;
     let mut new = Vec::with_capacity(max_gen_toks);
     while new.len() < max_gen_toks {
-        let row = logits
-            .flatten_all()?
-            .to_dtype(DType::F32)?
-            .to_vec1::<f32>()?;
-        if let Some(i) = row.iter().position(|v| !v.is_finite()) {
-            bail!(
-                "the model's logits are not finite ({} at token id {i}) after {} generated \
-                 tokens",
-                row[i],
-                new.len()
-            );
-        }
+        let row = finite_row(&logits, new.len())?;
         let next = argmax(&row);
         new.push(next);
         if eos.contains(&next) || new.len() == max_gen_toks || stopping.hit(tok, &new)? {

@@ -4,7 +4,7 @@
 
 use crate::context::ModelSpec;
 use anyhow::{bail, Result};
-use candle::{DType, Device, Tensor};
+use candle::{Device, Tensor};
 use occult_core::models::model::{Logits, Model};
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
@@ -104,18 +104,7 @@ fn generate_one(
     let prefill_s = clock.elapsed().as_secs_f64();
     let clock = Instant::now();
     for step in 0..limit {
-        let row = logits
-            .flatten_all()?
-            .to_dtype(DType::F32)?
-            .to_vec1::<f32>()?;
-        // A NaN or infinite logit would silently pick token 0.
-        if let Some(i) = row.iter().position(|v| !v.is_finite()) {
-            bail!(
-                "the model's logits are not finite ({} at token id {i}) at generation step \
-                 {step}: the weights or the dtype overflow",
-                row[i]
-            );
-        }
+        let row = crate::harness::generate_until::finite_row(&logits, step)?;
         let next = pick(&row, a.temperature, a.top_p, &mut rng);
         new.push(next);
         if eos.contains(&next) || step + 1 == limit {
