@@ -296,11 +296,11 @@ mod tests {
 
     /// Rows, weights and a plan with every case: experts with several rows, one row, none;
     /// rows named by several experts and by none.
-    /// With `gpt_oss`, biases and the clamped activation, its limit low enough that both
-    /// clamps bite.
+    /// With `biased`, biases on every projection and that activation (gpt-oss's clamped one
+    /// with a limit low enough that both clamps bite).
     fn setup(
         dtype: DType,
-        gpt_oss: bool,
+        biased: Option<Activation>,
     ) -> (SwigluStack, Tensor, Tensor, Vec<Vec<u32>>, Vec<Vec<u32>>) {
         let dev = Device::Cpu;
         let (e, i, h, rows) = (5, 48, 40, 9);
@@ -311,16 +311,12 @@ mod tests {
                 .unwrap()
         };
         let mut stack = SwigluStack::new(w((e, i, h)), w((e, i, h)), w((e, h, i))).unwrap();
-        if gpt_oss {
+        if let Some(act) = biased {
             let b = |n: usize| Tensor::randn(0f32, 0.5, (e, n), &dev).unwrap();
             let bias = ExpertBiases {
                 gate: b(i),
                 up: b(i),
                 down: b(h),
-            };
-            let act = Activation::ClampedSwiglu {
-                alpha: 1.702,
-                limit: 1.0,
             };
             stack = stack.with_form(act, Some(bias)).unwrap();
         }
@@ -396,14 +392,19 @@ mod tests {
             return;
         }
         eprintln!("inference path at {level}");
-        for (wdt, out, gpt_oss) in [
-            (DType::F32, DType::F32, false),
-            (DType::BF16, DType::BF16, false),
-            (DType::BF16, DType::F32, false),
-            (DType::F32, DType::F32, true),
-            (DType::BF16, DType::F32, true),
+        let gpt_oss = Activation::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 1.0,
+        };
+        for (wdt, out, biased) in [
+            (DType::F32, DType::F32, None),
+            (DType::BF16, DType::BF16, None),
+            (DType::BF16, DType::F32, None),
+            (DType::F32, DType::F32, Some(gpt_oss)),
+            (DType::BF16, DType::F32, Some(gpt_oss)),
+            (DType::F32, DType::F32, Some(Activation::Silu)),
         ] {
-            let (stack, xs, weights, rows_of, weight_at) = setup(wdt, gpt_oss);
+            let (stack, xs, weights, rows_of, weight_at) = setup(wdt, biased);
             for weighted in [true, false] {
                 let groups: Vec<Group> = (0..stack.len())
                     .map(|slot| Group {
@@ -434,7 +435,7 @@ mod tests {
                     for (c, (a, b)) in fr.iter().zip(tr).enumerate() {
                         assert!(
                             (a - b).abs() <= tol,
-                            "{wdt:?}/{out:?} gpt-oss {gpt_oss} weighted {weighted}: [{r}, {c}] \
+                            "{wdt:?}/{out:?} biased {biased:?} weighted {weighted}: [{r}, {c}] \
                              {a} vs {b}"
                         );
                     }
@@ -449,7 +450,7 @@ mod tests {
 
     #[test]
     fn indices_out_of_range_are_errors() {
-        let (stack, xs, weights, _, _) = setup(DType::F32, false);
+        let (stack, xs, weights, _, _) = setup(DType::F32, None);
         let bad_row = [Group {
             slot: 0,
             rows: &[9],

@@ -50,7 +50,7 @@ fn projection(w: &Weights, name: &str, ids: &[u32], shape: [usize; 3]) -> Result
     let [e, cols, rows] = shape;
     let blocks = format!("{name}_blocks");
     if !w.contains(&blocks) {
-        return w.get_rows(name, &shape, Some(ids)).map(|t| t.detach());
+        return Ok(w.get_raw_rows(name, &shape, ids)?.to_dtype(w.dtype())?);
     }
     if !cols.is_multiple_of(32) {
         return Err(Error::bad_file(
@@ -112,11 +112,12 @@ pub fn read(w: &Weights, prefix: &str, cfg: &ModelConfig, ids: &[u32]) -> Result
         leaf(down.transpose(1, 2)?.contiguous()?)?,
     )?;
     let biases = if cfg.moe.experts.biases {
-        let gu = w
-            .get_rows(&n.gate_up_bias, &[e, 2 * i], Some(ids))?
-            .detach();
-        let (bg, bu) = deinterleave(&gu)?;
-        let bd = w.get_rows(&n.down_bias, &[e, h], Some(ids))?.detach();
+        // Read as stored and made trainable after the rearrangement, as the weights are.
+        let raw = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            Ok(w.get_raw_rows(name, shape, ids)?.to_dtype(w.dtype())?)
+        };
+        let (bg, bu) = deinterleave(&raw(&n.gate_up_bias, &[e, 2 * i])?)?;
+        let bd = raw(&n.down_bias, &[e, h])?;
         Some(ExpertBiases {
             gate: leaf(bg)?,
             up: leaf(bu)?,

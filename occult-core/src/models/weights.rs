@@ -252,6 +252,12 @@ impl Weights {
     /// Rows `rows` of tensor `name`'s first dimension as stored (its own dtype, never
     /// trainable), which must have shape `expected`: packed data such as MXFP4 blocks.
     pub fn get_raw_rows(&self, name: &str, expected: &[usize], rows: &[u32]) -> Result<Tensor> {
+        self.load_checked(name, expected, Some(rows))
+    }
+
+    /// Tensor `name` (or rows `rows` of it) as stored, after checking that it has shape
+    /// `expected`.
+    fn load_checked(&self, name: &str, expected: &[usize], rows: Option<&[u32]>) -> Result<Tensor> {
         let shape = self
             .shape(name)
             .ok_or_else(|| Error::bad_file(self.origin(), format!("tensor {name} is missing")))?;
@@ -261,7 +267,7 @@ impl Weights {
                 format!("tensor {name} has shape {shape:?}, expected {expected:?}"),
             ));
         }
-        self.load(name, Some(rows))
+        self.load(name, rows)
     }
 
     /// The experts `ids` of the MoE block at `prefix` as `cfg`'s family stores them (gpt-oss's
@@ -311,31 +317,15 @@ impl Weights {
     /// Tensor `name` of shape `expected` in f32, whatever the model's dtype, and never
     /// trainable: a buffer such as a router's selection bias, not a weight.
     pub fn get_frozen(&self, name: &str, expected: &[usize]) -> Result<Tensor> {
-        let shape = self
-            .shape(name)
-            .ok_or_else(|| Error::bad_file(self.origin(), format!("tensor {name} is missing")))?;
-        if shape != expected {
-            return Err(Error::bad_file(
-                self.origin(),
-                format!("tensor {name} has shape {shape:?}, expected {expected:?}"),
-            ));
-        }
-        Ok(self.load(name, None)?.to_dtype(DType::F32)?)
+        Ok(self
+            .load_checked(name, expected, None)?
+            .to_dtype(DType::F32)?)
     }
 
     /// Rows `rows` of tensor `name`'s first dimension (the whole tensor for `None`), which must
     /// have shape `expected`; only those rows are read.
     pub fn get_rows(&self, name: &str, expected: &[usize], rows: Option<&[u32]>) -> Result<Tensor> {
-        let shape = self
-            .shape(name)
-            .ok_or_else(|| Error::bad_file(self.origin(), format!("tensor {name} is missing")))?;
-        if shape != expected {
-            return Err(Error::bad_file(
-                self.origin(),
-                format!("tensor {name} has shape {shape:?}, expected {expected:?}"),
-            ));
-        }
-        let t = self.load(name, rows)?;
+        let t = self.load_checked(name, expected, rows)?;
         self.leaf(name, t.to_dtype(self.dtype)?)
     }
 
