@@ -10,21 +10,27 @@
 use super::extract::{cut_at_stops, stop_sequences};
 use anyhow::{bail, Result};
 use candle::{DType, Device, Tensor};
-use occult_core::models::model::{Logits, Model};
+use occult_core::models::model::{KvCache, Logits, Model};
 use occult_core::models::tokenizer::TextTokenizer;
 
-/// The stop strings of a request and how many generated tokens each is looked for in.
+/// When a request's generation ends: its token budget, the EOS ids, and the stop strings with
+/// how many generated tokens each is looked for in.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Stopping {
     /// The task's `until` and the EOS token's text.
     pub stops: Vec<String>,
     /// `len(encode(stop)) + 2` for each.
     windows: Vec<usize>,
+    /// Most new tokens.
+    pub max_gen_toks: usize,
+    /// The tokenizer's EOS ids (kept in the generation).
+    pub eos: Vec<u32>,
 }
 
 impl Stopping {
-    /// The stop strings of `until` with `tok`'s EOS text appended (the first EOS id's).
-    pub fn new(tok: &TextTokenizer, until: &[String]) -> Result<Self> {
+    /// At most `max_gen_toks` tokens, until `tok`'s EOS ids or a stop string of `until` or
+    /// `tok`'s EOS text (the first EOS id's).
+    pub fn new(tok: &TextTokenizer, until: &[String], max_gen_toks: usize) -> Result<Self> {
         let eos = match tok.eos.first() {
             Some(&id) => Some(tok.decode_with_special(&[id])?),
             None => None,
@@ -34,7 +40,19 @@ impl Stopping {
             .iter()
             .map(|s| Ok(tok.encode(s, false)?.len() + 2))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Stopping { stops, windows })
+        Ok(Stopping {
+            stops,
+            windows,
+            max_gen_toks,
+            eos: tok.eos.clone(),
+        })
+    }
+
+    /// Whether `generated` ends here: at the budget, an EOS id or a stop string.
+    pub fn ends(&self, tok: &TextTokenizer, generated: &[u32]) -> Result<bool> {
+        Ok(generated.len() >= self.max_gen_toks
+            || generated.last().is_some_and(|t| self.eos.contains(t))
+            || self.hit(tok, generated)?)
     }
 
     /// Whether a stop string shows in the decoded tail of `generated`.
@@ -85,14 +103,12 @@ fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
-/// Generates after `window` (the context's tokens fed) on `m`, one sequence: at most
-/// `max_gen_toks` tokens, ending early at an EOS id of `eos` (kept) or a stop string.
+/// Generates after `window` (the context's tokens fed) on `m`, one sequence, until
+/// `stopping` ends it (an EOS id is kept).
 pub fn generate_greedy(
     m: &Model,
     tok: &TextTokenizer,
     window: &[u32],
-    max_gen_toks: usize,
-    eos: &[u32],
     stopping: &Stopping,
 ) -> Result<Vec<u32>> {
     if window.is_empty() {
@@ -101,18 +117,107 @@ pub fn generate_greedy(
     let mut cache = m.new_cache();
     let ids = Tensor::from_slice(window, (1, window.len()), &Device::Cpu)?;
     let mut logits = m.forward(&ids, Some(&mut cache), None, Logits::Last)?;
-    let mut new = Vec::with_capacity(max_gen_toks);
-    while new.len() < max_gen_toks {
+    let mut new = Vec::with_capacity(stopping.max_gen_toks);
+    loop {
         let row = finite_row(&logits, new.len())?;
-        let next = argmax(&row);
-        new.push(next);
-        if eos.contains(&next) || new.len() == max_gen_toks || stopping.hit(tok, &new)? {
+        new.push(argmax(&row));
+        if stopping.ends(tok, &new)? {
             break;
         }
+        let next = new[new.len() - 1];
         let ids = Tensor::from_slice(&[next], (1, 1), &Device::Cpu)?;
         logits = m.forward(&ids, Some(&mut cache), None, Logits::Last)?;
     }
     Ok(new)
+}
+
+/// What a batch of generations cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GenCounts {
+    /// Context tokens fed (the windows).
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Ragged forward steps run.
+    pub steps: u64,
+}
+
+/// One request of [`generate_batched`] in flight.
+struct Running {
+    /// Its index among the requests.
+    index: usize,
+    cache: KvCache,
+    /// What the next step feeds: the window, then the last token.
+    feed: Vec<u32>,
+    new: Vec<u32>,
+}
+
+/// Generates after every window of `windows`, as [`generate_greedy`] does for each alone (until
+/// `stopping` ends it), with up to `batch` requests in flight: each step runs the new tokens of every request in flight
+/// as one ragged step ([`Model::forward_ragged`]; a request just admitted brings its whole
+/// window), and a finished request's place goes to the next waiting one (continuous
+/// batching). `done(n)` is told as requests finish. Returns the generations in request order.
+pub fn generate_batched(
+    m: &Model,
+    tok: &TextTokenizer,
+    windows: &[Vec<u32>],
+    stopping: &Stopping,
+    batch: usize,
+    done: &dyn Fn(u64),
+) -> Result<(Vec<Vec<u32>>, GenCounts)> {
+    if batch == 0 {
+        bail!("a batch of at least one request is needed");
+    }
+    if let Some(i) = windows.iter().position(Vec::is_empty) {
+        bail!("generation request {i} has an empty context");
+    }
+    let mut out: Vec<Option<Vec<u32>>> = vec![None; windows.len()];
+    let mut counts = GenCounts::default();
+    let mut waiting = 0..windows.len();
+    let mut running: Vec<Running> = Vec::with_capacity(batch);
+    loop {
+        while running.len() < batch {
+            let Some(index) = waiting.next() else { break };
+            counts.prompt_tokens += windows[index].len() as u64;
+            running.push(Running {
+                index,
+                cache: m.new_cache(),
+                feed: windows[index].clone(),
+                new: Vec::with_capacity(stopping.max_gen_toks),
+            });
+        }
+        if running.is_empty() {
+            break;
+        }
+        let mut caches: Vec<KvCache> = running
+            .iter_mut()
+            .map(|r| std::mem::take(&mut r.cache))
+            .collect();
+        let feeds: Vec<&[u32]> = running.iter().map(|r| r.feed.as_slice()).collect();
+        let logits = m.forward_ragged(&feeds, &mut caches, None)?;
+        counts.steps += 1;
+        let mut still = Vec::with_capacity(running.len());
+        for (i, (mut r, cache)) in running.into_iter().zip(caches).enumerate() {
+            let row = finite_row(&logits.get(i)?, r.new.len())?;
+            let next = argmax(&row);
+            r.new.push(next);
+            counts.generated_tokens += 1;
+            if stopping.ends(tok, &r.new)? {
+                out[r.index] = Some(r.new);
+                done(1);
+            } else {
+                r.cache = cache;
+                r.feed = vec![next];
+                still.push(r);
+            }
+        }
+        running = still;
+    }
+    let out = out
+        .into_iter()
+        .map(|g| g.expect("every request finished"))
+        .collect();
+    Ok((out, counts))
 }
 
 #[cfg(test)]
@@ -145,7 +250,7 @@ mod tests {
         )
         .unwrap();
         let tok = ck.tokenizer().unwrap();
-        let stopping = Stopping::new(tok, &["hh".into()]).unwrap();
+        let stopping = Stopping::new(tok, &["hh".into()], 8).unwrap();
         let one = |t: &str| tok.encode(t, false).unwrap()[0];
         let (h, x) = (one("h"), one("x"));
         // "hh" encodes to 2 tokens, so it is looked for in the last 4.
@@ -159,8 +264,9 @@ mod tests {
 
     /// What lm-eval 0.4.13's HF backend generated on the fixture models (olmoe.json,
     /// qwen3_moe.json), reproduced token for token from the windows it fed (prompts.json):
-    /// the generated ids (stopping at the same token), the responses, each filter's answer
-    /// and exact match, and every run's means and standard errors.
+    /// the generated ids (stopping at the same token), one at a time and batched, the
+    /// responses, each filter's answer and exact match, and every run's means and standard
+    /// errors.
     #[test]
     fn generations_and_scores_as_the_harness_made_them() {
         let gen = root().join("generative");
@@ -180,7 +286,9 @@ mod tests {
             for (run, w) in want["runs"].as_object().unwrap() {
                 let task = run.split_once('/').unwrap().0;
                 let spec = GenTaskSpec::read(&gen.join(format!("{task}.toml"))).unwrap();
-                let stopping = Stopping::new(tok, &spec.generation.until).unwrap();
+                let stopping =
+                    Stopping::new(tok, &spec.generation.until, spec.generation.max_gen_toks)
+                        .unwrap();
                 let filters: Vec<_> = spec
                     .filters()
                     .iter()
@@ -188,22 +296,17 @@ mod tests {
                     .collect();
                 let metric = ExactMatch::new(&spec.exact_match).unwrap();
                 let mut scores = vec![Vec::new(); filters.len()];
+                let (mut windows, mut wanted) = (Vec::new(), Vec::new());
                 for (i, doc) in w["docs"].as_array().unwrap().iter().enumerate() {
                     let fed: Vec<u32> =
                         serde_json::from_value(prompts["runs"][run][i]["input_ids"].clone())
                             .unwrap();
-                    let ids = generate_greedy(
-                        &m,
-                        tok,
-                        &fed,
-                        spec.generation.max_gen_toks,
-                        &tok.eos,
-                        &stopping,
-                    )
-                    .unwrap();
+                    let ids = generate_greedy(&m, tok, &fed, &stopping).unwrap();
                     let want_ids: Vec<u32> =
                         serde_json::from_value(doc["gen_ids"].clone()).unwrap();
                     assert_eq!(ids, want_ids, "{model} {run} doc {i}");
+                    windows.push(fed);
+                    wanted.push(want_ids);
                     tokens += ids.len();
                     let resp = stopping.response(tok, &ids).unwrap();
                     assert_eq!(
@@ -221,6 +324,13 @@ mod tests {
                         scores[k].push(em);
                     }
                 }
+                // Batched, three in flight: the same generations.
+                let (batched, counts) =
+                    generate_batched(&m, tok, &windows, &stopping, 3, &|_| ()).unwrap();
+                assert_eq!(batched, wanted, "{model} {run} batched");
+                let generated: usize = wanted.iter().map(Vec::len).sum();
+                assert_eq!(counts.generated_tokens, generated as u64);
+                assert!(counts.steps as usize >= generated.div_ceil(3));
                 for (k, f) in filters.iter().enumerate() {
                     let (mean, se) = mean_stderr(&scores[k]);
                     let res = &w["results"];

@@ -4,7 +4,7 @@
 //! ([`Model::announce`]) and its MoE blocks exchange rows with the other ranks.
 
 use super::cache::KvCache;
-use super::decoder::{Mlp, Model};
+use super::decoder::{Layer, Mlp, Model};
 use super::dense::DenseMlp;
 use super::moe::{MoeBlock, MoeExec};
 use super::recorder::{RouterTap, RoutingRecorder};
@@ -47,19 +47,8 @@ impl Model {
         if b == 0 || t == 0 {
             bail!("nothing to run: the batch has {b} sequences of {t} tokens");
         }
-        let v = self.cfg.vocab_size;
         let ids_host = ids.flatten_all()?.to_vec1::<u32>()?;
-        if let Some(&bad) = ids_host.iter().find(|&&x| x as usize >= v) {
-            bail!("token id {bad} is outside the vocabulary of {v}");
-        }
-        let offset = cache.as_ref().map_or(0, |c| c.len());
-        if offset + t > self.cfg.positions() {
-            bail!(
-                "sequence of {} positions exceeds the model's {} (max_position_embeddings)",
-                offset + t,
-                self.cfg.positions()
-            );
-        }
+        self.check_step(&ids_host, cache.as_ref().map_or(0, |c| c.len()), t)?;
         self.announce(true)?;
         match cache {
             None => self.forward_inner(ids, None, rec, which),
@@ -73,6 +62,23 @@ impl Model {
                 r
             }
         }
+    }
+
+    /// Refuses a step of `ids` (`t` per sequence) after `offset` cached positions that leaves
+    /// the vocabulary or the model's positions.
+    pub(super) fn check_step(&self, ids: &[u32], offset: usize, t: usize) -> Result<()> {
+        let v = self.cfg.vocab_size;
+        if let Some(&bad) = ids.iter().find(|&&x| x as usize >= v) {
+            bail!("token id {bad} is outside the vocabulary of {v}");
+        }
+        if offset + t > self.cfg.positions() {
+            bail!(
+                "sequence of {} positions exceeds the model's {} (max_position_embeddings)",
+                offset + t,
+                self.cfg.positions()
+            );
+        }
+        Ok(())
     }
 
     fn forward_inner(
@@ -106,16 +112,7 @@ impl Model {
                 fused,
             )?;
             x = residual_add(&x, &a)?;
-            let hnorm = rms_norm(&x, &layer.post_norm, eps, fused)?;
-            let y = match &layer.mlp {
-                Mlp::Dense(m) => swiglu_3d(&hnorm, m)?,
-                Mlp::Moe(block) => {
-                    let flat = hnorm.reshape((b * t, self.cfg.hidden_size))?;
-                    let y = self.moe_forward(block, &flat, rec.as_deref_mut())?;
-                    y.reshape((b, t, self.cfg.hidden_size))?
-                }
-            };
-            x = residual_add(&x, &y)?;
+            x = self.mlp_step(layer, &x, rec.as_deref_mut())?;
         }
         let x = match which {
             Logits::All => x,
@@ -123,6 +120,26 @@ impl Model {
         };
         let x = rms_norm(&x, &self.norm, eps, fused)?;
         linear(&x, &self.lm_head, None)
+    }
+
+    /// A layer's MLP half on `x` `[B, T, H]`: the post-attention norm, the dense or MoE MLP
+    /// over every token, and the residual.
+    pub(super) fn mlp_step(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        rec: Option<&mut RoutingRecorder>,
+    ) -> Result<Tensor> {
+        let (b, t, h) = x.dims3()?;
+        let hnorm = rms_norm(x, &layer.post_norm, self.cfg.rms_norm_eps, self.fused)?;
+        let y = match &layer.mlp {
+            Mlp::Dense(m) => swiglu_3d(&hnorm, m)?,
+            Mlp::Moe(block) => {
+                let flat = hnorm.reshape((b * t, h))?;
+                self.moe_forward(block, &flat, rec)?.reshape((b, t, h))?
+            }
+        };
+        residual_add(x, &y)
     }
 
     fn moe_forward(

@@ -19,6 +19,7 @@
 //! | `params` | the model's tensors by checkpoint name, tagged as routed experts or not |
 //! | `copies` | replicated experts in training: their copies' gradients summed, counted once |
 //! | `forward` | [`Model::forward`]: ids to [`Logits`] through every layer |
+//! | `ragged` | [`Model::forward_ragged`]: one step of sequences of their own lengths and caches |
 //! | `cache` | [`KvCache`], the key/value caches of all layers |
 //! | `recorder` | [`RoutingRecorder`] and [`RouterTap`], routing recorded by forwards |
 //!
@@ -33,6 +34,7 @@ mod dense;
 mod forward;
 mod moe;
 mod params;
+mod ragged;
 mod recorder;
 mod same_layout;
 
