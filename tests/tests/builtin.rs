@@ -72,8 +72,12 @@ fn the_built_in_data_is_seeded_complete_and_covered_by_its_tokenizer() {
     for d in Domain::ALL {
         let spec = TaskSpec::read(&a.path().join(format!("tasks/{}.toml", task_name(d)))).unwrap();
         assert_eq!(spec.name, task_name(d));
-        let (docs, few) =
-            load(&spec, &Source::Path(a.path().join("tasks").join(d.name()))).unwrap();
+        let (docs, few) = load(
+            &spec.name,
+            &spec.data,
+            &Source::Path(a.path().join("tasks").join(d.name())),
+        )
+        .unwrap();
         assert_eq!(docs.docs.len(), 30);
         assert!(few.is_some_and(|f| f.docs.len() == 10));
         for i in 0..docs.docs.len() {
@@ -239,7 +243,6 @@ fn the_committed_weights_are_what_the_default_recipe_builds() {
 fn a_first_build_takes_the_committed_weights_and_knows_its_tasks() {
     use occult_eval::builtin::{committed, ensure, BuiltinRecipe};
     use occult_eval::context::ModelSpec;
-    use occult_eval::harness::task::Metric;
     use occult_eval::jobs::eval::{evaluate, EvalJob};
     let d = tempfile::tempdir().unwrap();
     let b = ensure(&d.path().join("b"), &BuiltinRecipe::default(), false).unwrap();
@@ -288,7 +291,7 @@ fn a_first_build_takes_the_committed_weights_and_knows_its_tasks() {
     let accs: Vec<(String, f64)> = done
         .tasks
         .iter()
-        .map(|(t, r)| (t.clone(), r.get(Metric::Acc).value))
+        .map(|(t, r)| (t.clone(), r.headline().1.value))
         .collect();
     let mean = accs.iter().map(|a| a.1).sum::<f64>() / accs.len() as f64;
     // 100 items a task: 3 standard errors under the 1,000-item figures (0.951 mean, 0.846 the

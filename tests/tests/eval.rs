@@ -364,6 +364,7 @@ fn few_shot_prompts_are_lm_eval_0_4_13s() {
             num_fewshot: Some(shots),
             limit: None,
             seed: 1234,
+            max_gen_toks: None,
         };
         let p = prepare(name, &opts).unwrap();
         let want = t["docs"].as_array().unwrap();

@@ -142,7 +142,7 @@ fn eval_and_profile_under_mpirun_equal_one_device() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path();
     let model = fixture("qwen3_moe");
-    let tasks = "arc_easy,hellaswag,piqa,mmlu";
+    let tasks = "arc_easy,hellaswag,piqa,mmlu,gsm8k";
     let eval_args = |out: &str| {
         vec![
             "eval".to_string(),
@@ -151,6 +151,9 @@ fn eval_and_profile_under_mpirun_equal_one_device() {
             "--tasks".into(),
             tasks.into(),
             "--samples".into(),
+            // GSM8K's answers within the fixture's 128 positions.
+            "--max-gen-toks".into(),
+            "24".into(),
             "--output".into(),
             format!("{out}/results.json"),
             "--log-samples".into(),
@@ -179,7 +182,7 @@ fn eval_and_profile_under_mpirun_equal_one_device() {
         read(dir.join("four/results.json")),
     );
     for task in tasks.split(',') {
-        for key in ["acc", "acc_norm", "n"] {
+        for key in ["acc", "acc_norm", "n", "exact_match,strict-match"] {
             assert_eq!(
                 r1["results"][task][key], r4["results"][task][key],
                 "{task} {key}"

@@ -5,7 +5,7 @@
 use crate::context::ModelSpec;
 use crate::harness::evaluate::{prepare, score_task};
 use crate::harness::scorer::ScoreOptions;
-use crate::jobs::eval::{prepare_options, work_bytes, EvalJob};
+use crate::jobs::eval::{choice_work, prepare_options, EvalJob};
 use crate::table::Table;
 use anyhow::{Context, Result};
 use serde_json::json;
@@ -28,7 +28,11 @@ pub fn run(spec: &ModelSpec, job: &EvalJob, output: Option<&Path>) -> Result<()>
         batch: a.batch_size,
         add_bos: a.add_bos,
     };
-    let Some(runs) = spec.run_same(&ck, "tasks or items", work_bytes(&prepared), |m| {
+    let work: String = prepared
+        .iter()
+        .map(|p| format!("{}{}", p.spec.name, choice_work(p)))
+        .collect();
+    let Some(runs) = spec.run_same(&ck, "tasks or items", work.into_bytes(), |m| {
         let mut out = Vec::new();
         for p in &prepared {
             let mut pair = Vec::new();

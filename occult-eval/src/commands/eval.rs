@@ -1,4 +1,5 @@
-//! `occult eval`: multiple-choice tasks scored as lm-evaluation-harness scores them, with the
+//! `occult eval`: multiple-choice and generative tasks scored as lm-evaluation-harness scores
+//! them, with the
 //! model options of every model command (so pruned routing can be scored without fine-tuning).
 //! Writes results as JSON (per task and metric with standard errors, the configuration, the
 //! version and the seed), prints a Markdown table, and with `--log-samples` writes
@@ -13,6 +14,7 @@ use std::path::{Path, PathBuf};
 #[derive(clap::Args, Debug)]
 #[command(after_help = "Examples:\n  \
     occult eval --model M --tasks piqa,arc_easy --samples          # the built-in sample data\n  \
+    occult eval --model M --tasks gsm8k --data gsm8k=gsm8k/ --limit 100 --batch-size 16\n  \
     occult eval --model M --tasks hellaswag --data hellaswag=hellaswag_val.jsonl --limit 200\n  \
     occult eval --model M --tasks mmlu --data mmlu=mmlu_dir/ --devices 4 --max-devices 2 \\\n      \
     --placement p.json --output results.json --log-samples")]
@@ -35,7 +37,8 @@ pub struct EvalArgs {
     /// Score at most this many items per task.
     #[arg(long)]
     pub limit: Option<usize>,
-    /// Requests per forward pass when contexts are not reused.
+    /// Requests per forward pass when contexts are not reused; generative tasks: requests in
+    /// flight.
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
     /// Run each request whole instead of running a shared context once.
@@ -47,6 +50,10 @@ pub struct EvalArgs {
     /// Add BOS when encoding (lm-eval's add_bos_token).
     #[arg(long)]
     pub add_bos: bool,
+    /// Generative tasks: most new tokens per answer (default: each task's own; GSM8K's is the
+    /// harness's 256).
+    #[arg(long)]
+    pub max_gen_toks: Option<usize>,
     /// Write the results JSON here.
     #[arg(long)]
     pub output: Option<PathBuf>,
@@ -76,6 +83,7 @@ impl EvalArgs {
             seed: self.seed,
             add_bos: self.add_bos,
             record_routing: self.trace.is_some(),
+            max_gen_toks: self.max_gen_toks,
         }
     }
 }

@@ -22,6 +22,9 @@ builtin!(
     "arc_easy",
     "boolq",
     "copa",
+    "gsm8k",
+    "gsm8k_cot",
+    "gsm8k_cot_zeroshot",
     "hellaswag",
     "mathqa",
     "mmlu",
@@ -52,6 +55,8 @@ samples!(
     ("boolq", "train"),
     ("copa", "validation"),
     ("copa", "train"),
+    ("gsm8k", "test"),
+    ("gsm8k", "train"),
     ("hellaswag", "validation"),
     ("hellaswag", "train"),
     ("mathqa", "test"),
@@ -73,6 +78,9 @@ samples!(
     ("wsc", "train"),
 );
 
+/// Built-in tasks that read another's samples (the same dataset): (task, samples of).
+const SAMPLES_OF: &[(&str, &str)] = &[("gsm8k_cot", "gsm8k"), ("gsm8k_cot_zeroshot", "gsm8k")];
+
 pub use occult_core::records::Docs;
 use occult_core::records::{hub_dataset_dir, parse_docs, read_file, read_split};
 
@@ -87,22 +95,23 @@ pub enum Source {
     Hub,
 }
 
-/// The eval documents and, if the task has a separate few-shot split there, its documents.
-pub fn load(task: &super::task::TaskSpec, source: &Source) -> Result<(Docs, Option<Docs>)> {
-    let eval_split = task.data.eval_split.as_str();
-    let fewshot_split = task
-        .data
-        .fewshot_split
-        .as_deref()
-        .filter(|s| *s != eval_split);
-    let config = task.data.config.as_deref();
+/// Task `task`'s eval documents and, if it has a separate few-shot split there, its documents,
+/// as `data` says where they are.
+pub fn load(
+    task: &str,
+    data: &super::task::DataSpec,
+    source: &Source,
+) -> Result<(Docs, Option<Docs>)> {
+    let eval_split = data.eval_split.as_str();
+    let fewshot_split = data.fewshot_split.as_deref().filter(|s| *s != eval_split);
+    let config = data.config.as_deref();
     let in_dir = |dir: &Path| -> Result<(Docs, Option<Docs>)> {
         let eval = read_split(dir, eval_split, config)?.with_context(|| {
             format!(
                 "{}: no {eval_split} split for {} ({eval_split}.jsonl, .json or \
                  {eval_split}-*.parquet)",
                 dir.display(),
-                task.name
+                task
             )
         })?;
         let few = match fewshot_split {
@@ -111,8 +120,12 @@ pub fn load(task: &super::task::TaskSpec, source: &Source) -> Result<(Docs, Opti
         };
         Ok((eval, few))
     };
-    let hub = task.data.hub.as_str();
-    let task = task.name.as_str();
+    let hub = data.hub.as_str();
+    // Tasks that share another's dataset share its samples.
+    let task = SAMPLES_OF
+        .iter()
+        .find(|(t, _)| *t == task)
+        .map_or(task, |(_, of)| *of);
     match source {
         Source::Hub => in_dir(&hub_dataset_dir(hub, None, "give --data TASK=PATH")?),
         Source::Samples => {

@@ -1,13 +1,16 @@
 //! The steps of evaluating a task, as lm-evaluation-harness's `api/task.py` runs them: the
-//! task file is found ([`task_spec`]), its data loaded and its items built, with their
-//! few-shot examples and the limit per group ([`prepare`]), then the items are scored by a
-//! model ([`score_task`]; on D ranks each scores its share and the scores are gathered in item
-//! order). Aggregating the scores is [`super::results`]'s part.
+//! task file is found ([`task_file`]: multiple-choice or generative), its data loaded and its
+//! items built, with their few-shot examples and the limit per group ([`prepare_any`]), then
+//! a multiple-choice task's items are scored by a model ([`score_task`]; on D ranks each
+//! scores its share and the scores are gathered in item order). Generating a generative
+//! task's answers is [`super::gen_eval`]'s part, aggregating the scores [`super::results`]'s.
 
 use super::data::{self, Source};
+use super::gen_eval::{prepare_generative, GenPrepared};
+use super::gen_task::GenTaskSpec;
 use super::pyrandom::PyRandom;
 use super::scorer::{ScoreOptions, Scorer};
-use super::task::{Item, TaskSpec};
+use super::task::{DataSpec, Item, TaskSpec};
 use super::template::{as_text, lookup};
 use anyhow::{bail, Context, Result};
 use occult_core::models::model::{Model, RoutingRecorder};
@@ -32,6 +35,8 @@ pub struct PrepareOptions {
     pub limit: Option<usize>,
     /// Seed of the few-shot draw.
     pub seed: u64,
+    /// Generative tasks: most new tokens (default: each task's own).
+    pub max_gen_toks: Option<usize>,
 }
 
 /// One task's items, ready to score.
@@ -77,14 +82,66 @@ impl Scored {
     }
 }
 
-/// A task by name: a built-in task, or the path of a task file (`*.toml`).
+/// A task file of either kind.
+#[derive(Clone, Debug)]
+pub enum TaskFile {
+    /// Multiple choice, scored by log-likelihood.
+    Choice(TaskSpec),
+    /// Generated answers (`output_type = "generate_until"`).
+    Generative(GenTaskSpec),
+}
+
+impl TaskFile {
+    /// Parses a task file of either kind (a generative one says `output_type =
+    /// "generate_until"`); `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self> {
+        let generative = toml::from_str::<toml::Table>(text)
+            .ok()
+            .is_some_and(|t| t.contains_key("output_type"));
+        Ok(if generative {
+            TaskFile::Generative(GenTaskSpec::parse(text, origin)?)
+        } else {
+            TaskFile::Choice(TaskSpec::parse(text, origin)?)
+        })
+    }
+
+    /// The name the file declares.
+    pub fn name(&self) -> &str {
+        match self {
+            TaskFile::Choice(t) => &t.name,
+            TaskFile::Generative(t) => &t.name,
+        }
+    }
+
+    /// Where its data is.
+    pub fn data(&self) -> &DataSpec {
+        match self {
+            TaskFile::Choice(t) => &t.data,
+            TaskFile::Generative(t) => &t.data,
+        }
+    }
+}
+
+/// A multiple-choice task by name (see [`task_file`]).
 pub fn task_spec(name: &str) -> Result<TaskSpec> {
+    match task_file(name)? {
+        TaskFile::Choice(t) => Ok(t),
+        TaskFile::Generative(_) => bail!(
+            "{name} is a generative task (generate_until); only multiple-choice tasks are \
+             scored by log-likelihood here"
+        ),
+    }
+}
+
+/// A task by name: a built-in task, or the path of a task file (`*.toml`).
+pub fn task_file(name: &str) -> Result<TaskFile> {
     if let Some((_, text)) = data::TASKS.iter().find(|(n, _)| *n == name) {
-        return TaskSpec::parse(text, &format!("tasks/{name}.toml"));
+        return TaskFile::parse(text, &format!("tasks/{name}.toml"));
     }
     let p = Path::new(name);
     if p.extension().is_some_and(|e| e == "toml") && p.exists() {
-        return TaskSpec::read(p);
+        let text = occult_core::input::read_text(p)?;
+        return TaskFile::parse(&text, &p.display().to_string());
     }
     bail!(
         "unknown task {name:?}: the built-in tasks are {}; or give a path to a task file",
@@ -110,8 +167,8 @@ pub fn data_sources(tasks: &[String], data: &[String]) -> Result<BTreeMap<String
             if let Some(stem) = Path::new(n).file_stem().and_then(|s| s.to_str()) {
                 also.push(stem.to_string());
             }
-            match task_spec(n) {
-                Ok(spec) => also.push(spec.name),
+            match task_file(n) {
+                Ok(spec) => also.push(spec.name().to_string()),
                 Err(e) => unreadable.push(format!("{e:#}")),
             }
             also.dedup();
@@ -142,33 +199,95 @@ pub fn data_sources(tasks: &[String], data: &[String]) -> Result<BTreeMap<String
     Ok(sources)
 }
 
-/// Task `name`'s items: its documents loaded and preprocessed, at most `limit` per group,
-/// each with its few-shot examples.
-pub fn prepare(name: &str, o: &PrepareOptions) -> Result<Prepared> {
-    let spec = task_spec(name)?;
-    let source = match (o.data.get(name).or(o.data.get(&spec.name)), o.samples) {
+/// One task's items, ready to score or generate.
+#[derive(Clone, Debug)]
+pub enum PreparedTask {
+    Choice(Prepared),
+    Generative(GenPrepared),
+}
+
+impl PreparedTask {
+    /// The task's name.
+    pub fn name(&self) -> &str {
+        match self {
+            PreparedTask::Choice(p) => &p.spec.name,
+            PreparedTask::Generative(p) => &p.spec.name,
+        }
+    }
+
+    /// Its items.
+    pub fn len(&self) -> usize {
+        match self {
+            PreparedTask::Choice(p) => p.items.len(),
+            PreparedTask::Generative(p) => p.items.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Task `name`'s items, of either kind (see [`prepare`] and [`prepare_generative`]).
+pub fn prepare_any(name: &str, o: &PrepareOptions) -> Result<PreparedTask> {
+    Ok(match task_file(name)? {
+        TaskFile::Choice(spec) => PreparedTask::Choice(prepare_choice(name, spec, o)?),
+        TaskFile::Generative(spec) => {
+            let source = source_of(name, &spec.name, o);
+            PreparedTask::Generative(prepare_generative(spec, &source, o)?)
+        }
+    })
+}
+
+/// Where task `name` (whose file declares `declared`) reads its documents.
+fn source_of(name: &str, declared: &str, o: &PrepareOptions) -> Source {
+    match (o.data.get(name).or(o.data.get(declared)), o.samples) {
         (Some(p), _) => Source::Path(p.clone()),
         (None, true) => Source::Samples,
         (None, false) => Source::Hub,
-    };
-    let (eval, few) = data::load(&spec, &source)?;
-    let shots = o.num_fewshot.unwrap_or(spec.prompt.num_fewshot);
-    let eval_split = &spec.data.eval_split;
-    if let Some(fs) = spec
-        .data
-        .fewshot_split
-        .as_ref()
-        .filter(|s| *s != eval_split)
-    {
+    }
+}
+
+/// Refuses `shots` examples from a few-shot split the data lacks.
+pub(crate) fn check_fewshot_split(
+    task: &str,
+    data: &DataSpec,
+    few: Option<&data::Docs>,
+    shots: usize,
+) -> Result<()> {
+    let eval_split = &data.eval_split;
+    if let Some(fs) = data.fewshot_split.as_ref().filter(|s| *s != eval_split) {
         if few.is_none() && shots > 0 {
             bail!(
-                "{shots}-shot {} needs its {fs} split for the examples, and the data has none \
-                 (give --data {}=FOLDER with {eval_split} and {fs} files, or --num-fewshot 0)",
-                spec.name,
-                spec.name
+                "{shots}-shot {task} needs its {fs} split for the examples, and the data has \
+                 none (give --data {task}=FOLDER with {eval_split} and {fs} files, or \
+                 --num-fewshot 0)"
             );
         }
     }
+    Ok(())
+}
+
+/// What "no documents" says of a source.
+pub(crate) fn source_name(source: &Source, data: &DataSpec) -> String {
+    match source {
+        Source::Path(p) => p.display().to_string(),
+        Source::Samples => "the built-in samples".into(),
+        Source::Hub => format!("the cached {}", data.hub),
+    }
+}
+
+/// Multiple-choice task `name`'s items: its documents loaded and preprocessed, at most
+/// `limit` per group, each with its few-shot examples.
+pub fn prepare(name: &str, o: &PrepareOptions) -> Result<Prepared> {
+    prepare_choice(name, task_spec(name)?, o)
+}
+
+fn prepare_choice(name: &str, spec: TaskSpec, o: &PrepareOptions) -> Result<Prepared> {
+    let source = source_of(name, &spec.name, o);
+    let (eval, few) = data::load(&spec.name, &spec.data, &source)?;
+    let shots = o.num_fewshot.unwrap_or(spec.prompt.num_fewshot);
+    check_fewshot_split(&spec.name, &spec.data, few.as_ref(), shots)?;
     let docs = spec.prepare(&eval.docs, &eval.origins)?;
     let few = few.map(|f| spec.prepare(&f.docs, &f.origins)).transpose()?;
     // The limit applies per group (each MMLU subject), as the harness limits each subtask.
@@ -187,11 +306,7 @@ pub fn prepare(name: &str, o: &PrepareOptions) -> Result<Prepared> {
         })
         .collect();
     if selected.is_empty() {
-        let from = match &source {
-            Source::Path(p) => p.display().to_string(),
-            Source::Samples => "the built-in samples".into(),
-            Source::Hub => format!("the cached {}", spec.data.hub),
-        };
+        let from = source_name(&source, &spec.data);
         bail!("no documents to score in {} (from {from})", spec.name);
     }
     // One random.Random(seed) per group (each MMLU subject is a task of its own in the

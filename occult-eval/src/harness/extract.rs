@@ -8,7 +8,6 @@
 //! - [`ExactMatch`]: the `exact_match` metric (`exact_match_hf_evaluate`): the task's
 //!   `regexes_to_ignore` removed from prediction and reference alike, then case and
 //!   punctuation folded as the task says, then compared;
-//! - [`mean_stderr`]: the closed-form standard error the harness reports for a mean.
 //!
 //! Patterns are the task files' Python regular expressions, run on the `regex` crate, which
 //! reads them alike (leftmost-first alternation, `.` stopping at `\n`). Python's `$` also
@@ -294,24 +293,10 @@ impl ExactMatch {
     }
 }
 
-/// The mean of `xs` and the harness's standard error of it, `sqrt(sum (x - mean)^2 / (n - 1)) /
-/// sqrt(n)` (`None` for fewer than 2 values, which the harness reports as "N/A").
-pub fn mean_stderr(xs: &[f64]) -> (f64, Option<f64>) {
-    let n = xs.len() as f64;
-    if xs.is_empty() {
-        return (f64::NAN, None);
-    }
-    let mean = xs.iter().sum::<f64>() / n;
-    if xs.len() < 2 {
-        return (mean, None);
-    }
-    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
-    (mean, Some((var / n).sqrt()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::metrics::mean_stderr;
 
     fn gsm8k_strict() -> CompiledFilter {
         Filter {
@@ -404,10 +389,14 @@ mod tests {
         let mut xs = vec![0.0; 9];
         xs[0] = 1.0;
         xs[4] = 1.0;
-        let (m, se) = mean_stderr(&xs);
+        let super::super::metrics::Estimate {
+            value: m,
+            stderr: se,
+            ..
+        } = mean_stderr(&xs);
         assert!((m - 2.0 / 9.0).abs() < 1e-15);
         assert!((se.unwrap() - 0.1469861839480328).abs() < 1e-15);
-        assert_eq!(mean_stderr(&[1.0]).1, None);
+        assert_eq!(mean_stderr(&[1.0]).stderr, None);
     }
 
     fn fixture(name: &str) -> serde_json::Value {
@@ -472,7 +461,8 @@ mod tests {
                     }
                 }
                 for (k, flt) in filters.iter().enumerate() {
-                    let (mean, se) = mean_stderr(&scores[k]);
+                    let e = mean_stderr(&scores[k]);
+                    let (mean, se) = (e.value, e.stderr);
                     let key = |m: &str| format!("{m},{}", flt.name);
                     let res = &round["results"];
                     assert!((mean - res[key("exact_match")].as_f64().unwrap()).abs() < 1e-12);

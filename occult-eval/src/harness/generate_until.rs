@@ -223,8 +223,9 @@ pub fn generate_batched(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::extract::{mean_stderr, ExactMatch};
+    use crate::harness::extract::ExactMatch;
     use crate::harness::gen_task::{GenItem, GenTaskSpec};
+    use crate::harness::metrics::mean_stderr;
     use crate::harness::pyrandom::PyRandom;
     use occult_core::models::loader::Checkpoint;
     use serde_json::Value;
@@ -332,7 +333,8 @@ mod tests {
                 assert_eq!(counts.generated_tokens, generated as u64);
                 assert!(counts.steps as usize >= generated.div_ceil(3));
                 for (k, f) in filters.iter().enumerate() {
-                    let (mean, se) = mean_stderr(&scores[k]);
+                    let e = mean_stderr(&scores[k]);
+                    let (mean, se) = (e.value, e.stderr);
                     let res = &w["results"];
                     let key = |m: &str| format!("{m},{}", f.name);
                     assert!((mean - res[key("exact_match")].as_f64().unwrap()).abs() < 1e-12);

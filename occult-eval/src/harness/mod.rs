@@ -1,4 +1,5 @@
-//! The evaluation harness: lm-evaluation-harness-compatible multiple-choice scoring.
+//! The evaluation harness: lm-evaluation-harness-compatible multiple-choice scoring and
+//! generative (`generate_until`) tasks.
 //!
 //! - [`task`]: task files (`tasks/*.toml`), the items they make of documents, and the
 //!   metrics they report (each metric's name and JSON key);
@@ -13,15 +14,21 @@
 //! - [`extract`]: what the harness does with a generated answer (`generate_until` tasks such
 //!   as GSM8K): the cut at stop strings, the filters, `exact_match` and its standard error;
 //! - [`gen_task`]: generative task files and the requests they make (contexts, the tokens fed);
-//! - [`generate_until`]: greedy generation until a stop string, as the harness's HF backend;
+//! - [`generate_until`]: greedy generation until a stop string, as the harness's HF backend,
+//!   one request at a time or continuously batched;
+//! - [`gen_eval`]: a generative task's items prepared, encoded and generated on D ranks;
+//! - [`gen_results`]: a generative task's answers filtered and scored, its results JSON and
+//!   samples lines;
 //! - [`metrics`]: `acc`, `acc_norm` of an item, means with standard errors, pooled groups;
 //! - [`paired`]: two models' difference on the same items, with a paired bootstrap interval;
 //! - [`results`]: a task's aggregation: per task, group and category, as the results JSON
-//!   and the samples lines.
+//!   and the samples lines, and a task's outcome of either kind.
 
 pub mod data;
 pub mod evaluate;
 pub mod extract;
+pub mod gen_eval;
+pub mod gen_results;
 pub mod gen_task;
 pub mod generate_until;
 pub mod loglik;

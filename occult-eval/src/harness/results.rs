@@ -4,6 +4,7 @@
 //! JSON, with the per-item lines of `samples_TASK.jsonl`.
 
 use super::evaluate::{Prepared, Scored};
+use super::gen_results::GenResults;
 use super::metrics::{mean_stderr, pooled, Estimate, ItemScores};
 use super::task::Metric;
 use serde::Serialize;
@@ -157,12 +158,139 @@ impl Figures {
 
 /// lm-eval's `prompt_hash` of an item: the hex SHA-256 of its first request's context.
 pub fn prompt_hash(it: &super::task::Item) -> String {
+    sha256_hex(it.contexts.first().map_or("", String::as_str))
+}
+
+/// The lower-case hex SHA-256 of `text` (the harness's `hash_string`).
+pub fn sha256_hex(text: &str) -> String {
     use sha2::{Digest, Sha256};
-    let context = it.contexts.first().map_or("", String::as_str);
-    Sha256::digest(context.as_bytes())
+    Sha256::digest(text.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// A task's results of either kind.
+#[derive(Clone, Debug)]
+pub enum TaskOutcome {
+    Choice(TaskResults),
+    Generative(GenResults),
+}
+
+/// One item's headline score (`acc`, or the first filter's `exact_match`), by document, with
+/// its question key ([`Sample::question`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ItemScore {
+    pub doc_id: usize,
+    pub score: f64,
+    pub question: u64,
+}
+
+impl TaskOutcome {
+    /// The task's entry in the results JSON.
+    pub fn to_json(&self) -> Value {
+        match self {
+            TaskOutcome::Choice(t) => t.to_json(),
+            TaskOutcome::Generative(g) => g.to_json(),
+        }
+    }
+
+    /// The lines of `samples_TASK.jsonl`.
+    pub fn sample_lines(&self) -> Vec<Value> {
+        match self {
+            TaskOutcome::Choice(t) => t.samples.iter().map(Sample::to_json).collect(),
+            TaskOutcome::Generative(g) => g.sample_lines(),
+        }
+    }
+
+    /// Items scored.
+    pub fn n(&self) -> usize {
+        match self {
+            TaskOutcome::Choice(t) => t.samples.len(),
+            TaskOutcome::Generative(g) => g.samples.len(),
+        }
+    }
+
+    pub fn num_fewshot(&self) -> usize {
+        match self {
+            TaskOutcome::Choice(t) => t.num_fewshot,
+            TaskOutcome::Generative(g) => g.num_fewshot,
+        }
+    }
+
+    pub fn items_per_s(&self) -> f64 {
+        match self {
+            TaskOutcome::Choice(t) => t.speed.items_per_s,
+            TaskOutcome::Generative(g) => g.speed.items_per_s,
+        }
+    }
+
+    /// The reported figures by key (`acc`, `exact_match,strict-match`), in the task's order.
+    pub fn figures(&self) -> Vec<(String, Estimate)> {
+        match self {
+            TaskOutcome::Choice(t) => t
+                .metrics
+                .iter()
+                .map(|&m| (m.key().into(), t.get(m)))
+                .collect(),
+            TaskOutcome::Generative(g) => g
+                .filters
+                .iter()
+                .zip(&g.figures)
+                .map(|(f, &e)| (GenResults::keys(f).0, e))
+                .collect(),
+        }
+    }
+
+    /// The headline metric's name and figure: `acc`, or the first filter's `exact_match`.
+    pub fn headline(&self) -> (String, Estimate) {
+        match self {
+            TaskOutcome::Choice(t) => (Metric::Acc.key().into(), t.get(Metric::Acc)),
+            TaskOutcome::Generative(g) => (GenResults::keys(&g.filters[0]).0, g.headline()),
+        }
+    }
+
+    /// `acc_norm` where the task reports it.
+    pub fn acc_norm(&self) -> Option<f64> {
+        match self {
+            TaskOutcome::Choice(t) => t
+                .metrics
+                .contains(&Metric::AccNorm)
+                .then(|| t.get(Metric::AccNorm).value),
+            TaskOutcome::Generative(_) => None,
+        }
+    }
+
+    /// Every item's headline score in `doc_id` order; `None` if an item lacks its question.
+    pub fn item_scores(&self) -> Option<Vec<ItemScore>> {
+        let mut items: Vec<ItemScore> = match self {
+            TaskOutcome::Choice(t) => t
+                .samples
+                .iter()
+                .map(|s| {
+                    Some(ItemScore {
+                        doc_id: s.doc_id,
+                        score: s.scores.acc,
+                        question: s.question()?,
+                    })
+                })
+                .collect::<Option<_>>()?,
+            TaskOutcome::Generative(g) => g
+                .samples
+                .iter()
+                .map(|s| {
+                    let hash = sha256_hex(&s.context);
+                    Some(ItemScore {
+                        doc_id: s.doc_id,
+                        score: s.exact_match[0],
+                        question: u64::from_str_radix(hash.get(..16)?, 16).ok()?,
+                    })
+                })
+                .collect::<Option<_>>()?,
+        };
+        items.sort_by_key(|i| i.doc_id);
+        Some(items)
+    }
 }
 
 /// Aggregates one task's scores into its results.

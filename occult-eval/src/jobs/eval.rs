@@ -7,8 +7,13 @@
 //! reported and the others go on.
 
 use crate::context::ModelSpec;
-use crate::harness::evaluate::{data_sources, prepare, score_task, PrepareOptions, Prepared};
-use crate::harness::results::{summarise, TaskResults};
+use crate::harness::evaluate::{
+    data_sources, prepare_any, score_task, PrepareOptions, Prepared, PreparedTask,
+};
+use crate::harness::gen_eval::{generate_task, windows};
+use crate::harness::gen_results::summarise_generative;
+use crate::harness::generate_until::Stopping;
+use crate::harness::results::{summarise, TaskOutcome};
 use crate::harness::scorer::ScoreOptions;
 use crate::table::Table;
 use anyhow::{bail, Result};
@@ -46,6 +51,8 @@ pub struct EvalJob {
     /// Record the routing of every evaluated token (one device; requests run one at a time,
     /// whole, so that no padding is recorded).
     pub record_routing: bool,
+    /// Generative tasks: most new tokens (default: each task's own).
+    pub max_gen_toks: Option<usize>,
 }
 
 impl EvalJob {
@@ -62,6 +69,7 @@ impl EvalJob {
             seed: 1234,
             add_bos: false,
             record_routing: false,
+            max_gen_toks: None,
         }
     }
 
@@ -86,7 +94,7 @@ impl EvalJob {
 #[derive(Debug)]
 pub struct Evaluated {
     /// Each scored task's results, in the order the tasks were given.
-    pub tasks: Vec<(String, TaskResults)>,
+    pub tasks: Vec<(String, TaskOutcome)>,
     pub errors: BTreeMap<String, String>,
     pub config: EvalConfig,
     pub routing: Option<Trace>,
@@ -110,6 +118,8 @@ pub struct EvalConfig {
     pub prune_limit: Option<String>,
     pub prune_rule: Option<PruneRule>,
     pub dtype: String,
+    /// Generative tasks' budget of new tokens, where the run set one.
+    pub max_gen_toks: Option<usize>,
 }
 
 impl Evaluated {
@@ -127,16 +137,15 @@ impl Evaluated {
     pub fn table(&self) -> Table {
         let mut table = Table::new(&["task", "n", "shots", "metric", "value", "stderr", "items/s"]);
         for (name, t) in &self.tasks {
-            for &m in &t.metrics {
-                let e = t.get(m);
+            for (key, e) in t.figures() {
                 table.row(vec![
                     name.clone(),
-                    t.samples.len().to_string(),
-                    t.num_fewshot.to_string(),
-                    m.key().into(),
+                    t.n().to_string(),
+                    t.num_fewshot().to_string(),
+                    key,
                     format!("{:.4}", e.value),
                     e.stderr.map_or("N/A".into(), |x| format!("{x:.4}")),
-                    format!("{:.2}", t.speed.items_per_s),
+                    format!("{:.2}", t.items_per_s()),
                 ]);
             }
         }
@@ -156,9 +165,8 @@ impl Evaluated {
             for (task, t) in &self.tasks {
                 let path = dir.join(format!("samples_{task}.jsonl"));
                 occult_core::atomic::write_atomic(&path, |w| {
-                    for s in &t.samples {
-                        serde_json::to_writer(&mut *w, &s.to_json())
-                            .map_err(std::io::Error::other)?;
+                    for line in t.sample_lines() {
+                        serde_json::to_writer(&mut *w, &line).map_err(std::io::Error::other)?;
                         w.write_all(b"\n")?;
                     }
                     Ok(())
@@ -194,6 +202,7 @@ pub(crate) fn prepare_options(a: &EvalJob) -> Result<PrepareOptions> {
         num_fewshot: a.num_fewshot,
         limit: a.limit,
         seed: a.seed,
+        max_gen_toks: a.max_gen_toks,
     })
 }
 
@@ -207,7 +216,7 @@ pub fn evaluate(spec: &ModelSpec, job: &EvalJob) -> Result<Option<Evaluated>> {
     let mut errors: BTreeMap<String, String> = BTreeMap::new();
     let mut prepared = Vec::new();
     for name in &a.tasks {
-        match prepare(name, &po) {
+        match prepare_any(name, &po) {
             Ok(p) => prepared.push(p),
             Err(e) => {
                 eprintln!("error: task {name}: {e:#}");
@@ -221,25 +230,55 @@ pub fn evaluate(spec: &ModelSpec, job: &EvalJob) -> Result<Option<Evaluated>> {
     if a.record_routing && spec.devices != 1 {
         bail!("--trace records on one device (routing does not depend on the device count)");
     }
+    let generative = prepared
+        .iter()
+        .any(|p| matches!(p, PreparedTask::Generative(_)));
+    if a.record_routing && generative {
+        bail!("--trace records multiple-choice scoring only; generative tasks cannot be traced");
+    }
     let ck = spec.open()?;
     let tok = ck.tokenizer()?;
+    // Generative tasks: the windows fed and when each generation ends, the same on every rank.
+    let max_length = ck.cfg.max_positions.unwrap_or(2048);
+    let mut gen_inputs = Vec::new();
+    for p in &prepared {
+        gen_inputs.push(match p {
+            PreparedTask::Generative(g) => {
+                let windows = windows(g, tok, max_length, a.add_bos)?;
+                let g = &g.spec.generation;
+                let stopping = Stopping::new(tok, &g.until, g.max_gen_toks)?;
+                Some(GenInput { windows, stopping })
+            }
+            PreparedTask::Choice(_) => None,
+        });
+    }
     let opts = ScoreOptions {
         reuse_context: a.context_reuse && !a.record_routing,
         batch: if a.record_routing { 1 } else { a.batch_size },
         add_bos: a.add_bos,
     };
     let record = a.record_routing;
-    let work = work_bytes(&prepared);
+    let work = work_bytes(&prepared, &gen_inputs);
     let Some((scored, routing)) = spec.run_same(&ck, "tasks or items", work, |m| {
         // Rank 0 shows the progress of its share.
-        let mine: usize = prepared.iter().map(|p| m.shard(p.items.len()).len()).sum();
+        let mine: usize = prepared.iter().map(|p| m.shard(p.len()).len()).sum();
         let bar = crate::progress::rank_bar(m.rank_and_size().0, mine as u64, "items");
         let mut routing = record.then(RoutingRecorder::default);
         let mut out = Vec::new();
-        for p in &prepared {
-            let (s, r) = score_task(m, tok, opts, p, routing.take(), &|n| bar.inc(n))?;
-            routing = r;
-            out.push(s);
+        for (p, gen) in prepared.iter().zip(&gen_inputs) {
+            match (p, gen) {
+                (PreparedTask::Choice(p), _) => {
+                    let (s, r) = score_task(m, tok, opts, p, routing.take(), &|n| bar.inc(n))?;
+                    routing = r;
+                    out.push(Scores::Choice(s));
+                }
+                (PreparedTask::Generative(_), Some(g)) => {
+                    let (w, stop) = (&g.windows, &g.stopping);
+                    let s = generate_task(m, tok, w, stop, a.batch_size, &|n| bar.inc(n))?;
+                    out.push(Scores::Generative(s));
+                }
+                (PreparedTask::Generative(_), None) => unreachable!("windows made above"),
+            }
         }
         bar.finish_and_clear();
         Ok((out, routing))
@@ -257,12 +296,24 @@ pub fn evaluate(spec: &ModelSpec, job: &EvalJob) -> Result<Option<Evaluated>> {
         )
     });
     let mut tasks = Vec::new();
-    for (p, s) in prepared.iter().zip(scored) {
-        match s {
-            Ok(s) => tasks.push((p.spec.name.clone(), summarise(p, &s))),
+    for ((p, s), gen) in prepared.iter().zip(scored).zip(&gen_inputs) {
+        let name = p.name().to_string();
+        let outcome = match (p, s, gen) {
+            (PreparedTask::Choice(p), Scores::Choice(s), _) => {
+                s.map(|s| TaskOutcome::Choice(summarise(p, &s)))
+            }
+            (PreparedTask::Generative(p), Scores::Generative(s), Some(g)) => s
+                .and_then(|s| {
+                    summarise_generative(p, &s, tok, &g.stopping).map_err(|e| format!("{e:#}"))
+                })
+                .map(TaskOutcome::Generative),
+            _ => Err("internal: a task's scores are of the other kind".into()),
+        };
+        match outcome {
+            Ok(o) => tasks.push((name, o)),
             Err(e) => {
-                eprintln!("error: task {}: {e}", p.spec.name);
-                errors.insert(p.spec.name.clone(), e);
+                eprintln!("error: task {name}: {e}");
+                errors.insert(name, e);
             }
         }
     }
@@ -282,6 +333,7 @@ pub fn evaluate(spec: &ModelSpec, job: &EvalJob) -> Result<Option<Evaluated>> {
         prune_limit: spec.prune.map(|l| l.label()),
         prune_rule: spec.prune.map(|_| spec.prune_rule),
         dtype: spec.dtype.clone(),
+        max_gen_toks: a.max_gen_toks,
     };
     Ok(Some(Evaluated {
         tasks,
@@ -291,16 +343,47 @@ pub fn evaluate(spec: &ModelSpec, job: &EvalJob) -> Result<Option<Evaluated>> {
     }))
 }
 
+/// A generative task's inputs, the same on every rank: each item's tokens fed, and when its
+/// generation ends.
+pub(crate) struct GenInput {
+    windows: Vec<Vec<u32>>,
+    stopping: Stopping,
+}
+
+/// A task's scores on this rank's side of the run: a multiple-choice task's log-likelihoods
+/// or a generative task's generations (the task's error if it failed).
+enum Scores {
+    Choice(Result<crate::harness::evaluate::Scored, String>),
+    Generative(Result<crate::harness::gen_eval::GenScored, String>),
+}
+
 /// What ranks must agree on before they score: each task's name and its items' documents and
-/// requests.
-pub(crate) fn work_bytes(prepared: &[Prepared]) -> Vec<u8> {
+/// requests (a generative task's tokens fed and stop strings).
+pub(crate) fn work_bytes(prepared: &[PreparedTask], gen: &[Option<GenInput>]) -> Vec<u8> {
     let mut text = String::new();
-    for p in prepared {
-        text.push_str(&p.spec.name);
-        for it in &p.items {
-            text.push_str(&format!("|{}|{}|{:?}", it.doc_id, it.gold, it.contexts));
-            text.push_str(&it.continuations.join("|"));
+    for (p, g) in prepared
+        .iter()
+        .zip(gen.iter().chain(std::iter::repeat(&None)))
+    {
+        text.push_str(p.name());
+        match p {
+            PreparedTask::Choice(p) => text.push_str(&choice_work(p)),
+            PreparedTask::Generative(_) => {
+                if let Some(g) = g {
+                    text.push_str(&format!("|{:?}|{:?}", g.windows, g.stopping));
+                }
+            }
         }
     }
     text.into_bytes()
+}
+
+/// A multiple-choice task's items as text, for [`work_bytes`].
+pub(crate) fn choice_work(p: &Prepared) -> String {
+    let mut text = String::new();
+    for it in &p.items {
+        text.push_str(&format!("|{}|{}|{:?}", it.doc_id, it.gold, it.contexts));
+        text.push_str(&it.continuations.join("|"));
+    }
+    text
 }

@@ -146,6 +146,7 @@ mod tests {
             max_nodes: None,
             rule: devices.map(|_| "router".to_string()),
             task: task.into(),
+            metric: "acc".into(),
             acc: acc.iter().sum::<f64>() / acc.len() as f64,
             acc_stderr: None,
             acc_norm: None,

@@ -59,6 +59,10 @@ pub struct QualityRow {
     pub max_nodes: Option<usize>,
     pub rule: Option<String>,
     pub task: String,
+    /// The headline metric `acc` holds: `acc`, or a generative task's `exact_match,FILTER`
+    /// (its first filter).
+    pub metric: String,
+    /// The headline score: accuracy, or a generative task's exact match.
     pub acc: f64,
     /// The standard error of `acc` (the eval's `acc_stderr`).
     pub acc_stderr: Option<f64>,

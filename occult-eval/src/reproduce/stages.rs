@@ -12,8 +12,7 @@ use super::shaped;
 use super::speed::{self, SpeedRow};
 use super::subject::Subject;
 use crate::context::ModelSpec;
-use crate::harness::results::TaskResults;
-use crate::harness::task::Metric;
+use crate::harness::results::TaskOutcome;
 use crate::jobs::eval::{evaluate, EvalJob, Evaluated};
 use crate::jobs::fine_tune::{fine_tune, FineTune};
 use crate::jobs::profile::{profile, ProfileJob};
@@ -508,19 +507,15 @@ pub fn quality_rows(
     seed: Option<u64>,
     routing: Routing,
 ) -> Result<Vec<QualityRow>> {
-    let mut tasks: Vec<&(String, TaskResults)> = done.tasks.iter().collect();
+    let mut tasks: Vec<&(String, TaskOutcome)> = done.tasks.iter().collect();
     tasks.sort_by(|a, b| a.0.cmp(&b.0));
     tasks
         .into_iter()
         .map(|(task, t)| {
-            let mut items: Vec<(usize, f64, u64)> = t
-                .samples
-                .iter()
-                .map(|s| Some((s.doc_id, s.scores.acc, s.question()?)))
-                .collect::<Option<Vec<_>>>()
+            let items = t
+                .item_scores()
                 .with_context(|| format!("{task}: an item without its prompt_hash"))?;
-            items.sort_by_key(|&(d, _, _)| d);
-            let acc = t.get(Metric::Acc);
+            let (metric, acc) = t.headline();
             Ok(QualityRow {
                 variant: variant.to_string(),
                 fine_tuned: seed.is_some(),
@@ -529,15 +524,13 @@ pub fn quality_rows(
                 max_nodes: routing.max_nodes(),
                 rule: routing.rule(),
                 task: task.clone(),
+                metric,
                 acc: acc.value,
                 acc_stderr: acc.stderr,
-                acc_norm: t
-                    .metrics
-                    .contains(&Metric::AccNorm)
-                    .then(|| t.get(Metric::AccNorm).value),
+                acc_norm: t.acc_norm(),
                 items: items.len(),
-                item_acc: items.iter().map(|&(_, a, _)| a).collect(),
-                item_question: items.iter().map(|&(_, _, q)| q).collect(),
+                item_acc: items.iter().map(|i| i.score).collect(),
+                item_question: items.iter().map(|i| i.question).collect(),
             })
         })
         .collect()

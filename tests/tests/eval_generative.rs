@@ -1,0 +1,244 @@
+//! `occult eval` on generative tasks end to end: every GSM8K run that lm-evaluation-harness
+//! 0.4.13 made on the fixture models (`fixtures/generative/`) reproduced from the command
+//! line, one request at a time, batched and on two expert-parallel ranks: the same
+//! responses, filtered answers, exact matches, means and standard errors, with the samples
+//! lines shaped as the harness writes them. Then the built-in GSM8K tasks on their sample
+//! data beside a multiple-choice task, and what happens to bad input.
+
+mod common;
+
+use common::{occult, occult_ok, read_samples, same_scores};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+fn read(p: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// Runs `occult eval` on one fixture task file; returns its results entry and samples lines.
+fn run(dir: &Path, tag: &str, model: &str, task: &str, extra: &[&str]) -> (Value, Vec<Value>) {
+    let out = dir.join(tag);
+    std::fs::create_dir_all(&out).unwrap();
+    let gen = fixtures().join("generative");
+    let (m, file) = (
+        fixtures().join("models").join(model).display().to_string(),
+        gen.join(format!("{task}.toml")).display().to_string(),
+    );
+    let data = format!("{task}={}", gen.display());
+    let res = out.join("results.json").display().to_string();
+    let mut args = vec![
+        "eval",
+        "--model",
+        &m,
+        "--tasks",
+        &file,
+        "--data",
+        &data,
+        "--output",
+        &res,
+        "--log-samples",
+        "--quiet",
+    ];
+    args.extend(extra);
+    occult_ok(dir, &args);
+    let r = read(&out.join("results.json"));
+    let mut samples = read_samples(&out, task);
+    (r["results"][task].clone(), samples.remove(0).1)
+}
+
+#[test]
+fn gsm8k_runs_are_the_harness_s_from_the_command_line() {
+    let t = tempfile::tempdir().unwrap();
+    let mut lines_checked = 0;
+    for model in ["olmoe", "qwen3_moe"] {
+        let want = read(&fixtures().join(format!("generative/{model}.json")));
+        for (run_name, w) in want["runs"].as_object().unwrap() {
+            let (task, shots) = run_name.split_once('/').unwrap();
+            let tag = format!("{model}-{task}-{shots}");
+            let shots_flag = ["--num-fewshot", shots];
+            let (r, lines) = run(t.path(), &tag, model, task, &shots_flag);
+            // Means and standard errors under the harness's keys.
+            for (key, v) in w["results"].as_object().unwrap() {
+                let (got, v) = (r[key].as_f64().unwrap(), v.as_f64().unwrap());
+                assert!((got - v).abs() < 1e-12, "{tag} {key}: {got} vs {v}");
+            }
+            assert_eq!(r["num_fewshot"].as_u64().unwrap().to_string(), shots);
+            // One line per document and filter, the filters in turn.
+            let docs = w["docs"].as_array().unwrap();
+            let filters: Vec<&str> = lines
+                .iter()
+                .map(|l| l["filter"].as_str().unwrap())
+                .collect();
+            assert_eq!(lines.len() % docs.len(), 0, "{tag}");
+            for (i, line) in lines.iter().enumerate() {
+                let (doc_id, filter) = (i % docs.len(), filters[i]);
+                let d = &docs[doc_id];
+                assert_eq!(line["doc_id"], doc_id, "{tag}");
+                assert_eq!(line["resps"][0][0], d["resps"], "{tag} doc {doc_id}");
+                assert_eq!(line["filtered_resps"][0], d["filtered"][filter], "{tag}");
+                assert_eq!(line["exact_match"], d["exact_match"][filter], "{tag}");
+                assert_eq!(line["metrics"], serde_json::json!(["exact_match"]));
+                let context = line["arguments"]["gen_args_0"]["arg_0"].as_str().unwrap();
+                assert_eq!(
+                    line["prompt_hash"].as_str().unwrap(),
+                    occult_eval::harness::results::sha256_hex(context)
+                );
+                lines_checked += 1;
+            }
+            // Batched and on two ranks: the same answers.
+            if run_name == "gsm8k/5" || run_name == "gsm8k_cot_stops/0" {
+                for (how, flags) in [
+                    ("b1", vec!["--batch-size", "1"]),
+                    (
+                        "d2",
+                        vec!["--batch-size", "3", "--devices", "2", "--mode", "occult"],
+                    ),
+                ] {
+                    let mut extra = shots_flag.to_vec();
+                    extra.extend(flags);
+                    let (r2, l2) = run(t.path(), &format!("{tag}-{how}"), model, task, &extra);
+                    same_scores(
+                        &[(task.to_string(), lines.clone())],
+                        &[(task.to_string(), l2)],
+                        &format!("{tag} {how}"),
+                    );
+                    assert_eq!(
+                        r2["exact_match,strict-match"],
+                        r["exact_match,strict-match"]
+                    );
+                }
+            }
+        }
+    }
+    eprintln!("{lines_checked} samples lines held to the harness's");
+}
+
+#[test]
+fn builtin_gsm8k_runs_beside_multiple_choice_and_bad_input_is_named() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let model = fixtures().join("models/qwen3_moe").display().to_string();
+    let tasks = "gsm8k,gsm8k_cot_zeroshot,piqa";
+    // The harness's budget of 256 new tokens leaves no room in the fixture's 128 positions.
+    let out = occult(
+        dir,
+        &["eval", "--model", &model, "--tasks", "gsm8k", "--samples"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("max_gen_toks 256") && err.contains("--max-gen-toks"),
+        "{err}"
+    );
+    let stdout = occult_ok(
+        dir,
+        &[
+            "eval",
+            "--model",
+            &model,
+            "--tasks",
+            tasks,
+            "--samples",
+            "--limit",
+            "4",
+            "--max-gen-toks",
+            "16",
+            "--output",
+            "r.json",
+            "--log-samples",
+        ],
+    );
+    assert!(stdout.contains("exact_match,flexible-extract"), "{stdout}");
+    let r = read(&dir.join("r.json"));
+    assert_eq!(r["results"]["gsm8k"]["n"], 4);
+    assert_eq!(r["results"]["gsm8k"]["num_fewshot"], 5);
+    assert_eq!(r["results"]["gsm8k"]["gen_kwargs"]["max_gen_toks"], 16);
+    assert!(
+        r["results"]["gsm8k"]["speed"]["generated_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert!(r["results"]["gsm8k_cot_zeroshot"]["exact_match,strict-match"].is_number());
+    assert!(r["results"]["piqa"]["acc"].is_number());
+    assert_eq!(r["config"]["max_gen_toks"], 16);
+    let lines = read_samples(dir, "gsm8k").remove(0).1;
+    assert_eq!(lines.len(), 8, "4 documents x 2 filters");
+    // Pruned routing runs the generation too.
+    occult_ok(
+        dir,
+        &[
+            "eval",
+            "--model",
+            &model,
+            "--tasks",
+            "gsm8k",
+            "--samples",
+            "--limit",
+            "2",
+            "--max-gen-toks",
+            "8",
+            "--devices",
+            "2",
+            "--max-devices",
+            "1",
+            "--quiet",
+            "--output",
+            "p.json",
+        ],
+    );
+    assert_eq!(read(&dir.join("p.json"))["results"]["gsm8k"]["n"], 2);
+
+    // A broken generative task file is named; the good task goes on.
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "name = \"bad\"\noutput_type = \"generate_until\"\n[data]\nhub = \"x/y\"\n\
+         eval_split = \"test\"\n[prompt]\ntext = \"{question}\"\ntarget = \"{answer}\"\n\
+         [generation]\nuntil = [\"Q:\"]\n[[filters]]\nname = \"f\"\n[[filters.steps]]\n\
+         function = \"regex\"\nregex_pattern = \"(\"\n",
+    )
+    .unwrap();
+    let both = format!("{},gsm8k", bad.display());
+    let out = occult(
+        dir,
+        &[
+            "eval",
+            "--model",
+            &model,
+            "--tasks",
+            &both,
+            "--samples",
+            "--limit",
+            "2",
+            "--max-gen-toks",
+            "4",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("bad.toml") && err.contains("1 of 2 task(s) failed"),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("gsm8k"));
+    // --trace records multiple-choice scoring only.
+    let out = occult(
+        dir,
+        &[
+            "eval",
+            "--model",
+            &model,
+            "--tasks",
+            "gsm8k",
+            "--samples",
+            "--trace",
+            "t.st",
+        ],
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("generative tasks cannot be traced"));
+}
