@@ -226,6 +226,34 @@ fn builtin_gsm8k_runs_beside_multiple_choice_and_bad_input_is_named() {
         "{err}"
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("gsm8k"));
+    // The benchmark runs both paths and checks they generate the same ids.
+    occult_ok(
+        dir,
+        &[
+            "bench",
+            "generate",
+            "--model",
+            &model,
+            "--batch",
+            "3",
+            "--prompt-len",
+            "9",
+            "--decode-tokens",
+            "12",
+            "--repeats",
+            "1",
+            "--json",
+            "g.json",
+        ],
+    );
+    let g = read(&dir.join("g.json"));
+    assert!(g["ratio"].as_f64().unwrap() > 0.0, "{g}");
+    assert!(occult(
+        dir,
+        &["bench", "generate", "--model", &model, "--batch", "0"]
+    )
+    .stderr
+    .starts_with(b"error"));
     // --trace records multiple-choice scoring only.
     let out = occult(
         dir,

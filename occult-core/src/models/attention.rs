@@ -41,6 +41,32 @@ impl Attention {
         }
     }
 
+    /// Attention of sequences laid end to end in `x` `[1, N, H]`, sequence i the next
+    /// `lens[i]` rows continuing `caches[i]`: grouped attention projects all rows at once;
+    /// latent attention runs sequence by sequence.
+    pub fn forward_ragged(
+        &self,
+        x: &Tensor,
+        lens: &[usize],
+        rope: &Rope,
+        caches: &mut [&mut LayerCache],
+        fused: bool,
+    ) -> Result<Tensor> {
+        match self {
+            Attention::Grouped(a) => a.forward_ragged(x, lens, rope, caches, fused),
+            Attention::Latent(a) => {
+                let mut parts = Vec::with_capacity(lens.len());
+                let mut start = 0;
+                for (&t, c) in lens.iter().zip(caches.iter_mut()) {
+                    let xs = x.narrow(1, start, t)?;
+                    parts.push(a.forward(&xs, rope, Some(&mut **c), fused)?);
+                    start += t;
+                }
+                Ok(Tensor::cat(&parts, 1)?)
+            }
+        }
+    }
+
     /// Attention of `x` `[B, T, H]` whose first position is the cache's length (see
     /// [`GroupedAttention::forward`]).
     pub fn forward(
@@ -56,6 +82,9 @@ impl Attention {
         }
     }
 }
+
+/// A per-head RMSNorm: its weight `[head_dim]` and eps.
+type HeadNorm<'a> = Option<(&'a Tensor, f64)>;
 
 /// One layer's grouped-query attention weights.
 #[derive(Clone, Debug)]
@@ -194,9 +223,75 @@ impl GroupedAttention {
         cache: Option<&mut LayerCache>,
         fused: bool,
     ) -> Result<Tensor> {
+        let (q, k, v) = self.project(x, fused)?;
+        let y = self.attend_positions(q, k, v, rope, cache, fused)?;
+        linear(&y, &self.o, self.o_bias.as_ref())
+    }
+
+    /// Attention of sequences laid end to end in `x` `[1, N, H]`, sequence i the next
+    /// `lens[i]` rows continuing `caches[i]`: the projections over all rows at once, the
+    /// rotation and attention sequence by sequence at each one's positions.
+    pub fn forward_ragged(
+        &self,
+        x: &Tensor,
+        lens: &[usize],
+        rope: &Rope,
+        caches: &mut [&mut LayerCache],
+        fused: bool,
+    ) -> Result<Tensor> {
+        let (q, k, v) = self.project(x, fused)?;
+        // Each row at its sequence's next position.
+        let mut positions = Vec::with_capacity(q.dim(1)?);
+        let mut offsets = Vec::with_capacity(lens.len());
+        for (&t, c) in lens.iter().zip(caches.iter()) {
+            let offset = first_position(Some(&**c), t, rope)?;
+            positions.extend((offset..offset + t).map(|p| p as u32));
+            offsets.push(offset);
+        }
+        let (qn, kn) = self.head_norms();
+        let q = rope.apply_normed_at(&q.transpose(1, 2)?, &positions, fused, qn)?;
+        let k = rope.apply_normed_at(&k.transpose(1, 2)?, &positions, fused, kn)?;
+        let v = v.transpose(1, 2)?;
+        let mut parts = Vec::with_capacity(lens.len());
+        let mut start = 0;
+        for ((&t, c), &offset) in lens.iter().zip(caches.iter_mut()).zip(&offsets) {
+            let part = |a: &Tensor| a.narrow(2, start, t);
+            parts.push(attend(
+                part(&q)?,
+                part(&k)?.contiguous()?,
+                part(&v)?.contiguous()?,
+                Some(&mut **c),
+                offset,
+                self.window,
+                self.scale(),
+                self.sinks.as_ref(),
+                fused,
+            )?);
+            start += t;
+        }
+        let y = Tensor::cat(&parts, 1)?;
+        linear(&y, &self.o, self.o_bias.as_ref())
+    }
+
+    /// The per-head q/k norms (Qwen3), which go with the rotation.
+    fn head_norms(&self) -> (HeadNorm<'_>, HeadNorm<'_>) {
+        match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) if self.qk_norm == QkNorm::PerHead => {
+                (Some((qn, self.eps)), Some((kn, self.eps)))
+            }
+            _ => (None, None),
+        }
+    }
+
+    fn scale(&self) -> f64 {
+        1.0 / (self.head_dim as f64).sqrt()
+    }
+
+    /// The queries, keys and values of `x` `[B, T, H]`, `[B, T, heads, head_dim]` each, with
+    /// whole-projection norms (OLMoE) and clipping applied.
+    fn project(&self, x: &Tensor, fused: bool) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let offset = first_position(cache.as_deref(), t, rope)?;
         let mut q = linear(x, &self.q, self.q_bias.as_ref())?;
         let mut k = linear(x, &self.k, self.k_bias.as_ref())?;
         let mut v = linear(x, &self.v, self.v_bias.as_ref())?;
@@ -209,31 +304,42 @@ impl GroupedAttention {
             k = k.clamp(-c, c)?;
             v = v.clamp(-c, c)?;
         }
-        let q = q.reshape((b, t, nh, hd))?;
-        let k = k.reshape((b, t, nkv, hd))?;
-        let v = v.reshape((b, t, nkv, hd))?;
+        Ok((
+            q.reshape((b, t, nh, hd))?,
+            k.reshape((b, t, nkv, hd))?,
+            v.reshape((b, t, nkv, hd))?,
+        ))
+    }
+
+    /// Rotates `q` and `k` `[B, T, heads, head_dim]` at the positions after `cache` (with the
+    /// per-head norms, Qwen3), then attends; `[B, T, nh * hd]` before the output projection.
+    fn attend_positions(
+        &self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        rope: &Rope,
+        cache: Option<&mut LayerCache>,
+        fused: bool,
+    ) -> Result<Tensor> {
+        let t = q.dim(1)?;
+        let offset = first_position(cache.as_deref(), t, rope)?;
         // Per-head q/k norms (Qwen3) go with the rotation: one pass over each on the fused path.
-        let per_head = self.qk_norm == QkNorm::PerHead;
-        let (qn, kn) = match (&self.q_norm, &self.k_norm) {
-            (Some(qn), Some(kn)) if per_head => (Some((qn, self.eps)), Some((kn, self.eps))),
-            _ => (None, None),
-        };
+        let (qn, kn) = self.head_norms();
         let q = rope.apply_normed(&q.transpose(1, 2)?, offset, fused, qn)?;
         let k = rope.apply_normed(&k.transpose(1, 2)?, offset, fused, kn)?;
         let v = v.transpose(1, 2)?.contiguous()?;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let y = attend(
+        attend(
             q,
             k,
             v,
             cache,
             offset,
             self.window,
-            scale,
+            self.scale(),
             self.sinks.as_ref(),
             fused,
-        )?;
-        linear(&y, &self.o, self.o_bias.as_ref())
+        )
     }
 }
 

@@ -167,8 +167,37 @@ impl Rope {
         let t = x.dim(2)?;
         let cos = self.cos.narrow(0, offset, t)?;
         let sin = self.sin.narrow(0, offset, t)?;
+        rotate_rows(x, &cos, &sin, fused, norm)
+    }
+
+    /// [`Rope::apply_normed`] with each of `x`'s `T` rows at its own position (`positions`,
+    /// `T` of them): sequences of their own lengths laid end to end.
+    pub fn apply_normed_at(
+        &self,
+        x: &Tensor,
+        positions: &[u32],
+        fused: bool,
+        norm: Option<(&Tensor, f64)>,
+    ) -> Result<Tensor> {
+        let at = Tensor::from_slice(positions, positions.len(), self.cos.device())?;
+        let cos = self.cos.index_select(&at, 0)?;
+        let sin = self.sin.index_select(&at, 0)?;
+        rotate_rows(x, &cos, &sin, fused, norm)
+    }
+}
+
+/// `x` `[B, H, T, D]` rotated row by row by `cos`, `sin` `[T, R]`, after the per-head norm if
+/// given (see [`Rope::apply_normed`]).
+fn rotate_rows(
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    fused: bool,
+    norm: Option<(&Tensor, f64)>,
+) -> Result<Tensor> {
+    {
         if fused {
-            if let Some(y) = super::rope_infer::apply(x, &cos, &sin, norm)? {
+            if let Some(y) = super::rope_infer::apply(x, cos, sin, norm)? {
                 return Ok(y);
             }
         }
@@ -179,10 +208,10 @@ impl Rope {
         // Partial rotary (GLM-4.5): the first features rotate, the rest pass through.
         let (d, rot) = (x.dim(3)?, 2 * cos.dim(1)?);
         if rot < d {
-            let turned = rotate_all(&x.narrow(3, 0, rot)?, &cos, &sin, fused)?;
+            let turned = rotate_all(&x.narrow(3, 0, rot)?, cos, sin, fused)?;
             return Ok(Tensor::cat(&[&turned, &x.narrow(3, rot, d - rot)?], 3)?);
         }
-        rotate_all(&x, &cos, &sin, fused)
+        rotate_all(&x, cos, sin, fused)
     }
 }
 

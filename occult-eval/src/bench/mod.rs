@@ -10,7 +10,8 @@
 //! - [`routes`]: the same placements served by each engine's route (written, read back, counted
 //!   under the engine's copy rule);
 //! - [`kernels`]: the CPU linear kernels against candle's matmul;
-//! - [`eval`]: scoring with and without context reuse.
+//! - [`eval`]: scoring with and without context reuse;
+//! - [`generate`]: the generative harness's batched generation against a plain batched decode.
 //!
 //! Shared: [`modes`] (each rank's run, the one aggregator into a run's summary, the table),
 //! [`model_runs`] (a model benchmark's runs and how each is measured on the ranks),
@@ -18,6 +19,7 @@
 //! JSON envelope).
 
 pub mod eval;
+pub mod generate;
 pub mod kernels;
 pub mod layer;
 pub mod model;

@@ -44,7 +44,7 @@ pub struct BuiltinRecipe {
 impl Default for BuiltinRecipe {
     fn default() -> Self {
         BuiltinRecipe {
-            version: 4,
+            version: 5,
             seed: 2025,
             sizes: DataSizes::default(),
             hidden: 64,

@@ -1,7 +1,7 @@
 //! The built-in model's data, written to a folder: pre-training and calibration text, an
 //! instruction set in Alpaca format (train and held-out), one multiple-choice task per domain
-//! in the project's task format with its data, and the word-level tokenizer that covers them
-//! all. Everything is generated from one seed.
+//! in the project's task format with its data, a generative task on the arithmetic questions,
+//! and the word-level tokenizer that covers them all. Everything is generated from one seed.
 //!
 //! ```text
 //! DIR/pretrain.jsonl            {"text": ...}: documents mixing the four domains
@@ -9,6 +9,7 @@
 //! DIR/instructions/train.jsonl  {"instruction", "input", "output"}
 //! DIR/instructions/held_out.jsonl
 //! DIR/tasks/builtin_DOMAIN.toml the task builtin_DOMAIN: context, choices, label
+//! DIR/tasks/builtin_arithmetic_gen.toml  the arithmetic questions answered in writing
 //! DIR/tasks/DOMAIN/test.jsonl   scored items; train.jsonl: few-shot items
 //! DIR/tokenizer.json
 //! ```
@@ -76,6 +77,32 @@ pub fn task_toml(d: Domain) -> String {
          # The question in the Alpaca template, as the model answers instructions.\n\
          text = {}\nchoices_field = \"choices\"\ngold = \"label\"\n",
         task_name(d),
+        d.name(),
+        task_name(d),
+        serde_json::to_string(&alpaca_prompt("{instruction}")).expect("a string")
+    )
+}
+
+/// The domain whose questions are also asked for a written answer: arithmetic, where a model
+/// that ranks the right sum first may still fail to write it.
+pub const GENERATIVE: Domain = Domain::Arithmetic;
+
+/// The generative task's name.
+pub fn gen_task_name(d: Domain) -> String {
+    format!("builtin_{}_gen", d.name())
+}
+
+/// The generative task file of a domain: its questions in the Alpaca template, the answer
+/// generated greedily (up to 8 tokens) and scored by exact match against the right choice.
+/// It reads the multiple-choice task's data folder.
+pub fn gen_task_toml(d: Domain) -> String {
+    format!(
+        "name = \"{}\"\nabout = \"The built-in model's {} questions, the answer written, not \
+         chosen, and scored by exact match.\"\noutput_type = \"generate_until\"\n\n[data]\n\
+         hub = \"occult/{}\"\neval_split = \"test\"\nfewshot_split = \"train\"\n\n[prompt]\n\
+         text = {}\ntarget = \"{{choices[label]}}\"\n\n[generation]\nuntil = [\"\\n\"]\n\
+         max_gen_toks = 8\n",
+        gen_task_name(d),
         d.name(),
         task_name(d),
         serde_json::to_string(&alpaca_prompt("{instruction}")).expect("a string")
@@ -189,10 +216,15 @@ pub fn write_data(dir: &Path, world: &World, sizes: DataSizes, seed: u64) -> Res
                     .chain(items.iter().flat_map(|it| it.choices.clone())),
             );
         }
-        let toml = task_toml(d);
-        let path = dir.join("tasks").join(format!("{}.toml", task_name(d)));
-        write_atomic(&path, |w| w.write_all(toml.as_bytes()))
-            .with_context(|| format!("writing {}", path.display()))?;
+        let mut files = vec![(task_name(d), task_toml(d))];
+        if d == GENERATIVE {
+            files.push((gen_task_name(d), gen_task_toml(d)));
+        }
+        for (name, toml) in files {
+            let path = dir.join("tasks").join(format!("{name}.toml"));
+            write_atomic(&path, |w| w.write_all(toml.as_bytes()))
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
     }
     let held = fresh_items(world, sizes.held_out, &mut r, &mut seen, &Domain::ALL);
     let train = fresh_items(world, sizes.instructions, &mut r, &mut seen, &Domain::ALL);

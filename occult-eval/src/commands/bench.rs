@@ -49,6 +49,11 @@ pub enum BenchCmd {
         calibration text on first use and kept beside it; give --placement for another model \
         (without one, experts are placed contiguously).")]
     Suite(SuiteArgs),
+    /// Generation as the generative tasks run it (continuous batching, a cache per request,
+    /// stop checks) against a plain batched decode of the same prompts, in one run.
+    #[command(after_help = "Example:\n  \
+        occult bench generate --model ~/.cache/occult/builtin/model --batch 8")]
+    Generate(GenBenchArgs),
     /// Evaluation speed with and without context reuse, side by side on the same items.
     #[command(after_help = "Example:\n  \
         occult bench eval --model tests/fixtures/models/olmoe --tasks hellaswag,arc_easy,mmlu --samples")]
@@ -167,6 +172,29 @@ pub struct PlaceBenchArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct GenBenchArgs {
+    #[command(flatten)]
+    pub model: ModelOpts,
+    /// Prompt length (random token ids).
+    #[arg(long, default_value_t = 32)]
+    pub prompt_len: usize,
+    /// Prompts per rank: one batch, or requests in flight.
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Tokens generated after each prompt.
+    #[arg(long, default_value_t = 64)]
+    pub decode_tokens: usize,
+    /// Paired, alternating repeats (the median ratio is reported).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct ModelBenchArgs {
     #[command(flatten)]
     pub model: ModelOpts,
@@ -262,6 +290,7 @@ pub fn run(cmd: BenchCmd) -> Result<()> {
         BenchCmd::Layer(a) => layer(a),
         BenchCmd::Model(a) => model(a),
         BenchCmd::Eval(a) => eval(a),
+        BenchCmd::Generate(a) => generate(a),
         BenchCmd::Train(a) => train(a),
         BenchCmd::Suite(a) => suite(a),
         BenchCmd::Kernels(a) => kernels(a),
@@ -335,6 +364,19 @@ fn place(a: PlaceBenchArgs) -> Result<()> {
 
 fn eval(a: super::eval::EvalArgs) -> Result<()> {
     bench::eval::run(&a.model.spec()?, &a.job(), a.output.as_deref())
+}
+
+fn generate(a: GenBenchArgs) -> Result<()> {
+    let spec = a.model.spec()?;
+    spec.check_io(&[], &[a.json.as_deref()])?;
+    let b = bench::generate::GenBench {
+        prompt_len: a.prompt_len,
+        batch: a.batch,
+        decode_tokens: a.decode_tokens,
+        repeats: a.repeats,
+        seed: a.seed,
+    };
+    bench::generate::run(&spec, &b, a.json.as_deref())
 }
 
 fn model(a: ModelBenchArgs) -> Result<()> {

@@ -48,6 +48,16 @@ impl Stopping {
         })
     }
 
+    /// Exactly `max_gen_toks` tokens: no stop string, no EOS (benchmarks).
+    pub fn budget(max_gen_toks: usize) -> Self {
+        Stopping {
+            stops: Vec::new(),
+            windows: Vec::new(),
+            max_gen_toks,
+            eos: Vec::new(),
+        }
+    }
+
     /// Whether `generated` ends here: at the budget, an EOS id or a stop string.
     pub fn ends(&self, tok: &TextTokenizer, generated: &[u32]) -> Result<bool> {
         Ok(generated.len() >= self.max_gen_toks
@@ -93,7 +103,7 @@ pub(crate) fn finite_row(logits: &Tensor, step: usize) -> Result<Vec<f32>> {
 }
 
 /// The greedy argmax of a row of logits (the first on ties, as torch's).
-fn argmax(row: &[f32]) -> u32 {
+pub(crate) fn argmax(row: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in row.iter().enumerate() {
         if v > row[best] {

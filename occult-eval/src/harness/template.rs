@@ -1,5 +1,6 @@
 //! Prompt templates over a document (a JSON object): `{field}` and `{field.sub}` insert a
-//! field's text (strings as they are, numbers and booleans printed), `{field|strip}` strips
+//! field's text (strings as they are, numbers and booleans printed), `{list[field]}` the item
+//! of a list at the index another field holds (the gold choice), `{field|strip}` strips
 //! whitespace, `{field|lstrip}` strips it on the left, `{field|spaces}` turns `_` into spaces
 //! (MMLU's subject names), `{field|after:SEP}` keeps the text after the last `SEP` (GSM8K's
 //! final answer after `####`), filters apply in turn (`{answer|after:####|strip}`), and `{{` /
@@ -25,6 +26,29 @@ pub fn as_text(v: &Value) -> Option<String> {
         Value::Bool(b) => Some(b.to_string()),
         _ => None,
     }
+}
+
+/// The value a template names: a dotted path, or `list[field]`, a list's item at the index
+/// another field holds (the gold choice, `choices[label]`).
+fn resolve<'a>(doc: &'a Value, path: &str) -> Result<&'a Value> {
+    let field = |p: &str| lookup(doc, p).ok_or_else(|| anyhow::anyhow!("no field `{p}`"));
+    let Some((list, index)) = path.strip_suffix(']').and_then(|p| p.split_once('[')) else {
+        return field(path);
+    };
+    let i = field(index.trim())?;
+    let at = i
+        .as_u64()
+        .or_else(|| i.as_str().and_then(|s| s.trim().parse().ok()))
+        .ok_or_else(|| anyhow::anyhow!("field `{index}` is not an index (it is {i})"))?;
+    let items = field(list.trim())?
+        .as_array()
+        .ok_or_else(|| anyhow::anyhow!("field `{list}` is not a list"))?;
+    items.get(at as usize).ok_or_else(|| {
+        anyhow::anyhow!(
+            "`{path}`: index {at} is past the {} items of `{list}`",
+            items.len()
+        )
+    })
 }
 
 /// Renders `template` with `doc`'s fields.
@@ -53,7 +77,7 @@ pub fn render(template: &str, doc: &Value) -> Result<String> {
         let spec = &tail[1..end];
         let mut parts = spec.split('|');
         let path = parts.next().unwrap_or_default().trim();
-        let value = lookup(doc, path).ok_or_else(|| anyhow::anyhow!("no field `{path}`"))?;
+        let value = resolve(doc, path)?;
         let mut text = as_text(value)
             .ok_or_else(|| anyhow::anyhow!("field `{path}` is not text (it is {value})"))?;
         // Filters apply in turn.
@@ -110,5 +134,17 @@ mod tests {
         );
         assert!(render("{plain|after:}", &a).is_err());
         assert!(render("{q|upper}", &doc).is_err());
+        let mc = json!({"choices": ["1", "2", "7"], "label": 2, "s": "1", "big": 5});
+        assert_eq!(render("{choices[label]}", &mc).unwrap(), "7");
+        assert_eq!(render("{choices[s]}", &mc).unwrap(), "2");
+        for (t, says) in [
+            ("{choices[big]}", "past the 3 items"),
+            ("{choices[nope]}", "no field `nope`"),
+            ("{label[s]}", "not a list"),
+            ("{choices[choices]}", "not an index"),
+        ] {
+            let e = render(t, &mc).unwrap_err().to_string();
+            assert!(e.contains(says), "{t}: {e}");
+        }
     }
 }

@@ -17,6 +17,7 @@
 //! | [`results`] | what the stages hand on: routings, rows, and the [`Findings`] of the run |
 //! | [`differences`] | the paired differences of quality, with their intervals |
 //! | [`report`] | `report.md` |
+//! | `report_generative` | its generative section: exact match, differences, verdicts |
 //! | [`plots`] | the PNG plots |
 //!
 //! The pipeline is [`run`]: one function per stage, each taking and returning typed values
@@ -34,6 +35,7 @@ mod progress;
 mod ranks;
 pub mod recipe;
 pub mod report;
+mod report_generative;
 pub mod results;
 pub mod shaped;
 pub mod speed;
@@ -75,8 +77,12 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         finetune_stage(recipe, &s, &placed, &routings, &ranks, out, &progress)?
     };
     progress.stage(Stage::Quality);
-    let quality = quality_stage(recipe, &s, &placed, &routings, &finetuned, out, &progress)?;
+    let rows = quality_stage(recipe, &s, &placed, &routings, &finetuned, out, &progress)?;
+    // Multiple-choice accuracy and generative exact match are compared each on its own.
+    let (generative, quality): (Vec<_>, Vec<_>) =
+        rows.into_iter().partition(QualityRow::is_generative);
     let differences = differences::quality_differences(&quality)?;
+    let generative_differences = differences::quality_differences(&generative)?;
     // The collaboration profile runs on every rank; the rest is rank 0's.
     let collab_trace = collaboration_trace(&finetuned, recipe, &s, out, ranks.mpi())?;
     // Only rank 0 holds the placements; it alone projects and reports.
@@ -120,6 +126,8 @@ pub fn run(recipe: &Recipe, origin: &str, out: &Path) -> Result<()> {
         finetunes,
         quality,
         differences,
+        generative,
+        generative_differences,
         speed,
         projection,
         shaped,

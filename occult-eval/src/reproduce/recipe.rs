@@ -181,6 +181,10 @@ pub struct QualityRecipe {
     /// or verdict uses; the default recipe leaves them out to finish sooner).
     #[serde(default = "yes")]
     pub standard_served_pruned: bool,
+    /// With the built-in model's default tasks, also its generative task (the arithmetic
+    /// questions answered in writing, scored by exact match).
+    #[serde(default = "yes")]
+    pub generative: bool,
 }
 
 impl Default for QualityRecipe {
@@ -192,6 +196,7 @@ impl Default for QualityRecipe {
             num_fewshot: None,
             seeds: None,
             standard_served_pruned: true,
+            generative: true,
         }
     }
 }

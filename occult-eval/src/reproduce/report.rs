@@ -248,7 +248,7 @@ fn quality_section(quality: &[QualityRow]) -> String {
 }
 
 /// A task's accuracy: `acc ± se` for one run; `mean ± sd` over several seeds.
-fn accuracy_cell(rows: &[&QualityRow]) -> String {
+pub(super) fn accuracy_cell(rows: &[&QualityRow]) -> String {
     match rows {
         [] => "-".into(),
         [r] => match r.acc_stderr {
@@ -453,12 +453,9 @@ fn pruned_lines(quality: &[QualityRow], keep: impl Fn(&QualityRow) -> bool) -> S
     out
 }
 
-/// The paired differences: each with its standard error and bootstrap 95% interval, in
-/// points, and what they allow one to conclude.
-fn differences_section(diffs: &[super::results::QualityDiff]) -> String {
-    if diffs.is_empty() {
-        return String::new();
-    }
+/// The paired differences as a table: each comparison, its models, seeds, difference in
+/// points with its standard error and 95% interval, and the items.
+pub(super) fn differences_table(diffs: &[super::results::QualityDiff]) -> Table {
     let mut t = Table::new(&[
         "comparison",
         "model",
@@ -498,6 +495,16 @@ fn differences_section(diffs: &[super::results::QualityDiff]) -> String {
             ),
         ]);
     }
+    t
+}
+
+/// The paired differences: each with its standard error and bootstrap 95% interval, in
+/// points, and what they allow one to conclude.
+fn differences_section(diffs: &[super::results::QualityDiff]) -> String {
+    if diffs.is_empty() {
+        return String::new();
+    }
+    let t = differences_table(diffs);
     let resolved: Vec<String> = diffs
         .iter()
         .filter(|d| d.difference.excludes_zero())
@@ -790,6 +797,11 @@ pub fn full(
     md += &finetune_section(&f.finetunes);
     md += &quality_section(&f.quality);
     md += &differences_section(&f.differences);
+    md += &super::report_generative::generative_section(
+        &f.generative,
+        &f.generative_differences,
+        &f.differences,
+    );
     if let Some(why) = f.shaped.as_ref().and_then(|s| s.reason.as_deref()) {
         md += &format!(
             "\nThe shaped-link measurement (scripts/shaped_links.sh) did not run: {why}.\n"

@@ -79,6 +79,11 @@ pub struct QualityRow {
 }
 
 impl QualityRow {
+    /// Whether the row is a generative task's (its score an exact match).
+    pub fn is_generative(&self) -> bool {
+        self.metric.starts_with("exact_match")
+    }
+
     /// How the model was served, in words: `exact`, `pruned to N, RULE` or `pruned to M
     /// node(s), RULE`.
     pub fn served(&self) -> String {
@@ -236,6 +241,11 @@ pub struct Findings {
     /// Paired differences with bootstrap intervals (pruned servings and pruned fine-tunings).
     #[serde(rename = "quality_differences")]
     pub differences: Vec<QualityDiff>,
+    /// The generative tasks' rows (`acc` is the exact match), apart from the multiple-choice
+    /// ones.
+    pub generative: Vec<QualityRow>,
+    /// Their paired differences, as `quality_differences` over the generative tasks.
+    pub generative_differences: Vec<QualityDiff>,
     pub speed: Vec<super::speed::SpeedRow>,
     pub projection: Option<occult_core::analysis::cost::projection::ProjectReport>,
     /// Whether the shaped-link run ran, and why not (`None`: the speed stage or the shaped

@@ -3,6 +3,7 @@
 //! instructions and tasks.
 
 use super::recipe::Recipe;
+use crate::builtin::data::GENERATIVE;
 use crate::builtin::{ensure_cached, BuiltinRecipe};
 use anyhow::Result;
 use std::path::PathBuf;
@@ -26,12 +27,12 @@ pub fn subject(r: &Recipe, mpi: bool) -> Result<Subject> {
         let b = ensure_cached(&recipe, !mpi)?;
         let names = crate::builtin::world::Domain::ALL;
         let tasks = if r.quality.tasks.is_empty() {
+            let generative = crate::builtin::data::gen_task_name(GENERATIVE);
             names
                 .iter()
-                .map(|d| {
-                    let name = crate::builtin::data::task_name(*d);
-                    b.file(&format!("tasks/{name}.toml")).display().to_string()
-                })
+                .map(|d| crate::builtin::data::task_name(*d))
+                .chain(r.quality.generative.then_some(generative))
+                .map(|name| b.file(&format!("tasks/{name}.toml")).display().to_string())
                 .collect()
         } else {
             r.quality.tasks.clone()
@@ -46,6 +47,11 @@ pub fn subject(r: &Recipe, mpi: bool) -> Result<Subject> {
                 )
             })
             .collect();
+        task_data.push(format!(
+            "{}={}",
+            crate::builtin::data::gen_task_name(GENERATIVE),
+            b.file(&format!("tasks/{}", GENERATIVE.name())).display()
+        ));
         task_data.extend(r.quality.data.iter().map(|(k, v)| format!("{k}={v}")));
         Ok(Subject {
             model: b.model().display().to_string(),

@@ -2,8 +2,8 @@
 //! and with its own key/value cache, as continuous batching runs them. Nothing is padded: the
 //! new tokens of every sequence are laid end to end, every layer's norms, MLP or MoE block
 //! and the LM head run over all of them together (the MoE block's exchange too, under expert
-//! parallelism), and attention runs sequence by sequence against each one's cache at its own
-//! positions. A sequence's logits are the ones [`Model::forward`] gives it alone.
+//! parallelism), so do grouped attention's projections, and the rotation and attention run
+//! sequence by sequence against each one's cache at its own positions. A sequence's logits are the ones [`Model::forward`] gives it alone.
 
 use super::cache::KvCache;
 use super::decoder::Model;
@@ -58,6 +58,7 @@ impl Model {
                 *c = self.new_cache();
             }
         }
+        let lens: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
         let all: Vec<u32> = seqs.iter().flat_map(|s| s.iter().copied()).collect();
         let n = all.len();
         let device = self.embed.device();
@@ -69,18 +70,10 @@ impl Model {
         let (eps, fused) = (self.cfg.rms_norm_eps, self.fused);
         for (l, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.input_norm, eps, fused)?;
-            let mut parts = Vec::with_capacity(seqs.len());
-            let mut start = 0;
-            for (s, c) in seqs.iter().zip(caches.iter_mut()) {
-                let hs = h.narrow(1, start, s.len())?;
-                parts.push(
-                    layer
-                        .attn
-                        .forward(&hs, &self.rope, Some(&mut c.layers[l]), fused)?,
-                );
-                start += s.len();
-            }
-            let a = Tensor::cat(&parts, 1)?;
+            let mut lc: Vec<_> = caches.iter_mut().map(|c| &mut c.layers[l]).collect();
+            let a = layer
+                .attn
+                .forward_ragged(&h, &lens, &self.rope, &mut lc, fused)?;
             x = residual_add(&x, &a)?;
             x = self.mlp_step(layer, &x, rec.as_deref_mut())?;
         }
