@@ -270,3 +270,98 @@ fn builtin_gsm8k_runs_beside_multiple_choice_and_bad_input_is_named() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("generative tasks cannot be traced"));
 }
+
+/// A tokenizer whose post-processor adds a BOS (as Llama's, Mixtral's and DeepSeek's do):
+/// lm-eval 0.4.13 encodes every context with it by default (`fixtures/bos/`, made by
+/// `scripts/make_bos_fixtures.py`), and so does `occult eval`, for log-likelihoods and for the
+/// windows it generates after; `--add-bos false` leaves it out and scores otherwise.
+#[test]
+fn a_bos_adding_tokenizer_is_encoded_as_the_harness_does() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let (src, bos) = (fixtures().join("models/qwen2_moe"), fixtures().join("bos"));
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::copy(
+        src.join("model.safetensors"),
+        model.join("model.safetensors"),
+    )
+    .unwrap();
+    let mut cfg = read(&src.join("config.json"));
+    cfg["bos_token_id"] = 300.into();
+    std::fs::write(model.join("config.json"), cfg.to_string()).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(bos.join(f), model.join(f)).unwrap();
+    }
+    let want = read(&bos.join("lmeval.json"));
+    let m = model.display().to_string();
+    let gen = fixtures().join("generative");
+    let (gsm8k, data) = (
+        gen.join("gsm8k.toml").display().to_string(),
+        format!("gsm8k={}", gen.display()),
+    );
+    let tasks = format!("arc_easy,piqa,hellaswag,{gsm8k}");
+    let run = |tag: &str, extra: &[&str]| -> Vec<(String, Vec<Value>)> {
+        let out = dir.join(tag);
+        std::fs::create_dir_all(&out).unwrap();
+        let res = out.join("r.json").display().to_string();
+        let mut args = vec![
+            "eval",
+            "--model",
+            &m,
+            "--tasks",
+            &tasks,
+            "--samples",
+            "--data",
+            &data,
+            "--num-fewshot",
+            "0",
+            "--output",
+            &res,
+            "--log-samples",
+            "--quiet",
+        ];
+        args.extend(extra);
+        occult_ok(dir, &args);
+        read_samples(&out, "arc_easy,piqa,hellaswag,gsm8k")
+    };
+    let close = |a: &Value, b: &Value| (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 2e-5;
+    let ours = run("default", &[]);
+    for (task, lines) in &ours[..3] {
+        let w = want["tasks"][task].as_array().unwrap();
+        assert_eq!(lines.len(), w.len(), "{task}");
+        for (o, w) in lines.iter().zip(w) {
+            let lo = o["loglikelihoods"].as_array().unwrap();
+            let lw = w.as_array().unwrap();
+            assert!(
+                lo.iter().zip(lw).all(|(a, b)| close(a, b)),
+                "{task}: {lo:?} vs {lw:?}"
+            );
+        }
+    }
+    let (_, gsm) = &ours[3];
+    let w = want["gsm8k"].as_array().unwrap();
+    for (i, d) in w.iter().enumerate() {
+        assert_eq!(d["input_ids"][0], 300, "the harness fed the BOS");
+        let line = &gsm[i];
+        assert_eq!(line["resps"][0][0], d["resps"], "gsm8k doc {i}");
+        assert_eq!(
+            line["exact_match"],
+            d["exact_match"][line["filter"].as_str().unwrap()]
+        );
+    }
+    // Without the BOS the scores move.
+    let without = run("no-bos", &["--add-bos", "false"]);
+    let moved = without[..3]
+        .iter()
+        .zip(&ours[..3])
+        .flat_map(|((_, a), (_, b))| a.iter().zip(b))
+        .any(|(a, b)| !close(&a["loglikelihoods"][0], &b["loglikelihoods"][0]));
+    assert!(moved, "--add-bos false changed nothing");
+    let r = read(&dir.join("no-bos/r.json"));
+    assert_eq!(r["config"]["add_bos"], false);
+    assert_eq!(
+        read(&dir.join("default/r.json"))["config"]["add_bos"],
+        Value::Null
+    );
+}

@@ -151,7 +151,7 @@ fn log_likelihoods_match_the_harness_rule() {
                 case["context"].as_str().unwrap(),
                 case["continuation"].as_str().unwrap(),
             );
-            let enc = loglik::encode(tok, c, x, false).unwrap();
+            let enc = loglik::encode(tok, c, x, None).unwrap();
             let s = loglik::score(&m, &enc).unwrap();
             let want = case["loglikelihood"].as_f64().unwrap();
             assert_eq!(

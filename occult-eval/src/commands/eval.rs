@@ -47,9 +47,11 @@ pub struct EvalArgs {
     /// Seed of the few-shot draw.
     #[arg(long, default_value_t = 1234)]
     pub seed: u64,
-    /// Add BOS when encoding (lm-eval's add_bos_token).
-    #[arg(long)]
-    pub add_bos: bool,
+    /// lm-eval's add_bos_token: by default the tokenizer's special tokens are added as the
+    /// harness adds them (a BOS where the tokenizer's post-processor adds one, as Llama's,
+    /// Mixtral's and DeepSeek's do); `--add-bos false` encodes without them.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub add_bos: Option<bool>,
     /// Generative tasks: most new tokens per answer (default: each task's own; GSM8K's is the
     /// harness's 256).
     #[arg(long)]

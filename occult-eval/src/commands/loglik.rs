@@ -15,9 +15,10 @@ pub struct LoglikArgs {
     /// The continuation to score.
     #[arg(long, allow_hyphen_values = true)]
     pub continuation: String,
-    /// Add the tokenizer's special tokens (BOS) when encoding, like lm-eval's add_bos_token.
-    #[arg(long)]
-    pub add_bos: bool,
+    /// lm-eval's add_bos_token: by default the tokenizer's special tokens (its BOS) are added
+    /// as the harness adds them; `--add-bos false` encodes without them.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub add_bos: Option<bool>,
 }
 
 pub fn run(a: LoglikArgs) -> Result<()> {

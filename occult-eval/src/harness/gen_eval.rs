@@ -111,17 +111,17 @@ pub fn prepare_generative(
 }
 
 /// Each item's tokens fed, as the harness's HF backend encodes a context (special tokens as
-/// `add_bos` says) and keeps its last `max_length - max_gen_toks`.
+/// [`super::loglik::harness_ids`] adds them) and keeps its last `max_length - max_gen_toks`.
 pub fn windows(
     p: &GenPrepared,
     tok: &TextTokenizer,
     max_length: usize,
-    add_bos: bool,
+    add_bos: Option<bool>,
 ) -> Result<Vec<Vec<u32>>> {
     p.items
         .iter()
         .map(|it| {
-            let ids = tok.encode(&it.context, add_bos)?;
+            let ids = super::loglik::harness_ids(tok, &it.context, add_bos)?;
             let w = context_window(&ids, max_length, p.spec.generation.max_gen_toks)?;
             if w.is_empty() {
                 bail!("document {}: the context encodes to no tokens", it.doc_id);

@@ -7,9 +7,11 @@
 //! 4. the input is `(ctx + cont)[-(max_len + 1)..][..-1]`, and the score is the sum of the
 //!    continuation tokens' log-probabilities; `is_greedy` says every one is the argmax.
 //!
-//! `encode` adds no special tokens unless `add_bos` (lm-eval's `add_bos_token`). With
-//! `add_bos` and an empty context, the continuation's own leading BOS serves as the context
-//! (lm-eval would feed the prefix token and then that BOS).
+//! `encode` adds the tokenizer's special tokens (its post-processor's BOS, as Llama's and
+//! Mixtral's tokenizers add) as the harness does by default ([`harness_ids`]): unless
+//! `add_bos` is `Some(false)` (lm-eval's `add_bos_token=False`), and never to a text that
+//! already starts with the BOS text. An empty context's continuation is encoded without
+//! them, and a continuation that starts with the prefix token gives it up as the context.
 
 use anyhow::{bail, Result};
 use candle::{Device, Tensor, D};
@@ -39,19 +41,35 @@ pub fn move_trailing_space(context: &str, continuation: &str) -> (String, String
     (kept.to_string(), format!("{moved}{continuation}"))
 }
 
-/// Tokenises a request by the harness's rule.
+/// Encodes `text` as the harness's HF backend does: with the tokenizer's special tokens
+/// (its post-processor's BOS) unless `add_bos` is `Some(false)` (lm-eval's `add_bos_token`;
+/// unset, the tokenizer's default, which adds them), and never when the text already starts
+/// with the prefix token's text.
+pub fn harness_ids(tok: &TextTokenizer, text: &str, add_bos: Option<bool>) -> Result<Vec<u32>> {
+    let prefixed = match tok.prefix_token() {
+        Some(p) => {
+            let bos = tok.decode_with_special(&[p])?;
+            !bos.is_empty() && text.starts_with(&bos)
+        }
+        None => false,
+    };
+    Ok(tok.encode(text, add_bos.unwrap_or(true) && !prefixed)?)
+}
+
+/// Tokenises a request by the harness's rule (special tokens as [`harness_ids`] adds them).
 pub fn encode(
     tok: &TextTokenizer,
     context: &str,
     continuation: &str,
-    add_bos: bool,
+    add_bos: Option<bool>,
 ) -> Result<Encoded> {
     if context.is_empty() {
         let prefix = match tok.prefix_token() {
             Some(p) => p,
             None => bail!("an empty context needs a BOS or EOS token, and the model has neither"),
         };
-        let mut cont = tok.encode(continuation, add_bos)?;
+        // The harness encodes it without special tokens here, whatever add_bos_token says.
+        let mut cont = tok.encode(continuation, false)?;
         // A continuation that already starts with the prefix token uses it as the context.
         let context = if cont.first() == Some(&prefix) {
             vec![cont.remove(0)]
@@ -64,8 +82,8 @@ pub fn encode(
         });
     }
     let (context, continuation) = move_trailing_space(context, continuation);
-    let whole = tok.encode(&format!("{context}{continuation}"), add_bos)?;
-    let ctx = tok.encode(&context, add_bos)?;
+    let whole = harness_ids(tok, &format!("{context}{continuation}"), add_bos)?;
+    let ctx = harness_ids(tok, &context, add_bos)?;
     if ctx.is_empty() {
         // lm-eval asserts here too: only a truly empty context gets the prefix token.
         bail!("the context {context:?} encodes to no tokens (a whitespace-only context?)");

@@ -21,7 +21,9 @@ pub struct ScoreOptions {
     pub reuse_context: bool,
     /// Sequences per forward pass in plain scoring.
     pub batch: usize,
-    pub add_bos: bool,
+    /// lm-eval's `add_bos_token` (unset: the tokenizer's default; see
+    /// [`super::loglik::harness_ids`]).
+    pub add_bos: Option<bool>,
 }
 
 /// Scores items; counts forward tokens.

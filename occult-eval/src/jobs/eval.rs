@@ -46,8 +46,9 @@ pub struct EvalJob {
     pub context_reuse: bool,
     /// Seed of the few-shot draw.
     pub seed: u64,
-    /// Add BOS when encoding (lm-eval's add_bos_token).
-    pub add_bos: bool,
+    /// lm-eval's `add_bos_token`: `None` encodes with the tokenizer's special tokens (its BOS,
+    /// where its post-processor adds one), as the harness does by default.
+    pub add_bos: Option<bool>,
     /// Record the routing of every evaluated token (one device; requests run one at a time,
     /// whole, so that no padding is recorded).
     pub record_routing: bool,
@@ -67,7 +68,7 @@ impl EvalJob {
             batch_size: 8,
             context_reuse: true,
             seed: 1234,
-            add_bos: false,
+            add_bos: None,
             record_routing: false,
             max_gen_toks: None,
         }
@@ -110,7 +111,7 @@ pub struct EvalConfig {
     pub batch_size: usize,
     pub context_reuse: bool,
     pub seed: u64,
-    pub add_bos: bool,
+    pub add_bos: Option<bool>,
     pub devices: usize,
     pub mode: MoeMode,
     pub placement: Option<PathBuf>,
