@@ -1,4 +1,4 @@
-"""Writes tests/fixtures/datasets/hub: a tiny Hugging Face cache with two datasets in the hub's
+"""Writes tests/fixtures/datasets/hub: a tiny Hugging Face cache with three datasets in the hub's
 own Parquet layout, made from the hand-written samples in tasks/samples (for the tests of
 `occult eval` reading cached datasets; the tests do not need Python).
 
@@ -19,6 +19,7 @@ COMMIT = "1111111111111111111111111111111111111111"
 LAYOUTS = [
     ("allenai/ai2_arc", "arc_easy", "ARC-Easy", {"test": "test", "train": "train"}),
     ("Rowan/hellaswag", "hellaswag", "data", {"validation": "validation", "train": "train"}),
+    ("openai/gsm8k", "gsm8k", "main", {"test": "test", "train": "train"}),
 ]
 
 

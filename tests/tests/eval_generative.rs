@@ -168,6 +168,51 @@ fn builtin_gsm8k_runs_beside_multiple_choice_and_bad_input_is_named() {
     assert_eq!(r["config"]["max_gen_toks"], 16);
     let lines = read_samples(dir, "gsm8k").remove(0).1;
     assert_eq!(lines.len(), 8, "4 documents x 2 filters");
+    // The dataset as the hub publishes it (Parquet under main/), from the Hugging Face cache
+    // and from a local copy: the same answers as the samples it was made from.
+    let hub = fixtures().join("datasets/hub");
+    let local =
+        hub.join("datasets--openai--gsm8k/snapshots/1111111111111111111111111111111111111111");
+    let local_data = format!("gsm8k={}", local.display());
+    for (tag, extra) in [
+        ("hub", vec![]),
+        ("local", vec!["--data", local_data.as_str()]),
+    ] {
+        let out = dir.join(tag);
+        std::fs::create_dir_all(&out).unwrap();
+        let mut args = vec![
+            "eval",
+            "--model",
+            &model,
+            "--tasks",
+            "gsm8k",
+            "--limit",
+            "4",
+            "--max-gen-toks",
+            "16",
+            "--output",
+            "r.json",
+            "--log-samples",
+            "--quiet",
+        ];
+        args.extend(extra);
+        let run = std::process::Command::new(common::occult_bin())
+            .args(&args)
+            .env("HF_HUB_CACHE", &hub)
+            .current_dir(&out)
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert_eq!(
+            read_samples(&out, "gsm8k").remove(0).1,
+            lines,
+            "{tag}: the samples' answers"
+        );
+    }
     // Pruned routing runs the generation too.
     occult_ok(
         dir,

@@ -98,10 +98,16 @@ fn verdicts(diffs: &[QualityDiff], choice_diffs: &[QualityDiff]) -> String {
             .find(|c| c.comparison == g.comparison && c.model == g.model && c.served == g.served)
         {
             Some(c) => {
-                let holds = if non_inferior(c) == non_inferior(g) {
-                    "the multiple-choice verdict holds on generation"
-                } else {
-                    "the multiple-choice verdict does not hold on generation"
+                let holds = match (non_inferior(c), non_inferior(g)) {
+                    (true, true) => "the multiple-choice verdict holds on generation",
+                    (true, false) => {
+                        "the multiple-choice verdict is not confirmed on generation (its \
+                         interval reaches below -1 point)"
+                    }
+                    (false, true) => {
+                        "generation is non-inferior where multiple choice is not shown"
+                    }
+                    (false, false) => "neither is shown non-inferior",
                 };
                 let mc = if non_inferior(c) {
                     "non-inferior"
@@ -200,7 +206,7 @@ mod tests {
             &[diff("pruned fine-tuning", -0.05)],
             &[diff("pruned fine-tuning", 0.0)],
         );
-        assert!(differ.contains("does not hold on generation"), "{differ}");
+        assert!(differ.contains("not confirmed on generation"), "{differ}");
         assert!(differ.contains("generation not shown non-inferior (lower end -5.00)"));
         assert!(generative_section(&[], &[], &[]).is_empty());
     }
