@@ -1,6 +1,8 @@
 //! Greedy generation as lm-evaluation-harness 0.4.13's HF backend runs a `generate_until`
-//! request at batch size 1: from the context's window of tokens
-//! ([`super::gen_task::context_window`]), one argmax token at a time with the key/value cache,
+//! request at batch size 1 ([`generate_greedy`], the reference), and continuously batched
+//! ([`generate_batched`], what `occult eval` runs; the same tokens): from the context's
+//! window of tokens ([`super::gen_task::context_window`]), one argmax token at a time with
+//! the key/value cache,
 //! until `max_gen_toks` tokens, an EOS token (kept in the output, as transformers keeps it) or
 //! a stop string. A stop string is looked for as the harness's `MultiTokenEOSCriteria` looks:
 //! in the decoded last `len(encode(stop)) + 2` generated tokens, special tokens kept
@@ -163,10 +165,11 @@ struct Running {
 }
 
 /// Generates after every window of `windows`, as [`generate_greedy`] does for each alone (until
-/// `stopping` ends it), with up to `batch` requests in flight: each step runs the new tokens of every request in flight
-/// as one ragged step ([`Model::forward_ragged`]; a request just admitted brings its whole
-/// window), and a finished request's place goes to the next waiting one (continuous
-/// batching). `done(n)` is told as requests finish. Returns the generations in request order.
+/// `stopping` ends it), with up to `batch` requests in flight: each step runs the new tokens
+/// of every request in flight as one ragged step ([`Model::forward_ragged`]; a request just
+/// admitted brings its whole window), and a finished request's place goes to the next waiting
+/// one (continuous batching). `done(n)` is told as requests finish. Returns the generations
+/// in request order.
 pub fn generate_batched(
     m: &Model,
     tok: &TextTokenizer,
