@@ -213,6 +213,58 @@ fn builtin_gsm8k_runs_beside_multiple_choice_and_bad_input_is_named() {
             "{tag}: the samples' answers"
         );
     }
+    // Under a placement with replicas on two ranks: the same answers as one device.
+    std::fs::write(
+        dir.join("cal.txt"),
+        "the cat sat on the mat\nexperts route tokens\n",
+    )
+    .unwrap();
+    occult_ok(
+        dir,
+        &[
+            "profile", "--model", &model, "--data", "cal.txt", "-o", "t.st",
+        ],
+    );
+    occult_ok(
+        dir,
+        &[
+            "place",
+            "--trace",
+            "t.st",
+            "--devices",
+            "2",
+            "--replicas",
+            "2",
+            "-o",
+            "p2.json",
+        ],
+    );
+    let rep = dir.join("replicas");
+    std::fs::create_dir_all(&rep).unwrap();
+    occult_ok(
+        &rep,
+        &[
+            "eval",
+            "--model",
+            &model,
+            "--tasks",
+            "gsm8k",
+            "--samples",
+            "--limit",
+            "4",
+            "--max-gen-toks",
+            "16",
+            "--devices",
+            "2",
+            "--placement",
+            "../p2.json",
+            "--output",
+            "r.json",
+            "--log-samples",
+            "--quiet",
+        ],
+    );
+    assert_eq!(read_samples(&rep, "gsm8k").remove(0).1, lines, "replicas");
     // Pruned routing runs the generation too.
     occult_ok(
         dir,
