@@ -82,16 +82,23 @@ pub fn open_model(dir: &Path) {
     let _ = occult_core::models::model::Model::load_reference(&ck.weights, &ck.cfg);
 }
 
-/// Prepares arc_easy 1-shot, as `occult eval --data arc_easy=FILE` would, from `bytes` written
-/// as `file_name` (whose extension picks the reader: .json, .jsonl or .parquet).
+/// Prepares arc_easy and gsm8k 1-shot, as `occult eval --data TASK=FILE` would, from `bytes`
+/// written as `file_name` (whose extension picks the reader: .json, .jsonl or .parquet).
 pub fn prepare_task_data(file_name: &str, bytes: &[u8]) {
-    use occult_eval::harness::evaluate::{prepare, PrepareOptions};
+    use occult_eval::harness::evaluate::{prepare_any, PrepareOptions};
+    let path = put(file_name, bytes);
     let opts = PrepareOptions {
-        data: [("arc_easy".to_string(), put(file_name, bytes))].into(),
+        data: [
+            ("arc_easy".to_string(), path.clone()),
+            ("gsm8k".to_string(), path),
+        ]
+        .into(),
         samples: false,
         num_fewshot: Some(1),
         limit: None,
         seed: 1234,
+        max_gen_toks: None,
     };
-    let _ = prepare("arc_easy", &opts);
+    let _ = prepare_any("arc_easy", &opts);
+    let _ = prepare_any("gsm8k", &opts);
 }

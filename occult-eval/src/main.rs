@@ -75,7 +75,8 @@ enum Cmd {
     Loglik(loglik::LoglikArgs),
     /// Held-out loss and perplexity of instruction or text data under the model's routing.
     Loss(loss::LossArgs),
-    /// Score multiple-choice tasks as lm-evaluation-harness does (MMLU, HellaSwag, ...).
+    /// Score multiple-choice and generative tasks as lm-evaluation-harness does (MMLU,
+    /// HellaSwag, GSM8K, ...).
     Eval(eval::EvalArgs),
     /// Run calibration text through a model and write its routing trace.
     Profile(profile::ProfileArgs),
