@@ -80,6 +80,7 @@ if [[ $mode != --emulated-only ]]; then
   levels=(portable)
   if has avx2 && has fma; then levels+=(avx2); fi
   if has avx512f; then levels+=(avx512); fi
+  if has avx512f && has avx512_bf16; then levels+=(avx512bf16); fi
   if has amx_tile; then levels+=(amx); fi
   # The highest is the plain test run's; every other one here.
   unset 'levels[${#levels[@]}-1]'

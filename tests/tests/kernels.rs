@@ -228,6 +228,7 @@ fn each_kernel_forward_equals_plain_loops() {
     check_forward(Path::Kernel(Kernel::Dot));
     check_forward(Path::Kernel(Kernel::Outer));
     check_forward(Path::Kernel(Kernel::Amx));
+    check_forward(Path::Kernel(Kernel::OuterDp));
 }
 
 /// Gradients of `Σ r ⊙ (x · wᵀ)`: `dx = r · w`, `dw = rᵀ · x`.
@@ -286,6 +287,7 @@ fn each_kernel_backward_equals_plain_loops() {
     check_backward(Path::Kernel(Kernel::Dot));
     check_backward(Path::Kernel(Kernel::Outer));
     check_backward(Path::Kernel(Kernel::Amx));
+    check_backward(Path::Kernel(Kernel::OuterDp));
 }
 
 #[test]
@@ -340,11 +342,13 @@ fn the_path_in_use_is_reported() {
 }
 
 /// The level `/proc/cpuinfo`'s flags call for: AMX (with the AVX-512 sets its path packs
-/// with), AVX-512 F, AVX2 with FMA, or portable.
+/// with), AVX-512 F with BF16, AVX-512 F, AVX2 with FMA, or portable.
 fn level_from_cpuinfo(flags: &[&str]) -> Level {
     let has = |f: &str| flags.contains(&f);
     if has("amx_tile") && has("amx_bf16") && has("avx512bw") && has("avx512_bf16") {
         Level::Amx
+    } else if has("avx512f") && has("avx512_bf16") {
+        Level::Avx512Bf16
     } else if has("avx512f") {
         Level::Avx512
     } else if has("avx2") && has("fma") {
@@ -380,9 +384,9 @@ fn the_detected_level_is_the_cpus() {
             let from_flags = level_from_cpuinfo(&flags);
             // AMX also needs the kernel's grant of the tile state; a CPU that lists AMX under
             // a kernel that refuses it runs AVX-512.
-            if from_flags == Level::Amx && detected == Level::Avx512 {
-                eprintln!("AMX listed but not granted by the OS: AVX-512");
-                Level::Avx512
+            if from_flags == Level::Amx && detected == Level::Avx512Bf16 {
+                eprintln!("AMX listed but not granted by the OS: AVX-512 with BF16");
+                Level::Avx512Bf16
             } else {
                 from_flags
             }

@@ -64,6 +64,12 @@ pub fn time_linear(
             Box::new(|| linear_with(&x, &w, Path::Kernel(Kernel::Outer))),
         ),
     ];
+    if dtype == DType::BF16 && super::isa().avx512bf16 {
+        candidates.push((
+            "occult-outer-dp".into(),
+            Box::new(|| linear_with(&x, &w, Path::Kernel(Kernel::OuterDp))),
+        ));
+    }
     if dtype == DType::BF16 && super::isa().amx {
         candidates.push((
             "occult-amx".into(),

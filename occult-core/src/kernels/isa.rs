@@ -16,15 +16,25 @@ pub enum Level {
     Portable,
     /// AVX2 and FMA: eight-lane kernels for f32 and bf16 (widened in registers).
     Avx2,
-    /// AVX-512 F (with BW and VL for f32 by bf16, BF16 for `vdpbf16ps`): sixteen-lane kernels.
+    /// AVX-512 F (with BW and VL for f32 by bf16): sixteen-lane kernels; bf16 by bf16 runs
+    /// eight-lane here, as on a CPU without BF16.
     Avx512,
+    /// AVX-512 with BF16: bf16 by bf16 multiplies with `vdpbf16ps` (two products a lane per
+    /// instruction), in the dot tiles and the outer products ([`super::outer_dp`]).
+    Avx512Bf16,
     /// AVX-512 with AMX tile multiplies for bf16 weights.
     Amx,
 }
 
 impl Level {
     /// Every level, lowest first.
-    pub const ALL: [Level; 4] = [Level::Portable, Level::Avx2, Level::Avx512, Level::Amx];
+    pub const ALL: [Level; 5] = [
+        Level::Portable,
+        Level::Avx2,
+        Level::Avx512,
+        Level::Avx512Bf16,
+        Level::Amx,
+    ];
 
     /// The name `OCCULT_KERNELS` takes.
     pub fn name(self) -> &'static str {
@@ -32,6 +42,7 @@ impl Level {
             Level::Portable => "portable",
             Level::Avx2 => "avx2",
             Level::Avx512 => "avx512",
+            Level::Avx512Bf16 => "avx512bf16",
             Level::Amx => "amx",
         }
     }
@@ -99,6 +110,8 @@ impl Isa {
     pub fn level(&self) -> Level {
         if self.amx {
             Level::Amx
+        } else if self.avx512f && self.avx512bf16 {
+            Level::Avx512Bf16
         } else if self.avx512f {
             Level::Avx512
         } else if self.avx2 {
@@ -114,7 +127,7 @@ impl Isa {
         Isa {
             avx2: self.avx2 && level >= Level::Avx2,
             avx512f: self.avx512f && avx512,
-            avx512bf16: self.avx512bf16 && avx512,
+            avx512bf16: self.avx512bf16 && level >= Level::Avx512Bf16,
             avx512bw: self.avx512bw && avx512,
             amx: self.amx && level >= Level::Amx,
         }
@@ -272,6 +285,13 @@ mod tests {
         };
         assert_eq!(skx.simd_for(true, true), Some(Simd::Avx2));
         assert_eq!(skx.simd_for(false, false), Some(Simd::Avx512));
+        // The avx512 level is that CPU; avx512bf16 adds `vdpbf16ps` for bf16 by bf16.
+        assert_eq!(all.at(Level::Avx512), Isa { avx2: true, ..skx });
+        assert_eq!(
+            all.at(Level::Avx512Bf16).simd_for(true, true),
+            Some(Simd::Avx512)
+        );
+        assert!(!all.at(Level::Avx512Bf16).amx);
         for l in Level::ALL {
             assert_eq!(Level::parse(l.name()), Some(l));
         }

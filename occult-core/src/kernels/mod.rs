@@ -2,12 +2,14 @@
 //! projection and every dense projection is `x · wᵀ`, and [`linear`] computes it.
 //!
 //! On x86-64 it runs our own kernels ([`gemm_nt`]) at the highest [`Level`] the CPU has
-//! ([`isa`]: AVX2 with FMA, AVX-512, or AVX-512 with AMX): bf16 operands stay bf16 in memory
-//! (half the traffic) and accumulate in f32. Few rows run dot-product tiles (bf16 with
-//! `vdpbf16ps` on AVX-512 BF16, widened in registers below it), many rows outer products at
-//! f32's FMA rate ([`outer`]); with bf16 weights on a CPU with AMX, from 8 rows, tile
-//! multiplies ([`amx`]). `OCCULT_KERNELS` caps the level (`amx`, `avx512`, `avx2`,
-//! `portable`), to compare or to test a lower level on a CPU that has a higher one. The op is
+//! ([`isa`]: AVX2 with FMA, AVX-512, AVX-512 with BF16, or AVX-512 with AMX): bf16 operands
+//! stay bf16 in memory (half the traffic) and accumulate in f32. Few rows run dot-product
+//! tiles (bf16 with `vdpbf16ps` at the `avx512bf16` level, widened in registers below it),
+//! many rows outer products at f32's FMA rate ([`outer`]), or for bf16 by bf16 at the
+//! `avx512bf16` level with `vdpbf16ps` ([`outer_dp`]); with bf16 weights on a CPU with AMX,
+//! from 8 rows, tile multiplies ([`amx`]). `OCCULT_KERNELS` caps the level (`amx`,
+//! `avx512bf16`, `avx512`, `avx2`, `portable`), to compare or to test a lower level on a CPU
+//! that has a higher one. The op is
 //! a candle `CustomOp2` with its own backward ([`linear_op`]), so training goes through it too.
 //! Every kernel takes f32 or bf16 operands ([`elem`]).
 //! At the portable level (other CPUs, ARM among them) it runs candle's matmul in f32 (bf16
@@ -26,6 +28,7 @@ pub mod gemm_nt;
 pub mod isa;
 mod linear_op;
 mod outer;
+mod outer_dp;
 mod path;
 pub mod scratch;
 mod shared;

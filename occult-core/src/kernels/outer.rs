@@ -58,7 +58,7 @@ fn kc_for<W: Elem>(simd: Simd) -> usize {
 
 /// Columns of `C` per micro-tile for a tile of `v` vectors of rows: 24 accumulators at most
 /// (16 for one vector, where each step is one load and sixteen broadcasts).
-const fn nr_for(v: usize) -> usize {
+pub(super) const fn nr_for(v: usize) -> usize {
     match v {
         4 => 6,
         3 => 8,
@@ -68,7 +68,7 @@ const fn nr_for(v: usize) -> usize {
 }
 
 /// Vectors (of 16 rows) in the tile of `rows` rows.
-fn vectors(rows: usize) -> usize {
+pub(super) fn vectors(rows: usize) -> usize {
     rows.div_ceil(16)
 }
 
@@ -177,11 +177,47 @@ unsafe fn transpose16(
     }
 }
 
+/// Rows `0..rows` of a tile into `c` (row stride `n`, from its first column of the block),
+/// from the block's transposed output `ct` (`[column][16 v]`, `cols` columns): sixteen by
+/// sixteen where whole, element by element at the edges.
+///
+/// # Safety
+/// `simd`'s instructions; `c` valid for `rows` rows of `cols` columns at stride `n`.
+pub(super) unsafe fn store_tile(
+    simd: Simd,
+    ct: &[f32],
+    rows: usize,
+    cols: usize,
+    c: *mut f32,
+    n: usize,
+) {
+    let width16 = 16 * vectors(rows);
+    let (whole_rows, whole_cols) = (rows / 16 * 16, cols / 16 * 16);
+    for i0 in (0..whole_rows).step_by(16) {
+        for j0 in (0..whole_cols).step_by(16) {
+            transpose16(
+                simd,
+                ct.as_ptr().add(j0 * width16 + i0),
+                width16,
+                c.add(i0 * n + j0),
+                n,
+            );
+        }
+    }
+    for i in 0..rows {
+        let dst = c.add(i * n);
+        let from = if i < whole_rows { whole_cols } else { 0 };
+        for jj in from..cols {
+            *dst.add(jj) = ct[jj * width16 + i];
+        }
+    }
+}
+
 /// Width of the column blocks handed to threads: one per thread, a whole number of every
 /// micro-tile width (48 columns). Against four per thread, paired over four rounds with the
 /// weights streaming from memory: 6-9% faster at 64 rows (OLMoE's experts) and 7-10% at 512
 /// (a dense projection); each thread then walks one run of weight rows.
-fn block_width(n: usize) -> usize {
+pub(super) fn block_width(n: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     n.div_ceil(threads).div_ceil(48).max(1) * 48
 }
@@ -279,29 +315,7 @@ pub unsafe fn gemm<A: Elem, W: Elem>(
                 }
                 kb += kc;
             }
-            // Rows of the tile into `c`, from the transposed block: sixteen by sixteen where
-            // whole, element by element at the edges.
-            let width16 = 16 * v;
-            let cols = c1 - c0;
-            let (whole_rows, whole_cols) = (rows / 16 * 16, cols / 16 * 16);
-            for i0 in (0..whole_rows).step_by(16) {
-                for j0 in (0..whole_cols).step_by(16) {
-                    transpose16(
-                        simd,
-                        ct.as_ptr().add(j0 * width16 + i0),
-                        width16,
-                        pc.at((t * MT + i0) * n + c0 + j0),
-                        n,
-                    );
-                }
-            }
-            for i in 0..rows {
-                let dst = pc.at((t * MT + i) * n + c0);
-                let from = if i < whole_rows { whole_cols } else { 0 };
-                for jj in from..cols {
-                    *dst.add(jj) = ct[jj * width16 + i];
-                }
-            }
+            store_tile(simd, ct, rows, c1 - c0, pc.at(t * MT * n + c0), n);
         }
         super::scratch::give(ct_buf);
     };

@@ -46,7 +46,7 @@ pub fn describe_on(isa: Isa, dtype: DType) -> String {
             "avx512-bf16 with amx (bf16 in memory, f32 accumulation: amx tile multiplies from 8 rows, vdpbf16ps tiles below)"
         }
         (Some(Simd::Avx512), true) => {
-            "avx512-bf16 (bf16 in memory, f32 accumulation: vdpbf16ps tiles, fma outer products)"
+            "avx512-bf16 (bf16 in memory, f32 accumulation: vdpbf16ps tiles and outer products)"
         }
         (Some(Simd::Avx512), false) => "avx512-f32 (fma)",
         (Some(Simd::Avx2), true) => {

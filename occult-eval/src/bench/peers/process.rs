@@ -102,6 +102,11 @@ pub fn torch_level_env(level: Level) -> Vec<(&'static str, &'static str)> {
         ],
         Level::Avx512 => &[
             ("ATEN_CPU_CAPABILITY", "avx512"),
+            ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE"),
+            ("MKL_ENABLE_INSTRUCTIONS", "AVX512"),
+        ],
+        Level::Avx512Bf16 => &[
+            ("ATEN_CPU_CAPABILITY", "avx512"),
             ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16"),
             ("MKL_ENABLE_INSTRUCTIONS", "AVX512"),
         ],
@@ -127,7 +132,9 @@ pub fn level_of_report(isa: &str) -> Option<Level> {
     };
     if upper.contains('=') {
         // llama.cpp's "NAME = 0|1" list.
-        return Some(if flag("AVX512") {
+        return Some(if flag("AVX512") && flag("AVX512_BF16") {
+            Level::Avx512Bf16
+        } else if flag("AVX512") {
             Level::Avx512
         } else if flag("AVX2") && flag("FMA") {
             Level::Avx2
@@ -144,13 +151,13 @@ pub fn level_of_report(isa: &str) -> Option<Level> {
     }
 }
 
-/// The level that matters for a product in `dtype`: AMX multiplies bf16 only, so for f32 and
-/// f16 an AMX level runs as AVX-512.
+/// The level that matters for a product in `dtype`: AMX and AVX-512 BF16 multiply bf16 only,
+/// so for f32 and f16 those levels run as AVX-512. (torch reports `AVX512` either way: at
+/// `avx512bf16` its bf16 products are capped to oneDNN's `AVX512_CORE_BF16`.)
 pub fn effective_level(level: Level, dtype: &str) -> Level {
-    if level == Level::Amx && dtype != "bf16" {
-        Level::Avx512
-    } else {
-        level
+    match level {
+        Level::Amx | Level::Avx512Bf16 if dtype != "bf16" => Level::Avx512,
+        _ => level,
     }
 }
 
@@ -165,11 +172,13 @@ pub fn level_mismatch(
 ) -> Option<String> {
     let theirs = effective_level(theirs?, dtype);
     let ours = effective_level(ours, dtype);
-    if theirs == ours {
+    let torch_cannot_say =
+        kind == PeerKind::Transformers && ours == Level::Avx512Bf16 && theirs == Level::Avx512;
+    if theirs == ours || torch_cannot_say {
         return None;
     }
     let why = match (kind, ours, theirs) {
-        (PeerKind::LlamaCpp, Level::Amx, Level::Avx512) => {
+        (PeerKind::LlamaCpp, Level::Amx, Level::Avx512 | Level::Avx512Bf16) => {
             "llama.cpp has no AMX kernel for bf16 weights (its AMX path takes quantised types \
              only); OCCULT_KERNELS=avx512 compares both at AVX-512"
         }
@@ -328,7 +337,10 @@ mod tests {
                   BMI2 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |";
         assert_eq!(level_of_report(lc), Some(Level::Avx2));
         let lc512 = format!("{lc} AVX512 = 1 | AVX512_BF16 = 1 | AMX_INT8 = 1 |");
-        assert_eq!(level_of_report(&lc512), Some(Level::Avx512));
+        assert_eq!(level_of_report(&lc512), Some(Level::Avx512Bf16));
+        let skx = format!("{lc} AVX512 = 1 | AVX512_BF16 = 0 |");
+        assert_eq!(level_of_report(&skx), Some(Level::Avx512));
+
         assert_eq!(
             level_of_report("CPU : SSE3 = 1 | AVX512_VBMI = 1 | AVX2 = 0 |"),
             Some(Level::Portable)
@@ -347,6 +359,13 @@ mod tests {
         assert!(level_mismatch(LlamaCpp, Level::Amx, Some(Level::Avx512), "f32").is_none());
         let bf16 = level_mismatch(LlamaCpp, Level::Amx, Some(Level::Avx512), "bf16").unwrap();
         assert!(bf16.contains("no AMX kernel for bf16"), "{bf16}");
+        // llama.cpp at AVX-512 with BF16 against ours at AMX: one level for f32, not for bf16.
+        assert!(level_mismatch(LlamaCpp, Level::Amx, Some(Level::Avx512Bf16), "f32").is_none());
+        assert!(level_mismatch(LlamaCpp, Level::Amx, Some(Level::Avx512Bf16), "bf16").is_some());
+        // torch says AVX512 either way.
+        assert!(
+            level_mismatch(Transformers, Level::Avx512Bf16, Some(Level::Avx512), "bf16").is_none()
+        );
         let built = level_mismatch(LlamaCpp, Level::Avx2, Some(Level::Avx512), "f32").unwrap();
         assert!(
             built.contains("runs at avx512 and our kernels at avx2"),
