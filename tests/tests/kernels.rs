@@ -66,12 +66,12 @@ fn levels() -> Vec<(Level, Isa)> {
 }
 
 /// Whether `path` may round f32 activations to bf16 before multiplying them by bf16 weights:
-/// the AMX kernel does (its products are of bf16 values), where `isa` has it.
+/// the AMX kernel and the `vdpbf16ps` outer products do (their products are of bf16 values),
+/// where `isa` has them.
 fn rounds_activations(isa: Isa, path: Path, dtype: DType, wdtype: DType) -> bool {
-    dtype == DType::F32
-        && wdtype == DType::BF16
-        && isa.amx
-        && matches!(path, Path::Auto | Path::Kernel(Kernel::Amx))
+    let amx = isa.amx && matches!(path, Path::Auto | Path::Kernel(Kernel::Amx));
+    let dp = isa.avx512bf16 && matches!(path, Path::Auto | Path::Kernel(Kernel::OuterDp));
+    dtype == DType::F32 && wdtype == DType::BF16 && (amx || dp)
 }
 
 /// Holds `got` to `want`: each output is a sum of `k` products accumulated in f32 (each

@@ -45,8 +45,8 @@ pub const OUTER_MIN_ROWS_F32: usize = 6;
 /// 1.3x at 4, even at 2, and either way at 1 from run to run; from 16 rows 1.8-4x ahead of
 /// the better AVX-512 kernel.
 pub const AMX_MIN_ROWS: usize = 8;
-/// From this many rows on, [`Kernel::OuterDp`] runs for bf16 activations and weights where
-/// it can (without AMX). Measured on OLMoE's gate (1024 x 2048, 2 threads, AMD EPYC at
+/// From this many rows on, [`Kernel::OuterDp`] runs for bf16 weights where it can (without
+/// AMX). Measured on OLMoE's gate (1024 x 2048, 2 threads, AMD EPYC at
 /// `avx512bf16`): the dot tiles ahead at 4 to 16 rows (4.1x to 1.1x), `vdpbf16ps` outer
 /// products from 24 (1.33x at 24, 1.64x at 32, 1.94x at 64 rows).
 pub const OUTER_DP_MIN_ROWS: usize = 24;
@@ -107,15 +107,16 @@ pub enum Kernel {
     /// AMX tile multiplies, for bf16 weights where the CPU has AMX ([`super::amx`]; products
     /// of bf16 values, f32 sums); elsewhere, and for f32 weights, [`Kernel::Outer`].
     Amx,
-    /// Outer products with `vdpbf16ps`, for bf16 activations and weights where the CPU has
-    /// AVX-512 BF16 ([`super::outer_dp`]); elsewhere [`Kernel::Outer`].
+    /// Outer products with `vdpbf16ps`, for bf16 weights where the CPU has AVX-512 BF16
+    /// ([`super::outer_dp`]; f32 activations rounded to bf16, as AMX rounds them); elsewhere
+    /// [`Kernel::Outer`].
     OuterDp,
 }
 
 impl Kernel {
     /// The faster kernel for `m` rows of `A` and weights in bf16 or f32, where `amx` says
     /// whether [`Kernel::Amx`] can run (bf16 weights on a CPU with AMX) and `dp` whether
-    /// [`Kernel::OuterDp`] can (bf16 activations and weights with AVX-512 BF16).
+    /// [`Kernel::OuterDp`] can (bf16 weights with AVX-512 BF16).
     pub fn pick(m: usize, bf16_weights: bool, amx: bool, dp: bool) -> Kernel {
         let outer_from = if bf16_weights {
             OUTER_MIN_ROWS

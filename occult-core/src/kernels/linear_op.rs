@@ -73,8 +73,8 @@ impl<'a> Operand<'a> {
 }
 
 /// The kernel for `m` rows on `path`, and whether it is the AMX kernel (bf16 weights where
-/// `isa` has AMX); `dp` says whether the activations are bf16 too and `isa` has `vdpbf16ps`
-/// ([`Kernel::OuterDp`] runs where both hold).
+/// `isa` has AMX); `dp` says whether [`Kernel::OuterDp`] can run (bf16 weights where `isa` has
+/// `vdpbf16ps`).
 fn kernel_for(path: Path, isa: Isa, m: usize, bf16_weights: bool, dp: bool) -> (Kernel, bool) {
     let amx_here = bf16_weights && isa.amx;
     let kernel = match path {
@@ -108,13 +108,16 @@ pub(crate) fn rows(
     if path == Path::Portable {
         return false;
     }
-    let dp = matches!(a, Operand::Bf16(_)) && w_bf16 && isa.avx512bf16;
+    let dp = w_bf16 && isa.avx512bf16;
     let (kernel, amx) = kernel_for(path, isa, m, w_bf16, dp);
     check_lengths(a.len(), w.len(), c.len(), m, n, k);
     // SAFETY (each arm): `simd_for` found the instructions of the pair's kernel at `simd` in
     // `isa` (at most this CPU's), and AMX's where `amx` says so; the lengths were checked.
     match (a, w) {
         (Operand::F32(a), Operand::F32(b)) => unsafe { gemm_nt(a, b, c, m, n, k, kernel, simd) },
+        (Operand::F32(a), Operand::Bf16(b)) if kernel == Kernel::OuterDp && !amx => unsafe {
+            super::outer_dp::gemm(a, b, c, m, n, k)
+        },
         (Operand::F32(a), Operand::Bf16(b)) => unsafe {
             bf16_weights_gemm(a, b, c, (m, n, k), kernel, simd, amx)
         },

@@ -1,5 +1,5 @@
-//! The many-row path of bf16 activations by bf16 weights at the `avx512bf16` level: outer
-//! products as [`super::outer`]'s, multiplied with `vdpbf16ps`, which adds two bf16 products
+//! The many-row path of bf16 weights at the `avx512bf16` level: outer products as
+//! [`super::outer`]'s, multiplied with `vdpbf16ps`, which adds two bf16 products
 //! into each f32 lane per instruction, where the f32 path's FMA adds one. On CPUs without
 //! AMX whose `vdpbf16ps` issues as fast as an FMA (AMD's Zen 4 and 5), that is twice the
 //! multiply-adds; where it issues at half the FMA rate (Intel's, which have AMX anyway) it is
@@ -16,7 +16,8 @@
 //! micro-tiles short of columns are read from a zero-padded copy.
 //!
 //! Every product is of bf16 values (exact in f32) and the sums are f32's, as on the other
-//! paths; `vdpbf16ps` treats denormal inputs and results as zero.
+//! paths; `vdpbf16ps` treats denormal inputs and results as zero. f32 activations are rounded
+//! to bf16 (to nearest, even) as they are packed, as the AMX kernel rounds them.
 
 use super::outer::{block_width, nr_for, store_tile, vectors, MT};
 use super::shared::Shared;
@@ -27,14 +28,31 @@ use rayon::prelude::*;
 /// each weight row is read in runs of 2 KB.
 const KP: usize = 512;
 
+/// An activation as the bf16 bits `vdpbf16ps` multiplies: bf16 as it is, f32 rounded.
+pub trait PairElem: Copy + Send + Sync {
+    fn bf16_bits(self) -> u32;
+}
+
+impl PairElem for bf16 {
+    fn bf16_bits(self) -> u32 {
+        u32::from(self.to_bits())
+    }
+}
+
+impl PairElem for f32 {
+    fn bf16_bits(self) -> u32 {
+        u32::from(bf16::from_f32(self).to_bits())
+    }
+}
+
 /// `A` `[m, k]` packed as pairs tile by tile: tile `t` starts at `MT * t * kp` (`kp = ⌈k/2⌉`)
 /// and holds `[kp][16 * vectors(rows)]` lanes, zero past its last row.
-fn pack_a(a: &[bf16], m: usize, k: usize) -> Vec<u32> {
+fn pack_a<A: PairElem>(a: &[A], m: usize, k: usize) -> Vec<u32> {
     let kp = k.div_ceil(2);
     let tiles = m.div_ceil(MT);
     let last = m - (tiles - 1) * MT;
     let mut packed = vec![0u32; (tiles - 1) * MT * kp + 16 * vectors(last) * kp];
-    let bits = |x: bf16| u32::from(x.to_bits());
+    let bits = |x: A| x.bf16_bits();
     let mut parts: Vec<&mut [u32]> = Vec::with_capacity(tiles);
     let mut rest = packed.as_mut_slice();
     for t in 0..tiles {
@@ -61,7 +79,7 @@ fn pack_a(a: &[bf16], m: usize, k: usize) -> Vec<u32> {
 ///
 /// # Safety
 /// AVX-512 F and BF16; slices of `m * k`, `n * k` and `m * n` elements.
-pub unsafe fn gemm(a: &[bf16], b: &[bf16], c: &mut [f32], m: usize, n: usize, k: usize) {
+pub unsafe fn gemm<A: PairElem>(a: &[A], b: &[bf16], c: &mut [f32], m: usize, n: usize, k: usize) {
     if m == 0 || n == 0 {
         return;
     }
