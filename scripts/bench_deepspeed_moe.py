@@ -7,7 +7,9 @@ tokens. The router is DeepSpeed's TopKGate: softmax over all experts, the top k,
 over them; with `drop_tokens=False` nothing is dropped (the capacity is the largest expert
 count of the step, all-reduced over the ranks, and every all-to-all buffer is padded to it).
 Each rank checks its outputs against a plain dense loop in float64 (same weights, same routing
-rule), so the peer is known to do the work it is timed on.
+rule), so the peer is known to do the work it is timed on. With `--layer FILE` (written by
+`occult bench layer --renormalize --layer-out FILE`) the weights and every rank's tokens are
+occult's, and each rank's outputs are also held to occult's output on them.
 
 Reported (JSON on stdout, or --out): the settings and versions; per repeat, the forward time
 and (with --train) the forward + backward time, each the slowest rank's, after a barrier; the
@@ -18,6 +20,8 @@ from the dense loop.
     python3 scripts/bench_deepspeed_moe.py --install /tmp/dspkgs      # once: pinned, from PyPI
     python3 scripts/bench_deepspeed_moe.py --pkgs /tmp/dspkgs --ranks 4 --tokens 1024 \\
         --hidden 2048 --intermediate 1024 --experts 64 --top-k 8 --train --repeats 3
+    occult bench layer --devices 4 --tokens 256 --renormalize --layer-out layer.safetensors
+    python3 scripts/bench_deepspeed_moe.py --pkgs /tmp/dspkgs --layer layer.safetensors --train
 
 Needs torch (CPU) in the interpreter, a C++ compiler (DeepSpeed builds its shared-memory
 comm op on first use with ninja, installed beside it).
@@ -66,6 +70,23 @@ def layer_weights(torch, a):
     return router, gate, up, down
 
 
+def read_layer(a):
+    """The layer occult wrote: weights, tokens [D T, H], occult's output; sets the shape."""
+    from safetensors import safe_open
+    with safe_open(a.layer, "pt") as f:
+        md = f.metadata() or {}
+        if md.get("format") != "occult.layer.v1":
+            sys.exit(f"{a.layer}: not an occult layer file (format {md.get('format')!r})")
+        if md.get("renormalize") != "true":
+            sys.exit(f"{a.layer}: its router does not renormalise the top-k weights, and "
+                     "DeepSpeed's TopKGate does: write it with occult bench layer --renormalize")
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    a.experts, a.top_k = int(md["experts"]), int(md["top_k"])
+    a.ranks, a.tokens = int(md["ranks"]), int(md["tokens_per_rank"])
+    a.intermediate, a.hidden = t["gate"].shape[1], t["gate"].shape[2]
+    return t
+
+
 def dense_reference(torch, x, router, gate, up, down, k):
     """The layer as a plain loop in float64: softmax over all experts, top-k, renormalised."""
     x, router, gate, up, down = (t.double() for t in (x, router, gate, up, down))
@@ -89,7 +110,11 @@ def rank_main(rank, a):
     from deepspeed.moe.layer import MoE
     torch.set_num_threads(a.threads)
     deepspeed.init_distributed(dist_backend="gloo")
-    router, gate, up, down = layer_weights(torch, a)
+    if a.layer:
+        t = read_layer(a)
+        router, gate, up, down = t["router"], t["gate"], t["up"], t["down"]
+    else:
+        router, gate, up, down = layer_weights(torch, a)
     moe = MoE(hidden_size=a.hidden, expert=swiglu_expert(torch, a.hidden, a.intermediate),
               num_experts=a.experts, ep_size=a.ranks, k=a.top_k, capacity_factor=1.0,
               eval_capacity_factor=1.0, min_capacity=0, drop_tokens=False, use_residual=False)
@@ -104,8 +129,11 @@ def rank_main(rank, a):
             ex.gate.weight.copy_(gate[g])
             ex.up.weight.copy_(up[g])
             ex.down.weight.copy_(down[g])
-    tg = torch.Generator().manual_seed(a.seed + 1 + rank)
-    x = torch.randn(a.tokens, a.hidden, generator=tg)
+    if a.layer:
+        x = t["tokens"][rank * a.tokens:(rank + 1) * a.tokens].clone()
+    else:
+        tg = torch.Generator().manual_seed(a.seed + 1 + rank)
+        x = torch.randn(a.tokens, a.hidden, generator=tg)
     if not a.train:
         moe.eval()
 
@@ -124,6 +152,11 @@ def rank_main(rank, a):
     want = dense_reference(torch, x, router, gate, up, down, a.top_k)
     diff = torch.tensor([float((y.double() - want).abs().max())])
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
+    ours = torch.tensor([-1.0])
+    if a.layer:
+        theirs = t["output"][rank * a.tokens:(rank + 1) * a.tokens]
+        ours = torch.tensor([float((y - theirs).abs().max())])
+        dist.all_reduce(ours, op=dist.ReduceOp.MAX)
     # drop_tokens=False: the capacity is the largest expert count over every rank.
     cap = counts.max().clone()
     dist.all_reduce(cap, op=dist.ReduceOp.MAX)
@@ -145,6 +178,8 @@ def rank_main(rank, a):
             "all_to_all_bytes_per_forward": 2 * per_all_to_all,
             "remote_bytes_per_forward": 2 * per_all_to_all * (a.ranks - 1) // a.ranks,
             "max_abs_diff_from_dense": float(diff),
+            "layer": a.layer,
+            "max_abs_diff_from_occult": float(ours) if a.layer else None,
         }
         text = json.dumps(report, indent=1)
         if a.out:
@@ -169,11 +204,14 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train", action="store_true", help="also time forward + backward")
     p.add_argument("--port", type=int, default=29571)
+    p.add_argument("--layer", help="occult's layer file (occult bench layer --layer-out)")
     p.add_argument("--out")
     a = p.parse_args()
     if a.install:
         install(a.install)
         return
+    if a.layer:
+        read_layer(a)
     if a.experts % a.ranks:
         sys.exit(f"--experts {a.experts} is not a multiple of --ranks {a.ranks}")
     if a.pkgs:

@@ -832,6 +832,118 @@ fn a_trace_written_by_another_tool_is_read() {
     assert!(out.contains("mean E[C_T] 1.333"), "{out}");
 }
 
+/// `bench layer --renormalize --layer-out FILE` writes the layer for another engine (the
+/// DeepSpeed-MoE peer reads it): the weights, every rank's tokens, and an `output` that a plain
+/// loop of the renormalised top-k softmax router and SwiGLU experts reproduces.
+#[test]
+fn bench_layer_writes_its_layer_for_another_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (e, k, h, i, t, ranks) = (16usize, 4usize, 32usize, 16usize, 10usize, 4usize);
+    let run = |renorm: bool, file: &str| {
+        let (e_s, k_s, h_s, i_s, t_s) = (
+            e.to_string(),
+            k.to_string(),
+            h.to_string(),
+            i.to_string(),
+            t.to_string(),
+        );
+        let mut args = vec![
+            "bench",
+            "layer",
+            "--experts",
+            &e_s,
+            "--top-k",
+            &k_s,
+            "--hidden",
+            &h_s,
+            "--intermediate",
+            &i_s,
+            "--tokens",
+            &t_s,
+            "--devices",
+            "4",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--layer-out",
+            file,
+        ];
+        if renorm {
+            args.push("--renormalize");
+        }
+        occult_ok(d, &args);
+        std::fs::read(d.join(file)).unwrap()
+    };
+    let bytes = run(true, "l.st");
+    let (_, md) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let md = md.metadata().clone().unwrap();
+    assert_eq!(md["format"], "occult.layer.v1");
+    assert_eq!(md["renormalize"], "true");
+    assert_eq!(md["ranks"], "4");
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let get = |name: &str, shape: &[usize]| -> Vec<f64> {
+        let v = st.tensor(name).unwrap();
+        assert_eq!(v.shape(), shape, "{name}");
+        v.data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+            .collect()
+    };
+    let n = t * ranks;
+    let (router, gate, up, down) = (
+        get("router", &[e, h]),
+        get("gate", &[e, i, h]),
+        get("up", &[e, i, h]),
+        get("down", &[e, h, i]),
+    );
+    let (x, y) = (get("tokens", &[n, h]), get("output", &[n, h]));
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f64>();
+    for r in 0..n {
+        let xr = &x[r * h..(r + 1) * h];
+        let logits: Vec<f64> = (0..e)
+            .map(|j| dot(&router[j * h..(j + 1) * h], xr))
+            .collect();
+        let mut order: Vec<usize> = (0..e).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        let top = &order[..k];
+        let z: f64 = top.iter().map(|&j| logits[j].exp()).sum();
+        let mut want = vec![0f64; h];
+        for &j in top {
+            let g = logits[j].exp() / z;
+            let hid: Vec<f64> = (0..i)
+                .map(|q| {
+                    let a = dot(&gate[(j * i + q) * h..(j * i + q + 1) * h], xr);
+                    let b = dot(&up[(j * i + q) * h..(j * i + q + 1) * h], xr);
+                    a / (1.0 + (-a).exp()) * b
+                })
+                .collect();
+            for (c, w) in want.iter_mut().enumerate() {
+                *w += g * dot(&down[(j * h + c) * i..(j * h + c + 1) * i], &hid);
+            }
+        }
+        for c in 0..h {
+            let got = y[r * h + c];
+            assert!(
+                (got - want[c]).abs() < 1e-4,
+                "token {r} feature {c}: {got} vs {}",
+                want[c]
+            );
+        }
+    }
+    // The same seed writes the same layer; without --renormalize the file says so.
+    let again = run(true, "again.st");
+    let again = safetensors::SafeTensors::deserialize(&again).unwrap();
+    for name in ["router", "gate", "up", "down", "tokens", "output"] {
+        let same = again.tensor(name).unwrap().data() == st.tensor(name).unwrap().data();
+        assert!(same, "{name} differs between two runs of one seed");
+    }
+    let plain = run(false, "plain.st");
+    let (_, md) = safetensors::SafeTensors::read_metadata(&plain).unwrap();
+    assert_eq!(md.metadata().clone().unwrap()["renormalize"], "false");
+}
+
 #[test]
 fn bench_layer_reports_the_contract_and_the_ratio() {
     let dir = tempfile::tempdir().unwrap();

@@ -51,6 +51,11 @@ pub struct LayerBench {
     /// mode, and rows are counted within and across nodes.
     pub devices_per_node: Option<usize>,
     pub prune_rule: PruneRule,
+    /// Renormalise the top-k gate weights over the chosen experts (DeepSpeed-MoE's TopKGate,
+    /// Qwen3-MoE and Mixtral); OLMoE's softmax without it by default.
+    pub renormalize: bool,
+    /// Write the layer, its tokens and its reference output here ([`super::layer_file`]).
+    pub layer_out: Option<std::path::PathBuf>,
     /// Where the layer runs (`cpu` or `cuda:N`), and its dtype (f32, bf16 or f16).
     pub device_name: String,
     pub dtype: String,
@@ -169,7 +174,7 @@ impl LayerBench {
             experts,
             shared: None,
         };
-        let rule = RouterRule::softmax_topk(e, self.top_k, false);
+        let rule = RouterRule::softmax_topk(e, self.top_k, self.renormalize);
         // Calibration: route, then place and build the similarity table from it.
         let calib_t = t(calib, &[4096.max(total), h])?;
         let routed = route(&calib_t, &weights.router, &rule, None)?;
@@ -381,6 +386,11 @@ pub fn run(
         return Ok(());
     }
     let (records, reference_s) = records.expect("root has the records");
+    if let Some(path) = &bench.layer_out {
+        // The setup is the seed's on every rank: made again here, on the root.
+        super::layer_file::write(bench, &bench.setup()?, path)?;
+        eprintln!("the layer, its tokens and its output -> {}", path.display());
+    }
     let mut results: Vec<ModeSummary> = bench.combine(&records, link);
     let total = bench.tokens * bench.devices;
     let reference_flops = swiglu_flops(total * bench.top_k, bench.hidden, bench.intermediate);

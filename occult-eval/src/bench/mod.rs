@@ -1,7 +1,8 @@
 //! The benchmarks, each comparing methods in one run on the same inputs, with exact counts
 //! (rows and bytes across links, E[C_T]) beside times:
 //!
-//! - [`layer`]: one MoE layer on D ranks, every dispatch mode;
+//! - [`layer`]: one MoE layer on D ranks, every dispatch mode ([`layer_file`]: the layer
+//!   written out for another engine);
 //! - [`model`]: a model's prefill and decode, against another implementation ([`peers`]) on one
 //!   device, or every EP mode on D ranks ([`model_ep`]);
 //! - [`train`]: a fine-tuning step in every EP mode;
@@ -22,6 +23,7 @@ pub mod eval;
 pub mod generate;
 pub mod kernels;
 pub mod layer;
+pub mod layer_file;
 pub mod model;
 pub mod model_ep;
 pub mod model_runs;

@@ -282,6 +282,15 @@ pub struct LayerBenchArgs {
     pub link: Option<String>,
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Renormalise the top-k gate weights over the chosen experts (DeepSpeed-MoE's TopKGate,
+    /// Qwen3-MoE, Mixtral); OLMoE's plain softmax by default.
+    #[arg(long)]
+    pub renormalize: bool,
+    /// Write the layer (router, experts), every rank's tokens and the layer's output on them
+    /// here, f32 safetensors, for another engine to run (scripts/bench_deepspeed_moe.py
+    /// --layer FILE).
+    #[arg(long, value_name = "FILE")]
+    pub layer_out: Option<PathBuf>,
 }
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
@@ -396,7 +405,7 @@ fn model(a: ModelBenchArgs) -> Result<()> {
 }
 
 fn layer(a: LayerBenchArgs) -> Result<()> {
-    super::check_io(&[], &[a.json.as_deref()])?;
+    super::check_io(&[], &[a.json.as_deref(), a.layer_out.as_deref()])?;
     let device = crate::context::device::pick_device(a.cuda, a.backend)?;
     let link = a
         .link
@@ -419,6 +428,8 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
         max_devices: a.max_devices,
         devices_per_node,
         prune_rule: a.prune_rule,
+        renormalize: a.renormalize,
+        layer_out: a.layer_out.clone(),
         device_name: crate::context::device::device_name(&device),
         dtype: a.dtype.clone(),
         device,
