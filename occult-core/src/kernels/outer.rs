@@ -328,7 +328,7 @@ pub unsafe fn gemm<A: Elem, W: Elem>(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     //! The micro-tiles, one instantiation per vector count.
     use super::nr_for;
     use std::arch::x86_64::*;
@@ -439,6 +439,19 @@ mod x86 {
                 }
             }
         }
+        store_acc(&acc, ct, cols, first);
+    }
+
+    /// A micro-tile's accumulators (`V` vectors of rows by `NR` columns, of which the first
+    /// `cols` are real) into the transposed output `ct` (`[column][16 V]`; overwritten when
+    /// `first`, else added to). Shared with [`super::super::outer_dp`].
+    #[target_feature(enable = "avx512f")]
+    pub(in crate::kernels) unsafe fn store_acc<const V: usize, const NR: usize>(
+        acc: &[[__m512; NR]; V],
+        ct: *mut f32,
+        cols: usize,
+        first: bool,
+    ) {
         for j in 0..cols.min(NR) {
             for (i, row) in acc.iter().enumerate() {
                 let p = ct.add(j * V * 16 + i * 16);

@@ -224,16 +224,6 @@ mod x86 {
                 }
             }
         }
-        for j in 0..cols.min(NR) {
-            for (i, row) in acc.iter().enumerate() {
-                let p = ct.add(j * V * 16 + i * 16);
-                let x = if first {
-                    row[j]
-                } else {
-                    _mm512_add_ps(row[j], _mm512_loadu_ps(p))
-                };
-                _mm512_storeu_ps(p, x);
-            }
-        }
+        crate::kernels::outer::x86::store_acc(&acc, ct, cols, first);
     }
 }
