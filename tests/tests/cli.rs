@@ -516,6 +516,17 @@ fn reproduce_runs_every_stage_on_a_tiny_built_in_model() {
             "{x}"
         );
     }
+    // The generative task, apart: the same 33 evaluations, exact match, its own differences
+    // over its one task, and its section in the report.
+    let g = r["generative"].as_array().unwrap();
+    assert_eq!(g.len(), 7 + 2 * 13);
+    assert!(g.iter().all(|x| x["task"] == "builtin_arithmetic_gen"
+        && x["metric"].as_str().unwrap().starts_with("exact_match")));
+    assert!(q.iter().all(|x| x["metric"] == "acc"));
+    let gd = r["generative_differences"].as_array().unwrap();
+    assert_eq!(gd.len(), 12);
+    assert!(gd.iter().all(|d| d["tasks"] == 1), "{gd:?}");
+    assert!(stdout.contains("## Generation (exact match"), "{stdout}");
     let diffs = r["quality_differences"].as_array().unwrap();
     for (what, count) in [("pruned serving", 6), ("pruned fine-tuning", 6)] {
         assert_eq!(

@@ -54,6 +54,7 @@ fn run(dir: &Path, tag: &str, model: &str, task: &str, extra: &[&str]) -> (Value
 fn gsm8k_runs_are_the_harness_s_from_the_command_line() {
     let t = tempfile::tempdir().unwrap();
     let mut lines_checked = 0;
+    let prompts = read(&fixtures().join("generative/prompts.json"));
     for model in ["olmoe", "qwen3_moe"] {
         let want = read(&fixtures().join(format!("generative/{model}.json")));
         for (run_name, w) in want["runs"].as_object().unwrap() {
@@ -82,11 +83,24 @@ fn gsm8k_runs_are_the_harness_s_from_the_command_line() {
                 assert_eq!(line["filtered_resps"][0], d["filtered"][filter], "{tag}");
                 assert_eq!(line["exact_match"], d["exact_match"][filter], "{tag}");
                 assert_eq!(line["metrics"], serde_json::json!(["exact_match"]));
-                let context = line["arguments"]["gen_args_0"]["arg_0"].as_str().unwrap();
+                // The context the harness built, and (for one document) the hashes its own
+                // log_samples wrote for it: lm_eval 0.4.13's evaluate on these files, gsm8k
+                // 1-shot, seed 1234.
+                let context = &line["arguments"]["gen_args_0"]["arg_0"];
                 assert_eq!(
-                    line["prompt_hash"].as_str().unwrap(),
-                    occult_eval::harness::results::sha256_hex(context)
+                    *context, prompts["runs"][run_name][doc_id]["context"],
+                    "{tag}"
                 );
+                if run_name == "gsm8k/1" && doc_id == 0 {
+                    assert_eq!(
+                        line["prompt_hash"],
+                        "afb91f4a992d0ae442477cf7c57fe982814be1c865df0a9832df2161ef1e2a23"
+                    );
+                    assert_eq!(
+                        line["target_hash"],
+                        "881c32329aba33819529319d0482bdc1f07fe25730dfd3554ae0f58335bcb3e0"
+                    );
+                }
                 lines_checked += 1;
             }
             // Batched and on two ranks: the same answers.

@@ -27,8 +27,6 @@ pub struct GenSample {
     pub filtered: Vec<String>,
     /// Each filter's `exact_match`.
     pub exact_match: Vec<f64>,
-    /// Tokens generated.
-    pub generated_tokens: usize,
 }
 
 /// How fast a task's answers were generated.
@@ -148,7 +146,6 @@ pub fn summarise_generative(
             response,
             filtered,
             exact_match,
-            generated_tokens: ids.len(),
         });
     }
     let figures = (0..filters.len())

@@ -25,33 +25,31 @@ pub fn subject(r: &Recipe, mpi: bool) -> Result<Subject> {
     if r.model.builtin {
         let recipe = r.builtin.clone().unwrap_or_default();
         let b = ensure_cached(&recipe, !mpi)?;
-        let names = crate::builtin::world::Domain::ALL;
+        // The built-in tasks in use, each with its data folder: one multiple-choice task a
+        // domain, and the generative one where the recipe asks for it.
+        let data = crate::builtin::data::task_name;
+        let mut builtin: Vec<(String, &str)> = crate::builtin::world::Domain::ALL
+            .iter()
+            .map(|d| (data(*d), d.name()))
+            .collect();
+        if r.quality.generative {
+            let name = crate::builtin::data::gen_task_name(GENERATIVE);
+            builtin.push((name, GENERATIVE.name()));
+        }
         let tasks = if r.quality.tasks.is_empty() {
-            let generative = crate::builtin::data::gen_task_name(GENERATIVE);
-            names
+            builtin
                 .iter()
-                .map(|d| crate::builtin::data::task_name(*d))
-                .chain(r.quality.generative.then_some(generative))
-                .map(|name| b.file(&format!("tasks/{name}.toml")).display().to_string())
+                .map(|(name, _)| b.file(&format!("tasks/{name}.toml")).display().to_string())
                 .collect()
         } else {
             r.quality.tasks.clone()
         };
-        let mut task_data: Vec<String> = names
+        let mut task_data: Vec<String> = builtin
             .iter()
-            .map(|d| {
-                let task = crate::builtin::data::task_name(*d);
-                format!(
-                    "{task}={}",
-                    b.file(&format!("tasks/{}", d.name())).display()
-                )
+            .map(|(name, folder)| {
+                format!("{name}={}", b.file(&format!("tasks/{folder}")).display())
             })
             .collect();
-        task_data.push(format!(
-            "{}={}",
-            crate::builtin::data::gen_task_name(GENERATIVE),
-            b.file(&format!("tasks/{}", GENERATIVE.name())).display()
-        ));
         task_data.extend(r.quality.data.iter().map(|(k, v)| format!("{k}={v}")));
         Ok(Subject {
             model: b.model().display().to_string(),
