@@ -25,6 +25,8 @@ pub trait Stored: Copy + Send + Sync + Default + 'static {
     fn round(src: &[f32], dst: &mut [Self]);
     /// The slice as an operand of [`super::linear_rows`].
     fn operand(s: &[Self]) -> Operand<'_>;
+    /// The operand's elements if they are of this type.
+    fn of(op: Operand<'_>) -> Option<&[Self]>;
 }
 
 impl Stored for f32 {
@@ -36,6 +38,12 @@ impl Stored for f32 {
     }
     fn operand(s: &[f32]) -> Operand<'_> {
         Operand::F32(s)
+    }
+    fn of(op: Operand<'_>) -> Option<&[f32]> {
+        match op {
+            Operand::F32(s) => Some(s),
+            _ => None,
+        }
     }
 }
 
@@ -50,6 +58,12 @@ impl Stored for bf16 {
     }
     fn operand(s: &[bf16]) -> Operand<'_> {
         Operand::Bf16(s)
+    }
+    fn of(op: Operand<'_>) -> Option<&[bf16]> {
+        match op {
+            Operand::Bf16(s) => Some(s),
+            _ => None,
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 
 use super::attention_infer;
 use super::attention_latent::LatentAttention;
+use super::attention_ragged;
 use super::config::{ModelConfig, QkNorm};
 use super::layers::{causal_mask, linear, rms_norm, softmax_f32, Rope};
 use crate::ep::experts::par_map;
@@ -229,8 +230,9 @@ impl GroupedAttention {
     }
 
     /// Attention of sequences laid end to end in `x` `[1, N, H]`, sequence i the next
-    /// `lens[i]` rows continuing `caches[i]`: the projections over all rows at once, the
-    /// rotation and attention sequence by sequence at each one's positions.
+    /// `lens[i]` rows continuing `caches[i]`: the projections and the rotation over all rows
+    /// at once (each at its sequence's position), attention against each sequence's cache (all
+    /// in one pass at inference on CPU, [`attention_ragged::core`]).
     pub fn forward_ragged(
         &self,
         x: &Tensor,
@@ -252,6 +254,20 @@ impl GroupedAttention {
         let q = rope.apply_normed_at(&q.transpose(1, 2)?, &positions, fused, qn)?;
         let k = rope.apply_normed_at(&k.transpose(1, 2)?, &positions, fused, kn)?;
         let v = v.transpose(1, 2)?;
+        let sinks = match &self.sinks {
+            Some(sk) if sk.track_op() => None,
+            Some(sk) => Some(Some(sk.to_dtype(DType::F32)?.to_vec1::<f32>()?)),
+            None => Some(None),
+        };
+        // Every sequence at once on CPU at inference; the tensor path sequence by sequence.
+        if let Some(sinks) = &sinks {
+            let (w, scale) = (self.window, self.scale());
+            let fast =
+                attention_ragged::core(&q, &k, &v, lens, caches, w, scale, sinks.as_deref())?;
+            if let Some(y) = fast {
+                return linear(&y, &self.o, self.o_bias.as_ref());
+            }
+        }
         let mut parts = Vec::with_capacity(lens.len());
         let mut start = 0;
         for ((&t, c), &offset) in lens.iter().zip(caches.iter_mut()).zip(&offsets) {

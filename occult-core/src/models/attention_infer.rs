@@ -28,15 +28,15 @@ use std::ops::Range;
 /// features; queries at positions `offset..offset + t`, seeing keys at or before their own
 /// position and, with `window`, fewer than `window` positions back.
 #[derive(Clone, Copy, Debug)]
-struct Dims {
-    heads: usize,
-    rows: usize,
-    t: usize,
-    s: usize,
-    hd: usize,
-    offset: usize,
-    window: Option<usize>,
-    scale: f32,
+pub(super) struct Dims {
+    pub heads: usize,
+    pub rows: usize,
+    pub t: usize,
+    pub s: usize,
+    pub hd: usize,
+    pub offset: usize,
+    pub window: Option<usize>,
+    pub scale: f32,
 }
 
 impl Dims {
@@ -72,7 +72,7 @@ fn transpose<E: Copy>(src: &[E], dst: &mut [E], rows: usize, cols: usize) {
 /// One key/value head: `q` `[rows, hd]`, `k` and `v` `[s, hd]`, into `out` `[rows, hd]`;
 /// `sinks`: the sink logits of its g query heads. Returns false where the kernels do not take
 /// the operands.
-fn head<E: Stored>(
+pub(super) fn head<E: Stored>(
     q: &[E],
     k: &[E],
     v: &[E],

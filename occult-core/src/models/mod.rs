@@ -29,7 +29,8 @@
 //! - the decoder: [`layers`] (norms, RoPE, masks), [`rope_scaling`] (RoPE's frequencies:
 //!   plain or YaRN), [`attention_latent`] (DeepSeek-V3's latent attention beside the grouped
 //!   one in [`attention`]), [`attention`] (with its KV cache), [`model`];
-//!   at inference on CPU (nothing on the graph), [`attention_infer`] (attention's core) and
+//!   at inference on CPU (nothing on the graph), [`attention_infer`] (attention's core),
+//!   [`attention_ragged`] (a continuously batched step's, every sequence at once) and
 //!   [`rope_infer`] (RoPE with Qwen3's per-head norms) run on slices instead of candle's
 //!   tensor ops;
 //! - running: [`data_parallel`] (D ranks in step, each with its own tokens, and the digests
@@ -39,6 +40,7 @@
 pub mod attention;
 pub mod attention_infer;
 pub mod attention_latent;
+pub mod attention_ragged;
 pub mod checkpoint;
 pub mod config;
 pub mod config_fields;

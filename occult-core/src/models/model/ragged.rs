@@ -2,8 +2,10 @@
 //! and with its own key/value cache, as continuous batching runs them. Nothing is padded: the
 //! new tokens of every sequence are laid end to end, every layer's norms, MLP or MoE block
 //! and the LM head run over all of them together (the MoE block's exchange too, under expert
-//! parallelism), so do grouped attention's projections, and the rotation and attention run
-//! sequence by sequence against each one's cache at its own positions. A sequence's logits are the ones [`Model::forward`] gives it alone.
+//! parallelism), so do grouped attention's projections and rotation (each row at its own
+//! position), and attention runs each sequence against its own cache: at inference on CPU all
+//! of them in one parallel pass ([`crate::models::attention_ragged`]), otherwise sequence by
+//! sequence. A sequence's logits are the ones [`Model::forward`] gives it alone.
 
 use super::cache::KvCache;
 use super::decoder::Model;
