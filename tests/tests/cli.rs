@@ -1034,6 +1034,72 @@ fn bench_layer_reports_the_contract_and_the_ratio() {
     );
 }
 
+/// `bench layer --train` times training steps: the same runs, routing and forward rows as the
+/// forward bench, with the backward's exchanges added to the bytes of every EP mode and the
+/// setting in the JSON.
+#[test]
+fn bench_layer_times_training_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let run = |train: bool, json: &str| {
+        let mut args = vec![
+            "bench",
+            "layer",
+            "--experts",
+            "16",
+            "--top-k",
+            "4",
+            "--hidden",
+            "32",
+            "--intermediate",
+            "16",
+            "--tokens",
+            "40",
+            "--devices",
+            "4",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--renormalize",
+            "--json",
+            json,
+        ];
+        if train {
+            args.push("--train");
+        }
+        let out = occult_ok(d, &args);
+        assert_eq!(out.contains("training step"), train, "{out}");
+        read_json(&d.join(json))
+    };
+    let (fwd, train) = (run(false, "f.json"), run(true, "t.json"));
+    assert_eq!(train["config"]["train"], true);
+    assert_eq!(fwd["config"]["train"], false);
+    let modes = |b: &serde_json::Value| b["results"].as_array().unwrap().clone();
+    let (fm, tm) = (modes(&fwd), modes(&train));
+    assert_eq!(fm.len(), tm.len());
+    for (f, t) in fm.iter().zip(&tm) {
+        assert_eq!(f["mode"], t["mode"]);
+        assert_eq!(f["rows_sent"], t["rows_sent"], "{}", f["mode"]);
+        assert_eq!(f["ect"], t["ect"], "{}", f["mode"]);
+        let (fb, tb) = (
+            f["bytes_sent"].as_u64().unwrap(),
+            t["bytes_sent"].as_u64().unwrap(),
+        );
+        if f["mode"] == "reference (1 device)" {
+            assert_eq!((fb, tb), (0, 0));
+        } else {
+            // The reverse exchanges send gradients for the rows each forward exchange moved.
+            assert!(
+                tb > fb + fb / 2 && tb <= 2 * fb,
+                "{}: {fb} -> {tb}",
+                f["mode"]
+            );
+        }
+        assert!(t["seconds"].as_f64().unwrap() > 0.0);
+    }
+}
+
 /// Placing for nodes end to end: `place --link` (node size and row weight from the profile)
 /// records the level, reports E[C_N] and lowers it against the flat search; `collab
 /// --devices-per-node` counts both levels, in agreement with `place`; bad levels are named.

@@ -11,7 +11,7 @@ use super::modes::{ep_dispatch, reference, summarise, Exchanges, ModeSummary, Ra
 use crate::context::Backend;
 use crate::table::Table;
 use anyhow::{bail, Result};
-use candle::{DType, Device, Tensor};
+use candle::{DType, Device, Tensor, Var};
 use occult_core::analysis::cost::links::{swiglu_flops, LinkProfile};
 use occult_core::analysis::placement::{self, Method, SearchConfig};
 use occult_core::analysis::pruning::PruneRule;
@@ -20,7 +20,9 @@ use occult_core::analysis::run_key::{runs, DispatchMode, MoeMode, RunKey, RunPla
 use occult_core::analysis::similarity::SimilarityTable;
 use occult_core::ep::comm::Communicator;
 use occult_core::ep::experts::SwigluStack;
-use occult_core::ep::{reference_forward, route, EpMoe, EpSettings, MoeWeights, PruneSpec};
+use occult_core::ep::{
+    reference_forward, route, EpMoe, EpSettings, MoeWeights, PruneSpec, StepStats,
+};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -56,6 +58,9 @@ pub struct LayerBench {
     pub renormalize: bool,
     /// Write the layer, its tokens and its reference output here ([`super::layer_file`]).
     pub layer_out: Option<std::path::PathBuf>,
+    /// Time training steps (forward, then the backward of the outputs' sum) instead of
+    /// forwards.
+    pub train: bool,
     /// Where the layer runs (`cpu` or `cuda:N`), and its dtype (f32, bf16 or f16).
     pub device_name: String,
     pub dtype: String,
@@ -247,9 +252,22 @@ impl LayerBench {
                 devices_per_node: self.devices_per_node,
                 replicas: None,
             };
-            let layer = EpMoe::from_full(&full, settings, comm.clone())?;
+            let mut layer = EpMoe::from_full(&full, settings, comm.clone())?;
+            if self.train {
+                layer.weights = trainable(&layer.weights)?;
+                layer.anchor_reverse_exchanges()?;
+            }
+            let step = || -> Result<StepStats> {
+                if !self.train {
+                    return Ok(layer.forward(&x)?.1);
+                }
+                let xv = Var::from_tensor(&x)?;
+                let (y, st) = layer.forward(xv.as_tensor())?;
+                y.sum_all()?.backward()?;
+                Ok(st)
+            };
             for _ in 0..self.warmup {
-                layer.forward(&x)?;
+                step()?;
             }
             let mut seconds = 0.0;
             let mut last = None;
@@ -257,7 +275,7 @@ impl LayerBench {
                 comm.barrier()?;
                 comm.reset_stats();
                 let start = Instant::now();
-                let (_, st) = layer.forward(&x)?;
+                let st = step()?;
                 seconds += start.elapsed().as_secs_f64();
                 last = Some(st);
             }
@@ -285,9 +303,18 @@ impl LayerBench {
             (self.tokens * self.devices, self.hidden),
             &Device::Cpu,
         )?)?;
-        let weights = self.weights_on_device(&setup.weights)?;
+        let mut weights = self.weights_on_device(&setup.weights)?;
+        if self.train {
+            weights = trainable(&weights)?;
+        }
         let step = || -> Result<()> {
-            reference_forward(&weights, &setup.rule, &x, None)?;
+            if self.train {
+                let xv = Var::from_tensor(&x)?;
+                let y = reference_forward(&weights, &setup.rule, xv.as_tensor(), None)?;
+                y.sum_all()?.backward()?;
+            } else {
+                reference_forward(&weights, &setup.rule, &x, None)?;
+            }
             // A GPU runs kernels after their launch returns: wait for them.
             Ok(self.device.synchronize()?)
         };
@@ -354,6 +381,18 @@ impl LayerBench {
             })
             .collect()
     }
+}
+
+/// `w` with its router and experts as trainable variables (copies), for training steps.
+fn trainable(w: &MoeWeights) -> Result<MoeWeights> {
+    let var = |t: &Tensor| -> Result<Tensor> { Ok(Var::from_tensor(t)?.as_tensor().clone()) };
+    let e = &w.experts;
+    Ok(MoeWeights {
+        router: var(&w.router)?,
+        router_bias: w.router_bias.clone(),
+        experts: SwigluStack::new(var(&e.gate)?, var(&e.up)?, var(&e.down)?)?,
+        shared: w.shared.clone(),
+    })
 }
 
 /// Runs `bench` on its ranks (`backend`), prints the table on rank 0, and writes it as JSON
@@ -489,7 +528,7 @@ fn render(
         t.row(row);
     }
     let mut out = format!(
-        "layer: {} experts, top-{}, hidden {}, intermediate {}, {} on {}; {} ranks x {} tokens ({} backend);\n  placement {}.\n  expert TFLOP/s: the slowest rank's expert FLOPs over its compute stage.\n  step ms: the slowest rank's mean forward time; phase columns: each phase's slowest rank \
+        "layer: {} experts, top-{}, hidden {}, intermediate {}, {} on {}; {} ranks x {} tokens ({} backend);\n  placement {}.\n  expert TFLOP/s: the slowest rank's expert FLOPs over its compute stage.\n  step ms: the slowest rank's mean {}; phase columns: each phase's slowest rank in the forward \
          (phases include waiting for peers, so they need not add up to step ms)\n\n{}",
         bench.experts,
         bench.top_k,
@@ -501,6 +540,11 @@ fn render(
         bench.tokens,
         backend.name(),
         bench.placement.name(),
+        if bench.train {
+            "training step (forward, then the backward of the outputs' sum)"
+        } else {
+            "forward time"
+        },
         t.render()
     );
     if let Some(l) = link {

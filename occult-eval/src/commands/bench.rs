@@ -291,6 +291,11 @@ pub struct LayerBenchArgs {
     /// --layer FILE).
     #[arg(long, value_name = "FILE")]
     pub layer_out: Option<PathBuf>,
+    /// Time a training step instead of a forward: the forward, then the backward of the sum of
+    /// the outputs (gradients for the tokens, the router and every expert; the reverse
+    /// exchanges included), as DeepSpeed-MoE's peer script times it.
+    #[arg(long)]
+    pub train: bool,
 }
 
 pub fn run(cmd: BenchCmd) -> Result<()> {
@@ -430,6 +435,7 @@ fn layer(a: LayerBenchArgs) -> Result<()> {
         prune_rule: a.prune_rule,
         renormalize: a.renormalize,
         layer_out: a.layer_out.clone(),
+        train: a.train,
         device_name: crate::context::device::device_name(&device),
         dtype: a.dtype.clone(),
         device,
