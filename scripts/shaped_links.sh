@@ -10,6 +10,12 @@
 # node and a slow one (RATE) to other nodes, as a GPU has NVLink and its own NIC.
 #
 #   sudo scripts/shaped_links.sh [-n RANKS] [-g G] [-r RATE] [-i INTRA] [-f FLOPS] [-o DIR] -- OCCULT_ARGS...
+#   sudo scripts/shaped_links.sh [-n RANKS] [-g G] [-r RATE] [-i INTRA] -e -- PROGRAM ARGS...
+#
+# With -e the command after -- is another engine's program, run as it is on every rank under
+# the same links (no occult arguments added), with SHAPED_MASTER_ADDR (rank 0's address, for
+# torch.distributed's rendezvous) and SHAPED_IFNAME (the rank's shaped interface) in its
+# environment: scripts/bench_deepspeed_moe.py runs DeepSpeed-MoE's ranks this way.
 #
 # Example: a synthetic OLMoE-shaped model, 4 ranks at 80 Mbit/s (add -g 2 for 2 nodes of 2):
 #   target/release/occult model synth --family olmoe --hidden 256 --layers 4 --experts 64 \
@@ -35,8 +41,9 @@ FLOPS=2e10
 OUT=.
 PER_NODE=1
 INTRA=10gbit
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
-while getopts "n:g:r:i:f:o:h" opt; do
+EXEC=0
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+while getopts "n:g:r:i:f:o:eh" opt; do
   case $opt in
     n) RANKS=$OPTARG ;;
     g) PER_NODE=$OPTARG ;;
@@ -44,6 +51,7 @@ while getopts "n:g:r:i:f:o:h" opt; do
     i) INTRA=$OPTARG ;;
     f) FLOPS=$OPTARG ;;
     o) OUT=$OPTARG ;;
+    e) EXEC=1 ;;
     h) usage 0 ;;
     *) usage 2 ;;
   esac
@@ -62,7 +70,7 @@ done
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${OCCULT_BIN:-$ROOT/target/release/occult}
-[ -x "$BIN" ] || { echo "error: $BIN is missing: cargo build --release --features occult-eval/mpi" >&2; exit 1; }
+[ "$EXEC" = 1 ] || [ -x "$BIN" ] || { echo "error: $BIN is missing: cargo build --release --features occult-eval/mpi" >&2; exit 1; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
@@ -155,20 +163,25 @@ latency = 1.0e-4
 EOF
 
 ARGS=("$@" --backend mpi --devices "$RANKS")
-if [ "${1:-}" = bench ] && [ "${2:-}" = model ]; then
+if [ "$EXEC" = 1 ]; then
+  ARGS=()
+elif [ "${1:-}" = bench ] && [ "${2:-}" = model ]; then
   ARGS+=(--link "$TMP/shaped.toml" --json "$OUT/shaped.json")
 elif [ "${1:-}" = bench ] && [ "${2:-}" = train ]; then
   ARGS+=(--link "$TMP/shaped.toml" --json "$OUT/shaped-train.json")
 fi
+CMD=("$BIN" "${ARGS[@]}")
+[ "$EXEC" = 1 ] && CMD=("$@")
 if [ "$PER_NODE" -gt 1 ]; then
-  echo "$RANKS ranks in nodes of $PER_NODE: $INTRA inside a node, $RATE between nodes (HTB, both directions); occult ${ARGS[*]}" >&2
+  echo "$RANKS ranks in nodes of $PER_NODE: $INTRA inside a node, $RATE between nodes (HTB, both directions); ${CMD[*]}" >&2
 else
-  echo "$RANKS ranks over $RATE links (HTB, both directions); occult ${ARGS[*]}" >&2
+  echo "$RANKS ranks over $RATE links (HTB, both directions); ${CMD[*]}" >&2
 fi
+export SHAPED_MASTER_ADDR=10.77.1.1 SHAPED_IFNAME=eth0
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 ip netns exec "$HUB" mpirun --hostfile "$TMP/hostfile" -np "$RANKS" \
   --mca plm_rsh_agent "$TMP/netns-rsh" \
   --mca oob_tcp_if_include 10.77.0.0/16 --mca btl self,tcp --mca btl_tcp_if_include 10.77.0.0/16 \
   --mca btl_tcp_links 2 --mca mpi_yield_when_idle 1 \
-  -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
-  "$BIN" "${ARGS[@]}"
+  -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x SHAPED_MASTER_ADDR -x SHAPED_IFNAME \
+  "${CMD[@]}"

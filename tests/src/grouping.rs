@@ -1,12 +1,13 @@
 //! The EP layer's grouped expert compute on candle's graph, held to its references: one expert
-//! at a time against every expert padded to the busiest one's rows in three batched products
-//! (`ep::experts::Grouping`), and the pre-reduction op (`ep::pre_reduce`) against the same sums
+//! at a time against every expert padded to the busiest one's rows in three batched products,
+//! and against three grouped products over the stacked weights (`ep::experts::Grouping`), and the pre-reduction op (`ep::pre_reduce`) against the same sums
 //! in candle ops. The CPU tests and the GPU tests run the same checks on their device.
 
 use crate::parity::close_within;
 use candle::{DType, Device, Tensor, Var};
 use occult_core::ep::dispatch::ComputePlan;
 use occult_core::ep::experts::{Grouping, SwigluStack};
+use occult_core::ep::swiglu::{Activation, ExpertBiases};
 
 /// A plan over `e` experts with every case: experts with many rows, one, none; rows named
 /// by several experts and by none (the last row); weights read out of order.
@@ -36,8 +37,10 @@ fn plan(e: usize, rows: usize) -> ComputePlan {
     }
 }
 
-/// Padded and batched against one expert at a time on `dev`: the same outputs and the same
-/// gradients (rows, every weight, gate weights), in f32 and with bf16 weights.
+/// Padded and batched, and stacked (on the CPU; elsewhere it runs one expert at a time),
+/// against one expert at a time on `dev`: the same outputs and the same gradients (rows, every
+/// weight, gate weights, biases), in f32 and with bf16 weights, without biases and with
+/// gpt-oss's biases and clamped activation.
 pub fn padded_experts_match_one_at_a_time(dev: &Device) {
     let (e, i, h, rows) = (5, 24, 16, 13);
     let p = plan(e, rows);
@@ -48,7 +51,12 @@ pub fn padded_experts_match_one_at_a_time(dev: &Device) {
         per_row.iter().any(|&n| n > 1) && per_row[rows - 1] == 0,
         "{per_row:?}"
     );
-    for dtype in [DType::F32, DType::BF16] {
+    for (dtype, biased) in [
+        (DType::F32, false),
+        (DType::BF16, false),
+        (DType::F32, true),
+        (DType::BF16, true),
+    ] {
         let var = |shape: &[usize], scale: f32| {
             let t = (Tensor::randn(0f32, 1.0, shape, dev).unwrap() * scale as f64).unwrap();
             Var::from_tensor(&t.to_dtype(dtype).unwrap()).unwrap()
@@ -58,12 +66,27 @@ pub fn padded_experts_match_one_at_a_time(dev: &Device) {
             var(&[e, i, h], 0.3),
             var(&[e, h, i], 0.3),
         );
-        let stack = SwigluStack::new(
+        let mut stack = SwigluStack::new(
             gate.as_tensor().clone(),
             up.as_tensor().clone(),
             down.as_tensor().clone(),
         )
         .unwrap();
+        let biases = [var(&[e, i], 0.5), var(&[e, i], 0.5), var(&[e, h], 0.5)];
+        if biased {
+            let bias = ExpertBiases {
+                gate: biases[0].as_tensor().clone(),
+                up: biases[1].as_tensor().clone(),
+                down: biases[2].as_tensor().clone(),
+            };
+            // gpt-oss's limit: a clamp that bites near bf16's rounding would tip gradients
+            // between the padded products (bf16 activations) and the others.
+            let act = Activation::ClampedSwiglu {
+                alpha: 1.702,
+                limit: 7.0,
+            };
+            stack = stack.with_form(act, Some(bias)).unwrap();
+        }
         let x = var(&[rows, h + 2], 1.0);
         let w = var(&[2 * rows], 1.0);
         let loss_weights = Tensor::randn(0f32, 1.0, (rows, h), dev).unwrap();
@@ -80,7 +103,9 @@ pub fn padded_experts_match_one_at_a_time(dev: &Device) {
                 .backward()
                 .unwrap();
             let mut out = vec![y.flatten_all().unwrap().to_vec1::<f32>().unwrap()];
-            for v in [&x, &w, &gate, &up, &down] {
+            let trained = [&x, &w, &gate, &up, &down];
+            let with_biases = biases.iter().filter(|_| biased);
+            for v in trained.into_iter().chain(with_biases) {
                 let g = grads.get(v.as_tensor()).expect("a gradient");
                 out.push(
                     g.to_dtype(DType::F32)
@@ -93,18 +118,31 @@ pub fn padded_experts_match_one_at_a_time(dev: &Device) {
             }
             out
         };
-        let (padded, each) = (run(Grouping::Padded), run(Grouping::PerExpert));
-        // f32: the same sums, other GEMM blockings. bf16 on the CPU: the padded products
-        // round their activations to bf16, the per-expert ones keep them in f32.
-        let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
-        for (what, (a, b)) in ["output", "rows", "gate weights", "gate", "up", "down"]
-            .iter()
-            .zip(padded.iter().zip(&each))
-        {
-            close_within(&format!("{dtype:?} {what}"), a, b, 0.0, tol).unwrap();
+        let each = run(Grouping::PerExpert);
+        let names = [
+            "output",
+            "rows",
+            "gate weights",
+            "gate",
+            "up",
+            "down",
+            "gate bias",
+            "up bias",
+            "down bias",
+        ];
+        for grouping in [Grouping::Padded, Grouping::Stacked] {
+            let other = run(grouping);
+            assert_eq!(other.len(), each.len());
+            // f32: the same sums, other GEMM blockings. bf16 on the CPU: the padded products
+            // round their activations to bf16, the per-expert ones keep them in f32.
+            let tol = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
+            for (what, (a, b)) in names.iter().zip(other.iter().zip(&each)) {
+                let what = format!("{grouping:?} {dtype:?} biased {biased} {what}");
+                close_within(&what, a, b, 0.0, tol).unwrap();
+            }
+            // The row no pair names gets nothing.
+            assert!(other[0][(rows - 1) * h..].iter().all(|&v| v == 0.0));
         }
-        // The row no pair names gets nothing.
-        assert!(padded[0][(rows - 1) * h..].iter().all(|&v| v == 0.0));
     }
 }
 

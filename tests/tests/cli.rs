@@ -943,10 +943,29 @@ fn bench_layer_writes_its_layer_for_another_engine() {
             );
         }
     }
+    // The placement: every expert on one rank, E / D on each.
+    let map = st.tensor("device_of_expert").unwrap();
+    assert_eq!(
+        (map.dtype(), map.shape()),
+        (safetensors::Dtype::I64, &[e][..])
+    );
+    let mut per_rank = vec![0; ranks];
+    for c in map.data().chunks_exact(8) {
+        per_rank[i64::from_le_bytes(c.try_into().unwrap()) as usize] += 1;
+    }
+    assert_eq!(per_rank, vec![e / ranks; ranks]);
     // The same seed writes the same layer; without --renormalize the file says so.
     let again = run(true, "again.st");
     let again = safetensors::SafeTensors::deserialize(&again).unwrap();
-    for name in ["router", "gate", "up", "down", "tokens", "output"] {
+    for name in [
+        "router",
+        "gate",
+        "up",
+        "down",
+        "tokens",
+        "output",
+        "device_of_expert",
+    ] {
         let same = again.tensor(name).unwrap().data() == st.tensor(name).unwrap().data();
         assert!(same, "{name} differs between two runs of one seed");
     }
@@ -1077,8 +1096,10 @@ fn bench_layer_times_training_steps() {
     assert_eq!(fwd["config"]["train"], false);
     let modes = |b: &serde_json::Value| b["results"].as_array().unwrap().clone();
     let (fm, tm) = (modes(&fwd), modes(&train));
-    assert_eq!(fm.len(), tm.len());
-    for (f, t) in fm.iter().zip(&tm) {
+    // Training has no single-device reference row; the EP modes are the forward's.
+    assert_eq!(fm[0]["mode"], "reference (1 device)");
+    assert_eq!(fm.len(), tm.len() + 1);
+    for (f, t) in fm[1..].iter().zip(&tm) {
         assert_eq!(f["mode"], t["mode"]);
         assert_eq!(f["rows_sent"], t["rows_sent"], "{}", f["mode"]);
         assert_eq!(f["ect"], t["ect"], "{}", f["mode"]);
@@ -1086,16 +1107,12 @@ fn bench_layer_times_training_steps() {
             f["bytes_sent"].as_u64().unwrap(),
             t["bytes_sent"].as_u64().unwrap(),
         );
-        if f["mode"] == "reference (1 device)" {
-            assert_eq!((fb, tb), (0, 0));
-        } else {
-            // The reverse exchanges send gradients for the rows each forward exchange moved.
-            assert!(
-                tb > fb + fb / 2 && tb <= 2 * fb,
-                "{}: {fb} -> {tb}",
-                f["mode"]
-            );
-        }
+        // The reverse exchanges send gradients for the rows each forward exchange moved.
+        assert!(
+            tb > fb + fb / 2 && tb <= 2 * fb,
+            "{}: {fb} -> {tb}",
+            f["mode"]
+        );
         assert!(t["seconds"].as_f64().unwrap() > 0.0);
     }
 }

@@ -138,6 +138,17 @@ impl SwigluStack {
         let pads = grouping.pads(plan, dev, g.xs_all.dtype() == self.gate.dtype());
         let y = if pads {
             self.padded(g)?
+        } else if grouping.stacks(dev, g.xs_all.dtype(), self.gate.dtype()) {
+            if plan.num_local != self.len() {
+                bail!(
+                    "a plan for {} experts, {} experts here",
+                    plan.num_local,
+                    self.len()
+                );
+            }
+            let pair_row = Tensor::from_slice(&plan.pair_row, plan.pairs(), dev)?;
+            let counts: Vec<usize> = (0..plan.num_local).map(|s| plan.range(s).len()).collect();
+            self.stacked(&g.xs_all.index_select(&pair_row, 0)?, &counts)?
         } else {
             let pair_row = Tensor::from_slice(&plan.pair_row, plan.pairs(), dev)?;
             let expert = |&slot: &usize| {
@@ -224,13 +235,33 @@ struct GroupedInputs<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Grouping {
     /// Padded on a GPU where there are several local experts, the rows are in the weights'
-    /// dtype, and the padding at most doubles the rows ([`PADDED_MAX_ROWS_PER_PAIR`]); else
-    /// one expert at a time.
+    /// dtype, and the padding at most doubles the rows ([`PADDED_MAX_ROWS_PER_PAIR`]); stacked
+    /// on the CPU where the kernels take the rows and weights; else one expert at a time.
     Auto,
     /// One SwiGLU per busy expert on its own rows.
     PerExpert,
     /// Every local expert padded to the busiest one's rows and run as three batched products.
     Padded,
+    /// Every local expert on its own rows through three grouped products over the stacked
+    /// weights ([`SwigluStack::stacked`]; CPU, at a level with kernels, else per expert):
+    /// [`Grouping::Auto`]'s pick on the CPU, where it trains without a gradient the size of
+    /// the stack per expert.
+    Stacked,
+}
+
+impl Grouping {
+    /// Whether to run the grouped products over the stack: on the CPU, at a level with
+    /// kernels, for rows and weights of a pair the kernels take.
+    fn stacks(self, device: &candle::Device, rows: DType, weights: DType) -> bool {
+        let pair = matches!(
+            (rows, weights),
+            (DType::F32, DType::F32) | (DType::F32, DType::BF16) | (DType::BF16, DType::BF16)
+        );
+        matches!(self, Grouping::Auto | Grouping::Stacked)
+            && device.is_cpu()
+            && pair
+            && crate::kernels::process_level() != crate::kernels::Level::Portable
+    }
 }
 
 /// [`Grouping::Auto`] pads only where the padded rows (local experts times the busiest
@@ -244,7 +275,7 @@ impl Grouping {
     /// dtype; [`Grouping::Padded`] casts them otherwise).
     fn pads(self, plan: &ComputePlan, device: &candle::Device, same_dtype: bool) -> bool {
         match self {
-            Grouping::PerExpert => false,
+            Grouping::PerExpert | Grouping::Stacked => false,
             Grouping::Padded => true,
             Grouping::Auto => {
                 let cap = (0..plan.num_local)

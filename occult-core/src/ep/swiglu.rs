@@ -5,6 +5,7 @@
 //! experts ([`SharedExperts`]). Every op here is differentiable in candle; the grouped compute
 //! of a stack over received rows is [`super::experts`]'s.
 
+use crate::kernels::grouped_linear::grouped_linear;
 use crate::kernels::linear;
 use crate::{bail, Result};
 use candle::{DType, Tensor};
@@ -247,6 +248,38 @@ impl SwigluStack {
             self.down.index_select(&idx, 0)?,
         )?
         .with_form(self.act, bias)
+    }
+
+    /// Every expert on its own rows at once: `rows` `[P, H]` grouped by expert (`counts[s]`
+    /// rows of expert s, in slot order), each row's expert output in [`sum_dtype`] of the rows'
+    /// dtype, as [`SwigluStack::expert`] gives it, through [`grouped_linear`] on the stacked
+    /// weights (CPU, at a level with kernels): training writes each weight's gradient once.
+    pub fn stacked(&self, rows: &Tensor, counts: &[usize]) -> Result<Tensor> {
+        let wide = sum_dtype(rows.dtype());
+        let x = if wide != rows.dtype() && self.gate.dtype() == DType::BF16 {
+            rows.to_dtype(wide)?
+        } else {
+            rows.clone()
+        };
+        // Each row's expert, for the biases.
+        let slots: Vec<u32> = counts
+            .iter()
+            .enumerate()
+            .flat_map(|(s, &m)| std::iter::repeat_n(s as u32, m))
+            .collect();
+        let slots = Tensor::from_vec(slots, rows.dim(0)?, rows.device())?;
+        let add = |y: Tensor, b: Option<&Tensor>| -> Result<Tensor> {
+            Ok(match b {
+                Some(b) => (&y + b.index_select(&slots, 0)?.to_dtype(y.dtype())?)?,
+                None => y,
+            })
+        };
+        let b = self.bias.as_ref();
+        let g = add(grouped_linear(&x, &self.gate, counts)?, b.map(|b| &b.gate))?;
+        let u = add(grouped_linear(&x, &self.up, counts)?, b.map(|b| &b.up))?;
+        let h = self.act.apply(&g, &u)?;
+        let y = add(grouped_linear(&h, &self.down, counts)?, b.map(|b| &b.down))?;
+        Ok(y.to_dtype(wide)?)
     }
 
     /// Expert `x` applied to rows `[n, H]`, in [`sum_dtype`] of the rows' dtype.

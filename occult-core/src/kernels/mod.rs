@@ -16,6 +16,9 @@
 //! operands are widened to f32 first: candle's bf16 CPU matmul measured 1.2x slower than its
 //! f32 at 512 rows and 4x at one row). Every path accumulates in f32 and rounds once.
 //!
+//! [`grouped_linear`] runs rows grouped by expert against a stack of expert weights as one
+//! differentiable op, so that training the experts writes the stack's gradient once.
+//!
 //! The inference paths that own their buffers (the experts', attention's and RoPE's on CPU) call
 //! the same kernels on slices through [`linear_rows`], take their buffers from [`scratch`], and
 //! do their element-wise math (`exp`, softmax, SiLU, bf16 rounding) in [`vmath`]. [`bench`]
@@ -25,6 +28,7 @@ mod amx;
 pub mod bench;
 pub mod elem;
 pub mod gemm_nt;
+pub mod grouped_linear;
 pub mod isa;
 mod linear_op;
 mod outer;

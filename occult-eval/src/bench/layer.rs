@@ -296,25 +296,21 @@ impl LayerBench {
         Ok(out)
     }
 
-    /// The reference on all tokens, on one device: seconds per step.
-    pub fn run_reference(&self, setup: &Setup) -> Result<f64> {
+    /// The reference on all tokens, on one device: seconds per forward; `None` when timing
+    /// training steps (the reference is the plain per-expert loop, whose backward writes a
+    /// gradient the size of the whole stack for every expert: a yardstick for forwards only).
+    pub fn run_reference(&self, setup: &Setup) -> Result<Option<f64>> {
+        if self.train {
+            return Ok(None);
+        }
         let x = self.on_device(Tensor::from_slice(
             &setup.x,
             (self.tokens * self.devices, self.hidden),
             &Device::Cpu,
         )?)?;
-        let mut weights = self.weights_on_device(&setup.weights)?;
-        if self.train {
-            weights = trainable(&weights)?;
-        }
+        let weights = self.weights_on_device(&setup.weights)?;
         let step = || -> Result<()> {
-            if self.train {
-                let xv = Var::from_tensor(&x)?;
-                let y = reference_forward(&weights, &setup.rule, xv.as_tensor(), None)?;
-                y.sum_all()?.backward()?;
-            } else {
-                reference_forward(&weights, &setup.rule, &x, None)?;
-            }
+            reference_forward(&weights, &setup.rule, &x, None)?;
             // A GPU runs kernels after their launch returns: wait for them.
             Ok(self.device.synchronize()?)
         };
@@ -325,7 +321,7 @@ impl LayerBench {
         for _ in 0..self.steps {
             step()?;
         }
-        Ok(start.elapsed().as_secs_f64() / self.steps as f64)
+        Ok(Some(start.elapsed().as_secs_f64() / self.steps as f64))
     }
 
     /// The dtype of the layer's weights and tokens.
@@ -431,10 +427,12 @@ pub fn run(
         eprintln!("the layer, its tokens and its output -> {}", path.display());
     }
     let mut results: Vec<ModeSummary> = bench.combine(&records, link);
-    let total = bench.tokens * bench.devices;
-    let reference_flops = swiglu_flops(total * bench.top_k, bench.hidden, bench.intermediate);
-    let reference = reference(total, reference_s, None, Some(reference_flops));
-    results.insert(0, reference);
+    if let Some(reference_s) = reference_s {
+        let total = bench.tokens * bench.devices;
+        let reference_flops = swiglu_flops(total * bench.top_k, bench.hidden, bench.intermediate);
+        let reference = reference(total, reference_s, None, Some(reference_flops));
+        results.insert(0, reference);
+    }
     print!("{}", render(bench, &results, link, backend));
     if let Some(out) = json {
         super::report::write_modes(out, "layer", None, backend, bench, link, &results)?;
@@ -442,7 +440,7 @@ pub fn run(
     Ok(())
 }
 
-type LayerRecords = (Option<(Vec<RankRecord>, f64)>, bool);
+type LayerRecords = (Option<(Vec<RankRecord>, Option<f64>)>, bool);
 
 /// The bench on this process's rank of `backend`'s group (one process per rank); rank 0
 /// gathers the records.
@@ -541,7 +539,8 @@ fn render(
         backend.name(),
         bench.placement.name(),
         if bench.train {
-            "training step (forward, then the backward of the outputs' sum)"
+            "training step (forward, then the backward of the outputs' sum; no single-device \
+             reference row)"
         } else {
             "forward time"
         },

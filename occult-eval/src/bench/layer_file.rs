@@ -2,7 +2,9 @@
 //! its router `[E, H]`, experts' `gate` and `up` `[E, I, H]` and `down` `[E, H, I]`, every
 //! rank's tokens in rank order (`tokens` `[D T, H]`: rank r's are rows `r T ..`), and the
 //! layer's output on them (`output`, the single-device reference of the bench's routing rule),
-//! f32 safetensors with the settings in the metadata. `scripts/bench_deepspeed_moe.py --layer
+//! f32 safetensors with the settings in the metadata, and the bench's placement
+//! (`device_of_expert` `[E]`, i64: the rank that holds each expert, E / D each), so that the
+//! other engine can hold the same experts on the same ranks. `scripts/bench_deepspeed_moe.py --layer
 //! FILE` runs DeepSpeed-MoE on the same weights and tokens and holds its output to `output`.
 
 use super::layer::{LayerBench, Setup};
@@ -34,12 +36,21 @@ pub fn write(bench: &LayerBench, setup: &Setup, path: &Path) -> Result<()> {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         data.push((name.to_string(), shape, bytes));
     }
+    let map: Vec<u8> = setup
+        .map
+        .iter()
+        .flat_map(|&d| (d as i64).to_le_bytes())
+        .collect();
     let views = data
         .iter()
         .map(|(n, s, b)| {
             safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
                 .map(|v| (n.clone(), v))
         })
+        .chain([
+            safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![e], &map)
+                .map(|v| ("device_of_expert".to_string(), v)),
+        ])
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let md: HashMap<String, String> = [
         ("format", "occult.layer.v1".to_string()),
