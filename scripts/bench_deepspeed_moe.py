@@ -357,18 +357,22 @@ def print_table(rep):
     print(f"one MoE layer, {s['experts']} experts, top-{s['top_k']}, hidden {s['hidden']}, "
           f"intermediate {s['intermediate']}, router {router}, {s['tokens']} tokens a rank; {where}; "
           f"median of {s['repeats']} paired repeats")
-    print("| engine, mode | forward ms | train step ms | remote rows | remote MB fwd | "
-          "remote MB train | DeepSpeed / this, fwd | DeepSpeed / this, train |")
+    print("| engine, mode | forward ms | train step ms | remote rows (across nodes) | "
+          "remote MB fwd | remote MB train | DeepSpeed / this, fwd | DeepSpeed / this, train |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|")
     p = rep["deepspeed"]
+
+    def across(m):
+        n = m["inter_node_rows_dispatched"]
+        return f" ({n:,})" if n is not None else ""
     print(f"| DeepSpeed-MoE {p['deepspeed']} | {median(p['forward_seconds']) * 1e3:.1f} | "
-          f"{median(p['train_seconds']) * 1e3:.1f} | {p['remote_rows_dispatched']:,} "
+          f"{median(p['train_seconds']) * 1e3:.1f} | {p['remote_rows_dispatched']:,}{across(p)} "
           f"(capacity {p['capacity']}; {p['remote_pairs']:,} unpadded) | "
           f"{p['remote_bytes_per_forward'] / 1e6:.2f} | "
           f"{p['remote_bytes_per_train_step'] / 1e6:.2f} | 1 | 1 |")
     for m in rep["modes"]:
         print(f"| occult {m['mode']} | {median(m['forward_seconds']) * 1e3:.1f} | "
-              f"{median(m['train_seconds']) * 1e3:.1f} | {m['remote_rows_dispatched']:,} | "
+              f"{median(m['train_seconds']) * 1e3:.1f} | {m['remote_rows_dispatched']:,}{across(m)} | "
               f"{m['remote_bytes_per_forward'] / 1e6:.2f} | "
               f"{m['remote_bytes_per_train_step'] / 1e6:.2f} | "
               f"{m['deepspeed_over_this_forward']:.2f}x | {m['deepspeed_over_this_train']:.2f}x |")
@@ -417,6 +421,7 @@ def main():
                    help="--compare: occult built with MPI (--features occult-eval/mpi)")
     p.add_argument("--clusters", type=int, default=8,
                    help="--compare: the bench router's latent clusters (0: unstructured)")
+    p.add_argument("--table", metavar="JSON", help="print the table of a --compare report again")
     p.add_argument("--work", help="--compare: where the runs' files go (a new folder by default)")
     a = p.parse_args()
     if a.install:
@@ -430,6 +435,10 @@ def main():
         sys.path.insert(0, a.pkgs)
         os.environ["PYTHONPATH"] = a.pkgs + os.pathsep + os.environ.get("PYTHONPATH", "")
         os.environ["PATH"] = os.path.join(a.pkgs, "bin") + os.pathsep + os.environ["PATH"]
+    if a.table:
+        with open(a.table) as f:
+            print_table(json.load(f))
+        return
     if a.compare:
         if a.per_node and (a.per_node >= a.ranks or a.ranks % a.per_node):
             sys.exit(f"--per-node {a.per_node} must divide --ranks {a.ranks} into 2 or more nodes")

@@ -14,11 +14,10 @@
 //! Experts without rows get a zero gradient. A test holds values and gradients to the
 //! per-expert products.
 
+use super::linear_op::{operands, output};
 use super::{linear_rows, Operand};
 use crate::Result;
-use candle::backend::BackendStorage;
 use candle::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor};
-use half::bf16;
 use rayon::prelude::*;
 
 /// The op: `counts[s]` rows of expert `s`, in expert order.
@@ -106,29 +105,10 @@ impl CustomOp2 for GroupedLinear {
     ) -> candle::Result<(CpuStorage, Shape)> {
         let (p, k) = l1.shape().dims2()?;
         let (_, n, _) = l2.shape().dims3()?;
-        let (Some(a), Some(w)) = (Operand::of_cpu(s1, l1), Operand::of_cpu(s2, l2)) else {
-            candle::bail!(
-                "grouped linear: x ({:?}) and w ({:?}) must be contiguous f32 or bf16",
-                s1.dtype(),
-                s2.dtype()
-            );
-        };
+        let (a, w) = operands("grouped linear", (s1, l1), (s2, l2))?;
         let mut c = vec![0f32; p * n];
-        if !products(a, w, &mut c, &self.counts, (n, k)) {
-            candle::bail!(
-                "grouped linear: no kernel for {:?} x {:?} on this CPU",
-                s1.dtype(),
-                s2.dtype()
-            );
-        }
-        let out = match s1 {
-            CpuStorage::BF16(_) => {
-                let mut o = vec![bf16::ZERO; c.len()];
-                super::vmath::Stored::round(&c, &mut o);
-                CpuStorage::BF16(o)
-            }
-            _ => CpuStorage::F32(c),
-        };
+        let done = products(a, w, &mut c, &self.counts, (n, k));
+        let out = output("grouped linear", s1, s2, c, done)?;
         Ok((out, Shape::from((p, n))))
     }
 

@@ -132,6 +132,44 @@ pub(crate) fn rows(
     true
 }
 
+/// A CPU op's two operands as kernel operands, or an error naming `op`.
+pub(super) fn operands<'a>(
+    op: &str,
+    (s1, l1): (&'a CpuStorage, &Layout),
+    (s2, l2): (&'a CpuStorage, &Layout),
+) -> candle::Result<(Operand<'a>, Operand<'a>)> {
+    match (Operand::of_cpu(s1, l1), Operand::of_cpu(s2, l2)) {
+        (Some(a), Some(w)) => Ok((a, w)),
+        _ => candle::bail!(
+            "{op}: x ({:?}) and w ({:?}) must be contiguous f32 or bf16",
+            s1.dtype(),
+            s2.dtype()
+        ),
+    }
+}
+
+/// An op's f32 products `c` as its output, in the activations' (`s1`'s) dtype (bf16 rounded to
+/// nearest even), or an error naming `op` if the kernels did not take the pair (`done` false).
+pub(super) fn output(
+    op: &str,
+    s1: &CpuStorage,
+    s2: &CpuStorage,
+    c: Vec<f32>,
+    done: bool,
+) -> candle::Result<CpuStorage> {
+    if !done {
+        candle::bail!(
+            "{op}: no kernel for {:?} x {:?} on this CPU",
+            s1.dtype(),
+            s2.dtype()
+        );
+    }
+    Ok(match s1 {
+        CpuStorage::BF16(_) => CpuStorage::BF16(c.into_iter().map(bf16::from_f32).collect()),
+        _ => CpuStorage::F32(c),
+    })
+}
+
 impl CustomOp2 for LinearNt {
     fn name(&self) -> &'static str {
         "occult-linear"
@@ -149,27 +187,13 @@ impl CustomOp2 for LinearNt {
         if k != k2 {
             candle::bail!("occult linear: x [{m}, {k}] and w [{n}, {k2}] disagree on K");
         }
+        let (a, w) = operands("occult linear", (s1, l1), (s2, l2))?;
         let mut c = vec![0f32; m * n];
-        let (Some(a), Some(w)) = (Operand::of_cpu(s1, l1), Operand::of_cpu(s2, l2)) else {
-            candle::bail!(
-                "occult linear: x ({:?}) and w ({:?}) must be contiguous f32 or bf16",
-                s1.dtype(),
-                s2.dtype()
-            );
-        };
         let done = rows(a, w, &mut c, (m, n, k), self.path, self.isa);
-        if !done {
-            candle::bail!(
-                "occult linear: no kernel for {:?} x {:?} on this CPU",
-                s1.dtype(),
-                s2.dtype()
-            );
-        }
-        let out = match s1 {
-            CpuStorage::BF16(_) => CpuStorage::BF16(c.into_iter().map(bf16::from_f32).collect()),
-            _ => CpuStorage::F32(c),
-        };
-        Ok((out, Shape::from((m, n))))
+        Ok((
+            output("occult linear", s1, s2, c, done)?,
+            Shape::from((m, n)),
+        ))
     }
 
     fn bwd(
