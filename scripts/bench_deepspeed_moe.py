@@ -256,9 +256,14 @@ def compare(a):
     same layer and tokens (occult writes the layer file, DeepSpeed runs it with occult's
     placement); one table of paired ratios."""
     import tempfile
+    if os.geteuid() != 0:
+        sys.exit("--compare needs root: scripts/shaped_links.sh makes network namespaces")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     shaped = os.path.join(root, "scripts", "shaped_links.sh")
     occult = os.path.abspath(a.occult)
+    if not os.access(occult, os.X_OK):
+        sys.exit(f"{occult} is missing: cargo build --release --features occult-eval/mpi "
+                 "(or give --occult)")
     work = a.work or tempfile.mkdtemp(prefix="occult-vs-deepspeed-")
     os.makedirs(work, exist_ok=True)
     layer = os.path.join(work, "layer.safetensors")
@@ -284,7 +289,10 @@ def compare(a):
                 cmd = links + ["--"] + flags + ["--steps", str(a.steps), "--json", out]
                 cmd += ["--train"] if what == "train" else []
             print(f"repeat {r + 1}/{a.repeats}: {what}", file=sys.stderr, flush=True)
-            subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+            done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL)
+            if done.returncode != 0:
+                sys.exit(f"repeat {r + 1}, {what}: exited with {done.returncode} "
+                         f"(its messages are above; files so far in {work})")
             with open(out) as f:
                 run[what] = json.load(f)
         runs.append(run)
