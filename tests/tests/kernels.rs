@@ -111,6 +111,10 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (0, 5, 7),
     (1, 1, 1),
     (1, 64, 2048),
+    // One row: tiles of 8 weight rows, and the last ones of 5, 6 and 7 in their column block.
+    (1, 105, 40),
+    (1, 150, 33),
+    (1, 171, 70),
     (3, 5, 7),
     (4, 4, 16),
     (4, 4, 32),
@@ -159,6 +163,7 @@ const EMULATED_SHAPES: &[(usize, usize, usize)] = &[
     (7, 13, 31),
     (17, 3, 100),
     (1, 20, 1030),
+    (1, 171, 70),
     (9, 130, 65),
     (26, 7, 600),
     (69, 19, 257),
