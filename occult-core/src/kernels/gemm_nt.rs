@@ -31,8 +31,8 @@ const NR: usize = 4;
 /// Rows of `B` per tile when `A` has one row (decode's products): eight weight rows stream at
 /// once (eight accumulators, eight weight vectors and the activation fit AVX-512's 32
 /// registers; AVX2's tiles take them four at a time). Measured on the 1-layer OLMoE-shaped
-/// model's bf16 decode step (2 threads, `avx512bf16`, 7 alternating pairs): 0.89x the step's
-/// time with four.
+/// model's decode step (2 threads, `avx512bf16`, 5 alternating pairs): median 0.88x the
+/// step's time with four in bf16, 0.93x in f32.
 const NR_ONE_ROW: usize = 8;
 /// From this many rows on, [`Kernel::Outer`] runs for bf16 weights (without AMX). Measured side
 /// by side on OLMoE's expert shapes (2 threads, the same weights each call): the dot tiles win
