@@ -121,6 +121,30 @@ fn a_peers_answers_make_the_report() {
     assert!(r["max_abs_logit_diff"].as_f64().unwrap() > 0.0);
     assert_eq!(r["dtype"], "bf16");
     assert!(r["kernel_level"].is_string());
+    // The decode's bytes: the step at the middle context (5 + 2 / 2 positions cached), read
+    // by the peer in 0.25 s, against the read rate measured after each of the 3 rounds.
+    let reads = &r["decode_reads"];
+    let f = |v: &serde_json::Value| v.as_f64().unwrap();
+    let bytes = f(&reads["bytes_per_token"]);
+    assert_eq!(
+        bytes,
+        f(&reads["weights_bytes"]) + 6.0 * f(&reads["bytes_per_cached_position"])
+    );
+    assert!(f(&reads["weights_bytes"]) > 0.0);
+    let rates: Vec<f64> = reads["read_rates_bytes_per_s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(f)
+        .collect();
+    assert_eq!(rates.len(), 3);
+    assert!(rates.iter().all(|&x| x > 1e8), "{rates:?}");
+    let peer = &reads["implementations"][1];
+    assert_eq!(f(&peer["bytes_per_s"]), bytes / 0.25);
+    let mut shares: Vec<f64> = rates.iter().map(|x| bytes / 0.25 / x).collect();
+    shares.sort_by(f64::total_cmp);
+    assert!((f(&peer["share_of_read_rate"]) - shares[1]).abs() <= 1e-12 * shares[1]);
+    assert!(stdout.contains("decode reads"), "{stdout}");
     // A level other than the peer's is named.
     if r["kernel_level"] != "avx2" {
         assert!(

@@ -111,8 +111,11 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (0, 5, 7),
     (1, 1, 1),
     (1, 64, 2048),
-    // One row: tiles of 8 weight rows, and the last ones of 5, 6 and 7 in their column block.
+    // One row: the row kernels' tails of `k` (a whole vector, part of one, none), and weight
+    // rows split unevenly across tasks (the dot tiles' last tiles of 5, 6 and 7 when forced).
     (1, 105, 40),
+    (1, 3, 45),
+    (1, 130, 2055),
     (1, 150, 33),
     (1, 171, 70),
     (3, 5, 7),
@@ -230,6 +233,7 @@ fn each_kernel_forward_equals_plain_loops() {
     // Say which levels ran, so that a log shows what was held (without AMX the AMX kernel is
     // the outer one).
     eprintln!("levels: {:?}", Level::supported());
+    check_forward(Path::Kernel(Kernel::Rows));
     check_forward(Path::Kernel(Kernel::Dot));
     check_forward(Path::Kernel(Kernel::Outer));
     check_forward(Path::Kernel(Kernel::Amx));
@@ -289,6 +293,7 @@ fn forced_portable_backward_equals_plain_loops() {
 
 #[test]
 fn each_kernel_backward_equals_plain_loops() {
+    check_backward(Path::Kernel(Kernel::Rows));
     check_backward(Path::Kernel(Kernel::Dot));
     check_backward(Path::Kernel(Kernel::Outer));
     check_backward(Path::Kernel(Kernel::Amx));

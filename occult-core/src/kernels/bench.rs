@@ -14,7 +14,7 @@ use std::time::Instant;
 pub struct KernelTiming {
     pub dtype: String,
     /// `candle` (candle's matmul as models call it), `portable`, `occult` (the kernel picked by
-    /// rows), one kernel forced (`occult-dot`, `occult-outer`, `occult-amx`), or the kernel
+    /// rows), one kernel forced (`occult-rows` at one row, `occult-dot`, `occult-outer`, `occult-amx`), or the kernel
     /// picked by rows at a lower level than the process's (`occult@avx2`).
     pub candidate: String,
     pub m: usize,
@@ -64,6 +64,12 @@ pub fn time_linear(
             Box::new(|| linear_with(&x, &w, Path::Kernel(Kernel::Outer))),
         ),
     ];
+    if m == 1 {
+        candidates.push((
+            "occult-rows".into(),
+            Box::new(|| linear_with(&x, &w, Path::Kernel(Kernel::Rows))),
+        ));
+    }
     if dtype == DType::BF16 && super::isa().avx512bf16 {
         candidates.push((
             "occult-outer-dp".into(),

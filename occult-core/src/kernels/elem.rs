@@ -94,6 +94,29 @@ pub(super) mod avx2 {
         }
     }
 
+    /// Eight f32 from `p`, or its first `n < 8` and zeros.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(in crate::kernels) unsafe fn load_f32(p: *const f32, n: usize) -> __m256 {
+        if n >= 8 {
+            _mm256_loadu_ps(p)
+        } else {
+            let mut buf = [0f32; 8];
+            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
+            _mm256_loadu_ps(buf.as_ptr())
+        }
+    }
+
+    /// The sum of the eight lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(in crate::kernels) unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
     /// Eight bf16 from `p` (or its first `n < 8` and zeros) as f32.
     #[inline]
     #[target_feature(enable = "avx2,fma")]

@@ -1,8 +1,10 @@
 //! `C = A · Bᵀ` on slices, the shape of every linear layer (`A` rows `[m, k]`, `B` a weight
 //! `[n, k]` in its stored layout, `C` `[m, n]`, accumulated in f32), with AVX-512 and AVX2
-//! kernels ([`Simd`]) for f32 and bf16 operands. There are two:
+//! kernels ([`Simd`]) for f32 and bf16 operands. One row of `A` (decode) runs
+//! [`Kernel::Rows`] ([`super::gemv`]: weight rows streamed one after another); for more,
+//! there are two:
 //!
-//! - [`Kernel::Dot`], for few rows (decode, small experts): both operands are read along `k`,
+//! - [`Kernel::Dot`], for few rows (small experts, batched decode): both operands are read along `k`,
 //!   where they are contiguous, so nothing is packed. A tile of `MR` rows of `A` and `NR` rows
 //!   of `B` keeps `MR x NR` vector accumulators over the whole of `k` and reduces each to one
 //!   output at the end (a tail of `k` is read with a masked load); bf16 multiplies with
@@ -19,6 +21,7 @@
 //! that has the instructions they name.
 
 use super::elem::Elem;
+use super::gemv::RowDot;
 use super::isa::Simd;
 use super::shared::Shared;
 use half::bf16;
@@ -28,11 +31,12 @@ use rayon::prelude::*;
 const MR: usize = 4;
 /// Rows of `B` (columns of `C`) per tile.
 const NR: usize = 4;
-/// Rows of `B` per tile when `A` has one row (decode's products): eight weight rows stream at
-/// once (eight accumulators, eight weight vectors and the activation fit AVX-512's 32
-/// registers; AVX2's tiles take them four at a time). Measured on the 1-layer OLMoE-shaped
-/// model's decode step (2 threads, `avx512bf16`, 5 alternating pairs): median 0.88x the
-/// step's time with four in bf16, 0.93x in f32.
+/// Rows of `B` per tile when `A` has one row and the dot tiles are forced (the picker takes
+/// [`Kernel::Rows`] for one row): eight weight rows stream at once (eight accumulators, eight
+/// weight vectors and the activation fit AVX-512's 32 registers; AVX2's tiles take them four
+/// at a time). Measured on the 1-layer OLMoE-shaped model's decode step (2 threads,
+/// `avx512bf16`, 5 alternating pairs): median 0.88x the step's time with four in bf16, 0.93x
+/// in f32; the row kernels then read 1.15x to 1.6x as fast again.
 const NR_ONE_ROW: usize = 8;
 /// From this many rows on, [`Kernel::Outer`] runs for bf16 weights (without AMX). Measured side
 /// by side on OLMoE's expert shapes (2 threads, the same weights each call): the dot tiles win
@@ -106,6 +110,9 @@ fn for_each_tile(m: usize, n: usize, tile: impl Fn(usize, usize, usize, usize) +
 /// Which kernel computes a product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
+    /// One activation row against weight rows streamed one after another
+    /// ([`super::gemv`]): decode's products.
+    Rows,
     /// Dot-product tiles over `k`: few rows.
     Dot,
     /// Outer products over a packed `A`: many rows.
@@ -135,6 +142,8 @@ impl Kernel {
             Kernel::OuterDp
         } else if m >= outer_from {
             Kernel::Outer
+        } else if m == 1 {
+            Kernel::Rows
         } else {
             Kernel::Dot
         }
@@ -203,7 +212,7 @@ dot_pair!(f32, bf16, tile_f32_bf16, f32, u16);
 /// AVX-512 F, and BF16 for bf16 by bf16, BW and VL for f32 by bf16; at [`Simd::Avx2`], AVX2
 /// and FMA.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn gemm_nt<A: Dot<W>, W: Elem>(
+pub unsafe fn gemm_nt<A: Dot<W> + RowDot<W>, W: Elem>(
     a: &[A],
     b: &[W],
     c: &mut [f32],
@@ -214,8 +223,13 @@ pub unsafe fn gemm_nt<A: Dot<W>, W: Elem>(
     simd: Simd,
 ) {
     check_lengths(a.len(), b.len(), c.len(), m, n, k);
-    if matches!(kernel, Kernel::Outer | Kernel::Amx | Kernel::OuterDp) {
-        return super::outer::gemm(a, b, c, m, n, k, simd);
+    match kernel {
+        Kernel::Outer | Kernel::Amx | Kernel::OuterDp => {
+            return super::outer::gemm(a, b, c, m, n, k, simd)
+        }
+        // `simd` is AVX2 or AVX-512, and every CPU with AVX-512 has AVX2 and FMA.
+        Kernel::Rows => return super::gemv::gemv(a, b, c, m, n, k),
+        Kernel::Dot => {}
     }
     let (pa, pb, out) = (
         Shared(a.as_ptr()),
@@ -460,31 +474,8 @@ mod avx2 {
     //! The eight-lane tiles on AVX2 and FMA: `ROWS x COLS` accumulators over all of `k`, bf16
     //! widened in registers (a shift into the high half). A tail of `k` is read through a
     //! zero-padded copy (AVX2 has no masked 16-bit loads).
-    use crate::kernels::elem::avx2::load_bf16;
+    use crate::kernels::elem::avx2::{hsum, load_bf16, load_f32};
     use std::arch::x86_64::*;
-
-    /// Eight f32 from `p`, or its first `n < 8` and zeros.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn load_f32(p: *const f32, n: usize) -> __m256 {
-        if n >= 8 {
-            _mm256_loadu_ps(p)
-        } else {
-            let mut buf = [0f32; 8];
-            std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), n);
-            _mm256_loadu_ps(buf.as_ptr())
-        }
-    }
-
-    /// The sum of the eight lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
 
     /// A tile function for one operand pair: `$load_a` and `$load_b` read eight elements of
     /// each as f32. Columns go in chunks of four for up to two rows (at most 8 accumulators, 4

@@ -4,6 +4,7 @@
 
 use super::amx;
 use super::gemm_nt::{check_lengths, gemm_nt, Dot, Kernel};
+use super::gemv::RowDot;
 use super::isa::{Isa, Simd};
 use super::path::Path;
 use crate::Result;
@@ -25,7 +26,7 @@ pub(super) struct LinearNt {
 /// # Safety
 /// As [`gemm_nt`] for the pair, and [`amx::gemm`] when `amx`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn bf16_weights_gemm<A: Dot<bf16> + amx::AmxRow>(
+unsafe fn bf16_weights_gemm<A: Dot<bf16> + RowDot<bf16> + amx::AmxRow>(
     a: &[A],
     b: &[bf16],
     c: &mut [f32],
@@ -81,6 +82,12 @@ fn kernel_for(path: Path, isa: Isa, m: usize, bf16_weights: bool, dp: bool) -> (
         Path::Kernel(Kernel::OuterDp) if !dp => Kernel::Outer,
         Path::Kernel(k) => k,
         _ => Kernel::pick(m, bf16_weights, amx_here, dp),
+    };
+    // The row kernels are AVX2's (which every CPU with AVX-512 has).
+    let kernel = if kernel == Kernel::Rows && !isa.avx2 {
+        Kernel::Dot
+    } else {
+        kernel
     };
     (kernel, kernel == Kernel::Amx && amx_here)
 }

@@ -3,7 +3,8 @@
 //!
 //! On x86-64 it runs our own kernels ([`gemm_nt`]) at the highest [`Level`] the CPU has
 //! ([`isa`]: AVX2 with FMA, AVX-512, AVX-512 with BF16, or AVX-512 with AMX): bf16 operands
-//! stay bf16 in memory (half the traffic) and accumulate in f32. Few rows run dot-product
+//! stay bf16 in memory (half the traffic) and accumulate in f32. One row (decode) streams the
+//! weight rows one after another ([`gemv`]), few rows run dot-product
 //! tiles (bf16 with `vdpbf16ps` at the `avx512bf16` level, widened in registers below it),
 //! many rows outer products at f32's FMA rate ([`outer`]), or for bf16 by bf16 at the
 //! `avx512bf16` level with `vdpbf16ps` ([`outer_dp`]); with bf16 weights on a CPU with AMX,
@@ -21,13 +22,16 @@
 //!
 //! The inference paths that own their buffers (the experts', attention's and RoPE's on CPU) call
 //! the same kernels on slices through [`linear_rows`], take their buffers from [`scratch`], and
-//! do their element-wise math (`exp`, softmax, SiLU, bf16 rounding) in [`vmath`]. [`bench`]
+//! do their element-wise math (`exp`, softmax, SiLU, bf16 rounding) in [`vmath`]; decode's
+//! attention sums the cached values weighted by a row's probabilities with
+//! [`weighted_rows`]. [`bench`]
 //! times the kernels against candle's matmul (`occult bench kernels`).
 
 mod amx;
 pub mod bench;
 pub mod elem;
 pub mod gemm_nt;
+pub mod gemv;
 pub mod grouped_linear;
 pub mod isa;
 mod linear_op;
@@ -37,6 +41,7 @@ mod path;
 pub mod scratch;
 mod shared;
 pub mod vmath;
+pub mod weighted_rows;
 
 use crate::Result;
 use candle::{Layout, Storage, Tensor};
@@ -73,6 +78,22 @@ pub fn linear_rows(
     mnk: (usize, usize, usize),
 ) -> bool {
     linear_op::rows(a, w, c, mnk, Path::Auto, isa())
+}
+
+/// [`linear_rows`] on `path` with the instruction sets `isa` (at most this CPU's): benchmarks
+/// hold one kernel against another with it ([`Path::Kernel`]).
+///
+/// # Panics
+/// As [`linear_rows`].
+pub fn linear_rows_on(
+    a: Operand<'_>,
+    w: Operand<'_>,
+    c: &mut [f32],
+    mnk: (usize, usize, usize),
+    path: Path,
+    isa: Isa,
+) -> bool {
+    linear_op::rows(a, w, c, mnk, path, isa)
 }
 
 /// A tensor's contiguous f32 or bf16 CPU elements as an [`Operand`] (from

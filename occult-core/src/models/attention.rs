@@ -11,6 +11,7 @@ use super::attention_infer;
 use super::attention_latent::LatentAttention;
 use super::attention_ragged;
 use super::config::{ModelConfig, QkNorm};
+pub use super::layer_cache::LayerCache;
 use super::layers::{causal_mask, linear, rms_norm, softmax_f32, Rope};
 use crate::ep::experts::par_map;
 use crate::models::weights::Weights;
@@ -110,23 +111,6 @@ pub struct GroupedAttention {
     pub clip: Option<f64>,
     pub eps: f64,
     pub window: Option<usize>,
-}
-
-/// The cached keys and values of one layer: `[B, kv_heads, S, head_dim]` each.
-#[derive(Clone, Debug, Default)]
-pub struct LayerCache {
-    pub kv: Option<(Tensor, Tensor)>,
-}
-
-impl LayerCache {
-    /// Positions already cached.
-    pub fn len(&self) -> usize {
-        self.kv.as_ref().map_or(0, |(k, _)| k.dims()[2])
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 impl GroupedAttention {
@@ -396,14 +380,7 @@ pub fn attend(
         bail!("{nh} query heads cannot share {nkv} key/value heads");
     }
     let (k, v) = match cache {
-        Some(c) => {
-            let kv = match c.kv.take() {
-                Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
-                None => (k, v),
-            };
-            c.kv = Some(kv.clone());
-            kv
-        }
+        Some(c) => c.append(&k, &v)?,
         None => (k, v),
     };
     // Grouped-query attention reads each key/value head in place: the g = nh / nkv query

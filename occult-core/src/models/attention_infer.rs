@@ -16,10 +16,11 @@
 
 use crate::kernels::scratch::{give, take};
 use crate::kernels::vmath::{scaled_softmax_sink, Stored};
+use crate::kernels::weighted_rows::{weighted_rows, RowElem};
 use crate::kernels::{linear_rows, operand_of, Operand};
 use crate::models::layers::visible_keys;
 use crate::Result;
-use candle::{DType, Device, Tensor};
+use candle::{CpuStorage, DType, Device, Layout, Storage, Tensor};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -69,10 +70,15 @@ fn transpose<E: Copy>(src: &[E], dst: &mut [E], rows: usize, cols: usize) {
     }
 }
 
+/// Up to this many query rows a head (decode: one a query head sharing the key/value head)
+/// take the value product row by row against the values in place
+/// ([`weighted_rows`]); more take the linear kernels against the values transposed.
+const DIRECT_VALUE_ROWS: usize = 8;
+
 /// One key/value head: `q` `[rows, hd]`, `k` and `v` `[s, hd]`, into `out` `[rows, hd]`;
 /// `sinks`: the sink logits of its g query heads. Returns false where the kernels do not take
 /// the operands.
-pub(super) fn head<E: Stored>(
+pub(super) fn head<E: Stored + RowElem>(
     q: &[E],
     k: &[E],
     v: &[E],
@@ -87,14 +93,26 @@ pub(super) fn head<E: Stored>(
         for (r, row) in scores.chunks_exact_mut(s).enumerate() {
             softmax_row(row, d.visible(r), d.scale, sinks.map(|sk| sk[r / d.t]));
         }
-        // Probabilities in the values' dtype, and the values transposed (`[hd, s]`: the
-        // kernels take the second operand as rows of the reduced dimension).
+        // Probabilities in the values' dtype.
         let mut probs = vec![E::default(); rows * s];
         E::round(&scores, &mut probs);
-        let mut vt = vec![E::default(); hd * s];
-        transpose(v, &mut vt, s, hd);
         let mut y = take(rows * hd);
-        ok = linear_rows(E::operand(&probs), E::operand(&vt), &mut y, (rows, hd, s));
+        if rows <= DIRECT_VALUE_ROWS {
+            // Each row's visible probabilities times the cached values, read in place.
+            y.fill(0.0);
+            for (r, yr) in y.chunks_exact_mut(hd).enumerate() {
+                let seen = d.visible(r);
+                let mut p = vec![0f32; seen.len()];
+                E::widen(&probs[r * s + seen.start..r * s + seen.end], &mut p);
+                weighted_rows(&p, &v[seen.start * hd..seen.end * hd], yr);
+            }
+        } else {
+            // The values transposed (`[hd, s]`: the kernels take the second operand as rows
+            // of the reduced dimension).
+            let mut vt = vec![E::default(); hd * s];
+            transpose(v, &mut vt, s, hd);
+            ok = linear_rows(E::operand(&probs), E::operand(&vt), &mut y, (rows, hd, s));
+        }
         if ok {
             E::round(&y, out);
         }
@@ -104,12 +122,12 @@ pub(super) fn head<E: Stored>(
     ok
 }
 
-/// Every head of `q`, `k`, `v` (slices of `heads` heads each), into a new vector, or `None`;
+/// Every head of `q` (`heads` heads of `rows` rows), `k` and `v` (`heads` heads of `s`
+/// positions, head `i` starting at `i * kv_stride` elements), into a new vector, or `None`;
 /// `sinks`: every query head's sink logit, `nkv` key/value heads' worth.
-fn all_heads<E: Stored>(
+fn all_heads<E: Stored + RowElem>(
     q: &[E],
-    k: &[E],
-    v: &[E],
+    (k, v, kv_stride): (&[E], &[E], usize),
     d: &Dims,
     sinks: Option<&[f32]>,
 ) -> Option<Vec<E>> {
@@ -120,10 +138,11 @@ fn all_heads<E: Stored>(
         .par_chunks_mut(on)
         .enumerate()
         .map(|(i, o)| {
+            let at = i * kv_stride..i * kv_stride + kn;
             head(
                 &q[i * qn..(i + 1) * qn],
-                &k[i * kn..(i + 1) * kn],
-                &v[i * kn..(i + 1) * kn],
+                &k[at.clone()],
+                &v[at],
                 o,
                 d,
                 sinks.map(|sk| {
@@ -136,12 +155,46 @@ fn all_heads<E: Stored>(
     ok.iter().all(|&ok| ok).then_some(out)
 }
 
+/// The elements of `[B, n, S, hd]` keys or values whose `B * n` heads are each `S * hd`
+/// contiguous elements, evenly spaced: a contiguous tensor, or a view of a
+/// [`LayerCache`](super::layer_cache::LayerCache)'s buffers (heads a buffer's positions apart).
+/// Returns the elements from the first head's start to the last one's end and the spacing
+/// of the heads in elements, or `None` for any other layout.
+pub(super) fn strided_heads<'a>(
+    storage: &'a Storage,
+    layout: &Layout,
+) -> Option<(Operand<'a>, usize)> {
+    let &[b, n, s, hd] = layout.dims() else {
+        return None;
+    };
+    let &[sb, sn, ss, sd] = layout.stride() else {
+        return None;
+    };
+    let head = s * hd;
+    let rows_ok = (sd == 1 || hd <= 1) && (ss == hd || s <= 1);
+    let spacing = if n > 1 { sn } else { sb };
+    let heads_ok = (n <= 1 || b <= 1 || sb == n * sn) && (b * n <= 1 || spacing >= head);
+    if !rows_ok || !heads_ok {
+        return None;
+    }
+    let spacing = if b * n <= 1 { head } else { spacing };
+    let start = layout.start_offset();
+    let end = start + (b * n).saturating_sub(1) * spacing + head;
+    let op = match storage {
+        Storage::Cpu(CpuStorage::F32(x)) => Operand::F32(x.get(start..end)?),
+        Storage::Cpu(CpuStorage::BF16(x)) => Operand::Bf16(x.get(start..end)?),
+        _ => return None,
+    };
+    Some((op, spacing))
+}
+
 /// Attention's core at inference: queries `q` `[B, nkv, g * t, hd]` (each key/value head's g
 /// query heads stacked), keys and values `[B, nkv, S, hd]`, one dtype; the queries at
 /// positions `offset..offset + t` (`S = offset + t`), `window` as in the causal mask, scores
 /// scaled by `scale`, `sinks` every query head's sink logit (`[nkv * g]`, gpt-oss). Returns
 /// `[B, nkv, g * t, hd]` in the operands' dtype, or `None` where this path does not apply (see
-/// the module doc).
+/// the module doc). The keys and values may be a [`LayerCache`](super::layer_cache::LayerCache)'s
+/// views, read in place ([`strided_heads`]).
 #[allow(clippy::too_many_arguments)]
 pub fn core(
     q: &Tensor,
@@ -182,17 +235,19 @@ pub fn core(
     let (qg, ql) = q.storage_and_layout();
     let (kg, kl) = k.storage_and_layout();
     let (vg, vl) = v.storage_and_layout();
-    let out = match (
-        operand_of(&qg, ql),
-        operand_of(&kg, kl),
-        operand_of(&vg, vl),
-    ) {
-        (Some(Operand::F32(q)), Some(Operand::F32(k)), Some(Operand::F32(v))) => {
-            all_heads(q, k, v, &d, sinks)
+    let (Some((k, ks)), Some((v, vs))) = (strided_heads(&kg, kl), strided_heads(&vg, vl)) else {
+        return Ok(None);
+    };
+    if ks != vs {
+        return Ok(None);
+    }
+    let out = match (operand_of(&qg, ql), k, v) {
+        (Some(Operand::F32(q)), Operand::F32(k), Operand::F32(v)) => {
+            all_heads(q, (k, v, ks), &d, sinks)
                 .map(|o| Tensor::from_vec(o, (b, nkv, rows, hd), &Device::Cpu))
         }
-        (Some(Operand::Bf16(q)), Some(Operand::Bf16(k)), Some(Operand::Bf16(v))) => {
-            all_heads(q, k, v, &d, sinks)
+        (Some(Operand::Bf16(q)), Operand::Bf16(k), Operand::Bf16(v)) => {
+            all_heads(q, (k, v, ks), &d, sinks)
                 .map(|o| Tensor::from_vec(o, (b, nkv, rows, hd), &Device::Cpu))
         }
         _ => None,
@@ -275,14 +330,19 @@ mod tests {
         let dev = Device::Cpu;
         // (batch, kv heads, query heads per kv head, t, offset, hd, window)
         // (.., with gpt-oss's sinks)
-        for (b, nkv, g, t, offset, hd, window, sinks) in [
+        for (case, (b, nkv, g, t, offset, hd, window, sinks)) in [
             (1, 2, 1, 7, 0, 16, None, false),
             (2, 1, 3, 5, 4, 8, None, false),
             (1, 2, 2, 40, 0, 32, Some(6), false),
             (1, 1, 1, 1, 9, 16, None, false),
             (2, 2, 2, 9, 3, 8, Some(4), true),
             (1, 2, 3, 1, 6, 8, None, true),
-        ] {
+            (2, 2, 1, 1, 30, 16, None, false),
+            (1, 4, 2, 2, 17, 32, Some(8), false),
+        ]
+        .into_iter()
+        .enumerate()
+        {
             let sinks: Option<Vec<f32>> =
                 sinks.then(|| (0..nkv * g).map(|i| i as f32 * 0.7 - 1.0).collect());
             let sinks = sinks.as_deref();
@@ -294,11 +354,16 @@ mod tests {
                         .to_dtype(dtype)
                         .unwrap()
                 };
+                // Keys and values whole, or as a cache's views: heads a buffer's positions
+                // apart (`strided_heads`).
+                let strided = case % 2 == 1;
+                let room = if strided { 3 } else { 0 };
                 let (q, k, v) = (
                     r((b, nkv, g * t, hd)),
-                    r((b, nkv, s, hd)),
-                    r((b, nkv, s, hd)),
+                    r((b, nkv, s + room, hd)).narrow(2, 0, s).unwrap(),
+                    r((b, nkv, s + room, hd)).narrow(2, 0, s).unwrap(),
                 );
+                assert_eq!(k.is_contiguous(), !strided || b * nkv == 1);
                 let scale = 1.0 / (hd as f64).sqrt();
                 let got = values(
                     &core(&q, &k, &v, t, offset, window, scale, sinks)

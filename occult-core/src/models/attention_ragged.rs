@@ -11,21 +11,25 @@
 //! otherwise [`core()`] returns `None`, leaves the caches as they were, and the caller takes
 //! the tensor path.
 
-use super::attention::LayerCache;
-use super::attention_infer::{head, Dims};
+use super::attention_infer::{head, strided_heads, Dims};
+use super::layer_cache::LayerCache;
 use crate::kernels::operand_of;
 use crate::kernels::vmath::Stored;
+use crate::kernels::weighted_rows::RowElem;
 use crate::Result;
 use candle::{DType, Device, Tensor, WithDType};
 use rayon::prelude::*;
 
-/// One sequence of the step: its new rows `start..start + t` of the step's `N`, and its
-/// cached keys and values (`[kv_heads, s0, hd]` each, `s0` positions) if any.
+/// One sequence of the step: its new rows `start..start + t` of the step's `N`, and all its
+/// keys and values after the step, `s` positions of every key/value head, head `j` starting at
+/// `j * stride` elements of `k` and `v`.
 struct Seq<'a, E> {
     start: usize,
     t: usize,
-    s0: usize,
-    cached: Option<(&'a [E], &'a [E])>,
+    s: usize,
+    k: &'a [E],
+    v: &'a [E],
+    stride: usize,
 }
 
 /// The shape of the step: `nh` query heads sharing `nkv` key/value heads of `hd` features,
@@ -40,44 +44,16 @@ struct Shape {
     scale: f32,
 }
 
-/// One sequence's keys or values after the step: the cached ones of each head, then the new
-/// rows of `new` (`[nkv, n, hd]`), `[nkv, s0 + t, hd]`.
-fn appended<E: Copy>(cached: Option<&[E]>, new: &[E], q: &Seq<'_, E>, sh: &Shape) -> Vec<E> {
-    let (hd, s0, t) = (sh.hd, q.s0, q.t);
-    let mut out = Vec::with_capacity(sh.nkv * (s0 + t) * hd);
-    for h in 0..sh.nkv {
-        if let Some(c) = cached {
-            out.extend_from_slice(&c[h * s0 * hd..(h + 1) * s0 * hd]);
-        }
-        let from = (h * sh.n + q.start) * hd;
-        out.extend_from_slice(&new[from..from + t * hd]);
-    }
-    out
-}
-
-/// The step on slices: `q` `[nh, n, hd]`, `k` and `v` `[nkv, n, hd]`. Returns the attention
-/// `[n, nh * hd]` and each sequence's new keys and values, or `None` where the kernels do not
-/// take the operands.
-#[allow(clippy::type_complexity)]
-fn step<E: Stored>(
+/// The step on slices: `q` `[nh, n, hd]`. Returns the attention `[n, nh * hd]`, or `None`
+/// where the kernels do not take the operands.
+fn step<E: Stored + RowElem>(
     q: &[E],
-    k: &[E],
-    v: &[E],
     seqs: &[Seq<'_, E>],
     sh: &Shape,
     sinks: Option<&[f32]>,
-) -> Option<(Vec<E>, Vec<(Vec<E>, Vec<E>)>)> {
+) -> Option<Vec<E>> {
     let (nh, nkv, n, hd) = (sh.nh, sh.nkv, sh.n, sh.hd);
     let g = nh / nkv;
-    let kv: Vec<(Vec<E>, Vec<E>)> = seqs
-        .iter()
-        .map(|sq| {
-            (
-                appended(sq.cached.map(|c| c.0), k, sq, sh),
-                appended(sq.cached.map(|c| c.1), v, sq, sh),
-            )
-        })
-        .collect();
     // One task per sequence and key/value head: its g query heads' rows stacked, as
     // `attention_infer` lays them out.
     let tasks: Vec<(usize, usize)> = (0..seqs.len())
@@ -86,8 +62,8 @@ fn step<E: Stored>(
     let outs: Vec<Option<Vec<E>>> = tasks
         .par_iter()
         .map(|&(i, j)| {
-            let (sq, (ks, vs)) = (&seqs[i], &kv[i]);
-            let (t, s) = (sq.t, sq.s0 + sq.t);
+            let sq = &seqs[i];
+            let (t, s) = (sq.t, sq.s);
             let mut qs = Vec::with_capacity(g * t * hd);
             for h in j * g..(j + 1) * g {
                 let from = (h * n + sq.start) * hd;
@@ -99,14 +75,14 @@ fn step<E: Stored>(
                 t,
                 s,
                 hd,
-                offset: sq.s0,
+                offset: s - t,
                 window: sh.window,
                 scale: sh.scale,
             };
             let mut out = vec![E::default(); g * t * hd];
-            let at = j * s * hd..(j + 1) * s * hd;
+            let at = j * sq.stride..j * sq.stride + s * hd;
             let sk = sinks.map(|sk| &sk[j * g..(j + 1) * g]);
-            head(&qs, &ks[at.clone()], &vs[at], &mut out, &d, sk).then_some(out)
+            head(&qs, &sq.k[at.clone()], &sq.v[at], &mut out, &d, sk).then_some(out)
         })
         .collect();
     // Row `start + r` of the result holds every query head's features in order.
@@ -121,15 +97,15 @@ fn step<E: Stored>(
             }
         }
     }
-    Some((y, kv))
+    Some(y)
 }
 
 /// Attention of a ragged step at inference: queries `q` `[1, nh, N, hd]` and this step's keys
 /// and values `[1, nkv, N, hd]` (rotated, in the model's dtype), sequence i the next
 /// `lens[i]` rows continuing `caches[i]`, whose positions they take; `window`, `scale` and
 /// `sinks` (every query head's sink logit, gpt-oss) as in [`attention_infer::core`](super::attention_infer::core). Returns
-/// `[1, N, nh * hd]` and extends every cache, or `None` with the caches untouched where this
-/// path does not apply (see the module doc).
+/// `[1, N, nh * hd]` and extends every cache (in place: [`LayerCache::append`]), or `None`
+/// with the caches as they were where this path does not apply (see the module doc).
 #[allow(clippy::too_many_arguments)]
 pub fn core(
     q: &Tensor,
@@ -144,7 +120,7 @@ pub fn core(
     let dtype = q.dtype();
     let (b, nh, n, hd) = q.dims4()?;
     let nkv = k.dim(1)?;
-    let cached: Vec<Option<&(Tensor, Tensor)>> = caches.iter().map(|c| c.kv.as_ref()).collect();
+    let cached = caches.iter().map(|c| c.kv()).collect::<Result<Vec<_>>>()?;
     let mut tensors = vec![q, k, v];
     tensors.extend(cached.iter().flatten().flat_map(|(k, v)| [k, v]));
     let applies = tensors
@@ -160,7 +136,7 @@ pub fn core(
         && lens.iter().sum::<usize>() == n
         && !lens.contains(&0)
         && sinks.is_none_or(|sk| sk.len() == nh);
-    // The portable level has no kernel for the heads (`head` would refuse after the copies).
+    // The portable level has no kernel for the heads (`head` would refuse after the appends).
     if !applies || crate::kernels::process_level() == crate::kernels::Level::Portable {
         return Ok(None);
     }
@@ -170,6 +146,7 @@ pub fn core(
             return Ok(None);
         }
     }
+    drop(cached);
     let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
     let sh = Shape {
         nh,
@@ -179,77 +156,86 @@ pub fn core(
         window,
         scale: scale as f32,
     };
-    let guards: Vec<_> = [&q, &k, &v]
-        .into_iter()
-        .chain(cached.iter().flatten().flat_map(|(k, v)| [k, v]))
-        .map(|t| t.storage_and_layout())
-        .collect();
-    let ops: Vec<_> = guards.iter().map(|(s, l)| operand_of(s, l)).collect();
-    let result = match dtype {
-        DType::F32 => typed::<f32>(&ops, lens, &cached, &sh, sinks)?,
-        _ => typed::<half::bf16>(&ops, lens, &cached, &sh, sinks)?,
+    let before: Vec<usize> = caches.iter().map(|c| c.len()).collect();
+    let undo = |caches: &mut [&mut LayerCache]| {
+        for (c, &len) in caches.iter_mut().zip(&before) {
+            c.truncate(len);
+        }
     };
-    drop(ops);
-    drop(guards);
-    let Some((y, kv)) = result else {
-        return Ok(None);
-    };
-    for (c, kv) in caches.iter_mut().zip(kv) {
-        c.kv = Some(kv);
+    let mut views = Vec::with_capacity(caches.len());
+    let mut start = 0;
+    for (c, &t) in caches.iter_mut().zip(lens) {
+        match c.append(&k.narrow(2, start, t)?, &v.narrow(2, start, t)?) {
+            Ok(kv) => views.push(kv),
+            Err(e) => {
+                undo(caches);
+                return Err(e);
+            }
+        }
+        start += t;
     }
-    Ok(Some(y))
+    let y = match dtype {
+        DType::F32 => typed::<f32>(&q, &views, lens, &sh, sinks),
+        _ => typed::<half::bf16>(&q, &views, lens, &sh, sinks),
+    };
+    drop(views);
+    match y {
+        Ok(Some(y)) => Ok(Some(y)),
+        other => {
+            undo(caches);
+            other
+        }
+    }
 }
 
-/// [`step`] on the operands `ops` (q, k, v, then each cached sequence's keys and values) if
-/// they are all contiguous elements of type `E`: the attention `[1, N, nh * hd]` and each
-/// sequence's keys and values `[1, nkv, S, hd]`.
-#[allow(clippy::type_complexity)]
-fn typed<E: Stored + WithDType>(
-    ops: &[Option<crate::kernels::Operand<'_>>],
+/// [`step`] on `q` and every sequence's keys and values after the step (`views`, as
+/// [`LayerCache::append`] returns them) if they are elements of type `E` the heads read in
+/// place: the attention `[1, N, nh * hd]`.
+fn typed<E: Stored + RowElem + WithDType>(
+    q: &Tensor,
+    views: &[(Tensor, Tensor)],
     lens: &[usize],
-    cached: &[Option<&(Tensor, Tensor)>],
     sh: &Shape,
     sinks: Option<&[f32]>,
-) -> Result<Option<(Tensor, Vec<(Tensor, Tensor)>)>> {
-    let Some(slices) = ops
-        .iter()
-        .map(|o| o.and_then(E::of))
-        .collect::<Option<Vec<&[E]>>>()
-    else {
+) -> Result<Option<Tensor>> {
+    let (qg, ql) = q.storage_and_layout();
+    let Some(q) = operand_of(&qg, ql).and_then(E::of) else {
         return Ok(None);
     };
-    let (q, k, v) = (slices[0], slices[1], slices[2]);
-    let mut rest = slices[3..].chunks_exact(2);
-    let mut start = 0;
+    let guards: Vec<_> = views
+        .iter()
+        .map(|(k, v)| (k.storage_and_layout(), v.storage_and_layout()))
+        .collect();
     let mut seqs = Vec::with_capacity(lens.len());
-    for (&t, c) in lens.iter().zip(cached) {
-        let cached = c.map(|_| {
-            let kv = rest.next().expect("two operands for each cached sequence");
-            (kv[0], kv[1])
-        });
-        let s0 = cached.map_or(0, |(kc, _)| kc.len() / (sh.nkv * sh.hd));
+    let mut start = 0;
+    for (((kg, kl), (vg, vl)), &t) in guards.iter().zip(lens) {
+        let (Some((k, ks)), Some((v, vs))) = (strided_heads(kg, kl), strided_heads(vg, vl)) else {
+            return Ok(None);
+        };
+        let (Some(k), Some(v)) = (E::of(k), E::of(v)) else {
+            return Ok(None);
+        };
+        if ks != vs {
+            return Ok(None);
+        }
         seqs.push(Seq {
             start,
             t,
-            s0,
-            cached,
+            s: kl.dims()[2],
+            k,
+            v,
+            stride: ks,
         });
         start += t;
     }
-    let Some((y, kv)) = step(q, k, v, &seqs, sh, sinks) else {
+    let Some(y) = step(q, &seqs, sh, sinks) else {
         return Ok(None);
     };
-    let (nkv, hd) = (sh.nkv, sh.hd);
-    let tensor = |x: Vec<E>| {
-        let s = x.len() / (nkv * hd);
-        Tensor::from_vec(x, (1, nkv, s, hd), &Device::Cpu)
-    };
-    let kv = kv
-        .into_iter()
-        .map(|(k, v)| Ok((tensor(k)?, tensor(v)?)))
-        .collect::<Result<Vec<_>>>()?;
-    let y = Tensor::from_vec(y, (1, sh.n, sh.nh * hd), &Device::Cpu)?;
-    Ok(Some((y, kv)))
+    Ok(Some(Tensor::from_vec(
+        y,
+        (1, sh.n, sh.nh * sh.hd),
+        &Device::Cpu,
+    )?))
 }
 
 #[cfg(test)]
@@ -289,8 +275,24 @@ mod tests {
                 let (q, k, v) = (r((1, nh, n, hd)), r((1, nkv, n, hd)), r((1, nkv, n, hd)));
                 let mut caches: Vec<LayerCache> = seqs
                     .iter()
-                    .map(|&(s0, _)| LayerCache {
-                        kv: (s0 > 0).then(|| (r((1, nkv, s0, hd)), r((1, nkv, s0, hd)))),
+                    .map(|&(s0, _)| {
+                        let mut c = LayerCache::default();
+                        if s0 > 0 {
+                            // Appended in two steps, so that the buffers have room left and
+                            // the heads are read strided.
+                            let (k0, v0) = (r((1, nkv, s0, hd)), r((1, nkv, s0, hd)));
+                            c.append(
+                                &k0.narrow(2, 0, s0 - 1).unwrap(),
+                                &v0.narrow(2, 0, s0 - 1).unwrap(),
+                            )
+                            .unwrap();
+                            c.append(
+                                &k0.narrow(2, s0 - 1, 1).unwrap(),
+                                &v0.narrow(2, s0 - 1, 1).unwrap(),
+                            )
+                            .unwrap();
+                        }
+                        c
                     })
                     .collect();
                 let before = caches.clone();
@@ -318,7 +320,8 @@ mod tests {
                         Some(c) => Tensor::cat(&[c, &part(x)], 2).unwrap(),
                         None => part(x).contiguous().unwrap(),
                     };
-                    let old = before[i].kv.as_ref();
+                    let old = before[i].kv().unwrap();
+                    let old = old.as_ref();
                     let (kw, vw) = (whole(&k, old.map(|c| &c.0)), whole(&v, old.map(|c| &c.1)));
                     // Alone: the g query heads of each kv head stacked, `[1, nkv, g * t, hd]`.
                     let qa = part(&q)
@@ -349,9 +352,9 @@ mod tests {
                         values(&want),
                         "{dtype:?} nkv{nkv} g{g} sequence {i}"
                     );
-                    let (kc, vc) = caches[i].kv.as_ref().unwrap();
-                    assert_eq!(values(kc), values(&kw));
-                    assert_eq!(values(vc), values(&vw));
+                    let (kc, vc) = caches[i].kv().unwrap().unwrap();
+                    assert_eq!(values(&kc), values(&kw));
+                    assert_eq!(values(&vc), values(&vw));
                     assert_eq!(caches[i].len(), s0 + t);
                     start += t;
                 }
@@ -366,9 +369,9 @@ mod tests {
         let q = Tensor::zeros((1, 2, 3, 8), DType::F16, &dev).unwrap();
         let mut cache = LayerCache::default();
         let got = core(&q, &q, &q, &[3], &mut [&mut cache], None, 0.3, None).unwrap();
-        assert!(got.is_none() && cache.kv.is_none());
+        assert!(got.is_none() && cache.is_empty());
         let q = Tensor::zeros((2, 2, 3, 8), DType::F32, &dev).unwrap();
         let got = core(&q, &q, &q, &[3], &mut [&mut cache], None, 0.3, None).unwrap();
-        assert!(got.is_none() && cache.kv.is_none());
+        assert!(got.is_none() && cache.is_empty());
     }
 }

@@ -27,8 +27,24 @@ impl Estimate {
 }
 
 /// Whether a tensor holds routed experts (per-expert or fused), which EP splits over ranks.
-fn is_routed_expert(name: &str) -> bool {
+pub(crate) fn is_routed_expert(name: &str) -> bool {
     name.contains(".experts.")
+}
+
+/// The elements tensor `name` of `w` holds once loaded: MXFP4 (gpt-oss) is dequantized on
+/// load, two weights a block byte, the scales folded into them.
+pub(crate) fn held_elements(w: &Weights, name: &str) -> u64 {
+    let n = w.shape(name).map_or(0u64, |s| {
+        s.iter().fold(1u64, |p, &d| p.saturating_mul(d as u64))
+    });
+    if w.source_dtype(name) == Some(safetensors::Dtype::U8) {
+        if name.ends_with("_blocks") {
+            return n.saturating_mul(2);
+        } else if name.ends_with("_scales") {
+            return 0;
+        }
+    }
+    n
 }
 
 /// The estimate for `w` read as `dtype`, on one of `ranks` processes that each hold only their
@@ -37,18 +53,7 @@ pub fn estimate(w: &Weights, dtype: DType, ranks: usize, train: bool) -> Estimat
     let width = dtype.size_in_bytes() as u64;
     let (mut dense, mut experts) = (0u64, 0u64);
     for name in w.names() {
-        let mut n = w.shape(name).map_or(0u64, |s| {
-            s.iter().fold(1u64, |p, &d| p.saturating_mul(d as u64))
-        });
-        // MXFP4 (gpt-oss) is dequantized on load: two weights a block byte, the scales folded
-        // into them.
-        if w.source_dtype(name) == Some(safetensors::Dtype::U8) {
-            if name.ends_with("_blocks") {
-                n = n.saturating_mul(2);
-            } else if name.ends_with("_scales") {
-                n = 0;
-            }
-        }
+        let n = held_elements(w, name);
         if is_routed_expert(name) {
             experts = experts.saturating_add(n);
         } else {

@@ -28,14 +28,16 @@
 //!   registry, and reading the config of any family);
 //! - the decoder: [`layers`] (norms, RoPE, masks), [`rope_scaling`] (RoPE's frequencies:
 //!   plain or YaRN), [`attention_latent`] (DeepSeek-V3's latent attention beside the grouped
-//!   one in [`attention`]), [`attention`] (with its KV cache), [`model`];
+//!   one in [`attention`]), [`attention`], [`layer_cache`] (a layer's KV cache, appended in
+//!   place), [`model`];
 //!   at inference on CPU (nothing on the graph), [`attention_infer`] (attention's core),
 //!   [`attention_ragged`] (a continuously batched step's, every sequence at once) and
 //!   [`rope_infer`] (RoPE with Qwen3's per-head norms) run on slices instead of candle's
 //!   tensor ops;
 //! - running: [`data_parallel`] (D ranks in step, each with its own tokens, and the digests
-//!   they compare before a run) and [`memory`] (the guard that refuses a model that will not
-//!   fit, before its weights are read).
+//!   they compare before a run), [`memory`] (the guard that refuses a model that will not
+//!   fit, before its weights are read) and [`decode_reads`] (the bytes a decode step reads,
+//!   which `bench model` holds against the machine's read rate).
 
 pub mod attention;
 pub mod attention_infer;
@@ -45,9 +47,11 @@ pub mod checkpoint;
 pub mod config;
 pub mod config_fields;
 pub mod data_parallel;
+pub mod decode_reads;
 pub mod family;
 pub mod family_types;
 pub mod gpt_oss_experts;
+pub mod layer_cache;
 pub mod layers;
 pub mod layout;
 pub mod loader;

@@ -8,7 +8,7 @@
 
 use super::peers::candle_transformers;
 use super::peers::process::{level_mismatch, Peer, PeerKind, PeerOptions};
-use super::timing::{compare, max_diff, median_ratio, random_prompt, Ours};
+use super::timing::{compare, max_diff, median, median_ratio, random_prompt, Ours};
 use crate::context::ModelSpec;
 use anyhow::{bail, Result};
 use occult_core::models::loader::Checkpoint;
@@ -77,13 +77,21 @@ pub fn run(spec: &ModelSpec, a: &ModelBench, json: Option<&Path>) -> Result<()> 
     let against = a.against;
     let level = occult_core::kernels::process_level();
     let Some(timings) = spec.run(&ck, |m| {
+        // The machine's read rate after each round, for the decode's bytes a second to be
+        // held against the rate beside them (a shared machine's moves between runs).
+        let mut read_rate = || occult_core::kernels::bench::read_bandwidth(READ_RATE_BYTES, 1);
+        let probe: Option<&mut dyn FnMut() -> f64> = if a.decode_tokens > 0 {
+            Some(&mut read_rate)
+        } else {
+            None
+        };
         let mut ours = Ours {
             model: m,
             cache: m.new_cache(),
             label: label.clone(),
         };
         match against {
-            None => compare(&mut [&mut ours], &prompt, a.decode_tokens, a.repeats),
+            None => compare(&mut [&mut ours], &prompt, a.decode_tokens, a.repeats, probe),
             Some(Against::CandleTransformers) => {
                 let mut theirs = candle_transformers::load(&ck)?;
                 compare(
@@ -91,6 +99,7 @@ pub fn run(spec: &ModelSpec, a: &ModelBench, json: Option<&Path>) -> Result<()> 
                     &prompt,
                     a.decode_tokens,
                     a.repeats,
+                    probe,
                 )
             }
             Some(peer @ (Against::Transformers | Against::LlamaCpp)) => {
@@ -113,6 +122,7 @@ pub fn run(spec: &ModelSpec, a: &ModelBench, json: Option<&Path>) -> Result<()> 
                     &prompt,
                     a.decode_tokens,
                     a.repeats,
+                    probe,
                 )
             }
         }
@@ -160,10 +170,72 @@ pub fn run(spec: &ModelSpec, a: &ModelBench, json: Option<&Path>) -> Result<()> 
         report["max_abs_logit_diff"] = serde_json::json!(d);
         report["speed_ratio"] = serde_json::json!({"prefill": prefill, "decode": decode});
     }
+    if a.decode_tokens > 0 {
+        report["decode_reads"] = decode_read_rates(&ck, &spec.dtype, a, &timings)?;
+    }
     if let Some(p) = json {
         super::report::write(p, "model", report)?;
     }
     Ok(())
+}
+
+/// Buffer of the read-rate measurement: far past any last-level cache.
+const READ_RATE_BYTES: usize = 256 << 20;
+
+/// What each implementation's decode step reads a second (the step's bytes,
+/// [`decode_reads`](occult_core::models::decode_reads), at the decode's middle context, over
+/// its ms/token), against this machine's read rate measured after each round: the best rate,
+/// and the median share of the read rate measured beside it. Printed, and returned for the
+/// JSON report.
+fn decode_read_rates(
+    ck: &Checkpoint,
+    dtype: &str,
+    a: &ModelBench,
+    t: &super::timing::Timings,
+) -> Result<serde_json::Value> {
+    let dt = occult_core::models::loader::parse_dtype(dtype)?;
+    let reads = occult_core::models::decode_reads::decode_reads(&ck.weights, &ck.cfg, dt);
+    let bytes = reads.at(a.prompt_len + a.decode_tokens / 2) as f64;
+    let rates = &t.probes;
+    let (lo, hi) = rates
+        .iter()
+        .fold((f64::INFINITY, 0f64), |(l, h), &r| (l.min(r), h.max(r)));
+    let mut line = format!(
+        "decode reads {:.1} MB a token; this machine's read rate {:.1}-{:.1} GB/s (measured \
+         after each round):",
+        bytes / 1e6,
+        lo / 1e9,
+        hi / 1e9
+    );
+    let mut each = Vec::new();
+    for (r, secs) in t.runs.iter().zip(&t.decode) {
+        let per_s = bytes / (r.decode_ms_per_token / 1e3);
+        let share = median(
+            secs.iter()
+                .zip(rates)
+                .map(|(s, rate)| bytes / s / rate)
+                .collect(),
+        );
+        line += &format!(
+            " {} {:.1} GB/s at best, a median {:.0}% of the rate beside it;",
+            r.implementation,
+            per_s / 1e9,
+            100.0 * share
+        );
+        each.push(serde_json::json!({
+            "implementation": r.implementation,
+            "bytes_per_s": per_s,
+            "share_of_read_rate": share,
+        }));
+    }
+    println!("{}", line.trim_end_matches(';'));
+    Ok(serde_json::json!({
+        "bytes_per_token": bytes,
+        "weights_bytes": reads.weights,
+        "bytes_per_cached_position": reads.per_position,
+        "read_rates_bytes_per_s": rates,
+        "implementations": each,
+    }))
 }
 
 /// `bench model --devices D`: the expert-parallel modes side by side.

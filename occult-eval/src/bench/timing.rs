@@ -108,32 +108,40 @@ fn time_one<D: Decoder + ?Sized>(
     Ok((prefill, per, first))
 }
 
-/// Timings of every decoder over the repeats: `prefill[decoder][repeat]`, likewise `decode`.
+/// Timings of every decoder over the repeats: `prefill[decoder][repeat]`, likewise `decode`;
+/// `probes[repeat]`, what the probe of [`compare`] measured after each round.
 pub struct Timings {
     pub runs: Vec<ModelRun>,
     pub logits: Vec<Vec<f32>>,
     pub prefill: Vec<Vec<f64>>,
     pub decode: Vec<Vec<f64>>,
+    pub probes: Vec<f64>,
 }
 
 /// Runs every decoder `repeats` times, alternating (ours, theirs, ours, theirs...), so that
-/// each repeat is a paired comparison under the same machine load.
+/// each repeat is a paired comparison under the same machine load; after each round, `probe`
+/// if given (the machine's read rate, measured beside the runs it is held against).
 pub fn compare(
     decoders: &mut [&mut dyn Timed],
     prompt: &[u32],
     steps: usize,
     repeats: usize,
+    mut probe: Option<&mut dyn FnMut() -> f64>,
 ) -> Result<Timings> {
     let n = decoders.len();
     let mut prefill = vec![Vec::new(); n];
     let mut decode = vec![Vec::new(); n];
     let mut logits = vec![Vec::new(); n];
+    let mut probes = Vec::new();
     for _ in 0..repeats.max(1) {
         for (i, d) in decoders.iter_mut().enumerate() {
             let (p, s, l) = d.time(prompt, steps)?;
             prefill[i].push(p);
             decode[i].push(s);
             logits[i] = l;
+        }
+        if let Some(f) = probe.as_mut() {
+            probes.push(f());
         }
     }
     let best = |v: &[f64]| v.iter().cloned().fold(f64::INFINITY, f64::min);
@@ -154,12 +162,17 @@ pub fn compare(
         logits,
         prefill,
         decode,
+        probes,
     })
 }
 
 /// The median over repeats of `a[r] / b[r]`.
 pub fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
-    let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    median(a.iter().zip(b).map(|(x, y)| x / y).collect())
+}
+
+/// The median of `r` (NaN for none).
+pub fn median(mut r: Vec<f64>) -> f64 {
     r.sort_by(f64::total_cmp);
     match r.len() {
         0 => f64::NAN,

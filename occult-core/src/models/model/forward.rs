@@ -54,10 +54,10 @@ impl Model {
             None => self.forward_inner(ids, None, rec, which),
             Some(c) => {
                 // A failure part-way would leave some layers' caches extended: restore it.
-                let before = c.clone();
+                let before = c.mark();
                 let r = self.forward_inner(ids, Some(c), rec, which);
                 if r.is_err() {
-                    *c = before;
+                    c.restore(before);
                 }
                 r
             }

@@ -41,10 +41,12 @@ impl Model {
             self.check_step(s, c.len(), s.len())?;
         }
         self.announce(true)?;
-        let before: Vec<KvCache> = caches.to_vec();
+        let before: Vec<_> = caches.iter().map(KvCache::mark).collect();
         let r = self.ragged_inner(seqs, caches, rec);
         if r.is_err() {
-            caches.clone_from_slice(&before);
+            for (c, m) in caches.iter_mut().zip(before) {
+                c.restore(m);
+            }
         }
         r
     }
