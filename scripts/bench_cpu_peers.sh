@@ -3,7 +3,8 @@
 # level"): `occult bench model` against transformers and llama.cpp on the OLMoE-shaped
 # 1-layer qwen3_moe (64 experts, top-8, hidden 2048, expert size 1024), in f32 and bf16, with
 # 512- and 128-token prompts, 8 decode steps, 5 paired repeats, at this CPU's own level and
-# again with everything held to AVX2, on THREADS threads. Prints one Markdown table; the JSON
+# again with everything held to AVX-512 without BF16 (where the CPU has more, with
+# LLAMA_AVX512_PYTHON) and to AVX2, on THREADS threads. Prints one Markdown table; the JSON
 # of every run stays in OUT.
 #
 #   TORCH_PYTHON=venv/bin/python LLAMA_PYTHON=venv/bin/python \
@@ -15,6 +16,9 @@
 #                      default), and the converter's needs (torch, transformers, gguf)
 #   LLAMA_AVX2_PYTHON  Python with llama-cpp-python built for AVX2 only, for the AVX2 rows
 #                      (see scripts/bench_llama_cpp.py); without it they are left out
+#   LLAMA_AVX512_PYTHON  Python with llama-cpp-python built for AVX-512 without BF16
+#                      (-DGGML_AVX512=ON), for rows held to `avx512` on a CPU with BF16 or
+#                      AMX; without it they are left out
 #   LLAMA_CPP_CONVERTER  llama.cpp's convert_hf_to_gguf.py (e.g. from the llama-cpp-python
 #                      0.3.36 sdist: vendor/llama.cpp/convert_hf_to_gguf.py)
 #   OCCULT (default target/release/occult), OUT (default bench-cpu-peers), THREADS (default 2)
@@ -39,6 +43,9 @@ fi
 top=$(OCCULT_KERNELS=auto "$occult" bench kernels --shapes 1x8x8 --repeat 1 --bandwidth-mib 1 2>&1 |
   sed -n 's/.*level \([a-z0-9]*\) .*/\1/p' | head -1)
 levels=("$top")
+# Held to AVX-512 without BF16 where the CPU has more (with llama.cpp's AVX512 build), and to
+# AVX2.
+[[ ($top == amx || $top == avx512bf16) && -n ${LLAMA_AVX512_PYTHON:-} ]] && levels+=(avx512)
 [[ $top != avx2 && $top != portable ]] && levels+=(avx2)
 
 for level in "${levels[@]}"; do
@@ -52,6 +59,8 @@ for level in "${levels[@]}"; do
           if [[ $level == avx2 && $top != avx2 ]]; then
             [[ -n ${LLAMA_AVX2_PYTHON:-} ]] || continue
             py=$LLAMA_AVX2_PYTHON
+          elif [[ $level == avx512 && $top != avx512 ]]; then
+            py=$LLAMA_AVX512_PYTHON
           fi
           extra=(--gguf "olmoe-layer-$dtype.gguf")
         fi
@@ -76,7 +85,7 @@ for f in sorted(glob.glob("*-*-*-*.json")):
                  ours["prefill_tokens_per_s"], theirs["prefill_tokens_per_s"],
                  ours["decode_ms_per_token"], theirs["decode_ms_per_token"],
                  r["speed_ratio"]["prefill"], r["speed_ratio"]["decode"], r["max_abs_logit_diff"]))
-order = {"amx": 0, "avx512": 1, "avx2": 2, "portable": 3}
+order = {"amx": 0, "avx512bf16": 1, "avx512": 2, "avx2": 3, "portable": 4}
 rows.sort(key=lambda x: (order.get(x[0], 9), x[1] != "f32", -x[2], x[3]))
 print("| level | dtype | prompt | against | ours prefill tok/s | theirs | ours decode ms/tok | theirs | "
       "speed ours/theirs, prefill | decode | max logit diff |")
