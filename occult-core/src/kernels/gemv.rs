@@ -9,9 +9,10 @@
 //! registers, a shift into the high half), for f32 by f32, bf16 by bf16, and f32 activations
 //! by bf16 weights. On AMD EPYC (Zen 4, 2 threads, the 1-layer OLMoE-shaped model's expert
 //! products on distinct weights each step, `docs/kernels.md`), eight lanes streamed faster
-//! than sixteen in every pair: 1.15x for f32, and for bf16 weights 1.06x against
-//! `vdpbf16ps` on the activations rounded to bf16 (llama.cpp's form) and 1.4x against sixteen
-//! widened lanes. Against the dot tiles the row kernels read 1.1x to 1.6x as fast. More than
+//! than sixteen in every pair: 1.15x for f32, and for bf16 weights 1.03x to 1.06x against
+//! `vdpbf16ps` on the activations rounded to bf16 (llama.cpp's form) and 1.3x to 1.45x against
+//! sixteen widened lanes. Against the dot tiles the row kernels read 1.0x (both at the read
+//! rate) to 1.6x as fast. More than
 //! one row of activations runs row after row (tests force the kernel at every shape; the
 //! picker takes it for one row only).
 //!
