@@ -112,7 +112,7 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (1, 1, 1),
     (1, 64, 2048),
     // One row: the row kernels' tails of `k` (a whole vector, part of one, none), and weight
-    // rows split unevenly across tasks (the dot tiles' last tiles of 5, 6 and 7 when forced).
+    // rows split unevenly across tasks.
     (1, 105, 40),
     (1, 3, 45),
     (1, 130, 2055),

@@ -36,14 +36,6 @@ pub struct Group<'a> {
     pub weight_at: Option<&'a [u32]>,
 }
 
-/// Expert `slot`'s block (`per` elements) of a stacked weight.
-fn expert_block(w: Operand<'_>, slot: usize, per: usize) -> Operand<'_> {
-    match w {
-        Operand::F32(v) => Operand::F32(&v[slot * per..(slot + 1) * per]),
-        Operand::Bf16(v) => Operand::Bf16(&v[slot * per..(slot + 1) * per]),
-    }
-}
-
 /// `[rows, hidden]` in `E`, row `r` being `sum_row(r)` rounded once, in parallel over blocks of
 /// rows.
 fn rows_out<E: Stored>(
@@ -201,12 +193,12 @@ pub fn grouped_sum(
             let (mut gb, mut ub) = (take(n * inter), take(n * inter));
             let ok = linear_rows(
                 Operand::F32(&xe),
-                expert_block(gate, g.slot, per),
+                gate.part(g.slot * per, per),
                 &mut gb,
                 (n, inter, hidden),
             ) && linear_rows(
                 Operand::F32(&xe),
-                expert_block(up, g.slot, per),
+                up.part(g.slot * per, per),
                 &mut ub,
                 (n, inter, hidden),
             );
@@ -220,7 +212,7 @@ pub fn grouped_sum(
             let ok = ok
                 && linear_rows(
                     Operand::F32(&gb),
-                    expert_block(down, g.slot, per),
+                    down.part(g.slot * per, per),
                     y,
                     (n, hidden, inter),
                 );

@@ -1,5 +1,6 @@
 //! The operand element types the kernels take, f32 and bf16 ([`Elem`]), and bf16 widened to f32
-//! with AVX-512 or AVX2 vectors (a shift into the high half).
+//! with AVX-512 or AVX2 vectors (a shift into the high half); [`transpose`] lays a slice of
+//! them out the other way, for a kernel that takes the other operand order.
 
 use super::isa::Simd;
 use half::bf16;
@@ -42,6 +43,20 @@ impl Elem for bf16 {
             let _ = simd;
             for (d, s) in dst.iter_mut().zip(src) {
                 *d = s.to_f32();
+            }
+        }
+    }
+}
+
+/// `dst` `[cols, rows]` = `src` `[rows, cols]` transposed, in blocks of 16 rows (each column of
+/// a block is written as one run).
+pub fn transpose<E: Copy>(src: &[E], dst: &mut [E], rows: usize, cols: usize) {
+    for r0 in (0..rows).step_by(16) {
+        let r1 = (r0 + 16).min(rows);
+        for c in 0..cols {
+            let run = &mut dst[c * rows + r0..c * rows + r1];
+            for (i, d) in run.iter_mut().enumerate() {
+                *d = src[(r0 + i) * cols + c];
             }
         }
     }

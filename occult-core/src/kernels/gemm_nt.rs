@@ -31,13 +31,6 @@ use rayon::prelude::*;
 const MR: usize = 4;
 /// Rows of `B` (columns of `C`) per tile.
 const NR: usize = 4;
-/// Rows of `B` per tile when `A` has one row and the dot tiles are forced (the picker takes
-/// [`Kernel::Rows`] for one row): eight weight rows stream at once (eight accumulators, eight
-/// weight vectors and the activation fit AVX-512's 32 registers; AVX2's tiles take them four
-/// at a time). Measured on the 1-layer OLMoE-shaped model's decode step (2 threads,
-/// `avx512bf16`, 5 alternating pairs): median 0.88x the step's time with four in bf16, 0.93x
-/// in f32; the row kernels then read 1.15x to 1.6x as fast again.
-const NR_ONE_ROW: usize = 8;
 /// From this many rows on, [`Kernel::Outer`] runs for bf16 weights (without AMX). Measured side
 /// by side on OLMoE's expert shapes (2 threads, the same weights each call): the dot tiles win
 /// at 2 to 8 rows (1.8-3.8x), the two are even at 16, and from 24 rows the outer kernel is even
@@ -91,7 +84,7 @@ fn for_each_tile(m: usize, n: usize, tile: impl Fn(usize, usize, usize, usize) +
             let rows = MR.min(m - r);
             let mut c = c0;
             while c < c1 {
-                let cols = (if m == 1 { NR_ONE_ROW } else { NR }).min(c1 - c);
+                let cols = NR.min(c1 - c);
                 tile(r, rows, c, cols);
                 c += cols;
             }
@@ -260,11 +253,10 @@ pub(super) fn check_lengths(a: usize, b: usize, c: usize, m: usize, n: usize, k:
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! The tiles: `ROWS x COLS` accumulators over all of `k`, one instantiation per tile shape.
-    use super::{MR, NR, NR_ONE_ROW};
+    use super::{MR, NR};
     use std::arch::x86_64::*;
 
-    /// Dispatches a tile of `rows <= MR` by `cols <= NR` (`NR_ONE_ROW` for one row) to its
-    /// instantiation.
+    /// Dispatches a tile of `rows <= MR` by `cols <= NR` to its instantiation.
     macro_rules! dispatch {
         ($f:ident, $rows:expr, $cols:expr, $($arg:expr),*) => {
             match ($rows, $cols) {
@@ -280,17 +272,11 @@ mod x86 {
                 (2, 3) => $f::<2, 3>($($arg),*),
                 (2, 2) => $f::<2, 2>($($arg),*),
                 (2, 1) => $f::<2, 1>($($arg),*),
-                (1, 8) => $f::<1, 8>($($arg),*),
-                (1, 7) => $f::<1, 7>($($arg),*),
-                (1, 6) => $f::<1, 6>($($arg),*),
-                (1, 5) => $f::<1, 5>($($arg),*),
                 (1, 4) => $f::<1, 4>($($arg),*),
                 (1, 3) => $f::<1, 3>($($arg),*),
                 (1, 2) => $f::<1, 2>($($arg),*),
                 (1, 1) => $f::<1, 1>($($arg),*),
-                (r, c) => unreachable!(
-                    "tile {r}x{c} larger than {MR}x{NR} (1x{NR_ONE_ROW} for one row)"
-                ),
+                (r, c) => unreachable!("tile {r}x{c} larger than {MR}x{NR}"),
             }
         };
     }

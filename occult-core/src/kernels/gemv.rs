@@ -2,7 +2,7 @@
 //! [`Kernel::Rows`](super::Kernel::Rows). Each parallel task takes a contiguous run of weight
 //! rows and streams them one after another, each row's dot product over `k` in four
 //! independent accumulators, so a thread reads its weights as one sequential stream (as
-//! llama.cpp's `vec_dot` loop does). The dot tiles of [`super::gemm_nt`] read four to eight
+//! llama.cpp's `vec_dot` loop does). The dot tiles of [`super::gemm_nt`] read four
 //! weight rows side by side instead, as many streams 4 to 8 KB apart.
 //!
 //! The row kernels are eight lanes wide at every level (AVX2 and FMA; bf16 widened in

@@ -49,14 +49,6 @@ pub fn grouped_linear(x: &Tensor, w: &Tensor, counts: &[usize]) -> Result<Tensor
     Ok(x.contiguous()?.apply_op2(&w.contiguous()?, op)?)
 }
 
-/// `len` elements of `op` from `from`.
-fn part(op: Operand<'_>, from: usize, len: usize) -> Operand<'_> {
-    match op {
-        Operand::F32(v) => Operand::F32(&v[from..from + len]),
-        Operand::Bf16(v) => Operand::Bf16(&v[from..from + len]),
-    }
-}
-
 /// `c` `[P, N]` = each expert's rows of `a` times its block of `w`, in parallel over experts;
 /// false where the kernels do not take the pair.
 fn products(
@@ -80,8 +72,8 @@ fn products(
         .filter(|(_, _, m, _)| *m > 0)
         .map(|(s, row, m, block)| {
             linear_rows(
-                part(a, row * k, m * k),
-                part(w, s * n * k, n * k),
+                a.part(row * k, m * k),
+                w.part(s * n * k, n * k),
                 block,
                 (m, n, k),
             )
@@ -210,11 +202,7 @@ fn per_expert_grads<E: super::vmath::Stored>(
             // dyᵀ [N, m] and xᵀ [K, m] of the expert's rows: dw = dyᵀ · (xᵀ)ᵀ.
             let transposed = |a: &[E], cols: usize| {
                 let mut t = vec![E::default(); cols * m];
-                for r in 0..m {
-                    for (c, &v) in a[(row + r) * cols..(row + r + 1) * cols].iter().enumerate() {
-                        t[c * m + r] = v;
-                    }
-                }
+                super::elem::transpose(&a[row * cols..(row + m) * cols], &mut t, m, cols);
                 t
             };
             let (dyt, xt) = (transposed(dy, rows_w), transposed(x, k));

@@ -71,6 +71,17 @@ impl<'a> Operand<'a> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// `len` elements from `from` (an expert's block of a stack, a group's rows).
+    ///
+    /// # Panics
+    /// If they run past the operand.
+    pub fn part(self, from: usize, len: usize) -> Self {
+        match self {
+            Operand::F32(v) => Operand::F32(&v[from..from + len]),
+            Operand::Bf16(v) => Operand::Bf16(&v[from..from + len]),
+        }
+    }
 }
 
 /// The kernel for `m` rows on `path`, and whether it is the AMX kernel (bf16 weights where

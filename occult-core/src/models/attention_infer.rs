@@ -14,6 +14,7 @@
 //! that the kernels take; otherwise [`core()`] returns `None` and the caller takes the tensor
 //! path.
 
+use crate::kernels::elem::transpose;
 use crate::kernels::scratch::{give, take};
 use crate::kernels::vmath::{scaled_softmax_sink, Stored};
 use crate::kernels::weighted_rows::{weighted_rows, RowElem};
@@ -54,20 +55,6 @@ fn softmax_row(row: &mut [f32], seen: Range<usize>, scale: f32, sink: Option<f32
     row[..seen.start].fill(0.0);
     row[seen.end..].fill(0.0);
     scaled_softmax_sink(&mut row[seen], scale, sink);
-}
-
-/// `dst` `[cols, rows]` = `src` `[rows, cols]` transposed, in blocks of 16 rows (each column of
-/// a block is written as one run).
-fn transpose<E: Copy>(src: &[E], dst: &mut [E], rows: usize, cols: usize) {
-    for r0 in (0..rows).step_by(16) {
-        let r1 = (r0 + 16).min(rows);
-        for c in 0..cols {
-            let run = &mut dst[c * rows + r0..c * rows + r1];
-            for (i, d) in run.iter_mut().enumerate() {
-                *d = src[(r0 + i) * cols + c];
-            }
-        }
-    }
 }
 
 /// Up to this many query rows a head (decode: one a query head sharing the key/value head)

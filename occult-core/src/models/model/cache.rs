@@ -71,3 +71,55 @@ impl KvCache {
         Ok(KvCache { layers })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::values;
+    use candle::Device;
+
+    fn step(t: usize, seed: f32) -> Tensor {
+        let v: Vec<f32> = (0..2 * t * 4).map(|i| seed + i as f32).collect();
+        Tensor::from_vec(v, (1, 2, t, 4), &Device::Cpu).unwrap()
+    }
+
+    /// A step that extended only some layers before it failed is undone by restoring the
+    /// mark taken before it; a cache the step made its layers for goes back to none.
+    #[test]
+    fn restoring_a_mark_undoes_a_step_that_failed_part_way() {
+        let mut c = KvCache {
+            layers: vec![LayerCache::default(); 3],
+        };
+        let prompt = step(4, 0.0);
+        for l in &mut c.layers {
+            l.append(&prompt, &prompt).unwrap();
+        }
+        let mark = c.mark();
+        // Two of three layers take the next position, then the step fails.
+        let next = step(1, 100.0);
+        for l in &mut c.layers[..2] {
+            l.append(&next, &next).unwrap();
+        }
+        c.restore(mark);
+        for l in &c.layers {
+            assert_eq!(l.len(), 4);
+            assert_eq!(values(&l.kv().unwrap().unwrap().0), values(&prompt));
+        }
+        // The step again, on every layer: each holds the prompt and then it.
+        let again = step(1, 200.0);
+        for l in &mut c.layers {
+            l.append(&again, &again).unwrap();
+        }
+        let want = values(&Tensor::cat(&[&prompt, &again], 2).unwrap());
+        for l in &c.layers {
+            assert_eq!(values(&l.kv().unwrap().unwrap().1), want);
+        }
+        // Made by the step: back to no layers.
+        let mut fresh = KvCache::default();
+        let mark = fresh.mark();
+        fresh.layers = vec![LayerCache::default(); 3];
+        fresh.layers[0].append(&next, &next).unwrap();
+        fresh.restore(mark);
+        assert!(fresh.layers.is_empty() && fresh.is_empty());
+    }
+}
